@@ -1,0 +1,144 @@
+"""`dprorun`: a drop-in for torchrun that profiles the job. Parses the command line into a JobConfig."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+import uuid
+from typing import Optional, Sequence
+
+from dprorun.config import JobConfig, ProfileConfig
+
+USAGE_EXAMPLE = "dprorun -np 2 python examples/mlp_many_layers.py --steps 30"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dprorun",
+        description="Launch a distributed training job like torchrun, profile it (compute, per-bucket "
+                    "communication, host/GPU samples) and gather every rank's trace into one run directory.",
+        epilog=f"example: {USAGE_EXAMPLE}")
+    job = parser.add_argument_group("job")
+    job.add_argument("-np", "--nproc-per-node", dest="nproc", type=int, default=1,
+                     help="ranks on this node (default 1)")
+    job.add_argument("--nnodes", type=int, default=1, help="number of nodes (torchrun-style multi-node)")
+    job.add_argument("--node-rank", type=int, default=0, help="this node's index (0 owns the run directory)")
+    job.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
+    job.add_argument("--master-port", type=int, default=None, help="port on node 0 (default: a free port)")
+    job.add_argument("--hosts", default="",
+                     help="host1:slots,host2:slots; run the same command on every host and each finds its "
+                          "node rank here (sets --nnodes, --node-rank, --master-addr, -np)")
+    job.add_argument("--launcher", choices=("elastic", "torchrun"), default="elastic",
+                     help="elastic: torch.distributed.elastic in this process (default); torchrun: hand the "
+                          "launch to the torchrun CLI")
+    job.add_argument("--backend", choices=("ddp",), default="ddp", help="framework of the job")
+    job.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
+    prof = parser.add_argument_group("profiling")
+    prof.add_argument("--run-dir", default="", help="run directory (default dpro_runs/<job-id>)")
+    prof.add_argument("--job-id", default="", help="job id (default: time + random suffix)")
+    prof.add_argument("--warmup", type=int, default=None, help="iterations before the profiled window (5)")
+    prof.add_argument("--active", type=int, default=None, help="profiled iterations (10)")
+    prof.add_argument("--clean", type=int, default=None,
+                      help="iterations timed after the window without the profiler (5)")
+    prof.add_argument("--no-kineto", action="store_true", help="do not run torch.profiler in the window")
+    prof.add_argument("--record-shapes", action="store_true", help="record op input shapes (slower)")
+    prof.add_argument("--no-param-hooks", action="store_true", help="do not record per-parameter grad times")
+    prof.add_argument("--comm-detail", choices=("bucket", "ring"), default=None,
+                      help="bucket: per-bucket queue/transmission (default); ring: explicit chunked ring")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the end-of-job summary as JSON")
+    out.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
+    return parser
+
+
+def _parse_hosts(spec: str) -> list[tuple[str, int]]:
+    hosts = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, slots = item.partition(":")
+        hosts.append((name, int(slots) if slots else 1))
+    return hosts
+
+
+def _node_rank_for(hosts: list[tuple[str, int]]) -> int:
+    names = {socket.gethostname(), socket.getfqdn(), "localhost", "127.0.0.1"}
+    for index, (name, _) in enumerate(hosts):
+        if name in names:
+            return index
+    raise ValueError(f"this host ({socket.gethostname()}) is not in --hosts "
+                     f"{','.join(h for h, _ in hosts)}; run dprorun on each listed host")
+
+
+def profile_config_from_env_and_args(args: argparse.Namespace) -> ProfileConfig:
+    cfg = ProfileConfig.from_env(os.environ)  # DPRO_* variables are defaults; flags win
+    for attr in ("warmup", "active", "clean", "comm_detail"):
+        value = getattr(args, attr)
+        if value is not None:
+            setattr(cfg, attr, value)
+    if args.no_kineto:
+        cfg.kineto = False
+    if args.record_shapes:
+        cfg.record_shapes = True
+    if args.no_param_hooks:
+        cfg.param_hooks = False
+    return cfg
+
+
+def job_from_args(args: argparse.Namespace) -> JobConfig:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ValueError(f"no training command given; example: {USAGE_EXAMPLE}")
+    if args.nproc < 1 or args.nnodes < 1:
+        raise ValueError("-np and --nnodes must be at least 1")
+    job = JobConfig(command=command, nproc_per_node=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                    master_addr=args.master_addr, master_port=args.master_port, launcher=args.launcher,
+                    backend=args.backend, timeout_s=args.timeout, quiet=args.quiet, json_summary=args.json)
+    if args.hosts:
+        hosts = _parse_hosts(args.hosts)
+        slots = {s for _, s in hosts}
+        if len(slots) != 1:
+            raise ValueError("--hosts: every host needs the same number of slots")
+        job.hosts = [h for h, _ in hosts]
+        job.nnodes, job.nproc_per_node = len(hosts), slots.pop()
+        job.node_rank = _node_rank_for(hosts)
+        job.master_addr = hosts[0][0]
+        job.master_port = job.master_port or 29500
+    if job.nnodes > 1 and job.master_port is None:
+        job.master_port = 29500
+    job.profile = profile_config_from_env_and_args(args)
+    job_id = args.job_id or job.profile.job_id or (time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+    job.profile.job_id = job_id
+    job.run_dir = os.path.abspath(args.run_dir or job.profile.run_dir or os.path.join("dpro_runs", job_id))
+    job.profile.run_dir = job.run_dir
+    job.profile.launch_host = socket.gethostname()
+    return job
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        job = job_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+        return 2
+    from dprorun.launch import launch
+    from dprorun.finalize import finalize_run
+
+    try:
+        result = launch(job)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"dprorun: error: {exc}", file=sys.stderr)
+        return 2
+    return finalize_run(job, result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Configuration dataclasses: what the CLI parses into, and what reaches each rank through DPRO_* variables."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+ENV_PREFIX = "DPRO_"
+
+
+def _parse_float_list(text: str) -> list[float]:
+    text = text.strip()
+    return [float(part) for part in text.split(",") if part.strip()] if text else []
+
+
+@dataclass
+class ProfileConfig:
+    """What the hooks in each rank record. Travels to ranks as DPRO_* environment variables."""
+
+    run_dir: str = ""
+    job_id: str = ""
+    warmup: int = 5  # iterations before the profiled window
+    active: int = 10  # profiled iterations
+    clean: int = 5  # iterations after the window timed without the profiler (overhead-free reference)
+    kineto: bool = True  # run torch.profiler during the window
+    record_shapes: bool = False  # costs 6-25 % per profiled iteration on small CPU models
+    param_hooks: bool = True  # per-parameter gradient-ready times
+    sample_interval_s: float = 0.2  # psutil / NVML sampling period
+    comm_detail: str = "bucket"  # "bucket" (hook + gloo span) or "ring" (explicit chunked ring)
+    launch_host: str = ""  # hostname of the node that owns the run directory
+    max_trace_mb: float = 512.0  # a rank's trace larger than this is dropped with a warning
+    dry_run: bool = False  # stop the job after the window
+    clock_skew_us: list[float] = field(default_factory=list)  # test knob: per-rank clock shift
+    fake_hosts: list[str] = field(default_factory=list)  # test knob: per-rank host name
+
+    _ENV = {
+        "run_dir": "RUN_DIR",
+        "job_id": "JOB_ID",
+        "warmup": "WARMUP",
+        "active": "ACTIVE",
+        "clean": "CLEAN",
+        "kineto": "KINETO",
+        "record_shapes": "RECORD_SHAPES",
+        "param_hooks": "PARAM_HOOKS",
+        "sample_interval_s": "SAMPLE_INTERVAL_S",
+        "comm_detail": "COMM_DETAIL",
+        "launch_host": "LAUNCH_HOST",
+        "max_trace_mb": "MAX_TRACE_MB",
+        "dry_run": "DRY_RUN",
+        "clock_skew_us": "TEST_CLOCK_SKEW_US",
+        "fake_hosts": "TEST_HOSTS",
+    }
+
+    def to_env(self) -> dict[str, str]:
+        env = {ENV_PREFIX + "ENABLED": "1"}
+        for attr, suffix in self._ENV.items():
+            value = getattr(self, attr)
+            if isinstance(value, bool):
+                text = "1" if value else "0"
+            elif isinstance(value, list):
+                text = ",".join(str(v) for v in value)
+            else:
+                text = str(value)
+            env[ENV_PREFIX + suffix] = text
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "ProfileConfig":
+        cfg = cls()
+        for attr, suffix in cls._ENV.items():
+            raw = environ.get(ENV_PREFIX + suffix)
+            if raw is None:
+                continue
+            current = getattr(cfg, attr)
+            try:
+                if isinstance(current, bool):
+                    value = raw.strip().lower() in ("1", "true", "yes", "on")
+                elif isinstance(current, int):
+                    value = int(raw)
+                elif isinstance(current, float):
+                    value = float(raw)
+                elif attr == "clock_skew_us":
+                    value = _parse_float_list(raw)
+                elif attr == "fake_hosts":
+                    value = [h.strip() for h in raw.split(",") if h.strip()]
+                else:
+                    value = raw
+            except ValueError as exc:
+                raise ValueError(f"{ENV_PREFIX}{suffix}={raw!r}: {exc}") from None
+            setattr(cfg, attr, value)
+        if cfg.warmup < 0 or cfg.active < 1 or cfg.clean < 0:
+            raise ValueError("profiling window needs warmup >= 0, active >= 1, clean >= 0")
+        if cfg.comm_detail not in ("bucket", "ring"):
+            raise ValueError(f"comm detail must be 'bucket' or 'ring', not {cfg.comm_detail!r}")
+        return cfg
+
+    def skew_for(self, rank: int) -> float:
+        return self.clock_skew_us[rank] if rank < len(self.clock_skew_us) else 0.0
+
+    def host_for(self, rank: int, real_host: str) -> str:
+        return self.fake_hosts[rank] if rank < len(self.fake_hosts) else real_host
+
+
+@dataclass
+class JobConfig:
+    """One dprorun invocation, as parsed from the command line."""
+
+    command: list[str]
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None
+    hosts: list[str] = field(default_factory=list)
+    launcher: str = "elastic"  # "elastic" (torch.distributed.elastic in-process) or "torchrun"
+    backend: str = "ddp"
+    run_dir: str = ""
+    timeout_s: Optional[float] = None
+    quiet: bool = False
+    json_summary: bool = False
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
+def profile_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(ENV_PREFIX + "ENABLED", "") == "1"

@@ -1,0 +1,51 @@
+"""After the ranks have stopped: record the outcome in the manifest, print the summary and the run directory."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from dprorun.config import JobConfig
+from dprorun.launch import LaunchResult, write_manifest
+
+
+def rank_folders(run_dir: str) -> dict[int, str]:
+    found = {}
+    for name in os.listdir(run_dir):
+        if name.startswith("rank_") and name[5:].isdigit():
+            found[int(name[5:])] = os.path.join(run_dir, name)
+    return dict(sorted(found.items()))
+
+
+def finalize_run(job: JobConfig, result: LaunchResult) -> int:
+    status = "completed" if result.exit_code == 0 else "failed"
+    folders = rank_folders(job.run_dir) if os.path.isdir(job.run_dir) else {}
+    with_events = sorted(r for r, d in folders.items() if os.path.exists(os.path.join(d, "events.json")))
+    extra = {"exit_code": result.exit_code, "message": result.message, "elapsed_s": round(result.elapsed_s, 3),
+             "ranks_with_traces": with_events, "failed_rank": result.failed_rank}
+    if job.node_rank == 0:
+        write_manifest(job, status, extra)
+    if result.exit_code != 0:
+        print(f"dprorun: error: {result.message}", file=sys.stderr)
+        missing = sorted(set(range(job.world_size)) - set(with_events))
+        kept = f"traces kept for ranks {with_events}" if with_events else "no trace was recorded"
+        if missing and with_events:
+            kept += f"; missing for ranks {missing}"
+        print(f"dprorun: {kept} in {job.run_dir}", file=sys.stderr)
+    if job.node_rank != 0 or job.quiet or not with_events:
+        if result.exit_code == 0 and not job.quiet:
+            print(f"dprorun: run directory {job.run_dir}")
+        return result.exit_code
+    try:
+        from dprorun.summary import format_summary, summarize_run
+
+        summary = summarize_run(job.run_dir)
+        if job.json_summary:
+            print(json.dumps(summary, indent=2))
+        else:
+            print(format_summary(summary))
+    except Exception as exc:  # the job's outcome stands; only the summary is missing
+        print(f"dprorun: warning: could not summarise the run: {exc}", file=sys.stderr)
+    if not job.json_summary:
+        print(f"dprorun: run directory {job.run_dir}")
+    return result.exit_code

@@ -1,0 +1,71 @@
+"""Atomic, owner-only file writes: a reader never sees a half-written file."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from typing import Any
+
+
+class TraceError(Exception):
+    """A file in a run directory that cannot be used; the message names the file and the problem."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def make_private_dir(path: str) -> str:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    make_private_dir(directory)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_json(path: str, obj: Any, indent: int | None = None) -> None:
+    data = json.dumps(obj, indent=indent, separators=None if indent else (",", ":"))
+    atomic_write_bytes(path, data.encode())
+
+
+def read_json(path: str) -> Any:
+    """Read JSON (optionally gzip'ed), turning every failure into a TraceError naming the file."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        raise TraceError(path, "file is missing") from None
+    except OSError as exc:
+        raise TraceError(path, f"cannot be read ({exc.strerror})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise TraceError(path, f"corrupted gzip data ({exc})") from None
+    if not raw.strip():
+        raise TraceError(path, "file is empty")
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise TraceError(path, "not text (binary data where JSON was expected)") from None
+    except json.JSONDecodeError as exc:
+        where = "truncated" if exc.pos >= len(raw.rstrip()) - 1 else "corrupted"
+        raise TraceError(path, f"{where} JSON at byte {exc.pos}: {exc.msg}") from None

@@ -1,0 +1,275 @@
+"""Process management: start every rank with the hooks injected, watch them, stop the group on failure.
+
+Nothing here spawns or watches processes by hand: torch.distributed.elastic's launch API does that (the engine
+behind torchrun): static rendezvous, per-rank log files tee'd to the console with a rank prefix, per-rank error
+files, SIGINT/SIGTERM handling and group teardown. dprorun configures it and puts the hooks on PYTHONPATH.
+`--launcher torchrun` hands the whole launch to the torchrun CLI in a child process instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from dprorun.config import JobConfig
+from dprorun.fsutil import atomic_write_json, make_private_dir
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class LaunchResult:
+    exit_code: int
+    message: str = ""
+    failed_rank: Optional[int] = None
+    failures: dict = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+
+def hooks_dir() -> str:
+    """The folder holding the bootstrap sitecustomize.py (source tree, or installed data files)."""
+    candidates = [os.path.join(PACKAGE_ROOT, "hooks"),
+                  os.path.join(sys.prefix, "share", "dprorun", "hooks")]
+    for candidate in candidates:
+        if os.path.isfile(os.path.join(candidate, "sitecustomize.py")):
+            return candidate
+    raise FileNotFoundError("dprorun's hooks/sitecustomize.py was not found (looked in "
+                            + ", ".join(candidates) + ")")
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        return sock.getsockname()[1]
+
+
+def rank_environment(job: JobConfig) -> dict[str, str]:
+    """Variables every rank inherits: hooks on PYTHONPATH, dprorun importable, profiling settings."""
+    paths = [hooks_dir(), PACKAGE_ROOT]
+    existing = os.environ.get("PYTHONPATH", "")
+    env = {"PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
+    env.update(job.profile.to_env())
+    env.setdefault("KINETO_LOG_LEVEL", os.environ.get("KINETO_LOG_LEVEL", "5"))  # no profiler chatter per rank
+    if "OMP_NUM_THREADS" not in os.environ and job.nproc_per_node > 1:
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun does, so ranks do not oversubscribe the cores
+    return env
+
+
+def split_command(command: list[str]) -> tuple[str, list[str]]:
+    """('python', ['train.py', ...]) -> the executable and its arguments; a bare script runs with this Python."""
+    if not command:
+        raise ValueError("no training command given (e.g. dprorun -np 2 python train.py)")
+    head = command[0]
+    if head.endswith(".py"):
+        return sys.executable, ["-u"] + command
+    exe = shutil.which(head)
+    if exe is None:
+        raise ValueError(f"training command not found: {head!r}")
+    if os.path.basename(head).startswith("python"):
+        return exe, ["-u"] + command[1:]
+    return exe, command[1:]
+
+
+def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) -> str:
+    from dprorun import __version__
+
+    path = os.path.join(job.run_dir, "manifest.json")
+    previous = {}
+    if os.path.exists(path):
+        try:
+            with open(path) as handle:
+                previous = json.load(handle)
+        except (OSError, ValueError):
+            previous = {}
+    manifest = dict(previous)
+    manifest.update({
+        "schema": "dprorun-run",
+        "version": 1,
+        "job_id": job.profile.job_id,
+        "status": status,
+        "command": job.command,
+        "backend": job.backend,
+        "launcher": job.launcher,
+        "world_size": job.world_size,
+        "nnodes": job.nnodes,
+        "nproc_per_node": job.nproc_per_node,
+        "node_rank": job.node_rank,
+        "master_addr": job.master_addr,
+        "launch_host": job.profile.launch_host,
+        "profiling_window": {"warmup": job.profile.warmup, "active": job.profile.active,
+                             "clean": job.profile.clean, "kineto": job.profile.kineto,
+                             "record_shapes": job.profile.record_shapes,
+                             "comm_detail": job.profile.comm_detail},
+        "clock": {"source": "time.time_ns (epoch µs)",
+                  "test_clock_skew_us": job.profile.clock_skew_us or None},
+        "versions": _versions(__version__),
+    })
+    manifest.setdefault("started_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    if extra:
+        manifest.update(extra)
+    atomic_write_json(path, manifest, indent=2)
+    return path
+
+
+def _versions(dprorun_version: str) -> dict:
+    out = {"dprorun": dprorun_version, "python": sys.version.split()[0]}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return out
+
+
+class _Watchdog:
+    """Sends SIGTERM to this process after the job's --timeout; the elastic agent then stops all ranks."""
+
+    def __init__(self, timeout_s: Optional[float]):
+        self.fired = False
+        self._timer = None
+        if timeout_s:
+            self._timer = threading.Timer(timeout_s, self._fire)
+            self._timer.daemon = True
+
+    def _fire(self) -> None:
+        self.fired = True
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def __enter__(self):
+        if self._timer:
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._timer:
+            self._timer.cancel()
+
+
+def launch(job: JobConfig) -> LaunchResult:
+    make_private_dir(job.run_dir)
+    write_manifest(job, "running")
+    started = time.monotonic()
+    if job.launcher == "torchrun":
+        result = _launch_torchrun(job)
+    else:
+        result = _launch_elastic(job)
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def _launch_elastic(job: JobConfig) -> LaunchResult:
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    port = job.master_port or free_port(job.master_addr if job.nnodes == 1 else "0.0.0.0")
+    entrypoint, args = split_command(job.command)
+    os.environ.update(rank_environment(job))
+    config = LaunchConfig(
+        min_nodes=job.nnodes,
+        max_nodes=job.nnodes,
+        nproc_per_node=job.nproc_per_node,
+        run_id=job.profile.job_id,
+        rdzv_endpoint=f"{job.master_addr}:{port}",
+        rdzv_backend="static",
+        rdzv_configs={"rank": job.node_rank, "timeout": 900 if job.nnodes > 1 else 60},
+        max_restarts=0,
+        monitor_interval=0.1,
+        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.run_dir, "logs"), tee=Std.ALL),
+        log_line_prefix_template="[rank${rank}]: ",
+        shutdown_timeout=5,
+    )
+    with _Watchdog(job.timeout_s) as watchdog:
+        try:
+            elastic_launch(config, entrypoint)(*args)
+            return LaunchResult(0, "all ranks finished")
+        except ChildFailedError as err:
+            rank, failure = err.get_first_failure()
+            code = failure.exitcode
+            if code < 0:
+                how = f"was killed by signal {_signal_name(-code)}"
+                code = 128 - code
+            else:
+                how = f"exited with code {code}"
+            detail = _error_message(failure)
+            message = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}"
+            if detail:
+                message += f": {detail}"
+            others = sorted(r for r in err.failures if r != rank)
+            if others:
+                message += f" (also failed: ranks {others})"
+            return LaunchResult(code or 1, message, rank,
+                                {r: {"exitcode": f.exitcode, "pid": f.pid} for r, f in err.failures.items()})
+        except SignalException as exc:
+            signum = int(exc.sigval)
+            if watchdog.fired:
+                return LaunchResult(124, f"timed out after {job.timeout_s:g} s (--timeout); all ranks stopped")
+            return LaunchResult(128 + signum, f"interrupted by {_signal_name(signum)}; all ranks stopped")
+
+
+def _error_message(failure) -> str:
+    try:
+        message = failure.message
+    except Exception:
+        return ""
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = str(message or "").strip()
+    if not text or text.startswith("To enable traceback") or text == "<N/A>":
+        return ""
+    return text.splitlines()[0][:300]
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _launch_torchrun(job: JobConfig) -> LaunchResult:
+    """Hand rendezvous and process management to the torchrun CLI, with the hooks on PYTHONPATH."""
+    entrypoint, args = split_command(job.command)
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           f"--nnodes={job.nnodes}", f"--nproc-per-node={job.nproc_per_node}",
+           f"--node-rank={job.node_rank}", f"--master-addr={job.master_addr}",
+           f"--master-port={job.master_port or free_port(job.master_addr)}",
+           f"--rdzv-id={job.profile.job_id}", "--max-restarts=0", "--tee=3",
+           f"--log-dir={os.path.join(job.run_dir, 'logs')}"]
+    if entrypoint == sys.executable or os.path.basename(entrypoint).startswith("python"):
+        cmd += [a for a in args if a != "-u"]
+    else:
+        cmd += ["--no-python", entrypoint] + args
+    env = dict(os.environ)
+    env.update(rank_environment(job))
+    proc = subprocess.Popen(cmd, env=env)
+    forwarded = {}
+
+    def forward(signum, frame):
+        forwarded["signal"] = signum
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with _Watchdog(job.timeout_s) as watchdog:
+            code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if watchdog.fired:
+        return LaunchResult(124, f"timed out after {job.timeout_s:g} s (--timeout); all ranks stopped")
+    if "signal" in forwarded:
+        return LaunchResult(128 + forwarded["signal"], f"interrupted by {_signal_name(forwarded['signal'])}")
+    if code != 0:
+        return LaunchResult(code if code > 0 else 128 - code, f"torchrun exited with code {code} "
+                            "(its output above names the failing rank)")
+    return LaunchResult(0, "all ranks finished")

@@ -1,0 +1,140 @@
+"""Entry point of the hooks inside a rank: called from hooks/sitecustomize.py at interpreter start-up.
+
+Installs, only in a rank process launched by dprorun (DPRO_ENABLED=1 and RANK set, not in its subprocesses):
+an import hook that patches DistributedDataParallel when torch.nn.parallel.distributed is imported (torch is
+not imported here: start-up stays fast), the sampler thread, an excepthook that writes torchelastic's per-rank
+error file, and exit/SIGTERM handlers that keep what was recorded.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.machinery
+import os
+import signal
+import sys
+from typing import Callable, Optional
+
+_SESSION = None
+
+WATCHED_MODULES = ("torch.nn.parallel.distributed",)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a watched module has executed."""
+
+    def __init__(self, callbacks: dict[str, Callable[[], None]]):
+        self.callbacks = callbacks
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.callbacks:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        callback = self.callbacks[fullname]
+        original_exec = loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            callback()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def session():
+    """The rank's session, or None outside a dprorun rank."""
+    return _SESSION
+
+
+def install(environ=os.environ) -> Optional[object]:
+    global _SESSION
+    if _SESSION is not None or environ.get("DPRO_ENABLED") != "1" or "RANK" not in environ:
+        return _SESSION
+    owner = environ.get("DPRO_HOOKED_PID")
+    if owner and owner != str(os.getpid()):
+        return None  # a subprocess of a rank (data loader worker, ...): not profiled
+    os.environ["DPRO_HOOKED_PID"] = str(os.getpid())
+
+    from dprorun.config import ProfileConfig
+    from dprorun.runtime.session import RankSession, warn
+
+    try:
+        cfg = ProfileConfig.from_env(environ)
+    except ValueError as exc:
+        warn(f"bad profiling configuration, hooks not installed: {exc}")
+        return None
+    rank = int(environ.get("RANK", "0"))
+    local_rank = int(environ.get("LOCAL_RANK", "0"))
+    world = int(environ.get("WORLD_SIZE", "1"))
+    sess = RankSession(cfg, rank, local_rank, world)
+    _SESSION = sess
+
+    def patch_ddp():
+        from dprorun.runtime.ddp import patch_ddp_class
+
+        sess.guard("patching DistributedDataParallel", patch_ddp_class, sess)
+
+    callbacks = {"torch.nn.parallel.distributed": patch_ddp}
+    if "torch.nn.parallel.distributed" in sys.modules:
+        patch_ddp()
+    else:
+        sys.meta_path.insert(0, _PatchOnImport(callbacks))
+
+    try:
+        from dprorun.runtime.samplers import Sampler
+
+        sess.sampler = Sampler(cfg.sample_interval_s, local_rank, sess.now_us)
+        sess.sampler.start()
+    except Exception as exc:
+        sess.warnings.append(f"sampler not started: {exc}")
+
+    atexit.register(sess.at_exit)
+    _install_excepthook(sess)
+    _install_sigterm(sess)
+    return sess
+
+
+def _install_excepthook(sess) -> None:
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        try:
+            sess.warnings.append(f"training script raised {exc_type.__name__}: {exc}")
+            _write_torchelastic_error(exc)
+        except Exception:
+            pass
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+
+
+def _write_torchelastic_error(exc: BaseException) -> None:
+    """Per-rank error file in torchelastic's format, so the launcher names the failing rank and its error."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+    handler = get_error_handler()
+    handler.initialize()
+    handler.record_exception(exc)
+
+
+def _install_sigterm(sess) -> None:
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # the script (or a library) handles SIGTERM itself
+
+    def on_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            sess.warnings.append("stopped by SIGTERM")
+            sess.at_exit()
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:
+        pass  # not the main thread

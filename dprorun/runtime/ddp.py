@@ -1,0 +1,229 @@
+"""Zero-code-change instrumentation of torch.nn.parallel.DistributedDataParallel.
+
+Patched into the class when torch.nn.parallel.distributed is imported:
+  - __init__: attaches a DDPTracker to every DDP module the script (or Lightning / HF Trainer) builds;
+  - register_comm_hook: wraps a user's comm hook with bucket timing instead of replacing it.
+Without a user hook the tracker registers torch's own allreduce_hook (default semantics) wrapped with timing at
+the first forward. During the profiling window the tracker records per bucket: enqueue time (the hook is called
+when the bucket is ready), and completion (the future's callback); the gloo/NCCL transmission span itself comes
+from the profiler's trace, so queueing and transmission are separated by the reader.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from dprorun.runtime.session import RankSession
+
+MAX_OUTPUT_TENSORS = 64
+
+
+def _tensors_requiring_grad(obj: Any, found: list, depth: int = 0) -> None:
+    import torch
+
+    if len(found) >= MAX_OUTPUT_TENSORS or depth > 6:
+        return
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad:
+            found.append(obj)
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _tensors_requiring_grad(value, found, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _tensors_requiring_grad(value, found, depth + 1)
+
+
+class DDPTracker:
+    def __init__(self, session: RankSession, ddp, index: int):
+        self.session = session
+        self.ddp = ddp
+        self.index = index
+        self.primary = index == 0
+        self.user_hook = False
+        self.builtin_hook = False
+        self.hook_registered = False
+        self.prev_forward_synced = True
+        self.param_names: dict[int, str] = {}
+        order, nbytes = [], {}
+        for name, param in ddp.module.named_parameters():
+            if param.requires_grad:
+                self.param_names[id(param)] = name
+                order.append(name)
+                nbytes[name] = param.numel() * param.element_size()
+        session.params[index] = {"order": order, "bytes": nbytes,
+                                 "bucket_cap_mb": getattr(ddp, "bucket_bytes_cap", 0) / (1 << 20)}
+        self.param_handles: list = []
+        ddp.register_forward_pre_hook(self._pre_forward)
+        ddp.register_forward_hook(self._post_forward)
+
+    def describe(self) -> dict:
+        return {"ddp": self.index, "user_comm_hook": self.user_hook, "builtin_comm_hook": self.builtin_hook,
+                "timed_buckets": self.hook_registered or self.user_hook,
+                "backend": _backend_name(self.ddp)}
+
+    # ---- forward / backward ------------------------------------------------------------------------------
+    def _pre_forward(self, module, inputs):
+        session = self.session
+        if not self.hook_registered and not self.user_hook and not self.builtin_hook:
+            session.guard("registering the DDP comm hook", self._register_default_hook)
+        import torch
+
+        if not (torch.is_grad_enabled() and module.training):
+            return None
+        if self.primary:
+            if self.prev_forward_synced:
+                session.begin_iteration()
+            self.prev_forward_synced = bool(getattr(module, "require_backward_grad_sync", True))
+        if session.detail_active:
+            session.open_mark(f"forward{self.index}")
+        return None
+
+    def _post_forward(self, module, inputs, output):
+        session = self.session
+        if not session.detail_active:
+            return None
+        now = session.now_us()
+        session._close_mark(f"forward{self.index}", now)
+        found: list = []
+        _tensors_requiring_grad(output, found)
+        if found:
+            session.guard("hooking the backward pass", self._hook_backward, found)
+        return None
+
+    def _hook_backward(self, outputs: list) -> None:
+        import torch
+
+        session = self.session
+        fired = [False]
+        iteration = session.iteration
+
+        def on_output_grad(grad):
+            if fired[0]:
+                return None
+            fired[0] = True
+            start = session.now_us()
+
+            def on_backward_done():
+                if session.detail_active:
+                    session.mark(f"backward{self.index}", start, session.now_us(), iteration)
+
+            torch.autograd.Variable._execution_engine.queue_callback(on_backward_done)
+            return None
+
+        for tensor in outputs:
+            tensor.register_hook(on_output_grad)
+
+    # ---- window ------------------------------------------------------------------------------------------
+    def window_started(self) -> None:
+        if not self.session.cfg.param_hooks:
+            return
+        session = self.session
+        for param in self.ddp.module.parameters():
+            name = self.param_names.get(id(param))
+            if name is None:
+                continue
+
+            def ready(p, name=name):
+                session.grad_ready.append((session.iteration, name, session.now_us()))
+
+            self.param_handles.append(param.register_post_accumulate_grad_hook(ready))
+
+    def window_stopped(self) -> None:
+        for handle in self.param_handles:
+            handle.remove()
+        self.param_handles.clear()
+
+    # ---- communication -----------------------------------------------------------------------------------
+    def _register_default_hook(self) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.hook_registered = True
+        _ORIGINAL["register_comm_hook"](self.ddp, self.ddp.process_group, self.timed(default_hooks.allreduce_hook))
+
+    def timed(self, inner: Callable) -> Callable:
+        session = self.session
+        ddp_index = self.index
+
+        def dpro_timed_comm_hook(state, bucket):
+            if not session.detail_active:
+                return inner(state, bucket)
+            enqueue = session.now_us()
+            future = inner(state, bucket)
+            enqueued = session.now_us()
+            key = (ddp_index, bucket.index())
+            if key not in session.buckets:
+                session.guard("reading the bucket layout", self._record_bucket, key, bucket)
+            record = [session.iteration, ddp_index, key[1], enqueue, enqueued, None]
+            session.comm.append(record)
+
+            def done(fut):
+                record[5] = session.now_us()
+                return fut.value()
+
+            return future.then(done)
+
+        return dpro_timed_comm_hook
+
+    def _record_bucket(self, key: tuple[int, int], bucket) -> None:
+        buffer = bucket.buffer()
+        names = [self.param_names.get(id(p), f"<unnamed {i}>") for i, p in enumerate(bucket.parameters())]
+        self.session.buckets[key] = {"nbytes": buffer.numel() * buffer.element_size(), "numel": buffer.numel(),
+                                     "dtype": str(buffer.dtype).replace("torch.", ""), "params": names}
+
+
+def _backend_name(ddp) -> str:
+    try:
+        import torch.distributed as dist
+
+        return str(dist.get_backend(ddp.process_group))
+    except Exception:
+        return "unknown"
+
+
+_ORIGINAL: dict[str, Callable] = {}
+
+
+def patch_ddp_class(session: RankSession) -> None:
+    """Patch DistributedDataParallel once per process so every instance gets a tracker."""
+    import sys
+
+    DDP = sys.modules["torch.nn.parallel.distributed"].DistributedDataParallel
+    if getattr(DDP, "_dpro_patched", False):
+        return
+    DDP._dpro_patched = True
+    _ORIGINAL["__init__"] = DDP.__init__
+    _ORIGINAL["register_comm_hook"] = DDP.register_comm_hook
+    _ORIGINAL["_register_builtin_comm_hook"] = DDP._register_builtin_comm_hook
+
+    @functools.wraps(_ORIGINAL["__init__"])
+    def __init__(self, *args, **kwargs):
+        _ORIGINAL["__init__"](self, *args, **kwargs)
+        if session.disabled:
+            return
+        tracker = session.guard("attaching to DistributedDataParallel", DDPTracker, session, self,
+                                len(session.trackers))
+        if tracker is not None:
+            self._dpro_tracker = tracker
+            session.trackers.append(tracker)
+
+    @functools.wraps(_ORIGINAL["register_comm_hook"])
+    def register_comm_hook(self, state, hook):
+        tracker = getattr(self, "_dpro_tracker", None)
+        if tracker is not None and not tracker.hook_registered:
+            tracker.user_hook = True
+            hook = tracker.timed(hook)
+        return _ORIGINAL["register_comm_hook"](self, state, hook)
+
+    @functools.wraps(_ORIGINAL["_register_builtin_comm_hook"])
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        tracker = getattr(self, "_dpro_tracker", None)
+        if tracker is not None:
+            tracker.builtin_hook = True
+            session.warnings.append("a built-in C++ comm hook is in use: bucket enqueue times are not "
+                                    "recorded, only the profiler's collective spans")
+        return _ORIGINAL["_register_builtin_comm_hook"](self, comm_hook_type)
+
+    DDP.__init__ = __init__
+    DDP.register_comm_hook = register_comm_hook
+    DDP._register_builtin_comm_hook = _register_builtin_comm_hook

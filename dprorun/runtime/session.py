@@ -1,0 +1,329 @@
+"""The per-rank profiling session: iteration counting, the profiling window, and writing the rank's files.
+
+Phases, counted in training iterations seen by the primary DistributedDataParallel module:
+  warm-up [0, W)        only the iteration start time is taken
+  active  [W, W+K)      torch.profiler runs; DDP buckets, gradient-ready times, forward/backward/update spans
+  clean   [W+K, W+K+C)  iteration start times only: the job's own speed without the profiler
+  done                  files written, traces gathered to rank 0's node; the hooks step aside
+A failure anywhere in here disables the session with a warning; it never raises into the training script.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+from dprorun.config import ProfileConfig
+from dprorun.fsutil import atomic_write_bytes, atomic_write_json, make_private_dir
+
+EVENTS_FILE = "events.json"
+KINETO_FILE = "kineto_trace.json"
+SAMPLES_FILE = "samples.json"
+MAX_ITERATION_TIMESTAMPS = 100_000
+
+
+def warn(message: str) -> None:
+    rank = os.environ.get("RANK", "?")
+    print(f"[dprorun rank {rank}] warning: {message}", file=sys.stderr, flush=True)
+
+
+class RankSession:
+    def __init__(self, cfg: ProfileConfig, rank: int, local_rank: int, world_size: int):
+        self.cfg = cfg
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+        self.real_host = socket.gethostname()
+        self.host = cfg.host_for(rank, self.real_host)
+        self.skew_us = cfg.skew_for(rank)
+        self.rank_dir = os.path.join(cfg.run_dir, f"rank_{rank}")
+        self.phase = "warmup"
+        self.disabled = False
+        self.iteration = -1
+        self.iteration_starts: list[float] = []
+        self.spans: list[list] = []  # [iteration, name, start_us, end_us]
+        self.comm: list[list] = []  # [iteration, ddp_index, bucket, enqueue_us, enqueued_us, done_us]
+        self.grad_ready: list[tuple] = []  # (iteration, param name, time_us)
+        self.buckets: dict[tuple[int, int], dict] = {}
+        self.params: dict[int, dict] = {}  # ddp index -> {"order": [...], "bytes": {...}}
+        self.memory: dict[str, Any] = {}
+        self.warnings: list[str] = []
+        self.trackers: list[Any] = []
+        self.optimizers: list[Any] = []
+        self.profiler = None
+        self.window_hooks: list[Any] = []
+        self.open_marks: dict[str, float] = {}
+        self.files_written: list[str] = []
+        self.wall_start_us = self.now_us()
+        self.monotonic_at_start_ns = time.monotonic_ns()
+        self.lock = threading.Lock()
+        self.sampler = None
+        self.gathered = False
+        self.on_window_end: list[Callable[[], None]] = []
+
+    # ---- clock -------------------------------------------------------------------------------------------
+    def now_us(self) -> float:
+        """Epoch microseconds on this rank's clock (shifted by the test skew knob, as every timestamp is)."""
+        return time.time_ns() / 1000.0 + self.skew_us
+
+    # ---- control -----------------------------------------------------------------------------------------
+    @property
+    def detail_active(self) -> bool:
+        return self.phase == "active" and not self.disabled
+
+    def disable(self, reason: str) -> None:
+        if not self.disabled:
+            self.disabled = True
+            self.warnings.append(reason)
+            warn(f"profiling disabled, training continues: {reason}")
+            self._stop_window(write=True)
+
+    def guard(self, what: str, fn: Callable, *args) -> Any:
+        """Run fn; on any exception disable profiling instead of disturbing training."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self.disable(f"{what} failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+            return None
+
+    # ---- iteration boundaries ----------------------------------------------------------------------------
+    def begin_iteration(self) -> None:
+        now = self.now_us()
+        self._close_mark("update", now)
+        self.iteration += 1
+        if len(self.iteration_starts) < MAX_ITERATION_TIMESTAMPS:
+            self.iteration_starts.append(now)
+        if self.disabled or self.phase == "done":
+            return
+        cfg = self.cfg
+        if self.iteration == cfg.warmup and self.phase == "warmup":
+            self.guard("starting the profiling window", self._start_window)
+        elif self.iteration == cfg.warmup + cfg.active and self.phase == "active":
+            self.guard("closing the profiling window", self._stop_window, True)
+            self.phase = "clean"
+        if self.iteration == cfg.warmup + cfg.active + cfg.clean and self.phase == "clean":
+            self.phase = "done"
+            self.guard("writing the trace", self.write_events)
+            self.guard("gathering traces", self._finish)
+
+    def mark(self, name: str, start_us: float, end_us: float, iteration: Optional[int] = None) -> None:
+        self.spans.append([self.iteration if iteration is None else iteration, name, start_us, end_us])
+
+    def open_mark(self, name: str) -> None:
+        self.open_marks[name] = self.now_us()
+
+    def _close_mark(self, name: str, now: float) -> None:
+        start = self.open_marks.pop(name, None)
+        if start is not None and self.detail_active:
+            self.mark(name, start, now)
+
+    # ---- window ------------------------------------------------------------------------------------------
+    def _start_window(self) -> None:
+        make_private_dir(self.rank_dir)
+        self.phase = "active"
+        self.window_start_us = self.now_us()
+        for tracker in self.trackers:
+            tracker.window_started()
+        self._register_optimizer_hooks()
+        if self.cfg.kineto:
+            self._start_profiler()
+
+    def _start_profiler(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self.profiler = profile(activities=activities, record_shapes=self.cfg.record_shapes,
+                                profile_memory=False, with_stack=False)
+        self.profiler.start()
+
+    def _register_optimizer_hooks(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def pre(optimizer, args, kwargs):
+            if self.detail_active:
+                self.open_mark("update")
+                if not any(o is optimizer for o in self.optimizers):
+                    self.optimizers.append(optimizer)
+
+        def post(optimizer, args, kwargs):
+            if self.detail_active:
+                self._close_mark("update", self.now_us())
+
+        self.window_hooks.append(register_optimizer_step_pre_hook(pre))
+        self.window_hooks.append(register_optimizer_step_post_hook(post))
+
+    def _stop_window(self, write: bool) -> None:
+        if getattr(self, "_window_stopped", False):
+            return
+        self._window_stopped = True
+        self.window_end_us = self.now_us()
+        for handle in self.window_hooks:
+            handle.remove()
+        self.window_hooks.clear()
+        for tracker in self.trackers:
+            tracker.window_stopped()
+        self._record_memory()
+        profiler, self.profiler = self.profiler, None
+        if profiler is not None:
+            profiler.stop()
+            if write:
+                self._export_kineto(profiler)
+        if write:
+            self.write_events()
+
+    def _export_kineto(self, profiler) -> None:
+        make_private_dir(self.rank_dir)
+        final = os.path.join(self.rank_dir, KINETO_FILE)
+        tmp = final + f".{os.getpid()}.tmp"
+        profiler.export_chrome_trace(tmp)
+        size_mb = os.path.getsize(tmp) / 1e6
+        if size_mb > self.cfg.max_trace_mb:
+            os.unlink(tmp)
+            self.warnings.append(f"Kineto trace of {size_mb:.0f} MB exceeds the cap of "
+                                 f"{self.cfg.max_trace_mb:.0f} MB (DPRO_MAX_TRACE_MB) and was dropped")
+            warn(self.warnings[-1])
+            return
+        if self.skew_us:
+            self._shift_kineto_base(tmp)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, final)
+        self.files_written.append(KINETO_FILE)
+
+    def _shift_kineto_base(self, path: str) -> None:
+        """Apply the test clock skew to the profiler's timestamps too (they are relative to this base)."""
+        import re
+
+        with open(path, "r") as handle:
+            text = handle.read()
+        shift_ns = int(round(self.skew_us * 1000))
+
+        def shifted(match: "re.Match") -> str:
+            return f'"baseTimeNanoseconds": {int(match.group(1)) + shift_ns}'
+
+        text, count = re.subn(r'"baseTimeNanoseconds"\s*:\s*(\d+)', shifted, text, count=1)
+        if count == 0:
+            self.warnings.append("Kineto trace has no baseTimeNanoseconds; test clock skew not applied to it")
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    def _record_memory(self) -> None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                self.memory["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+                self.memory["cuda_max_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+            state_bytes = 0
+            for optimizer in self.optimizers:
+                for state in optimizer.state.values():
+                    for value in state.values():
+                        if isinstance(value, torch.Tensor):
+                            state_bytes += value.numel() * value.element_size()
+            self.memory["optimizer_state_bytes"] = state_bytes
+            self.memory["optimizers"] = [type(o).__name__ for o in self.optimizers]
+        except Exception as exc:
+            self.warnings.append(f"memory accounting failed: {exc}")
+        try:
+            import psutil
+
+            self.memory["rss_bytes_at_window_end"] = psutil.Process().memory_info().rss
+            if sys.platform.startswith("linux"):
+                import resource
+
+                self.memory["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        except Exception:
+            pass
+
+    # ---- files -------------------------------------------------------------------------------------------
+    def events_document(self) -> dict:
+        cfg = self.cfg
+        return {
+            "schema": "dprorun-events",
+            "version": 1,
+            "job_id": cfg.job_id,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "host": self.host,
+            "pid": os.getpid(),
+            "phase": self.phase,
+            "disabled": self.disabled,
+            "window": {"warmup": cfg.warmup, "active": cfg.active, "clean": cfg.clean,
+                       "start_us": getattr(self, "window_start_us", None),
+                       "end_us": getattr(self, "window_end_us", None),
+                       "kineto": cfg.kineto, "record_shapes": cfg.record_shapes},
+            "clock": {"source": "time.time_ns", "wall_start_us": self.wall_start_us,
+                      "monotonic_start_ns": self.monotonic_at_start_ns},
+            "iteration_starts_us": self.iteration_starts,
+            "spans": self.spans,
+            "comm": [c for c in self.comm if c[5] is not None],
+            "comm_unfinished": sum(1 for c in self.comm if c[5] is None),
+            "grad_ready": self.grad_ready,
+            "buckets": [dict(ddp=k[0], index=k[1], **v) for k, v in sorted(self.buckets.items())],
+            "params": {str(k): v for k, v in self.params.items()},
+            "memory": self.memory,
+            "trackers": [t.describe() for t in self.trackers],
+            "files": sorted(set(self.files_written)),
+            "warnings": self.warnings,
+            "versions": _versions(),
+        }
+
+    def write_events(self) -> None:
+        make_private_dir(self.rank_dir)
+        with self.lock:
+            doc = self.events_document()
+        atomic_write_json(os.path.join(self.rank_dir, EVENTS_FILE), doc)
+        if self.sampler is not None:
+            atomic_write_json(os.path.join(self.rank_dir, SAMPLES_FILE), self.sampler.export())
+
+    def _finish(self) -> None:
+        from dprorun.runtime.gather import gather_to_rank0
+
+        if not self.gathered:
+            self.gathered = True
+            gather_to_rank0(self)
+        for callback in self.on_window_end:
+            callback()
+
+    def at_exit(self) -> None:
+        """Keep whatever was recorded: close the window if the job ended inside it and write the files."""
+        if self.phase == "active" or (self.disabled and self.profiler is not None):
+            self._stop_window(write=True)
+            self.phase = "clean"
+        try:
+            if self.iteration >= 0 or self.trackers:
+                self.write_events()
+        except Exception as exc:
+            warn(f"could not write the trace at exit: {exc}")
+        if self.sampler is not None:
+            self.sampler.stop()
+
+
+def _versions() -> dict:
+    out = {"python": sys.version.split()[0]}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+    except Exception:
+        pass
+    try:
+        from dprorun import __version__
+
+        out["dprorun"] = __version__
+    except Exception:
+        pass
+    return out
+
+
+def read_events_text(path: str) -> dict:
+    with open(path) as handle:
+        return json.load(handle)

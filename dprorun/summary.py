@@ -1,0 +1,177 @@
+"""The run summary: measured iteration time per rank and where it goes (compute / communication / idle).
+
+Per profiled iteration of a rank:
+  compute        forward + backward + optimizer update spans (the hooks' phase spans)
+  communication  union of the buckets' transmission intervals; `exposed` is the part not hidden behind compute
+  queueing       time buckets waited between being ready and starting to transmit
+  idle / other   iteration time - compute - exposed communication (data loading, Python, waiting)
+Values are medians over the profiled iterations, in milliseconds.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Iterable, Optional
+
+from dprorun.trace.model import OpKind, RankTrace, RunTrace
+from dprorun.trace.rundir import load_run
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def overlap_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    a, b = _merge(a), _merge(b)
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _median_ms(values: list[float]) -> Optional[float]:
+    return round(statistics.median(values) / 1000.0, 3) if values else None
+
+
+def rank_breakdown(trace: RankTrace) -> dict:
+    by_iter: dict[int, dict[str, list]] = {i: {"compute": [], "comm": [], "queue": [], "fw": [], "bw": [],
+                                                "update": []} for i in trace.profiled_iterations}
+    for op in trace.ops:
+        slot = by_iter.get(op.iteration)
+        if slot is None:
+            continue
+        interval = (op.start_us, op.end_us)
+        if op.stream == "phase":
+            slot["compute"].append(interval)
+            slot[{OpKind.FW: "fw", OpKind.BW: "bw", OpKind.UPDATE: "update"}.get(op.kind, "compute")].append(interval)
+        elif op.kind is OpKind.COMM and op.source == "hooks":
+            slot["comm"].append(interval)
+        elif op.kind is OpKind.QUEUE:
+            slot["queue"].append(interval)
+    iteration_len = {i: end - start for i, start, end in trace.iterations}
+    rows = {k: [] for k in ("iter", "compute", "fw", "bw", "update", "comm", "exposed", "queue", "idle")}
+    for i, slot in by_iter.items():
+        total = iteration_len[i]
+        compute = union_length(slot["compute"])
+        comm = union_length(slot["comm"])
+        exposed = comm - overlap_length(slot["comm"], slot["compute"])
+        rows["iter"].append(total)
+        rows["compute"].append(compute)
+        rows["fw"].append(union_length(slot["fw"]))
+        rows["bw"].append(union_length(slot["bw"]))
+        rows["update"].append(union_length(slot["update"]))
+        rows["comm"].append(comm)
+        rows["exposed"].append(exposed)
+        rows["queue"].append(sum(b - a for a, b in slot["queue"]))
+        rows["idle"].append(max(0.0, total - compute - exposed))
+    clean = [end - start for i, start, end in trace.iterations if i in set(trace.meta.get("clean_iterations", []))]
+    n_comm = sum(1 for op in trace.ops if op.kind is OpKind.COMM and op.source == "hooks")
+    return {
+        "rank": trace.rank,
+        "host": trace.host,
+        "profiled_iterations": len(trace.profiled_iterations),
+        "iteration_time_ms": _median_ms(rows["iter"]),
+        "clean_iteration_time_ms": _median_ms(clean),
+        "compute_ms": _median_ms(rows["compute"]),
+        "forward_ms": _median_ms(rows["fw"]),
+        "backward_ms": _median_ms(rows["bw"]),
+        "update_ms": _median_ms(rows["update"]),
+        "comm_ms": _median_ms(rows["comm"]),
+        "exposed_comm_ms": _median_ms(rows["exposed"]),
+        "queue_ms": _median_ms(rows["queue"]),
+        "idle_ms": _median_ms(rows["idle"]),
+        "buckets": len(trace.buckets),
+        "comm_events": n_comm,
+        "nvml": trace.meta.get("nvml_status"),
+        "warnings": trace.warnings,
+    }
+
+
+def summarize(run: RunTrace) -> dict:
+    ranks = [rank_breakdown(run.ranks[r]) for r in sorted(run.ranks)]
+
+    def across(key: str) -> Optional[float]:
+        values = [row[key] for row in ranks if row[key] is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    iteration, clean = across("iteration_time_ms"), across("clean_iteration_time_ms")
+    summary = {
+        "run_dir": run.run_dir,
+        "job_id": run.manifest.get("job_id"),
+        "status": run.manifest.get("status"),
+        "exit_code": run.manifest.get("exit_code"),
+        "command": run.manifest.get("command"),
+        "world_size": run.world_size,
+        "ranks_recorded": sorted(run.ranks),
+        "missing_ranks": run.missing_ranks,
+        "iteration_time_ms": iteration,
+        "clean_iteration_time_ms": clean,
+        "profiler_overhead_pct": round(100.0 * (iteration / clean - 1.0), 2) if iteration and clean else None,
+        "ranks": ranks,
+        "problems": run.problems,
+    }
+    return summary
+
+
+def summarize_run(run_dir: str) -> dict:
+    return summarize(load_run(run_dir))
+
+
+def format_summary(summary: dict) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    def cell(value) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    table = Table(title=f"dprorun summary: job {summary['job_id']} ({summary['world_size']} ranks, "
+                        f"medians over the profiled window, ms)")
+    columns = [("rank", "rank"), ("host", "host"), ("iteration", "iteration_time_ms"),
+               ("w/o profiler", "clean_iteration_time_ms"), ("compute", "compute_ms"), ("fw", "forward_ms"),
+               ("bw", "backward_ms"), ("update", "update_ms"), ("comm", "comm_ms"),
+               ("exposed comm", "exposed_comm_ms"), ("queueing", "queue_ms"), ("idle/other", "idle_ms"),
+               ("buckets", "buckets")]
+    for title, _ in columns:
+        table.add_column(title, justify="left" if title == "host" else "right")
+    for row in summary["ranks"]:
+        table.add_row(*[str(row[k]) if k in ("rank", "host", "buckets") else cell(row[k]) for _, k in columns])
+    console = Console(record=True, width=140)
+    with console.capture() as capture:
+        console.print(table)
+    lines = [capture.get().rstrip()]
+    lines.append(f"iteration time (median): {cell(summary['iteration_time_ms'])} ms profiled, "
+                 f"{cell(summary['clean_iteration_time_ms'])} ms without the profiler"
+                 + (f" (profiler overhead {summary['profiler_overhead_pct']:+.1f} %)"
+                    if summary["profiler_overhead_pct"] is not None else ""))
+    if summary["missing_ranks"]:
+        lines.append(f"missing: no trace for ranks {summary['missing_ranks']}")
+    for row in summary["ranks"]:
+        for warning in row["warnings"]:
+            lines.append(f"rank {row['rank']}: {warning.splitlines()[0]}")
+    return "\n".join(lines)

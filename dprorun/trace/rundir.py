@@ -1,0 +1,211 @@
+"""Read a run directory (manifest.json + rank_<r>/ folders) into the trace model.
+
+Per rank, the hooks' events.json gives iterations, forward/backward/update spans, per-bucket enqueue and
+completion, gradient-ready times and bucket layouts; the profiler's kineto_trace.json adds op-level compute
+and each collective's transmission span, which splits every bucket's communication into QUEUE (enqueued,
+waiting) and COMM (transmitting). Every problem with a file is a TraceError naming it.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+from typing import Optional
+
+from dprorun.fsutil import TraceError, read_json
+from dprorun.trace.kineto import KinetoTrace, read_kineto
+from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
+
+EVENTS_SCHEMA = "dprorun-events"
+SUPPORTED_EVENTS_VERSIONS = (1,)
+SPAN_KINDS = (("forward", OpKind.FW), ("backward", OpKind.BW), ("update", OpKind.UPDATE))
+MATCH_SLACK_US = 50.0
+
+
+def _require(cond: bool, path: str, problem: str) -> None:
+    if not cond:
+        raise TraceError(path, problem)
+
+
+def load_events(path: str) -> dict:
+    doc = read_json(path)
+    _require(isinstance(doc, dict), path, "not a JSON object")
+    _require(doc.get("schema") == EVENTS_SCHEMA, path, f"not a dprorun events file (schema {doc.get('schema')!r})")
+    _require(doc.get("version") in SUPPORTED_EVENTS_VERSIONS, path,
+             f"unsupported events version {doc.get('version')!r} (this dprorun reads {SUPPORTED_EVENTS_VERSIONS})")
+    for key, kind in (("iteration_starts_us", list), ("spans", list), ("comm", list), ("grad_ready", list),
+                      ("buckets", list), ("window", dict)):
+        _require(isinstance(doc.get(key), kind), path, f"field {key!r} missing or not a {kind.__name__}")
+    _require(isinstance(doc.get("rank"), int), path, "field 'rank' missing")
+    try:
+        for row in doc["comm"]:
+            _require(isinstance(row, list) and len(row) == 6, path, "malformed comm record")
+            [float(x) for x in row[3:6]]
+        for row in doc["spans"]:
+            _require(isinstance(row, list) and len(row) == 4, path, "malformed span record")
+            float(row[2]), float(row[3])
+        [float(x) for x in doc["iteration_starts_us"]]
+    except (TypeError, ValueError):
+        raise TraceError(path, "non-numeric timestamp in a record") from None
+    return doc
+
+
+def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional[dict]) -> RankTrace:
+    rank = doc["rank"]
+    trace = RankTrace(rank=rank, host=str(doc.get("host", "")), local_rank=int(doc.get("local_rank", 0)))
+    window = doc["window"]
+    warmup, active, clean = int(window.get("warmup", 0)), int(window.get("active", 0)), int(window.get("clean", 0))
+    starts = [float(x) for x in doc["iteration_starts_us"]]
+    trace.iterations = [(i, starts[i], starts[i + 1]) for i in range(len(starts) - 1)]
+    complete = {i for i, _, _ in trace.iterations}
+    trace.profiled_iterations = [i for i in range(warmup, warmup + active) if i in complete]
+    trace.meta = {"job_id": doc.get("job_id", ""), "world_size": doc.get("world_size"),
+                  "clean_iterations": [i for i in range(warmup + active, warmup + active + clean) if i in complete],
+                  "window": window, "phase": doc.get("phase"), "disabled": doc.get("disabled", False),
+                  "trackers": doc.get("trackers", []), "versions": doc.get("versions", {}),
+                  "comm_unfinished": doc.get("comm_unfinished", 0), "pid": doc.get("pid")}
+    trace.clock = dict(doc.get("clock") or {})
+    trace.memory = dict(doc.get("memory") or {})
+    trace.warnings = list(doc.get("warnings") or [])
+    profiled = set(trace.profiled_iterations)
+
+    for iteration, name, start, end in doc["spans"]:
+        if iteration not in profiled:
+            continue
+        kind = next((k for prefix, k in SPAN_KINDS if name.startswith(prefix)), OpKind.OTHER)
+        trace.ops.append(Op(name=name, kind=kind, rank=rank, start_us=float(start), end_us=float(end),
+                            iteration=iteration, stream="phase", host=trace.host, source="hooks"))
+    for entry in doc["buckets"]:
+        trace.buckets.append(Bucket(index=int(entry["index"]), nbytes=int(entry["nbytes"]),
+                                    params=list(entry.get("params", [])), dtype=str(entry.get("dtype", "")),
+                                    numel=int(entry.get("numel", 0))))
+    params = (doc.get("params") or {}).get("0") or {}
+    trace.param_order = list(params.get("order", []))
+    trace.param_bytes = {k: int(v) for k, v in (params.get("bytes") or {}).items()}
+    trace.meta["bucket_cap_mb"] = params.get("bucket_cap_mb")
+    trace.grad_ready = [(int(i), str(n), float(t)) for i, n, t in doc["grad_ready"] if i in profiled]
+    _add_comm(trace, doc, kineto, profiled)
+    if kineto is not None:
+        _add_kineto_compute(trace, kineto, profiled)
+    if samples:
+        for entry in samples.get("samples", []):
+            try:
+                trace.samples.append(Sample(float(entry["t"]), str(entry["src"]), dict(entry["v"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+        trace.meta["nvml_status"] = samples.get("nvml_status")
+        trace.meta["host_sampler_status"] = samples.get("host_status")
+    trace.ops.sort(key=lambda op: (op.start_us, op.end_us))
+    return trace
+
+
+def _bucket_key(ddp: int, index: int) -> str:
+    return f"bucket{index}" if ddp == 0 else f"ddp{ddp}.bucket{index}"
+
+
+def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profiled: set) -> None:
+    sizes = {(int(b["ddp"]), int(b["index"])): int(b["nbytes"]) for b in doc["buckets"]}
+    candidates: list[Op] = []
+    if kineto is not None:
+        candidates = [op for op in kineto.collectives if op.stream.startswith("comm:") and "reduce" in op.name]
+        candidates += [op for op in kineto.gpu if op.kind is OpKind.COMM and "allreduce" in op.name.lower()]
+        candidates.sort(key=lambda op: op.start_us)
+    used = [False] * len(candidates)
+    cand_starts = [op.start_us for op in candidates]
+    records = sorted((r for r in doc["comm"] if r[0] in profiled), key=lambda r: r[3])
+    for iteration, ddp, index, enqueue, enqueued, done in records:
+        key = _bucket_key(int(ddp), int(index))
+        nbytes = sizes.get((int(ddp), int(index)), 0)
+        common = dict(rank=trace.rank, iteration=int(iteration), tensor=key, nbytes=nbytes, host=trace.host,
+                      source="hooks")
+        match = None
+        first = bisect.bisect_left(cand_starts, enqueue - MATCH_SLACK_US)
+        for j in range(first, len(candidates)):
+            op = candidates[j]
+            if op.start_us > done:
+                break
+            if not used[j] and op.end_us <= done + MATCH_SLACK_US:
+                used[j] = True
+                match = op
+                break
+        if match is None:
+            trace.ops.append(Op(name=f"allreduce.{key}", kind=OpKind.COMM, start_us=enqueue, end_us=done,
+                                stream="comm", phase="queue+transmit", granularity="collective",
+                                args={"note": "transmission start unknown (no profiler span): queueing not "
+                                              "separated"}, **common))
+            continue
+        tx_start = max(match.start_us, enqueue)
+        trace.ops.append(Op(name=f"queue.{key}", kind=OpKind.QUEUE, start_us=enqueue, end_us=tx_start,
+                            stream="comm", phase="queue", **common))
+        trace.ops.append(Op(name=f"allreduce.{key}", kind=OpKind.COMM, start_us=tx_start,
+                            end_us=match.end_us, stream="comm", phase="transmit",
+                            granularity="collective", args={"span": match.name, "callback_done_us": done},
+                            **common))
+
+
+def _add_kineto_compute(trace: RankTrace, kineto: KinetoTrace, profiled: set) -> None:
+    iter_starts = [start for _, start, _ in trace.iterations]
+    phases = sorted((op for op in trace.ops if op.stream == "phase"), key=lambda op: op.start_us)
+    phase_starts = [op.start_us for op in phases]
+    for op in kineto.compute + [g for g in kineto.gpu if g.kind is not OpKind.COMM]:
+        index = bisect.bisect_right(iter_starts, op.start_us) - 1
+        if index < 0 or trace.iterations[index][0] not in profiled or op.start_us >= trace.iterations[index][2]:
+            continue
+        op.iteration = trace.iterations[index][0]
+        op.host = trace.host
+        if op.stream == "main":
+            p = bisect.bisect_right(phase_starts, op.start_us) - 1
+            if p >= 0 and phases[p].end_us >= op.end_us and op.kind is not OpKind.COMM:
+                op.kind = phases[p].kind
+        trace.ops.append(op)
+
+
+def load_rank(rank_dir: str, expected_rank: Optional[int] = None) -> RankTrace:
+    events_path = os.path.join(rank_dir, "events.json")
+    doc = load_events(events_path)
+    if expected_rank is not None and doc["rank"] != expected_rank:
+        raise TraceError(events_path, f"records rank {doc['rank']} but lies in the folder of rank {expected_rank}")
+    kineto = None
+    kineto_path = os.path.join(rank_dir, "kineto_trace.json")
+    if os.path.exists(kineto_path):
+        kineto = read_kineto(kineto_path, rank=doc["rank"])
+    samples = None
+    samples_path = os.path.join(rank_dir, "samples.json")
+    if os.path.exists(samples_path):
+        samples = read_json(samples_path)
+        if not isinstance(samples, dict):
+            raise TraceError(samples_path, "not a JSON object")
+    trace = rank_from_events(doc, kineto, samples)
+    if kineto is None and doc["window"].get("kineto"):
+        trace.warnings.append("no profiler trace (kineto_trace.json) for this rank: op-level compute and "
+                              "transmission spans are missing")
+    return trace
+
+
+def load_run(run_dir: str, strict: bool = False) -> RunTrace:
+    """Load every rank; a missing rank is listed in `missing_ranks` (or an error with strict=True)."""
+    manifest_path = os.path.join(run_dir, "manifest.json")
+    if not os.path.isdir(run_dir):
+        raise TraceError(run_dir, "not a directory")
+    manifest = read_json(manifest_path)
+    if not isinstance(manifest, dict) or manifest.get("schema") != "dprorun-run":
+        raise TraceError(manifest_path, "not a dprorun run manifest")
+    world = int(manifest.get("world_size", 0))
+    run = RunTrace(run_dir=run_dir, manifest=manifest, ranks={})
+    for rank in range(world):
+        rank_dir = os.path.join(run_dir, f"rank_{rank}")
+        if not os.path.exists(os.path.join(rank_dir, "events.json")):
+            run.missing_ranks.append(rank)
+            continue
+        trace = load_rank(rank_dir, expected_rank=rank)
+        job = trace.meta.get("job_id")
+        if job and manifest.get("job_id") and job != manifest["job_id"]:
+            raise TraceError(os.path.join(rank_dir, "events.json"),
+                             f"belongs to job {job!r}, not to this run's job {manifest['job_id']!r} (mixed runs)")
+        run.ranks[rank] = trace
+    if run.missing_ranks:
+        run.problems.append(f"no trace for ranks {run.missing_ranks}")
+        if strict:
+            raise TraceError(run_dir, run.problems[-1])
+    if not run.ranks:
+        raise TraceError(run_dir, "no rank recorded a trace (rank_<r>/events.json missing for every rank)")
+    return run

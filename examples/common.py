@@ -1,0 +1,66 @@
+"""Shared plumbing of the bundled examples: argument parsing, process-group set-up and the training loop.
+
+The examples are ordinary torch.distributed + DistributedDataParallel scripts: they run the same under
+`torchrun` and under `dprorun` and do not import dprorun.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def parse_args(description: str, **defaults) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=defaults.get("steps", 30))
+    parser.add_argument("--batch-size", type=int, default=defaults.get("batch_size", 32))
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: raise at this step")
+    parser.add_argument("--fail-rank", type=int, default=1, help="test knob: the rank that raises")
+    return parser.parse_args()
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend=backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return rank, world, torch.device("cuda", local_rank)
+    return rank, world, torch.device("cpu")
+
+
+def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace) -> None:
+    """Synthetic-data training loop; rank 0 prints the median step time of the second half of the run."""
+    rank, world, device = init_distributed()
+    torch.manual_seed(args.seed)
+    model = model.to(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              bucket_cap_mb=args.bucket_mb)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    generator = torch.Generator().manual_seed(args.seed + rank)
+    step_times = []
+    for step in range(args.steps):
+        if step == args.fail_at_step and rank == args.fail_rank:
+            raise RuntimeError(f"injected failure at step {step} on rank {rank}")
+        start = time.perf_counter()
+        inputs, targets = make_batch(args.batch_size, generator)
+        inputs, targets = inputs.to(device), targets.to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(ddp(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        step_times.append(time.perf_counter() - start)
+    tail = step_times[len(step_times) // 2:] or step_times
+    if rank == 0:
+        print(f"world size {world}, {args.steps} steps, loss {loss.item():.4f}, "
+              f"median iteration time: {statistics.median(tail) * 1000:.3f} ms", flush=True)
+    dist.destroy_process_group()

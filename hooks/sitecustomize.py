@@ -1,0 +1,40 @@
+"""dprorun bootstrap: loaded at start-up by every rank whose PYTHONPATH starts with this folder.
+
+It installs the profiling hooks (dprorun.runtime.bootstrap) only in processes launched by dprorun, then runs
+the sitecustomize this file shadows, if any, so the user's environment behaves as without dprorun.
+"""
+import os
+import sys
+
+
+def _dpro_install():
+    if os.environ.get("DPRO_ENABLED") != "1":
+        return
+    try:
+        from dprorun.runtime.bootstrap import install
+    except Exception as exc:  # dprorun not importable in this interpreter: run the job unprofiled
+        print(f"[dprorun] warning: hooks not installed ({exc})", file=sys.stderr)
+        return
+    try:
+        install()
+    except Exception as exc:
+        print(f"[dprorun] warning: hooks failed to install, training continues unprofiled ({exc})",
+              file=sys.stderr)
+
+
+def _dpro_chain_sitecustomize():
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    search = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", search)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+_dpro_install()
+_dpro_chain_sitecustomize()
