@@ -113,7 +113,10 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
     if job.nnodes > 1 and job.master_port is None:
         job.master_port = 29500
     job.profile = profile_config_from_env_and_args(args)
-    job_id = args.job_id or job.profile.job_id or (time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+    job_id = args.job_id or job.profile.job_id
+    if not job_id and job.nnodes > 1:  # every node must name the job alike, as torchrun's --rdzv-id does
+        job_id = f"job-{job.master_addr}-{job.master_port}".replace(":", "_")
+    job_id = job_id or (time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
     job.profile.job_id = job_id
     job.run_dir = os.path.abspath(args.run_dir or job.profile.run_dir or os.path.join("dpro_runs", job_id))
     job.profile.run_dir = job.run_dir

@@ -63,9 +63,11 @@ def read_json(path: str) -> Any:
     if not raw.strip():
         raise TraceError(path, "file is empty")
     try:
-        return json.loads(raw)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise TraceError(path, "not text (binary data where JSON was expected)") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        where = "truncated" if exc.pos >= len(raw.rstrip()) - 1 else "corrupted"
+        where = "truncated" if exc.pos >= len(text.rstrip()) - 1 else "corrupted"
         raise TraceError(path, f"{where} JSON at byte {exc.pos}: {exc.msg}") from None

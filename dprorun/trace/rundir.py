@@ -18,7 +18,8 @@ from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
 EVENTS_SCHEMA = "dprorun-events"
 SUPPORTED_EVENTS_VERSIONS = (1,)
 SPAN_KINDS = (("forward", OpKind.FW), ("backward", OpKind.BW), ("update", OpKind.UPDATE))
-MATCH_SLACK_US = 50.0
+MATCH_SLACK_US = 50.0  # a span may start this much before our enqueue timestamp
+END_SLACK_US = 2000.0  # the profiler closes a span after the future completed (callback time)
 
 
 def _require(cond: bool, path: str, problem: str) -> None:
@@ -123,7 +124,7 @@ def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profil
             op = candidates[j]
             if op.start_us > done:
                 break
-            if not used[j] and op.end_us <= done + MATCH_SLACK_US:
+            if not used[j] and op.end_us <= done + END_SLACK_US:
                 used[j] = True
                 match = op
                 break

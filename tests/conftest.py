@@ -1,0 +1,40 @@
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(REPO, "examples")
+FIXTURES = os.path.join(os.path.dirname(REPO), "shared", "fixtures")
+
+
+def fixture_path(*parts: str) -> str:
+    path = os.path.join(FIXTURES, *parts)
+    if not os.path.exists(path):
+        pytest.skip(f"recorded fixture {os.path.join(*parts)} not available: ../shared/fixtures is absent "
+                    "(it holds real GPU traces that cannot be recorded on this machine)")
+    return path
+
+
+def run_dprorun(args, run_dir, timeout=180, env=None):
+    """Run the real dprorun CLI in a subprocess; returns (CompletedProcess, elapsed seconds)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir)] + list(args)
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return proc, time.monotonic() - start
+
+
+@pytest.fixture(scope="session")
+def mlp_run(tmp_path_factory):
+    """One real 2-rank profiled DDP job shared by the tests that only read its run directory."""
+    run_dir = tmp_path_factory.mktemp("runs") / "mlp"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "5", "--clean", "3", "python",
+                           os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "16", "--bucket-mb", "1"],
+                          run_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, proc

@@ -1,0 +1,118 @@
+"""Unit tests: configuration, atomic files, the bundle format, interval arithmetic, the bootstrap chain."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import REPO
+from dprorun.config import ProfileConfig
+from dprorun.fsutil import TraceError, atomic_write_json, read_json
+from dprorun.runtime.packing import BundleError, pack_files, unpack_files
+from dprorun.summary import overlap_length, union_length
+
+
+def test_profile_config_round_trips_through_env():
+    cfg = ProfileConfig(run_dir="/x", job_id="j", warmup=2, active=7, clean=0, kineto=False,
+                        clock_skew_us=[0.0, 5000.0, -3000.0], fake_hosts=["a", "b"])
+    back = ProfileConfig.from_env(cfg.to_env())
+    assert back == cfg
+    assert back.skew_for(2) == -3000.0 and back.skew_for(9) == 0.0
+    assert back.host_for(1, "real") == "b" and back.host_for(5, "real") == "real"
+
+
+@pytest.mark.parametrize("env,needle", [({"DPRO_ACTIVE": "0"}, "active >= 1"),
+                                        ({"DPRO_WARMUP": "x"}, "DPRO_WARMUP"),
+                                        ({"DPRO_COMM_DETAIL": "tree"}, "comm detail")])
+def test_profile_config_rejects_bad_values(env, needle):
+    with pytest.raises(ValueError, match=needle):
+        ProfileConfig.from_env(env)
+
+
+def test_atomic_write_is_owner_only_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "sub" / "a.json"
+    atomic_write_json(str(path), {"x": 1})
+    assert read_json(str(path)) == {"x": 1}
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "sub").stat().st_mode & 0o777) == "0o700"
+    assert os.listdir(tmp_path / "sub") == ["a.json"]
+
+
+@pytest.mark.parametrize("content,problem", [(b"", "empty"), (b'{"a": [1, 2', "truncated"),
+                                             (b"\xff\xfe\x00garbage", "not text"),
+                                             (b"\x1f\x8b\x08\x00broken", "corrupted gzip")])
+def test_read_json_names_file_and_problem(tmp_path, content, problem):
+    path = tmp_path / "trace.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceError) as err:
+        read_json(str(path))
+    assert str(path) in str(err.value) and problem in str(err.value)
+
+
+def test_read_json_reads_gzip(tmp_path):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(b'{"ok": true}'))
+    assert read_json(str(path)) == {"ok": True}
+
+
+def test_bundle_round_trip_and_rejects_path_escapes():
+    files = {"events.json": b"{}", "kineto_trace.json": b"x" * 1000}
+    assert unpack_files(pack_files(files)) == files
+    with pytest.raises(BundleError):
+        pack_files({"../evil": b""})
+    import struct
+    import zlib
+    header = json.dumps({"files": [{"name": "../../etc/passwd", "size": 1}]}).encode()
+    evil = zlib.compress(struct.pack(">Q", len(header)) + header + b"x")
+    with pytest.raises(BundleError, match="outside the rank folder"):
+        unpack_files(evil)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=512))
+def test_bundle_reader_never_crashes_on_garbage(blob):
+    try:
+        unpack_files(blob)
+    except BundleError:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=300))
+def test_bundle_reader_on_mutated_valid_bundle(noise):
+    blob = bytearray(pack_files({"events.json": b'{"a": 1}'}))
+    for i, b in enumerate(noise[: len(blob)]):
+        blob[i] ^= b
+    try:
+        unpack_files(bytes(blob))
+    except BundleError:
+        pass
+
+
+def test_interval_arithmetic():
+    assert union_length([(0, 2), (1, 3), (5, 6)]) == 4
+    assert overlap_length([(0, 10)], [(2, 3), (5, 12)]) == 6
+    assert overlap_length([], [(0, 1)]) == 0
+
+
+def test_bootstrap_chains_existing_sitecustomize(tmp_path):
+    user_site = tmp_path / "usersite"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "hooks"), REPO, str(user_site)]),
+               DPRO_ENABLED="1", RANK="0", DPRO_RUN_DIR=str(tmp_path / "run"))
+    code = ("import os, sys; from dprorun.runtime.bootstrap import session; "
+            "print(os.environ.get('USER_SITECUSTOMIZE_RAN'), session() is not None, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "True", "False"]  # chained, installed, and torch not imported eagerly
+
+
+def test_bootstrap_skips_subprocesses_of_a_rank(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "hooks"), REPO]), DPRO_ENABLED="1",
+               RANK="0", DPRO_HOOKED_PID="1", DPRO_RUN_DIR=str(tmp_path))
+    code = "from dprorun.runtime.bootstrap import session; print(session() is None)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
