@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--clean", type=int, default=None,
                       help="iterations timed after the window without the profiler (5)")
     prof.add_argument("--no-kineto", action="store_true", help="do not run torch.profiler in the window")
+    prof.add_argument("--kineto-iters", type=int, default=None,
+                      help="run torch.profiler for the first N active iterations only (3)")
     prof.add_argument("--record-shapes", action="store_true", help="record op input shapes (slower)")
     prof.add_argument("--no-param-hooks", action="store_true", help="do not record per-parameter grad times")
     prof.add_argument("--comm-detail", choices=("bucket", "ring"), default=None,
@@ -76,7 +78,7 @@ def _node_rank_for(hosts: list[tuple[str, int]]) -> int:
 
 def profile_config_from_env_and_args(args: argparse.Namespace) -> ProfileConfig:
     cfg = ProfileConfig.from_env(os.environ)  # DPRO_* variables are defaults; flags win
-    for attr in ("warmup", "active", "clean", "comm_detail"):
+    for attr in ("warmup", "active", "clean", "comm_detail", "kineto_iters"):
         value = getattr(args, attr)
         if value is not None:
             setattr(cfg, attr, value)

@@ -6,6 +6,7 @@ import os
 import sys
 
 from dprorun.config import JobConfig
+from dprorun.fsutil import atomic_write_json
 from dprorun.launch import LaunchResult, write_manifest
 
 
@@ -40,6 +41,7 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         from dprorun.summary import format_summary, summarize_run
 
         summary = summarize_run(job.run_dir)
+        atomic_write_json(os.path.join(job.run_dir, "summary.json"), summary, indent=2)
         if job.json_summary:
             print(json.dumps(summary, indent=2))
         else:

@@ -106,6 +106,7 @@ def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) ->
         "launch_host": job.profile.launch_host,
         "profiling_window": {"warmup": job.profile.warmup, "active": job.profile.active,
                              "clean": job.profile.clean, "kineto": job.profile.kineto,
+                             "kineto_iters": job.profile.kineto_iters,
                              "record_shapes": job.profile.record_shapes,
                              "comm_detail": job.profile.comm_detail},
         "clock": {"source": "time.time_ns (epoch µs)",

@@ -33,7 +33,8 @@ def run_dprorun(args, run_dir, timeout=180, env=None):
 def mlp_run(tmp_path_factory):
     """One real 2-rank profiled DDP job shared by the tests that only read its run directory."""
     run_dir = tmp_path_factory.mktemp("runs") / "mlp"
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "5", "--clean", "3", "python",
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3",
+                           "python",
                            os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "16", "--bucket-mb", "1"],
                           run_dir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

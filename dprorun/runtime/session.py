@@ -2,8 +2,12 @@
 
 Phases, counted in training iterations seen by the primary DistributedDataParallel module:
   warm-up [0, W)        only the iteration start time is taken
-  active  [W, W+K)      torch.profiler runs; DDP buckets, gradient-ready times, forward/backward/update spans
-  clean   [W+K, W+K+C)  iteration start times only: the job's own speed without the profiler
+  active  [W, W+K)      DDP buckets, gradient-ready times, forward/backward/update spans (cheap hooks);
+                        torch.profiler runs only for the first P of them [W, W+P): op-level compute and
+                        transmission spans cost 10-30 % per iteration, so they are sampled, not kept on
+  clean   [W+K, W+K+C)  iteration start times only: the job's own speed without any profiling
+Writing the profiler trace (at W+P) and the events (at W+K) pauses the rank inside one iteration; those
+iterations are listed as disturbed and left out of every statistic.
   done                  files written, traces gathered to rank 0's node; the hooks step aside
 A failure anywhere in here disables the session with a warning; it never raises into the training script.
 """
@@ -64,6 +68,7 @@ class RankSession:
         self.lock = threading.Lock()
         self.sampler = None
         self.gathered = False
+        self.disturbed_iterations: list[int] = []
         self.on_window_end: list[Callable[[], None]] = []
 
     # ---- clock -------------------------------------------------------------------------------------------
@@ -104,8 +109,12 @@ class RankSession:
         if self.iteration == cfg.warmup and self.phase == "warmup":
             self.guard("starting the profiling window", self._start_window)
         elif self.iteration == cfg.warmup + cfg.active and self.phase == "active":
+            self.disturbed_iterations.append(self.iteration)
             self.guard("closing the profiling window", self._stop_window, True)
             self.phase = "clean"
+        elif self.profiler is not None and self.iteration == cfg.warmup + cfg.kineto_iters:
+            self.disturbed_iterations.append(self.iteration)
+            self.guard("stopping the profiler", self._stop_profiler, True)
         if self.iteration == cfg.warmup + cfg.active + cfg.clean and self.phase == "clean":
             self.phase = "done"
             self.guard("writing the trace", self.write_events)
@@ -130,7 +139,7 @@ class RankSession:
         for tracker in self.trackers:
             tracker.window_started()
         self._register_optimizer_hooks()
-        if self.cfg.kineto:
+        if self.cfg.kineto and self.cfg.kineto_iters > 0:
             self._start_profiler()
 
     def _start_profiler(self) -> None:
@@ -171,13 +180,17 @@ class RankSession:
         for tracker in self.trackers:
             tracker.window_stopped()
         self._record_memory()
+        self._stop_profiler(write)
+        if write:
+            self.write_events()
+
+    def _stop_profiler(self, write: bool) -> None:
         profiler, self.profiler = self.profiler, None
         if profiler is not None:
             profiler.stop()
+            self.kineto_end_iteration = self.iteration
             if write:
                 self._export_kineto(profiler)
-        if write:
-            self.write_events()
 
     def _export_kineto(self, profiler) -> None:
         make_private_dir(self.rank_dir)
@@ -259,7 +272,9 @@ class RankSession:
             "window": {"warmup": cfg.warmup, "active": cfg.active, "clean": cfg.clean,
                        "start_us": getattr(self, "window_start_us", None),
                        "end_us": getattr(self, "window_end_us", None),
-                       "kineto": cfg.kineto, "record_shapes": cfg.record_shapes},
+                       "kineto": cfg.kineto and cfg.kineto_iters > 0, "record_shapes": cfg.record_shapes,
+                       "kineto_iterations": list(range(cfg.warmup, getattr(self, "kineto_end_iteration", -1)))},
+            "disturbed_iterations": self.disturbed_iterations,
             "clock": {"source": "time.time_ns", "wall_start_us": self.wall_start_us,
                       "monotonic_start_ns": self.monotonic_at_start_ns},
             "iteration_starts_us": self.iteration_starts,

@@ -58,9 +58,14 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     starts = [float(x) for x in doc["iteration_starts_us"]]
     trace.iterations = [(i, starts[i], starts[i + 1]) for i in range(len(starts) - 1)]
     complete = {i for i, _, _ in trace.iterations}
-    trace.profiled_iterations = [i for i in range(warmup, warmup + active) if i in complete]
+    disturbed = {int(i) for i in doc.get("disturbed_iterations", [])}
+    trace.profiled_iterations = [i for i in range(warmup, warmup + active) if i in complete and i not in disturbed]
     trace.meta = {"job_id": doc.get("job_id", ""), "world_size": doc.get("world_size"),
-                  "clean_iterations": [i for i in range(warmup + active, warmup + active + clean) if i in complete],
+                  "clean_iterations": [i for i in range(warmup + active, warmup + active + clean)
+                                       if i in complete and i not in disturbed],
+                  "kineto_iterations": [i for i in window.get("kineto_iterations", [])
+                                        if i in trace.profiled_iterations],
+                  "disturbed_iterations": sorted(disturbed),
                   "window": window, "phase": doc.get("phase"), "disabled": doc.get("disabled", False),
                   "trackers": doc.get("trackers", []), "versions": doc.get("versions", {}),
                   "comm_unfinished": doc.get("comm_unfinished", 0), "pid": doc.get("pid")}

@@ -1,0 +1,81 @@
+"""Profiling overhead: iteration time inside dprorun's active window vs the same script under plain torchrun.
+
+For each example, REPS rounds; each round runs, back to back, (a) `torchrun --standalone` (the example prints the
+median iteration time of its second half) and (b) `dprorun` with the window placed in the same part of the run
+(the summary's median over the profiled iterations, and over the `clean` iterations that follow the window
+without the profiler). Reported: medians over the rounds and their ratios.
+
+usage: python benchmarks/overhead.py [--reps 5] [--np 2] [--steps 40] [--examples mlp_many_layers,...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = ("mlp_many_layers", "resnet_small", "transformer_small")
+
+
+def plain_torchrun(example: str, nproc: int, steps: int) -> float:
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                          os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps)],
+                         capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
+    match = re.search(r"median iteration time: ([0-9.]+) ms", out.stdout)
+    if not match:
+        raise RuntimeError(f"no timing in torchrun output: {out.stdout[-500:]}")
+    return float(match.group(1))
+
+
+def under_dprorun(example: str, nproc: int, steps: int, extra: list[str]) -> tuple[float, float]:
+    half = steps // 2
+    active = max(1, steps // 4)
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = os.path.join(tmp, "run")
+        subprocess.run([sys.executable, "-m", "dprorun.cli", "-np", str(nproc), "--run-dir", run_dir, "-q",
+                        "--warmup", str(half), "--active", str(active), "--clean", str(steps - half - active - 1),
+                        *extra, "python", os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps)],
+                       capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
+        from dprorun.summary import summarize_run
+
+        summary = summarize_run(run_dir)
+        return summary["iteration_time_ms"], summary["clean_iteration_time_ms"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--examples", default=",".join(EXAMPLES))
+    parser.add_argument("--dprorun-args", default="", help="extra dprorun flags, e.g. '--no-kineto'")
+    args = parser.parse_args()
+    extra = args.dprorun_args.split()
+    rows = []
+    print(f"{'example':20} {'torchrun ms':>12} {'window ms':>10} {'clean ms':>9} {'window/torchrun':>16} "
+          f"{'window/clean':>13}")
+    for example in args.examples.split(","):
+        plain, window, clean = [], [], []
+        for _ in range(args.reps):
+            plain.append(plain_torchrun(example, args.np, args.steps))
+            w, c = under_dprorun(example, args.np, args.steps, extra)
+            window.append(w)
+            clean.append(c)
+        p, w, c = statistics.median(plain), statistics.median(window), statistics.median(clean)
+        rows.append({"example": example, "torchrun_ms": p, "window_ms": w, "clean_ms": c,
+                     "raw": {"torchrun": plain, "window": window, "clean": clean}})
+        print(f"{example:20} {p:12.2f} {w:10.2f} {c:9.2f} {100 * (w / p - 1):+15.1f}% {100 * (w / c - 1):+12.1f}%",
+              flush=True)
+    with open(os.path.join(tempfile.gettempdir(), "dprorun_overhead.json"), "w") as handle:
+        json.dump(rows, handle, indent=1)
+    overall = statistics.median(r["window_ms"] / r["torchrun_ms"] for r in rows)
+    print(f"median overhead of the active window vs plain torchrun: {100 * (overall - 1):+.1f} %")
+
+
+if __name__ == "__main__":
+    main()
