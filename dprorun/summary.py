@@ -87,7 +87,7 @@ def rank_breakdown(trace: RankTrace) -> dict:
     hooks_only = set(hooks_only_iterations(trace))
     for i, slot in by_iter.items():
         if slot["queue"]:
-            rows["queue"].append(sum(b - a for a, b in slot["queue"]))
+            rows["queue"].append(union_length(slot["queue"]))
         if i not in hooks_only:
             rows["kineto_iter"].append(iteration_len[i])
             continue

@@ -52,7 +52,8 @@ def test_every_bucket_of_every_profiled_iteration_has_comm_with_bytes_and_params
                 assert {OpKind.FW, OpKind.BW, OpKind.UPDATE} <= kinds
             else:
                 assert kinds == set()
-        assert len(trace.grad_ready) == len(trace.profiled_iterations) * len(trace.param_order)
+        # per-parameter gradient-ready times are taken in the profiler's iterations only
+        assert len(trace.grad_ready) == len(trace.meta["kineto_iterations"]) * len(trace.param_order)
 
 
 def test_summary_json_from_disk(mlp_run):
@@ -64,8 +65,8 @@ def test_summary_json_from_disk(mlp_run):
     assert summary["iteration_time_ms"] > 0 and summary["clean_iteration_time_ms"] > 0
     for row in summary["ranks"]:
         assert row["compute_ms"] > 0 and row["comm_ms"] > 0
-        assert row["forward_ms"] + row["backward_ms"] + row["update_ms"] == pytest.approx(row["compute_ms"],
-                                                                                           rel=0.05)
+        for part in ("forward_ms", "backward_ms", "update_ms"):  # medians of parts: each within the whole
+            assert 0 < row[part] <= row["compute_ms"]
         assert row["nvml"].startswith("unavailable")
 
 

@@ -54,6 +54,9 @@ class DDPTracker:
         session.params[index] = {"order": order, "bytes": nbytes,
                                  "bucket_cap_mb": getattr(ddp, "bucket_bytes_cap", 0) / (1 << 20)}
         self.param_handles: list = []
+        self.ring = None
+        if session.cfg.comm_detail == "ring":
+            session.guard("setting up the ring comm detail", self._setup_ring)
         ddp.register_forward_pre_hook(self._pre_forward)
         ddp.register_forward_hook(self._post_forward)
 
@@ -130,16 +133,37 @@ class DDPTracker:
             self.param_handles.append(param.register_post_accumulate_grad_hook(ready))
 
     def window_stopped(self) -> None:
+        self.stop_param_hooks()
+
+    def stop_param_hooks(self) -> None:
         for handle in self.param_handles:
             handle.remove()
         self.param_handles.clear()
 
     # ---- communication -----------------------------------------------------------------------------------
+    def _setup_ring(self) -> None:
+        import torch.distributed as dist
+
+        from dprorun.runtime.ring import RingAllreduce
+
+        if dist.get_world_size() > 1:
+            self.ring = RingAllreduce(self.session, self.index, self.ddp.process_group)
+
     def _register_default_hook(self) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         self.hook_registered = True
-        _ORIGINAL["register_comm_hook"](self.ddp, self.ddp.process_group, self.timed(default_hooks.allreduce_hook))
+        hook = default_hooks.allreduce_hook
+        if self.ring is not None:
+            ring, session = self.ring, self.session
+
+            def ring_in_window(state, bucket):
+                if session.detail_active:
+                    return ring.submit(bucket, session.iteration, session.now_us())
+                return default_hooks.allreduce_hook(state, bucket)
+
+            hook = ring_in_window
+        _ORIGINAL["register_comm_hook"](self.ddp, self.ddp.process_group, self.timed(hook))
 
     def timed(self, inner: Callable) -> Callable:
         session = self.session
@@ -213,6 +237,8 @@ def patch_ddp_class(session: RankSession) -> None:
         if tracker is not None and not tracker.hook_registered:
             tracker.user_hook = True
             hook = tracker.timed(hook)
+            if tracker.ring is not None:
+                session.warnings.append("the script registers its own comm hook: --comm-detail ring not applied")
         return _ORIGINAL["register_comm_hook"](self, state, hook)
 
     @functools.wraps(_ORIGINAL["_register_builtin_comm_hook"])

@@ -30,13 +30,59 @@ def _host_from_tensor(buf) -> str:
     return raw.rstrip(b"\0").decode(errors="replace")
 
 
-def gather_to_rank0(session: RankSession, timeout_s: float = 120.0) -> None:
-    import torch
+PROBE_ROUNDS = 40
+
+
+def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
+    """At the end of the window, on every rank: clock probes, events written, traces gathered to rank 0."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        session.write_events()
         return
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    try:
+        probe_clocks(session, group)
+    except Exception as exc:  # alignment falls back to trace-only evidence
+        session.warnings.append(f"clock probes failed: {exc}")
+    session.write_events()
+    gather_to_rank0(session, group)
+    dist.destroy_process_group(group)
+
+
+def probe_clocks(session: RankSession, group, rounds: int = PROBE_ROUNDS) -> None:
+    """Ping-pong between rank 0 and every other rank; each side keeps its own timestamps (session.now_us,
+    so an injected test skew applies to them as to every other timestamp).
+
+    origin (rank 0): t0 before sending, t3 after the echo arrived; echo (peer): t1 after the ping arrived,
+    t2 before answering. Causality gives t0 - t1 <= offset(peer -> rank 0) <= t3 - t2 for every round.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    token = torch.zeros(1)
+    for peer in range(1, world):
+        if rank == 0:
+            for k in range(rounds):
+                t0 = session.now_us()
+                dist.send(token, dst=peer, group=group)
+                dist.recv(token, src=peer, group=group)
+                t3 = session.now_us()
+                session.probes.append([peer, k, "origin", t0, t3])
+        elif rank == peer:
+            for k in range(rounds):
+                dist.recv(token, src=0, group=group)
+                t1 = session.now_us()
+                t2 = session.now_us()
+                dist.send(token, dst=0, group=group)
+                session.probes.append([0, k, "echo", t1, t2])
+
+
+def gather_to_rank0(session: RankSession, group) -> None:
+    import torch
+    import torch.distributed as dist
+
     world = dist.get_world_size()
     rank = dist.get_rank()
     hosts = [torch.zeros(HOST_BYTES, dtype=torch.uint8) for _ in range(world)]
@@ -66,7 +112,6 @@ def gather_to_rank0(session: RankSession, timeout_s: float = 120.0) -> None:
         dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), dst=0, group=group)
     dist.barrier(group=group)
     session.gathered_hosts = host_names
-    dist.destroy_process_group(group)
 
 
 def _write_bundle(session: RankSession, src: int, host: str, blob: bytes) -> None:

@@ -2,9 +2,10 @@
 
 Phases, counted in training iterations seen by the primary DistributedDataParallel module:
   warm-up [0, W)        only the iteration start time is taken
-  active  [W, W+K)      DDP buckets, gradient-ready times, forward/backward/update spans (cheap hooks);
-                        torch.profiler runs only for the first P of them [W, W+P): op-level compute and
-                        transmission spans cost 10-30 % per iteration, so they are sampled, not kept on
+  active  [W, W+K)      DDP buckets (enqueue, completion), forward/backward/update spans (cheap hooks);
+                        for the first P of them [W, W+P) also torch.profiler and per-parameter gradient-ready
+                        hooks: op-level compute and transmission spans cost 10-30 % per iteration, so they
+                        are sampled, not kept on
   clean   [W+K, W+K+C)  iteration start times only: the job's own speed without any profiling
 Writing the profiler trace (at W+P) and the events (at W+K) pauses the rank inside one iteration; those
 iterations are listed as disturbed and left out of every statistic.
@@ -53,6 +54,8 @@ class RankSession:
         self.spans: list[list] = []  # [iteration, name, start_us, end_us]
         self.comm: list[list] = []  # [iteration, ddp_index, bucket, enqueue_us, enqueued_us, done_us]
         self.grad_ready: list[tuple] = []  # (iteration, param name, time_us)
+        self.p2p: list[list] = []  # ring detail: [iter, ddp, bucket, step, chunk, src, dst, "send"/"recv", t0, t1, bytes]
+        self.probes: list[list] = []  # clock probes: [peer, round, "origin"/"echo", t_a, t_b]
         self.buckets: dict[tuple[int, int], dict] = {}
         self.params: dict[int, dict] = {}  # ddp index -> {"order": [...], "bytes": {...}}
         self.memory: dict[str, Any] = {}
@@ -105,6 +108,8 @@ class RankSession:
             self.iteration_starts.append(now)
         if self.disabled or self.phase == "done":
             return
+        if self.profiler is not None:
+            self.profiler.step()  # ProfilerStep#N annotations, as Holistic Trace Analysis expects
         cfg = self.cfg
         if self.iteration == cfg.warmup and self.phase == "warmup":
             self.guard("starting the profiling window", self._start_window)
@@ -112,12 +117,15 @@ class RankSession:
             self.disturbed_iterations.append(self.iteration)
             self.guard("closing the profiling window", self._stop_window, True)
             self.phase = "clean"
-        elif self.profiler is not None and self.iteration == cfg.warmup + cfg.kineto_iters:
-            self.disturbed_iterations.append(self.iteration)
-            self.guard("stopping the profiler", self._stop_profiler, True)
+        elif self.phase == "active" and self.iteration == cfg.warmup + cfg.kineto_iters:
+            # end of the detailed tier: profiler and per-parameter hooks off, the cheap hooks stay
+            for tracker in self.trackers:
+                tracker.stop_param_hooks()
+            if self.profiler is not None:
+                self.disturbed_iterations.append(self.iteration)
+                self.guard("stopping the profiler", self._stop_profiler, True)
         if self.iteration == cfg.warmup + cfg.active + cfg.clean and self.phase == "clean":
             self.phase = "done"
-            self.guard("writing the trace", self.write_events)
             self.guard("gathering traces", self._finish)
 
     def mark(self, name: str, start_us: float, end_us: float, iteration: Optional[int] = None) -> None:
@@ -144,13 +152,16 @@ class RankSession:
 
     def _start_profiler(self) -> None:
         import torch
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerAction, profile, ProfilerActivity
 
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
+        # an always-RECORD schedule makes step() emit ProfilerStep#<iteration> annotations
         self.profiler = profile(activities=activities, record_shapes=self.cfg.record_shapes,
-                                profile_memory=False, with_stack=False)
+                                profile_memory=False, with_stack=False,
+                                schedule=lambda step: ProfilerAction.RECORD)
+        self.profiler.step_num = self.iteration
         self.profiler.start()
 
     def _register_optimizer_hooks(self) -> None:
@@ -269,6 +280,7 @@ class RankSession:
             "pid": os.getpid(),
             "phase": self.phase,
             "disabled": self.disabled,
+            "comm_detail": cfg.comm_detail,
             "window": {"warmup": cfg.warmup, "active": cfg.active, "clean": cfg.clean,
                        "start_us": getattr(self, "window_start_us", None),
                        "end_us": getattr(self, "window_end_us", None),
@@ -282,6 +294,8 @@ class RankSession:
             "comm": [c for c in self.comm if c[5] is not None],
             "comm_unfinished": sum(1 for c in self.comm if c[5] is None),
             "grad_ready": self.grad_ready,
+            "p2p": self.p2p,
+            "clock_probes": self.probes,
             "buckets": [dict(ddp=k[0], index=k[1], **v) for k, v in sorted(self.buckets.items())],
             "params": {str(k): v for k, v in self.params.items()},
             "memory": self.memory,
@@ -300,11 +314,12 @@ class RankSession:
             atomic_write_json(os.path.join(self.rank_dir, SAMPLES_FILE), self.sampler.export())
 
     def _finish(self) -> None:
-        from dprorun.runtime.gather import gather_to_rank0
+        """Probe clock offsets, write the events, ship remote ranks' files to rank 0's node."""
+        from dprorun.runtime.gather import finish_job_window
 
         if not self.gathered:
             self.gathered = True
-            gather_to_rank0(self)
+            finish_job_window(self)
         for callback in self.on_window_end:
             callback()
 

@@ -12,6 +12,7 @@ import os
 from typing import Optional
 
 from dprorun.fsutil import TraceError, read_json
+from dprorun.graph.topology import transaction_id
 from dprorun.trace.kineto import KinetoTrace, read_kineto
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
 
@@ -19,7 +20,6 @@ EVENTS_SCHEMA = "dprorun-events"
 SUPPORTED_EVENTS_VERSIONS = (1,)
 SPAN_KINDS = (("forward", OpKind.FW), ("backward", OpKind.BW), ("update", OpKind.UPDATE))
 MATCH_SLACK_US = 50.0  # a span may start this much before our enqueue timestamp
-END_SLACK_US = 2000.0  # the profiler closes a span after the future completed (callback time)
 
 
 def _require(cond: bool, path: str, problem: str) -> None:
@@ -89,7 +89,10 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     trace.param_bytes = {k: int(v) for k, v in (params.get("bytes") or {}).items()}
     trace.meta["bucket_cap_mb"] = params.get("bucket_cap_mb")
     trace.grad_ready = [(int(i), str(n), float(t)) for i, n, t in doc["grad_ready"] if i in profiled]
-    _add_comm(trace, doc, kineto, profiled)
+    trace.clock["probes"] = [p for p in doc.get("clock_probes", []) if isinstance(p, list) and len(p) == 5]
+    trace.meta["comm_detail"] = doc.get("comm_detail", "bucket")
+    first_send = _add_p2p(trace, doc, profiled)
+    _add_comm(trace, doc, kineto, profiled, first_send)
     if kineto is not None:
         _add_kineto_compute(trace, kineto, profiled)
     if samples:
@@ -108,7 +111,33 @@ def _bucket_key(ddp: int, index: int) -> str:
     return f"bucket{index}" if ddp == 0 else f"ddp{ddp}.bucket{index}"
 
 
-def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profiled: set) -> None:
+def _add_p2p(trace: RankTrace, doc: dict, profiled: set) -> dict[tuple[int, str], float]:
+    """Measured ring steps (`--comm-detail ring`) as SEND/RECV ops with transaction ids."""
+    first_send: dict[tuple[int, str], float] = {}
+    for row in doc.get("p2p", []):
+        try:
+            iteration, ddp, bucket, step, chunk, src, dst, role, t0, t1, nbytes = row
+            t0, t1 = float(t0), float(t1)
+        except (TypeError, ValueError):
+            raise TraceError(os.path.join(doc.get("_path", ""), "events.json"), "malformed p2p record") from None
+        if iteration not in profiled:
+            continue
+        key = _bucket_key(int(ddp), int(bucket))
+        txn = transaction_id(key, int(iteration), int(step), int(chunk), int(src), int(dst))
+        sending = role == "send"
+        trace.ops.append(Op(name=f"{'send' if sending else 'recv'}.{key}.s{step}.c{chunk}", kind=OpKind.COMM,
+                            rank=trace.rank, start_us=t0, end_us=t1, iteration=int(iteration), stream="comm",
+                            host=trace.host, tensor=key, nbytes=int(nbytes), peer=int(dst if sending else src),
+                            chunk=int(chunk), step=int(step), txn_id=txn, phase="send" if sending else "recv",
+                            source="hooks", granularity="chunk", args={} if sending else {"posted_us": t0}))
+        if sending:
+            slot = (int(iteration), key)
+            first_send[slot] = min(first_send.get(slot, t0), t0)
+    return first_send
+
+
+def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profiled: set,
+              first_send: dict[tuple[int, str], float]) -> None:
     sizes = {(int(b["ddp"]), int(b["index"])): int(b["nbytes"]) for b in doc["buckets"]}
     candidates: list[Op] = []
     if kineto is not None:
@@ -123,13 +152,20 @@ def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profil
         nbytes = sizes.get((int(ddp), int(index)), 0)
         common = dict(rank=trace.rank, iteration=int(iteration), tensor=key, nbytes=nbytes, host=trace.host,
                       source="hooks")
+        ring_start = first_send.get((int(iteration), key))
+        if ring_start is not None:  # measured ring: queueing ends when the first chunk is sent
+            trace.ops.append(Op(name=f"queue.{key}", kind=OpKind.QUEUE, start_us=enqueue, end_us=ring_start,
+                                stream="comm", phase="queue", **common))
+            trace.ops.append(Op(name=f"allreduce.{key}", kind=OpKind.COMM, start_us=ring_start, end_us=done,
+                                stream="comm", phase="transmit", granularity="chunk", **common))
+            continue
         match = None
         first = bisect.bisect_left(cand_starts, enqueue - MATCH_SLACK_US)
         for j in range(first, len(candidates)):
             op = candidates[j]
             if op.start_us > done:
                 break
-            if not used[j] and op.end_us <= done + END_SLACK_US:
+            if not used[j]:  # FIFO: the first unused transmission that started after the enqueue
                 used[j] = True
                 match = op
                 break

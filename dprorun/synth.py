@@ -1,0 +1,130 @@
+"""Synthetic runs in the trace model, for scale benchmarks and tests with a known answer.
+
+`synthetic_ring_run` simulates a data-parallel job on one true clock: per iteration each rank computes
+forward, then backward layer by layer; every bucket becomes ready after its layers and is all-reduced by a
+ring (2(N-1) steps of SEND/RECV with latency + bytes/bandwidth + noise); then the update. Every timestamp a
+rank records is then shifted by that rank's clock offset, exactly as `DPRO_TEST_CLOCK_SKEW_US` does in real
+runs, and clock probes are generated with random one-way delays. The true offsets are returned with the run.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from dprorun.graph.topology import ring_schedule, transaction_id
+from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace
+
+
+def synthetic_ring_run(world: int = 4, iterations: int = 10, buckets: int = 4, bucket_bytes: int = 4 << 20,
+                       skew_us: Optional[list[float]] = None, seed: int = 0, bandwidth_gbps: float = 10.0,
+                       latency_us: float = 30.0, noise_us: float = 20.0, probes: int = 20,
+                       hosts: Optional[list[str]] = None) -> tuple[RunTrace, dict[int, float]]:
+    rng = np.random.default_rng(seed)
+    skew = list(skew_us) if skew_us is not None else [float(x) for x in rng.uniform(-5000, 5000, world)]
+    skew[0] = 0.0
+    hosts = hosts or [f"host{r}" for r in range(world)]
+    traces = {r: RankTrace(rank=r, host=hosts[r]) for r in range(world)}
+    for r in range(world):
+        traces[r].buckets = [Bucket(index=b, nbytes=bucket_bytes, params=[f"p{b}"]) for b in range(buckets)]
+        traces[r].meta["kineto_iterations"] = []
+    chunk_bytes = bucket_bytes // world
+    transfer_us = latency_us + chunk_bytes * 8 / (bandwidth_gbps * 1e3)
+    t = 1.7e15
+    for it in range(iterations):
+        start = {r: t + rng.uniform(0, 50) for r in range(world)}
+        fw_end = {r: start[r] + 2000 + rng.normal(0, 30) for r in range(world)}
+        ready = {r: [] for r in range(world)}
+        clock = dict(fw_end)
+        for b in range(buckets):
+            for r in range(world):
+                clock[r] += 1500 + rng.normal(0, 30)
+                ready[r].append(clock[r])
+        link_free = {r: 0.0 for r in range(world)}
+        bucket_done = {r: [] for r in range(world)}
+        ring_free = dict.fromkeys(range(world), 0.0)
+        for b in range(buckets):
+            key = f"bucket{b}"
+            step_ready = {r: max(ready[r][b], ring_free[r]) for r in range(world)}
+            first_send = {}
+            for step in range(2 * (world - 1)):
+                sends = {}
+                for r in range(world):
+                    stage, _, send_c, recv_c = ring_schedule(r, world)[step]
+                    s0 = step_ready[r] + rng.uniform(0, 10)
+                    first_send.setdefault(r, s0)
+                    sends[r] = (s0, send_c)
+                new_ready = {}
+                for r in range(world):
+                    left = (r - 1) % world
+                    s0, chunk = sends[left]
+                    arrive = max(s0, link_free[left]) + transfer_us + abs(rng.normal(0, noise_us))
+                    link_free[left] = arrive
+                    posted = step_ready[r] + rng.uniform(0, 5)
+                    recv_end = max(arrive, posted + 1.0)
+                    send_end = arrive + rng.uniform(0, 5)
+                    txn = transaction_id(key, it, step, chunk, left, r)
+                    traces[left].ops.append(Op(name=f"send.{key}.s{step}.c{chunk}", kind=OpKind.COMM, rank=left,
+                                               start_us=s0, end_us=send_end, iteration=it, stream="comm",
+                                               tensor=key, nbytes=chunk_bytes, peer=r, chunk=chunk, step=step,
+                                               txn_id=txn, phase="send", source="synth", granularity="chunk"))
+                    traces[r].ops.append(Op(name=f"recv.{key}.s{step}.c{chunk}", kind=OpKind.COMM, rank=r,
+                                            start_us=posted, end_us=recv_end, iteration=it, stream="comm",
+                                            tensor=key, nbytes=chunk_bytes, peer=left, chunk=chunk, step=step,
+                                            txn_id=txn, phase="recv", source="synth", granularity="chunk",
+                                            args={"posted_us": posted}))
+                    new_ready[r] = recv_end
+                for r in range(world):
+                    step_ready[r] = max(new_ready[r], sends[r][0])
+            for r in range(world):
+                ring_free[r] = step_ready[r]
+                bucket_done[r].append(step_ready[r])
+                traces[r].ops.append(Op(name=f"queue.{key}", kind=OpKind.QUEUE, rank=r, start_us=ready[r][b],
+                                        end_us=first_send[r], iteration=it, stream="comm", tensor=key,
+                                        nbytes=bucket_bytes, phase="queue", source="synth"))
+                traces[r].ops.append(Op(name=f"allreduce.{key}", kind=OpKind.COMM, rank=r,
+                                        start_us=first_send[r], end_us=step_ready[r], iteration=it, stream="comm",
+                                        tensor=key, nbytes=bucket_bytes, phase="transmit", granularity="chunk",
+                                        source="synth"))
+        ends = {}
+        for r in range(world):
+            update_start = max(clock[r], max(bucket_done[r]))
+            ends[r] = update_start + 800
+            traces[r].ops += [
+                Op(name="forward0", kind=OpKind.FW, rank=r, start_us=start[r], end_us=fw_end[r], iteration=it,
+                   stream="phase", source="synth"),
+                Op(name="backward0", kind=OpKind.BW, rank=r, start_us=fw_end[r], end_us=clock[r], iteration=it,
+                   stream="phase", source="synth"),
+                Op(name="update", kind=OpKind.UPDATE, rank=r, start_us=update_start, end_us=ends[r], iteration=it,
+                   stream="phase", source="synth")]
+            traces[r].grad_ready += [(it, f"p{b}", ready[r][b]) for b in range(buckets)]
+        t = max(ends.values()) + 100
+        for r in range(world):
+            traces[r].iterations.append((it, start[r], t))
+            traces[r].profiled_iterations.append(it)
+    for r in range(1, world):
+        rows_origin, rows_echo = [], []
+        for k in range(probes):
+            t0 = t + 1000 * (r * probes + k)
+            t1 = t0 + 20 + abs(rng.normal(0, 15))
+            t2 = t1 + 2
+            t3 = t2 + 20 + abs(rng.normal(0, 15))
+            rows_origin.append([r, k, "origin", t0, t3])
+            rows_echo.append([0, k, "echo", t1, t2])
+        traces[0].clock.setdefault("probes", []).extend(rows_origin)
+        traces[r].clock.setdefault("probes", []).extend(rows_echo)
+    for r in range(world):  # what each rank's clock would have recorded
+        shift = skew[r]
+        for op in traces[r].ops:
+            op.start_us += shift
+            op.end_us += shift
+            if "posted_us" in op.args:
+                op.args["posted_us"] += shift
+        traces[r].iterations = [(i, s + shift, e + shift) for i, s, e in traces[r].iterations]
+        traces[r].grad_ready = [(i, n, x + shift) for i, n, x in traces[r].grad_ready]
+        traces[r].clock["probes"] = [[p, k, role, a + shift, b + shift] for p, k, role, a, b
+                                     in traces[r].clock.get("probes", [])]
+        traces[r].ops.sort(key=lambda op: op.start_us)
+    manifest = {"schema": "dprorun-run", "job_id": f"synthetic-{world}x{iterations}", "world_size": world}
+    true_offsets = {r: skew[0] - skew[r] for r in range(world)}
+    return RunTrace(run_dir="<synthetic>", manifest=manifest, ranks=traces), true_offsets
