@@ -15,8 +15,11 @@ Evidence, all from the run directory:
   - the probe midpoints (the NTP estimate) as a prior.
 The terms are weighted as a maximum-a-posteriori estimate: the family variances are divided by the pooled
 within-family variance of RECV durations (σ_d², measured at the starting point), and each rank's prior by the
-variance of a uniform error over its probe interval ((hi - lo)² / 12). Noisy RECV durations (CPU contention)
-therefore defer to tight probes, and clean transfers refine loose ones.
+variance of a uniform error over its probe interval ((hi - lo)² / 12). The RECVs of one sender/receiver pair
+share their errors (one link, one contention pattern; a late receiver finds small messages already buffered,
+which biases the clipped durations), so each pair's rows together weigh as one observation. Measured on real
+4-rank runs (benchmarks/RESULTS.md): counting every row separately let noisy families pull offsets 20-35 µs
+off; with per-pair weighting the families refine loose probes and defer to tight ones.
 
 The clipped duration  d = recv_end - max(recv_posted, send_start + θ_s - θ_r)  is concave in θ, so its variance
 is not DCP. It is reformulated by fixing, for every RECV, which side of the max is active at the current
@@ -244,8 +247,14 @@ def align(run: RunTrace, time_limit_s: float = 10.0, host_weight: float = 100.0,
             member = sp.csr_matrix((np.ones(m), (fam, np.arange(m))), shape=(len(families), m))
             mean_op = sp.diags(1.0 / counts[fam]) @ member.T @ member  # row k: mean of k's family
             centre = sp.identity(m, format="csr") - mean_op
-            r_mat = (centre @ a_mat).tocsr()
-            c_vec = centre @ np.array(consts)
+            # errors within one rank pair are correlated (same link, same contention): the pair's rows count
+            # as one observation, so a pair's families cannot outvote its probes by sheer number
+            pair_rows: dict[tuple[int, int], int] = defaultdict(int)
+            for row in evidence.recv_rows:
+                pair_rows[(row[0], row[1])] += 1
+            scale = sp.diags([np.sqrt(1.0 / pair_rows[(row[0], row[1])]) for row in evidence.recv_rows])
+            r_mat = (scale @ centre @ a_mat).tocsr()
+            c_vec = scale @ (centre @ np.array(consts))
             terms.append(family_precision * cp.sum_squares(r_mat @ theta + c_vec))
         if same_host:
             terms.append(host_weight * cp.sum_squares(cp.hstack([theta[a] - theta[b] for a, b in same_host])))

@@ -18,6 +18,20 @@ def rank_folders(run_dir: str) -> dict[int, str]:
     return dict(sorted(found.items()))
 
 
+def _align_at_job_end(run_dir: str) -> dict:
+    """Clock alignment right after the job; a failure is reported, never fatal (the traces stay on disk)."""
+    try:
+        from dprorun.align import align
+        from dprorun.trace.rundir import load_run
+
+        alignment = align(load_run(run_dir)).to_json()
+        atomic_write_json(os.path.join(run_dir, "alignment.json"), alignment, indent=2)
+        return alignment
+    except Exception as exc:
+        print(f"dprorun: warning: clock alignment failed: {exc}", file=sys.stderr)
+        return {"error": str(exc)}
+
+
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     status = "completed" if result.exit_code == 0 else "failed"
     folders = rank_folders(job.run_dir) if os.path.isdir(job.run_dir) else {}
@@ -41,11 +55,17 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         from dprorun.summary import format_summary, summarize_run
 
         summary = summarize_run(job.run_dir)
+        summary["alignment"] = _align_at_job_end(job.run_dir)
         atomic_write_json(os.path.join(job.run_dir, "summary.json"), summary, indent=2)
         if job.json_summary:
             print(json.dumps(summary, indent=2))
         else:
             print(format_summary(summary))
+            alignment = summary["alignment"]
+            if alignment.get("offsets_us"):
+                offsets = ", ".join(f"{r}: {v:+.1f}" for r, v in alignment["offsets_us"].items())
+                print(f"clock offsets (us, {alignment['method']}"
+                      + (", approximate" if alignment.get("approximate") else "") + f"): {offsets}")
     except Exception as exc:  # the job's outcome stands; only the summary is missing
         print(f"dprorun: warning: could not summarise the run: {exc}", file=sys.stderr)
     if not job.json_summary:

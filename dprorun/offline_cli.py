@@ -76,6 +76,51 @@ def _cmd_timeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_bandwidth(text: str) -> float:
+    """'10Gbit', '1gbit', '100Mbit', '25Gbps', '0.5' (Gbit/s) -> Gbit/s."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([kmg]?)(bit|bps|b/s)?(/s)?\s*", text.lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"bandwidth {text!r}: expected e.g. 10Gbit, 100Mbit")
+    value = float(match.group(1))
+    unit = match.group(2) or "g"
+    return value * {"k": 1e-6, "m": 1e-3, "g": 1.0}[unit]
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from dprorun.replay.template import build_job_model
+    from dprorun.replay.whatif import WhatIf, predict
+
+    run, alignment = load_aligned(args.run_dir)
+    whatif = WhatIf(world_size=args.np, bandwidth_gbit=args.bandwidth, bandwidth_scale=args.bandwidth_scale,
+                    latency_us=args.latency_us, bucket_mb=args.bucket_mb, partitions=args.partitions,
+                    baseline=args.baseline)
+    prediction = predict(build_job_model(run), whatif)
+    doc = prediction.to_json()
+    doc["alignment"] = {"method": alignment.method, "approximate": alignment.approximate}
+    if args.json:
+        print(json.dumps(doc, indent=2, default=float))
+        return 0
+    print(f"predicted iteration time: {prediction.predicted_iteration_time_ms:.3f} ms "
+          f"({prediction.world_size} ranks, {prediction.buckets} buckets, {prediction.baseline} replay of "
+          f"{prediction.replay_ops} ops in {prediction.replay_time_s * 1000:.1f} ms)")
+    if prediction.measured_iteration_time_ms is not None:
+        error = 100 * (prediction.predicted_iteration_time_ms / prediction.measured_iteration_time_ms - 1)
+        print(f"measured iteration time:  {prediction.measured_iteration_time_ms:.3f} ms ({error:+.1f} %)")
+    share = prediction.critical_path["share_pct"]
+    print(f"critical path: {prediction.critical_path['length']} ops; compute {share['compute']:.1f} %, "
+          f"communication {share['communication']:.1f} %, queueing {share['queueing']:.1f} %")
+    for row in prediction.critical_path["top"][:10]:
+        print(f"  {row['time_on_path_ms']:9.3f} ms  {row['kind']:7} rank {row['rank']:<3} {row['op']}")
+    model = prediction.comm_model
+    print(f"comm model: {model['alpha_us']:.1f} us per ring step + bytes at {model['bandwidth_gbit_s']:.3f} Gbit/s "
+          f"({model['source']})")
+    for note in prediction.notes:
+        print(f"note: {note}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpro", description="Analyse a dprorun run directory.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -96,6 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     tl.add_argument("-o", "--output", required=True)
     tl.add_argument("--hta-dir", default=None, help="also write per-rank Kineto-format files for HTA")
     tl.set_defaults(func=_cmd_timeline)
+    rp = sub.add_parser("replay", help="predict the iteration time (and what-ifs) by replaying the global DFG")
+    rp.add_argument("run_dir")
+    rp.add_argument("--np", type=int, default=None, help="world size to predict")
+    rp.add_argument("--bandwidth", type=parse_bandwidth, default=None, help="link bandwidth, e.g. 10Gbit")
+    rp.add_argument("--bandwidth-scale", type=float, default=1.0, help="multiply the measured bandwidth")
+    rp.add_argument("--latency-us", type=float, default=None, help="per ring step latency")
+    rp.add_argument("--bucket-mb", type=float, default=None, help="regroup gradients into buckets of this size")
+    rp.add_argument("--partitions", type=int, default=1, help="split each bucket's sync into k pieces")
+    rp.add_argument("--baseline", choices=("dpro", "daydream"), default="dpro")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=_cmd_replay)
     return parser
 
 
@@ -105,6 +161,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return args.func(args)
     except TraceError as exc:
+        print(f"dpro: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a question the run cannot answer (e.g. re-bucketing without grad times)
         print(f"dpro: error: {exc}", file=sys.stderr)
         return 2
 

@@ -197,12 +197,14 @@ class DDPTracker:
 
 
 def _backend_name(ddp) -> str:
-    try:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        return str(dist.get_backend(ddp.process_group))
-    except Exception:
-        return "unknown"
+    for group in (getattr(ddp, "process_group", None), None):
+        try:
+            return str(dist.get_backend(group))
+        except Exception:
+            continue
+    return "unknown"
 
 
 _ORIGINAL: dict[str, Callable] = {}

@@ -152,10 +152,11 @@ def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profil
         nbytes = sizes.get((int(ddp), int(index)), 0)
         common = dict(rank=trace.rank, iteration=int(iteration), tensor=key, nbytes=nbytes, host=trace.host,
                       source="hooks")
+        enqueue_cost = {"enqueue_cost_us": max(0.0, float(enqueued) - float(enqueue))}
         ring_start = first_send.get((int(iteration), key))
         if ring_start is not None:  # measured ring: queueing ends when the first chunk is sent
             trace.ops.append(Op(name=f"queue.{key}", kind=OpKind.QUEUE, start_us=enqueue, end_us=ring_start,
-                                stream="comm", phase="queue", **common))
+                                stream="comm", phase="queue", args=dict(enqueue_cost), **common))
             trace.ops.append(Op(name=f"allreduce.{key}", kind=OpKind.COMM, start_us=ring_start, end_us=done,
                                 stream="comm", phase="transmit", granularity="chunk", **common))
             continue
@@ -173,11 +174,11 @@ def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profil
             trace.ops.append(Op(name=f"allreduce.{key}", kind=OpKind.COMM, start_us=enqueue, end_us=done,
                                 stream="comm", phase="queue+transmit", granularity="collective",
                                 args={"note": "transmission start unknown (no profiler span): queueing not "
-                                              "separated"}, **common))
+                                              "separated", **enqueue_cost}, **common))
             continue
         tx_start = max(match.start_us, enqueue)
         trace.ops.append(Op(name=f"queue.{key}", kind=OpKind.QUEUE, start_us=enqueue, end_us=tx_start,
-                            stream="comm", phase="queue", **common))
+                            stream="comm", phase="queue", args=dict(enqueue_cost), **common))
         trace.ops.append(Op(name=f"allreduce.{key}", kind=OpKind.COMM, start_us=tx_start,
                             end_us=match.end_us, stream="comm", phase="transmit",
                             granularity="collective", args={"span": match.name, "callback_done_us": done},

@@ -1,0 +1,243 @@
+"""Per-rank iteration templates measured from an aligned RunTrace, and the communication cost model.
+
+A template is one rank's iteration as the replayer needs it, averaged over the profiled iterations that ran
+without torch.profiler (so the profiler's own overhead is not predicted):
+  forward | loss (forward end -> backward start) | backward cut at every bucket's ready time (hook call) |
+  update | tail (update end -> next iteration: data loading, Python)
+plus, per bucket, its bytes, parameters and measured transmission time. A bucket's transmission time excludes
+waiting for the other ranks and for the previous bucket: done - max(latest enqueue over all ranks, previous
+bucket's done on this rank), on the aligned clock.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from dprorun.trace.model import OpKind, RankTrace, RunTrace
+
+
+@dataclass
+class RankTemplate:
+    rank: int
+    forward_us: float
+    loss_us: float
+    backward_segments_us: list[float]  # len(buckets) + 1, in ready order
+    bucket_ready_order: list[str]  # bucket keys in the order they became ready
+    update_us: float
+    tail_us: float
+    enqueue_cost_us: float  # main-thread cost of handing one bucket to the backend
+    backward_us: float
+    iterations_used: int
+    measured_iteration_us: float
+
+
+@dataclass
+class BucketInfo:
+    key: str
+    nbytes: int
+    params: list[str]
+    transmit_us: float  # measured, averaged over ranks and iterations
+
+
+@dataclass
+class CommModel:
+    """Ring all-reduce cost: T(S, N) = 2(N-1) * (alpha + S / (N * bandwidth)); bandwidth in bytes/µs."""
+
+    alpha_us: float
+    bandwidth_bytes_per_us: float
+    source: str
+    points: list[tuple[int, float]] = field(default_factory=list)
+
+    def allreduce_us(self, nbytes: float, world: int) -> float:
+        if world <= 1:
+            return 0.0
+        return 2 * (world - 1) * self.step_us(nbytes, world)
+
+    def step_us(self, nbytes: float, world: int) -> float:
+        return self.alpha_us + nbytes / (world * self.bandwidth_bytes_per_us)
+
+    def to_json(self) -> dict:
+        return {"alpha_us": round(self.alpha_us, 3), "bandwidth_gbit_s": round(self.bandwidth_bytes_per_us * 8e-3, 4),
+                "source": self.source, "points": len(self.points)}
+
+
+@dataclass
+class JobModel:
+    world_size: int
+    templates: dict[int, RankTemplate]
+    buckets: list[BucketInfo]
+    param_bytes: dict[str, int]
+    param_ready_fraction: dict[str, float]  # within backward compute, 0..1, from gradient-ready times
+    comm: CommModel
+    bucket_cap_mb: Optional[float]
+    channels: int = 1  # collectives the backend runs at once per rank
+    notes: list[str] = field(default_factory=list)
+
+
+def _hooks_only(trace: RankTrace) -> list[int]:
+    kineto = set(trace.meta.get("kineto_iterations", []))
+    rest = [i for i in trace.profiled_iterations if i not in kineto]
+    return rest or list(trace.profiled_iterations)
+
+
+def _mean(values: list[float], default: float = 0.0) -> float:
+    """Robust average: the median (this noisy 2-core machine has outlier iterations several times typical)."""
+    return float(np.median(values)) if values else default
+
+
+def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
+                 channels: int = 1) -> tuple[RankTemplate, dict]:
+    by_iter: dict[int, dict] = {i: {"spans": {}, "comm": {}} for i in iterations}
+    ends = {i: e for i, s, e in trace.iterations}
+    starts = {i: s for i, s, e in trace.iterations}
+    for op in trace.ops:
+        slot = by_iter.get(op.iteration)
+        if slot is None:
+            continue
+        if op.stream == "phase":
+            slot["spans"].setdefault(op.kind, []).append(op)
+        elif op.source == "hooks" and op.tensor and op.kind in (OpKind.COMM, OpKind.QUEUE) \
+                and op.phase in ("queue", "transmit", "queue+transmit"):
+            entry = slot["comm"].setdefault(op.tensor, {"enqueue": op.start_us, "done": op.end_us})
+            entry["enqueue"] = min(entry["enqueue"], op.start_us)
+            entry["done"] = max(entry["done"], op.end_us)
+    rows = {k: [] for k in ("fw", "loss", "update", "tail", "bw", "iter")}
+    segments: list[list[float]] = []
+    orders: list[list[str]] = []
+    transmit: dict[str, list[float]] = {}
+    for i, slot in by_iter.items():
+        spans = slot["spans"]
+        if not all(k in spans for k in (OpKind.FW, OpKind.BW, OpKind.UPDATE)):
+            continue
+        fw, bw, up = spans[OpKind.FW][0], spans[OpKind.BW][0], spans[OpKind.UPDATE][-1]
+        rows["fw"].append(fw.dur_us)
+        rows["loss"].append(max(0.0, bw.start_us - fw.end_us))
+        rows["update"].append(up.dur_us)
+        rows["tail"].append(max(0.0, ends[i] - up.end_us))
+        rows["bw"].append(bw.dur_us)
+        rows["iter"].append(ends[i] - starts[i])
+        comm = sorted(slot["comm"].items(), key=lambda kv: kv[1]["enqueue"])
+        cuts = [bw.start_us] + [min(max(c["enqueue"], bw.start_us), bw.end_us) for _, c in comm] + [bw.end_us]
+        segments.append([b - a for a, b in zip(cuts, cuts[1:])])
+        orders.append([k for k, _ in comm])
+        slots = [-np.inf] * channels  # the backend's parallel channels (gloo: 2 worker threads)
+        for key, c in comm:
+            everyone = enqueue_all.get((i, key), c["enqueue"])
+            slot = int(np.argmin(slots))
+            transmit.setdefault(key, []).append(max(1.0, c["done"] - max(everyone, slots[slot])))
+            slots[slot] = c["done"]
+    if not rows["fw"]:
+        raise ValueError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans")
+    order = max(set(map(tuple, orders)), key=orders.count) if orders else ()
+    same = [s for s, o in zip(segments, orders) if tuple(o) == order]
+    backward_segments = list(np.median(np.array(same), axis=0)) if same else [_mean(rows["bw"])]
+    enqueue_cost = _mean([op.args.get("enqueue_cost_us", 0.0) for op in trace.ops if op.args.get("enqueue_cost_us")])
+    template = RankTemplate(rank=trace.rank, forward_us=_mean(rows["fw"]), loss_us=_mean(rows["loss"]),
+                            backward_segments_us=[float(x) for x in backward_segments],
+                            bucket_ready_order=list(order), update_us=_mean(rows["update"]),
+                            tail_us=_mean(rows["tail"]), enqueue_cost_us=enqueue_cost,
+                            backward_us=_mean(rows["bw"]), iterations_used=len(rows["fw"]),
+                            measured_iteration_us=_mean(rows["iter"]))
+    return template, transmit
+
+
+def fit_comm_model(points: list[tuple[int, float]], world: int, calibration: list[tuple[int, float]]) -> CommModel:
+    """Least squares of T = a + b*S over measured (bytes, µs) points; a = 2(N-1)·alpha, b = 2(N-1)/(N·bw)."""
+    steps = 2 * max(world - 1, 1)
+
+    def fit(data: list[tuple[int, float]]):
+        sizes = np.array([p[0] for p in data], dtype=float)
+        if len(data) < 2 or np.ptp(sizes) < 0.05 * max(sizes.max(), 1.0):
+            return None
+        slope, intercept = np.polyfit(sizes, np.array([p[1] for p in data], dtype=float), 1)
+        if slope <= 0:
+            return None
+        return max(intercept, 0.0), slope
+
+    for data, source in ((points, "trace"), (points + calibration, "trace+calibration"),
+                         (calibration, "calibration")):
+        fitted = fit(data)
+        if fitted is not None:
+            a, b = fitted
+            return CommModel(alpha_us=a / steps, bandwidth_bytes_per_us=steps / (max(world, 2) * b),
+                             source=source, points=data)
+    if points:  # one size only: all of it bandwidth, no latency
+        size, t = max(points)
+        return CommModel(0.0, steps * size / (max(world, 2) * max(t, 1e-3)), "trace (one size: no latency term)",
+                         points)
+    return CommModel(50.0, 125.0, "default (nothing measured: 1 Gbit/s, 50 µs)", [])
+
+
+def build_job_model(run: RunTrace) -> JobModel:
+    """Measure templates, buckets and the comm model from an aligned RunTrace."""
+    ranks = sorted(run.ranks)
+    world = run.world_size
+    iterations = {r: _hooks_only(run.ranks[r]) for r in ranks}
+    enqueue_all: dict[tuple[int, str], float] = {}
+    for r in ranks:
+        for op in run.ranks[r].ops:
+            if op.source == "hooks" and op.tensor and op.phase in ("queue", "queue+transmit"):
+                key = (op.iteration, op.tensor)
+                enqueue_all[key] = max(enqueue_all.get(key, -np.inf), op.start_us)
+    channels = comm_channels(run)
+    templates, transmit = {}, {}
+    for r in ranks:
+        templates[r], tx = measure_rank(run.ranks[r], iterations[r], enqueue_all, channels)
+        for key, values in tx.items():
+            transmit.setdefault(key, []).extend(values)
+    first = run.ranks[ranks[0]]
+    buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), _mean(transmit.get(f"bucket{b.index}", [])))
+               for b in first.buckets]
+    points = [(b.nbytes, t) for b in buckets for t in transmit.get(b.key, [])]
+    calibration = [tuple(p) for p in first.meta.get("calibration", [])]
+    comm = fit_comm_model(points, world, calibration)
+    fractions = _ready_fractions(run)
+    model = JobModel(world, templates, buckets, dict(first.param_bytes), fractions, comm,
+                     first.meta.get("bucket_cap_mb"), channels=channels)
+    if not fractions:
+        model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
+    return model
+
+
+def comm_channels(run: RunTrace) -> int:
+    """Collectives in flight at once: gloo's process group runs 2 worker threads, NCCL one stream."""
+    for trace in run.ranks.values():
+        for tracker in trace.meta.get("trackers", []):
+            if tracker.get("backend") == "gloo":
+                return 2
+            if tracker.get("backend") == "nccl":
+                return 1
+    return 2 if run.manifest.get("backend_hint", "gloo") == "gloo" else 1
+
+
+def _ready_fractions(run: RunTrace) -> dict[str, float]:
+    """Each parameter's gradient-ready time as a fraction of backward compute (mean over ranks, iterations)."""
+    values: dict[str, list[float]] = {}
+    for trace in run.ranks.values():
+        spans = {op.iteration: op for op in trace.ops if op.stream == "phase" and op.kind is OpKind.BW}
+        for iteration, name, t in trace.grad_ready:
+            bw = spans.get(iteration)
+            if bw is None or bw.dur_us <= 0:
+                continue
+            values.setdefault(name, []).append(min(1.0, max(0.0, (t - bw.start_us) / bw.dur_us)))
+    return {name: statistics.fmean(v) for name, v in values.items()}
+
+
+def ddp_buckets(param_order: list[str], param_bytes: dict[str, int], cap_bytes: int,
+                first_cap_bytes: Optional[int] = None) -> list[list[str]]:
+    """Group parameters (in gradient-ready order) into buckets as DDP's reducer does: a bucket closes once its
+    size reaches the cap (the first bucket's cap may be smaller)."""
+    buckets, current, size = [], [], 0
+    limit = first_cap_bytes if first_cap_bytes is not None else cap_bytes
+    for name in param_order:
+        current.append(name)
+        size += param_bytes.get(name, 0)
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], 0, cap_bytes
+    if current:
+        buckets.append(current)
+    return buckets

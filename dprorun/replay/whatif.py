@@ -1,0 +1,208 @@
+"""Predictions: the job as it ran, and what-if variants (world size, bandwidth, latency, bucket size,
+tensor partitions), by synthesising a replay graph from the measured templates and replaying it.
+
+Per rank: forward -> loss -> backward segments (each bucket's In after the segment in which its last gradient
+became ready, plus the hook's enqueue cost) -> update (after every bucket's Out) -> tail. Per bucket and
+partition: a ring all-reduce, 2(N-1) steps; at each step every rank's SEND occupies its outgoing link
+(`link r->r+1`) for one step time and the receiver's RECV (no device) joins it; the next step needs both the
+rank's own SEND and RECV. With no flags the measured buckets and transmission times are replayed; flags that
+change sizes or N use the fitted cost model, scaled to match the measured transmissions.
+The Daydream-style baseline replaces each bucket's synchronisation by one op of bytes / bandwidth on the
+rank's own comm device, with no cross-rank dependency.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from dprorun.replay.engine import GraphBuilder, ReplayGraph, critical_path_report, replay
+from dprorun.replay.template import BucketInfo, JobModel, build_job_model, ddp_buckets
+
+MB = 1 << 20
+
+
+@dataclass
+class WhatIf:
+    world_size: Optional[int] = None
+    bandwidth_gbit: Optional[float] = None  # absolute link bandwidth
+    bandwidth_scale: float = 1.0
+    latency_us: Optional[float] = None  # per ring step
+    bucket_mb: Optional[float] = None
+    partitions: int = 1
+    buckets: Optional[list[list[str]]] = None  # explicit grouping (the optimizer's tensor fusion)
+    baseline: str = "dpro"  # or "daydream"
+
+    def is_identity(self) -> bool:
+        return (self.world_size is None and self.bandwidth_gbit is None and self.bandwidth_scale == 1.0
+                and self.latency_us is None and self.bucket_mb is None and self.partitions == 1
+                and self.buckets is None)
+
+
+@dataclass
+class Prediction:
+    predicted_iteration_time_ms: float
+    world_size: int
+    buckets: int
+    baseline: str
+    measured_iteration_time_ms: Optional[float]
+    critical_path: dict
+    device_utilisation: dict
+    comm_model: dict
+    replay_ops: int
+    replay_time_s: float
+    engine: str
+    whatif: dict
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Sync:
+    key: str
+    nbytes: int
+    ready_fraction: float
+    measured_us: Optional[float]
+
+
+def _plan_buckets(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[_Sync], bool]:
+    """Bucket layout for the prediction; True when it is the measured one."""
+    if whatif.buckets is None and whatif.bucket_mb is None:
+        return [_Sync(b.key, b.nbytes, 0.0, b.transmit_us) for b in model.buckets], True
+    if not model.param_ready_fraction:
+        raise ValueError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
+    order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
+    if whatif.buckets is not None:
+        groups = whatif.buckets
+    else:
+        cap = int(whatif.bucket_mb * MB)
+        groups = ddp_buckets(order, model.param_bytes, cap)
+        notes.append(f"{len(groups)} buckets of up to {whatif.bucket_mb:g} MB, grouped in gradient-ready order "
+                     "as DDP's reducer does")
+    syncs = []
+    for k, group in enumerate(groups):
+        missing = [p for p in group if p not in model.param_ready_fraction]
+        if missing:
+            raise ValueError(f"bucket {k}: unknown parameters {missing[:3]}")
+        syncs.append(_Sync(f"bucket{k}", sum(model.param_bytes[p] for p in group),
+                           max(model.param_ready_fraction[p] for p in group), None))
+    return syncs, False
+
+
+def _comm_scale(model: JobModel) -> float:
+    """Measured / modelled transmission at the measured sizes: carries contention into modelled what-ifs."""
+    ratios = [b.transmit_us / model.comm.allreduce_us(b.nbytes, model.world_size)
+              for b in model.buckets if b.transmit_us > 0 and model.comm.allreduce_us(b.nbytes, model.world_size) > 0]
+    return float(np.median(ratios)) if ratios else 1.0
+
+
+def synthesize(model: JobModel, whatif: WhatIf, notes: list[str]) -> ReplayGraph:
+    world = whatif.world_size or model.world_size
+    syncs, measured_layout = _plan_buckets(model, whatif, notes)
+    comm = model.comm
+    alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us
+    bandwidth = comm.bandwidth_bytes_per_us * whatif.bandwidth_scale
+    if whatif.bandwidth_gbit is not None:
+        bandwidth = whatif.bandwidth_gbit * 1e3 / 8.0 / max(_comm_scale(model), 1e-9)
+    scale = _comm_scale(model)
+    parts = max(1, whatif.partitions)
+    use_measured = measured_layout and world == model.world_size and parts == 1 and whatif.latency_us is None \
+        and whatif.bandwidth_gbit is None and whatif.bandwidth_scale == 1.0
+
+    def step_us(nbytes: float) -> float:
+        return scale * (alpha + nbytes / (world * bandwidth))
+
+    measured_ranks = sorted(model.templates)
+    if world > len(measured_ranks):
+        notes.append(f"{world} ranks synthesised from the {len(measured_ranks)} measured ranks' templates "
+                     "(round-robin); compute contention between ranks on one host is not modelled")
+    g = GraphBuilder()
+    ins: dict[tuple[int, str, int], int] = {}
+    outs: dict[tuple[int, str], int] = {}
+    for r in range(world):
+        t = model.templates[measured_ranks[r % len(measured_ranks)]]
+        dev = f"rank{r}.compute"
+        chain = [g.op(f"r{r}.forward", "FW", r, dev, t.forward_us), g.op(f"r{r}.loss", "FW", r, dev, t.loss_us)]
+        if measured_layout and t.bucket_ready_order and len(t.backward_segments_us) == len(t.bucket_ready_order) + 1:
+            order = t.bucket_ready_order
+            segments = t.backward_segments_us
+        else:
+            order = [s.key for s in sorted(syncs, key=lambda s: s.ready_fraction)]
+            compute = max(0.0, t.backward_us - t.enqueue_cost_us * len(model.buckets))
+            cuts = [0.0] + [s.ready_fraction for s in sorted(syncs, key=lambda s: s.ready_fraction)] + [1.0]
+            segments = [compute * (b - a) + (t.enqueue_cost_us if k < len(order) else 0.0)
+                        for k, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+        for k, seg in enumerate(segments):
+            chain.append(g.op(f"r{r}.backward.seg{k}", "BW", r, dev, seg))
+            if k < len(order):
+                for p in range(parts):
+                    ins[(r, order[k], p)] = g.op(f"r{r}.In.{order[k]}.p{p}", "VIRTUAL", r, None, 0.0)
+                    g.edge(chain[-1], ins[(r, order[k], p)])
+        update = g.op(f"r{r}.update", "UPDATE", r, dev, t.update_us)
+        tail = g.op(f"r{r}.tail", "IO", r, dev, t.tail_us)
+        g.chain(chain + [update, tail])
+        for s in syncs:
+            outs[(r, s.key)] = g.op(f"r{r}.Out.{s.key}", "VIRTUAL", r, None, 0.0)
+            g.edge(outs[(r, s.key)], update)
+    for s in syncs:
+        for p in range(parts):
+            piece = s.nbytes / parts
+            if whatif.baseline == "daydream":
+                for r in range(world):
+                    op = g.op(f"r{r}.comm.{s.key}.p{p}", "COMM", r, f"rank{r}.comm", piece / bandwidth,
+                              capacity=model.channels)
+                    g.edge(ins[(r, s.key, p)], op)
+                    g.edge(op, outs[(r, s.key)])
+                continue
+            if world == 1:
+                for r in range(world):
+                    g.edge(ins[(r, s.key, p)], outs[(r, s.key)])
+                continue
+            steps = 2 * (world - 1)
+            duration = (s.measured_us / steps) if (use_measured and s.measured_us) else step_us(piece)
+            previous = {r: [ins[(r, s.key, p)]] for r in range(world)}
+            for step in range(steps):
+                sends = {r: g.op(f"r{r}.send.{s.key}.p{p}.s{step}", "COMM", r, f"link{r}->{(r + 1) % world}",
+                                 duration, capacity=model.channels) for r in range(world)}
+                current = {}
+                for r in range(world):
+                    left = (r - 1) % world
+                    recv = g.op(f"r{r}.recv.{s.key}.p{p}.s{step}", "VIRTUAL", r, None, 0.0)
+                    g.edge(sends[left], recv)
+                    current[r] = [sends[r], recv]
+                for r in range(world):
+                    for u in previous[r]:
+                        g.edge(u, sends[r])
+                previous = current
+            for r in range(world):
+                for u in previous[r]:
+                    g.edge(u, outs[(r, s.key)])
+    return g.build({"world_size": world, "buckets": len(syncs), "partitions": parts})
+
+
+def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
+    whatif = whatif or WhatIf()
+    notes = list(model.notes)
+    graph = synthesize(model, whatif, notes)
+    result = replay(graph)
+    path = critical_path_report(graph, result)
+    measured = np.mean([t.measured_iteration_us for t in model.templates.values()]) / 1000
+    if whatif.is_identity():
+        notes.append("the job as it ran: measured buckets and transmission times, profiled iterations without "
+                     "torch.profiler")
+    utilisation = result.device_utilisation()
+    return Prediction(
+        predicted_iteration_time_ms=round(result.iteration_time_us / 1000, 4),
+        world_size=graph.meta["world_size"], buckets=graph.meta["buckets"], baseline=whatif.baseline,
+        measured_iteration_time_ms=round(float(measured), 4) if whatif.is_identity() else None,
+        critical_path={k: v for k, v in path.items() if k != "path"},
+        device_utilisation={k: round(v, 4) for k, v in sorted(utilisation.items())[:64]},
+        comm_model=model.comm.to_json(), replay_ops=graph.size, replay_time_s=round(result.replay_time_s, 4),
+        engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes)
+
+
+def predict_run(run, whatif: Optional[WhatIf] = None) -> Prediction:
+    return predict(build_job_model(run), whatif)

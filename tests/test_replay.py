@@ -1,0 +1,139 @@
+"""The replayer: engine semantics on constructed graphs, DDP bucketing, what-if behaviour, the CLI."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from dprorun.replay.engine import GraphBuilder, critical_path_report, replay
+from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate, ddp_buckets, fit_comm_model
+from dprorun.replay.whatif import WhatIf, predict
+from dprorun.trace.rundir import load_run
+
+
+def test_chain_and_parallel_devices():
+    g = GraphBuilder()
+    a = g.op("a", "FW", 0, "gpu0", 10)
+    b = g.op("b", "BW", 0, "gpu0", 5)
+    c = g.op("c", "COMM", 0, "link0", 7)
+    d = g.op("d", "UPDATE", 0, "gpu0", 1)
+    g.chain([a, b, d])
+    g.edge(a, c)
+    g.edge(c, d)
+    result = replay(g.build())
+    assert result.iteration_time_us == 18.0  # a(10) -> c(7) overlaps b(5) -> d(1)
+    assert result.critical_path == [a, c, d]
+    assert list(result.start_us) == [0, 10, 10, 17]
+
+
+def test_same_device_serialises_in_ready_order_and_path_follows_the_device():
+    g = GraphBuilder()
+    root = g.op("root", "VIRTUAL", 0, None, 0)
+    x = g.op("x", "COMM", 0, "link", 4)
+    y = g.op("y", "COMM", 0, "link", 4)
+    late = g.op("late", "FW", 0, "cpu", 1)
+    z = g.op("z", "COMM", 0, "link", 4)
+    g.edge(root, x)
+    g.edge(root, y)
+    g.edge(root, late)
+    g.edge(late, z)
+    result = replay(g.build())
+    assert result.iteration_time_us == 12.0
+    assert result.start_us[z] == 8.0  # ready at 1, but the link is busy until 8
+    assert result.critical_path[-1] == z and result.critical_path[-2] in (x, y)  # device-order edge
+    report = critical_path_report(g.build(), result)
+    assert report["share_pct"]["communication"] > 90
+
+
+def test_device_with_two_channels():
+    g = GraphBuilder()
+    ops = [g.op(f"c{k}", "COMM", 0, "gloo", 5, capacity=2) for k in range(4)]
+    result = replay(g.build())
+    assert result.iteration_time_us == 10.0 and sorted(result.start_us[ops]) == [0, 0, 5, 5]
+
+
+def test_cycle_is_reported():
+    g = GraphBuilder()
+    a, b = g.op("a", "FW", 0, "x", 1), g.op("b", "FW", 0, "x", 1)
+    g.edge(a, b)
+    g.edge(b, a)
+    with pytest.raises(ValueError, match="cycle"):
+        replay(g.build())
+
+
+def test_compiled_and_python_engines_agree_on_random_graphs():
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        g = GraphBuilder()
+        n = 300
+        ids = [g.op(f"n{i}", "FW", 0, f"d{rng.integers(4)}" if rng.random() < 0.8 else None,
+                    float(rng.uniform(0, 10)), capacity=int(rng.integers(1, 3))) for i in range(n)]
+        for v in range(1, n):
+            for u in rng.choice(v, size=min(v, 3), replace=False):
+                g.edge(ids[int(u)], ids[v])
+        graph = g.build()
+        fast, slow = replay(graph), replay(graph, use_fast=False)
+        assert np.allclose(fast.start_us, slow.start_us) and fast.critical_path == slow.critical_path
+
+
+def test_ddp_bucketing_reproduces_the_recorded_buckets(mlp_run):
+    run_dir, _ = mlp_run
+    trace = load_run(str(run_dir)).ranks[0]
+    ready_order = [p for b in sorted(trace.buckets, key=lambda b: b.index) for p in b.params]
+    expected = [b.params for b in sorted(trace.buckets, key=lambda b: b.index)]
+    assert ddp_buckets(ready_order, trace.param_bytes, 1 << 20) == expected  # the job ran with --bucket-mb 1
+
+
+def test_comm_model_fit_recovers_latency_and_bandwidth():
+    world, alpha, bw = 4, 30.0, 250.0
+    true = CommModel(alpha, bw, "truth")
+    points = [(s, true.allreduce_us(s, world)) for s in (1 << 16, 1 << 20, 4 << 20, 16 << 20)]
+    model = fit_comm_model(points, world, [])
+    assert model.alpha_us == pytest.approx(alpha, rel=1e-6) and model.bandwidth_bytes_per_us == pytest.approx(bw)
+
+
+def _toy_model(world=2, transmit_us=4000.0) -> JobModel:
+    params = {f"p{k}": 1 << 20 for k in range(8)}
+    fractions = {f"p{k}": 1 - (k + 1) / 8 for k in range(8)}
+    template = RankTemplate(0, forward_us=3000, loss_us=100, backward_segments_us=[2000, 2000, 2000],
+                            bucket_ready_order=["bucket0", "bucket1"], update_us=1000, tail_us=500,
+                            enqueue_cost_us=50, backward_us=6000, iterations_used=10, measured_iteration_us=15000)
+    buckets = [BucketInfo("bucket0", 4 << 20, [f"p{k}" for k in range(4)], transmit_us),
+               BucketInfo("bucket1", 4 << 20, [f"p{k}" for k in range(4, 8)], transmit_us)]
+    comm = CommModel(alpha_us=50.0, bandwidth_bytes_per_us=(4 << 20) / (transmit_us - 100.0), source="toy")
+    return JobModel(world, {0: template, 1: template}, buckets, params, fractions, comm, 4.0, channels=1)
+
+
+def test_whatif_directions():
+    model = _toy_model()
+    base = predict(model).predicted_iteration_time_ms
+    # as it ran: bucket0 ready at 3.1 + 2 ms, synced 5.1-9.1; bucket1 ready at 7.1 waits for the link, 9.1-13.1;
+    # update 13.1-14.1, tail 14.1-14.6
+    assert base == pytest.approx(3.1 + 2 + 4 + 4 + 1 + 0.5, abs=0.01)
+    assert predict(model, WhatIf(bandwidth_scale=0.5)).predicted_iteration_time_ms > base
+    assert predict(model, WhatIf(bandwidth_scale=4)).predicted_iteration_time_ms < base
+    assert predict(model, WhatIf(world_size=8)).predicted_iteration_time_ms > base  # more ring steps
+    daydream = predict(model, WhatIf(baseline="daydream"))
+    assert daydream.predicted_iteration_time_ms < base  # bytes / bandwidth: no latency, no ring
+    one_bucket = predict(model, WhatIf(bucket_mb=64))
+    assert one_bucket.buckets == 1
+    with pytest.raises(ValueError, match="gradient-ready"):
+        predict(JobModel(**{**model.__dict__, "param_ready_fraction": {}}), WhatIf(bucket_mb=1))
+
+
+def test_dpro_replay_cli_on_a_real_run(mlp_run):
+    run_dir, _ = mlp_run
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=180)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["predicted_iteration_time_ms"] > 0 and doc["measured_iteration_time_ms"] > 0
+    assert 0.5 < doc["predicted_iteration_time_ms"] / doc["measured_iteration_time_ms"] < 2.0  # sanity only
+    assert doc["critical_path"]["top"] and doc["world_size"] == 2
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--np", "16",
+                          "--bandwidth", "10Gbit", "--bucket-mb", "5", "--partitions", "2"],
+                         capture_output=True, text=True, cwd=REPO, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "predicted iteration time:" in out.stdout and "16 ranks" in out.stdout
