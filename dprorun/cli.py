@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run torch.profiler for the first N active iterations only (3)")
     prof.add_argument("--record-shapes", action="store_true", help="record op input shapes (slower)")
     prof.add_argument("--no-param-hooks", action="store_true", help="do not record per-parameter grad times")
+    prof.add_argument("--no-comm-hook", action="store_true",
+                      help="keep DDP's built-in all-reduce (buckets are then timed only by the profiler)")
     prof.add_argument("--comm-detail", choices=("bucket", "ring"), default=None,
                       help="bucket: per-bucket queue/transmission (default); ring: explicit chunked ring")
     out = parser.add_argument_group("output")
@@ -88,6 +90,8 @@ def profile_config_from_env_and_args(args: argparse.Namespace) -> ProfileConfig:
         cfg.record_shapes = True
     if args.no_param_hooks:
         cfg.param_hooks = False
+    if args.no_comm_hook:
+        cfg.comm_hook = False
     return cfg
 
 

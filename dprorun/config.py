@@ -26,6 +26,7 @@ class ProfileConfig:
     kineto_iters: int = 3  # the profiler runs for the first N active iterations only (it costs 10-30 %)
     record_shapes: bool = False  # costs 6-25 % per profiled iteration on small CPU models
     param_hooks: bool = True  # per-parameter gradient-ready times
+    comm_hook: bool = True  # time every bucket with a DDP comm hook (off: DDP's built-in all-reduce)
     sample_interval_s: float = 0.2  # psutil / NVML sampling period
     comm_detail: str = "bucket"  # "bucket" (hook + gloo span) or "ring" (explicit chunked ring)
     launch_host: str = ""  # hostname of the node that owns the run directory
@@ -44,6 +45,7 @@ class ProfileConfig:
         "kineto_iters": "KINETO_ITERS",
         "record_shapes": "RECORD_SHAPES",
         "param_hooks": "PARAM_HOOKS",
+        "comm_hook": "COMM_HOOK",
         "sample_interval_s": "SAMPLE_INTERVAL_S",
         "comm_detail": "COMM_DETAIL",
         "launch_host": "LAUNCH_HOST",

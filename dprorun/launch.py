@@ -57,7 +57,7 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
     existing = os.environ.get("PYTHONPATH", "")
     env = {"PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
     env.update(job.profile.to_env())
-    env.setdefault("KINETO_LOG_LEVEL", os.environ.get("KINETO_LOG_LEVEL", "5"))  # no profiler chatter per rank
+    env.setdefault("KINETO_LOG_LEVEL", os.environ.get("KINETO_LOG_LEVEL", "6"))  # no profiler chatter per rank
     if "OMP_NUM_THREADS" not in os.environ and job.nproc_per_node > 1:
         env["OMP_NUM_THREADS"] = "1"  # as torchrun does, so ranks do not oversubscribe the cores
     return env

@@ -32,6 +32,7 @@ class RankTemplate:
     backward_us: float
     iterations_used: int
     measured_iteration_us: float
+    finalize_us: float = 0.0  # DDP's finalize after the last bucket (copying results into .grad)
 
 
 @dataclass
@@ -74,7 +75,16 @@ class JobModel:
     comm: CommModel
     bucket_cap_mb: Optional[float]
     channels: int = 1  # collectives the backend runs at once per rank
+    samples: list["Sample"] = field(default_factory=list)  # one per profiled iteration seen on every rank
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Sample:
+    """One measured iteration: every rank's template and each bucket's transmission time in it."""
+
+    templates: dict[int, RankTemplate]
+    transmit_us: dict[str, float]
 
 
 def _hooks_only(trace: RankTrace) -> list[int]:
@@ -88,11 +98,8 @@ def _mean(values: list[float], default: float = 0.0) -> float:
     return float(np.median(values)) if values else default
 
 
-def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
-                 channels: int = 1) -> tuple[RankTemplate, dict]:
+def _iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]:
     by_iter: dict[int, dict] = {i: {"spans": {}, "comm": {}} for i in iterations}
-    ends = {i: e for i, s, e in trace.iterations}
-    starts = {i: s for i, s, e in trace.iterations}
     for op in trace.ops:
         slot = by_iter.get(op.iteration)
         if slot is None:
@@ -104,44 +111,55 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             entry = slot["comm"].setdefault(op.tensor, {"enqueue": op.start_us, "done": op.end_us})
             entry["enqueue"] = min(entry["enqueue"], op.start_us)
             entry["done"] = max(entry["done"], op.end_us)
-    rows = {k: [] for k in ("fw", "loss", "update", "tail", "bw", "iter")}
-    segments: list[list[float]] = []
-    orders: list[list[str]] = []
-    transmit: dict[str, list[float]] = {}
-    for i, slot in by_iter.items():
+    return by_iter
+
+
+def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
+                 channels: int = 1) -> tuple[RankTemplate, dict[int, RankTemplate], dict[int, dict[str, float]]]:
+    """The rank's median template, its per-iteration templates, and per-iteration bucket transmission times."""
+    ends = {i: e for i, s, e in trace.iterations}
+    starts = {i: s for i, s, e in trace.iterations}
+    enqueue_cost = _mean([op.args.get("enqueue_cost_us", 0.0) for op in trace.ops if op.args.get("enqueue_cost_us")])
+    samples: dict[int, RankTemplate] = {}
+    transmit: dict[int, dict[str, float]] = {}
+    for i, slot in _iteration_slots(trace, iterations).items():
         spans = slot["spans"]
         if not all(k in spans for k in (OpKind.FW, OpKind.BW, OpKind.UPDATE)):
             continue
         fw, bw, up = spans[OpKind.FW][0], spans[OpKind.BW][0], spans[OpKind.UPDATE][-1]
-        rows["fw"].append(fw.dur_us)
-        rows["loss"].append(max(0.0, bw.start_us - fw.end_us))
-        rows["update"].append(up.dur_us)
-        rows["tail"].append(max(0.0, ends[i] - up.end_us))
-        rows["bw"].append(bw.dur_us)
-        rows["iter"].append(ends[i] - starts[i])
         comm = sorted(slot["comm"].items(), key=lambda kv: kv[1]["enqueue"])
         cuts = [bw.start_us] + [min(max(c["enqueue"], bw.start_us), bw.end_us) for _, c in comm] + [bw.end_us]
-        segments.append([b - a for a, b in zip(cuts, cuts[1:])])
-        orders.append([k for k, _ in comm])
+        last_done = max([c["done"] for _, c in comm], default=bw.end_us)
+        samples[i] = RankTemplate(
+            rank=trace.rank, forward_us=fw.dur_us, loss_us=max(0.0, bw.start_us - fw.end_us),
+            backward_segments_us=[b - a for a, b in zip(cuts, cuts[1:])], bucket_ready_order=[k for k, _ in comm],
+            update_us=up.dur_us, tail_us=max(0.0, ends[i] - up.end_us), enqueue_cost_us=enqueue_cost,
+            backward_us=bw.dur_us, iterations_used=1, measured_iteration_us=ends[i] - starts[i],
+            finalize_us=max(0.0, up.start_us - max(bw.end_us, last_done)))
         slots = [-np.inf] * channels  # the backend's parallel channels (gloo: 2 worker threads)
+        transmit[i] = {}
         for key, c in comm:
             everyone = enqueue_all.get((i, key), c["enqueue"])
-            slot = int(np.argmin(slots))
-            transmit.setdefault(key, []).append(max(1.0, c["done"] - max(everyone, slots[slot])))
-            slots[slot] = c["done"]
-    if not rows["fw"]:
+            k = int(np.argmin(slots))
+            transmit[i][key] = max(1.0, c["done"] - max(everyone, slots[k]))
+            slots[k] = c["done"]
+    if not samples:
         raise ValueError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans")
-    order = max(set(map(tuple, orders)), key=orders.count) if orders else ()
-    same = [s for s, o in zip(segments, orders) if tuple(o) == order]
-    backward_segments = list(np.median(np.array(same), axis=0)) if same else [_mean(rows["bw"])]
-    enqueue_cost = _mean([op.args.get("enqueue_cost_us", 0.0) for op in trace.ops if op.args.get("enqueue_cost_us")])
-    template = RankTemplate(rank=trace.rank, forward_us=_mean(rows["fw"]), loss_us=_mean(rows["loss"]),
-                            backward_segments_us=[float(x) for x in backward_segments],
-                            bucket_ready_order=list(order), update_us=_mean(rows["update"]),
-                            tail_us=_mean(rows["tail"]), enqueue_cost_us=enqueue_cost,
-                            backward_us=_mean(rows["bw"]), iterations_used=len(rows["fw"]),
-                            measured_iteration_us=_mean(rows["iter"]))
-    return template, transmit
+    orders = [tuple(t.bucket_ready_order) for t in samples.values()]
+    order = max(set(orders), key=orders.count)
+    same = [t.backward_segments_us for t in samples.values() if tuple(t.bucket_ready_order) == order]
+    values = list(samples.values())
+
+    def med(attr: str) -> float:
+        return _mean([getattr(t, attr) for t in values])
+
+    template = RankTemplate(rank=trace.rank, forward_us=med("forward_us"), loss_us=med("loss_us"),
+                            backward_segments_us=[float(x) for x in np.median(np.array(same), axis=0)],
+                            bucket_ready_order=list(order), update_us=med("update_us"), tail_us=med("tail_us"),
+                            enqueue_cost_us=enqueue_cost, backward_us=med("backward_us"),
+                            iterations_used=len(values), measured_iteration_us=med("measured_iteration_us"),
+                            finalize_us=med("finalize_us"))
+    return template, samples, transmit
 
 
 def fit_comm_model(points: list[tuple[int, float]], world: int, calibration: list[tuple[int, float]]) -> CommModel:
@@ -183,11 +201,17 @@ def build_job_model(run: RunTrace) -> JobModel:
                 key = (op.iteration, op.tensor)
                 enqueue_all[key] = max(enqueue_all.get(key, -np.inf), op.start_us)
     channels = comm_channels(run)
-    templates, transmit = {}, {}
+    templates, per_rank_samples, transmit = {}, {}, {}
+    per_iteration_tx: dict[int, dict[str, list[float]]] = {}
     for r in ranks:
-        templates[r], tx = measure_rank(run.ranks[r], iterations[r], enqueue_all, channels)
-        for key, values in tx.items():
-            transmit.setdefault(key, []).extend(values)
+        templates[r], per_rank_samples[r], tx = measure_rank(run.ranks[r], iterations[r], enqueue_all, channels)
+        for i, buckets_tx in tx.items():
+            for key, value in buckets_tx.items():
+                transmit.setdefault(key, []).append(value)
+                per_iteration_tx.setdefault(i, {}).setdefault(key, []).append(value)
+    common = sorted(set.intersection(*(set(per_rank_samples[r]) for r in ranks)))
+    samples = [Sample({r: per_rank_samples[r][i] for r in ranks},
+                      {k: float(np.mean(v)) for k, v in per_iteration_tx.get(i, {}).items()}) for i in common]
     first = run.ranks[ranks[0]]
     buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), _mean(transmit.get(f"bucket{b.index}", [])))
                for b in first.buckets]
@@ -196,7 +220,7 @@ def build_job_model(run: RunTrace) -> JobModel:
     comm = fit_comm_model(points, world, calibration)
     fractions = _ready_fractions(run)
     model = JobModel(world, templates, buckets, dict(first.param_bytes), fractions, comm,
-                     first.meta.get("bucket_cap_mb"), channels=channels)
+                     first.meta.get("bucket_cap_mb"), channels=channels, samples=samples)
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
     return model

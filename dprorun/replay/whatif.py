@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, critical_path_report, replay
-from dprorun.replay.template import BucketInfo, JobModel, build_job_model, ddp_buckets
+from dprorun.replay.template import JobModel, Sample, build_job_model, ddp_buckets
 
 MB = 1 << 20
 
@@ -99,7 +99,9 @@ def _comm_scale(model: JobModel) -> float:
     return float(np.median(ratios)) if ratios else 1.0
 
 
-def synthesize(model: JobModel, whatif: WhatIf, notes: list[str]) -> ReplayGraph:
+def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[Sample] = None) -> ReplayGraph:
+    """The replay graph for `whatif`, with the durations of one measured iteration (`sample`) or the medians."""
+    templates = sample.templates if sample is not None else model.templates
     world = whatif.world_size or model.world_size
     syncs, measured_layout = _plan_buckets(model, whatif, notes)
     comm = model.comm
@@ -115,7 +117,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str]) -> ReplayGraph
     def step_us(nbytes: float) -> float:
         return scale * (alpha + nbytes / (world * bandwidth))
 
-    measured_ranks = sorted(model.templates)
+    measured_ranks = sorted(templates)
     if world > len(measured_ranks):
         notes.append(f"{world} ranks synthesised from the {len(measured_ranks)} measured ranks' templates "
                      "(round-robin); compute contention between ranks on one host is not modelled")
@@ -123,7 +125,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str]) -> ReplayGraph
     ins: dict[tuple[int, str, int], int] = {}
     outs: dict[tuple[int, str], int] = {}
     for r in range(world):
-        t = model.templates[measured_ranks[r % len(measured_ranks)]]
+        t = templates[measured_ranks[r % len(measured_ranks)]]
         dev = f"rank{r}.compute"
         chain = [g.op(f"r{r}.forward", "FW", r, dev, t.forward_us), g.op(f"r{r}.loss", "FW", r, dev, t.loss_us)]
         if measured_layout and t.bucket_ready_order and len(t.backward_segments_us) == len(t.bucket_ready_order) + 1:
@@ -141,12 +143,13 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str]) -> ReplayGraph
                 for p in range(parts):
                     ins[(r, order[k], p)] = g.op(f"r{r}.In.{order[k]}.p{p}", "VIRTUAL", r, None, 0.0)
                     g.edge(chain[-1], ins[(r, order[k], p)])
+        finalize = g.op(f"r{r}.finalize", "BW", r, dev, t.finalize_us)
         update = g.op(f"r{r}.update", "UPDATE", r, dev, t.update_us)
         tail = g.op(f"r{r}.tail", "IO", r, dev, t.tail_us)
-        g.chain(chain + [update, tail])
+        g.chain(chain + [finalize, update, tail])
         for s in syncs:
             outs[(r, s.key)] = g.op(f"r{r}.Out.{s.key}", "VIRTUAL", r, None, 0.0)
-            g.edge(outs[(r, s.key)], update)
+            g.edge(outs[(r, s.key)], finalize)
     for s in syncs:
         for p in range(parts):
             piece = s.nbytes / parts
@@ -162,7 +165,8 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str]) -> ReplayGraph
                     g.edge(ins[(r, s.key, p)], outs[(r, s.key)])
                 continue
             steps = 2 * (world - 1)
-            duration = (s.measured_us / steps) if (use_measured and s.measured_us) else step_us(piece)
+            measured = sample.transmit_us.get(s.key, s.measured_us) if sample is not None else s.measured_us
+            duration = (measured / steps) if (use_measured and measured) else step_us(piece)
             previous = {r: [ins[(r, s.key, p)]] for r in range(world)}
             for step in range(steps):
                 sends = {r: g.op(f"r{r}.send.{s.key}.p{p}.s{step}", "COMM", r, f"link{r}->{(r + 1) % world}",
@@ -184,23 +188,35 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str]) -> ReplayGraph
 
 
 def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
+    """Replay every measured iteration (each with its own durations) and report the median prediction: the
+    slowest rank differs from iteration to iteration, which a replay of averaged durations misses."""
     whatif = whatif or WhatIf()
     notes = list(model.notes)
-    graph = synthesize(model, whatif, notes)
-    result = replay(graph)
+    samples = model.samples or [None]
+    runs = []
+    for sample in samples:
+        graph = synthesize(model, whatif, notes if sample is samples[0] else [], sample)
+        runs.append((replay(graph), graph))
+    times = np.array([result.iteration_time_us for result, _ in runs])
+    chosen = int(np.argsort(times)[len(times) // 2])
+    result, graph = runs[chosen]
     path = critical_path_report(graph, result)
-    measured = np.mean([t.measured_iteration_us for t in model.templates.values()]) / 1000
+    measured = np.median([t.measured_iteration_us for t in model.templates.values()]) / 1000
     if whatif.is_identity():
         notes.append("the job as it ran: measured buckets and transmission times, profiled iterations without "
                      "torch.profiler")
+    if len(runs) > 1:
+        notes.append(f"median of {len(runs)} replays, one per measured iteration (p10-p90 "
+                     f"{np.percentile(times, 10) / 1000:.2f}-{np.percentile(times, 90) / 1000:.2f} ms)")
     utilisation = result.device_utilisation()
     return Prediction(
-        predicted_iteration_time_ms=round(result.iteration_time_us / 1000, 4),
+        predicted_iteration_time_ms=round(float(np.median(times)) / 1000, 4),
         world_size=graph.meta["world_size"], buckets=graph.meta["buckets"], baseline=whatif.baseline,
         measured_iteration_time_ms=round(float(measured), 4) if whatif.is_identity() else None,
         critical_path={k: v for k, v in path.items() if k != "path"},
         device_utilisation={k: round(v, 4) for k, v in sorted(utilisation.items())[:64]},
-        comm_model=model.comm.to_json(), replay_ops=graph.size, replay_time_s=round(result.replay_time_s, 4),
+        comm_model=model.comm.to_json(), replay_ops=graph.size,
+        replay_time_s=round(sum(r.replay_time_s for r, _ in runs), 4),
         engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes)
 
 

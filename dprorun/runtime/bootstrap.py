@@ -86,7 +86,8 @@ def install(environ=os.environ) -> Optional[object]:
     try:
         from dprorun.runtime.samplers import Sampler
 
-        sess.sampler = Sampler(cfg.sample_interval_s, local_rank, sess.now_us)
+        sess.sampler = Sampler(cfg.sample_interval_s, local_rank, sess.now_us,
+                               fast=lambda: sess.phase == "active")
         sess.sampler.start()
     except Exception as exc:
         sess.warnings.append(f"sampler not started: {exc}")

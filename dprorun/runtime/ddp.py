@@ -54,11 +54,23 @@ class DDPTracker:
         session.params[index] = {"order": order, "bytes": nbytes,
                                  "bucket_cap_mb": getattr(ddp, "bucket_bytes_cap", 0) / (1 << 20)}
         self.param_handles: list = []
+        self.activation_meter = None
+        self.activations_measured = False
+        session.guard("reading memory at DDP construction", self._memory_at_init)
         self.ring = None
         if session.cfg.comm_detail == "ring":
             session.guard("setting up the ring comm detail", self._setup_ring)
         ddp.register_forward_pre_hook(self._pre_forward)
         ddp.register_forward_hook(self._post_forward)
+
+    def _memory_at_init(self) -> None:
+        import psutil
+        import torch
+
+        memory = self.session.memory
+        memory.setdefault("rss_at_ddp_init_bytes", psutil.Process().memory_info().rss)
+        if torch.cuda.is_available():
+            memory.setdefault("cuda_allocated_at_ddp_init_bytes", int(torch.cuda.memory_allocated()))
 
     def describe(self) -> dict:
         return {"ddp": self.index, "user_comm_hook": self.user_hook, "builtin_comm_hook": self.builtin_hook,
@@ -80,6 +92,11 @@ class DDPTracker:
             self.prev_forward_synced = bool(getattr(module, "require_backward_grad_sync", True))
         if session.detail_active:
             session.open_mark(f"forward{self.index}")
+            if self.primary and not self.activations_measured:
+                from dprorun.runtime.activations import SavedTensorMeter
+
+                self.activation_meter = SavedTensorMeter()
+                session.guard("measuring activations", self.activation_meter.start)
         return None
 
     def _post_forward(self, module, inputs, output):
@@ -88,6 +105,12 @@ class DDPTracker:
             return None
         now = session.now_us()
         session._close_mark(f"forward{self.index}", now)
+        if self.activation_meter is not None:
+            meter, self.activation_meter = self.activation_meter, None
+            self.activations_measured = True
+            saved = session.guard("measuring activations", meter.stop)
+            if saved is not None:
+                session.memory["activation_bytes"] = saved
         found: list = []
         _tensors_requiring_grad(output, found)
         if found:
@@ -150,19 +173,20 @@ class DDPTracker:
             self.ring = RingAllreduce(self.session, self.index, self.ddp.process_group)
 
     def _register_default_hook(self) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
         self.hook_registered = True
-        hook = default_hooks.allreduce_hook
-        if self.ring is not None:
-            ring, session = self.ring, self.session
+        if not self.session.cfg.comm_hook:
+            return  # DDP's built-in all-reduce; buckets only through the profiler's collective spans
+        session, ring = self.session, self.ring
 
+        if ring is not None:
             def ring_in_window(state, bucket):
                 if session.detail_active:
                     return ring.submit(bucket, session.iteration, session.now_us())
-                return default_hooks.allreduce_hook(state, bucket)
+                return allreduce_mean(state, bucket)
 
             hook = ring_in_window
+        else:
+            hook = allreduce_mean
         _ORIGINAL["register_comm_hook"](self.ddp, self.ddp.process_group, self.timed(hook))
 
     def timed(self, inner: Callable) -> Callable:
@@ -173,19 +197,23 @@ class DDPTracker:
             if not session.detail_active:
                 return inner(state, bucket)
             enqueue = session.now_us()
-            future = inner(state, bucket)
-            enqueued = session.now_us()
-            key = (ddp_index, bucket.index())
+            record = [session.iteration, ddp_index, bucket.index(), enqueue, None, None]
+            if inner is allreduce_mean:  # our own all-reduce: one callback does both jobs
+                future = _allreduce_mean(state, bucket, record, session.now_us)
+            else:
+                future = inner(state, bucket)
+
+                def done(fut):
+                    record[5] = session.now_us()
+                    return fut.value()
+
+                future = future.then(done)
+            record[4] = session.now_us()
+            key = (ddp_index, record[2])
             if key not in session.buckets:
                 session.guard("reading the bucket layout", self._record_bucket, key, bucket)
-            record = [session.iteration, ddp_index, key[1], enqueue, enqueued, None]
             session.comm.append(record)
-
-            def done(fut):
-                record[5] = session.now_us()
-                return fut.value()
-
-            return future.then(done)
+            return future
 
         return dpro_timed_comm_hook
 
@@ -194,6 +222,46 @@ class DDPTracker:
         names = [self.param_names.get(id(p), f"<unnamed {i}>") for i, p in enumerate(bucket.parameters())]
         self.session.buckets[key] = {"nbytes": buffer.numel() * buffer.element_size(), "numel": buffer.numel(),
                                      "dtype": str(buffer.dtype).replace("torch.", ""), "params": names}
+
+
+def _allreduce_mean(process_group, bucket, record=None, clock=None):
+    """DDP's default semantics (average over ranks, divided before the sum as torch's allreduce_hook does),
+    with the process group's own allreduce binding and a single future callback, which also stamps the
+    completion time when a record is given.
+
+    Cost: with any Python comm hook DDP copies gradients into the bucket without the division it otherwise
+    fuses into that copy, so averaging takes one more pass over the gradients. Measured on a small CPU model
+    (benchmarks/RESULTS.md) that is a few % of an iteration for the rest of the job; on GPU it is one small
+    kernel. `--no-comm-hook` keeps DDP's built-in path (buckets then timed only by the profiler's spans).
+    Dividing after the sum inside the callback instead was measured slower here: the callback holds the GIL."""
+    group = _resolve_group(process_group)
+    tensor = bucket.buffer()
+    tensor.div_(group.size())
+    future = group.allreduce([tensor]).get_future()
+
+    def finished(fut):
+        if record is not None:
+            record[5] = clock()
+        return fut.value()[0]
+
+    return future.then(finished)
+
+
+_GROUPS: dict = {}
+
+
+def _resolve_group(process_group):
+    group = _GROUPS.get(id(process_group))
+    if group is None:
+        import torch.distributed as dist
+
+        group = process_group if process_group is not None else dist.group.WORLD
+        _GROUPS[id(process_group)] = group
+    return group
+
+
+def allreduce_mean(process_group, bucket):
+    return _allreduce_mean(process_group, bucket)
 
 
 def _backend_name(ddp) -> str:

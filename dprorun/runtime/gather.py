@@ -7,6 +7,7 @@ dedicated gloo group that only this job's ranks are members of, and rank 0 write
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 from dprorun.fsutil import atomic_write_bytes, make_private_dir
@@ -45,9 +46,40 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         probe_clocks(session, group)
     except Exception as exc:  # alignment falls back to trace-only evidence
         session.warnings.append(f"clock probes failed: {exc}")
+    try:
+        session.calibration = calibrate_allreduce(session)
+    except Exception as exc:  # the cost model then relies on the trace alone
+        session.warnings.append(f"all-reduce calibration failed: {exc}")
     session.write_events()
     gather_to_rank0(session, group)
     dist.destroy_process_group(group)
+
+
+CALIBRATION_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
+
+
+def calibrate_allreduce(session: RankSession, reps: int = 3) -> list[list[float]]:
+    """A few timed all-reduces of several sizes over the job's own process group (CPU tensors where the job
+    is on gloo, the GPU where it is on NCCL): [[bytes, median µs], ...] for the comm cost model."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"
+    rows = []
+    for nbytes in CALIBRATION_SIZES:
+        tensor = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+        times = []
+        for _ in range(reps):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e6)
+        rows.append([nbytes, statistics.median(times)])
+    return rows
 
 
 def probe_clocks(session: RankSession, group, rounds: int = PROBE_ROUNDS) -> None:

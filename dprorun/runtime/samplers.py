@@ -1,4 +1,5 @@
-"""Host (psutil) and GPU (NVML via nvidia-ml-py) sampling on a background thread."""
+"""Host (psutil) and GPU (NVML via nvidia-ml-py) sampling on a background thread: every `interval_s` during the
+profiling window, every second otherwise (each sample reads /proc and holds the GIL briefly)."""
 from __future__ import annotations
 
 import collections
@@ -58,8 +59,11 @@ class NvmlProbe:
 class Sampler:
     """Samples the rank process (CPU %, RSS) and its GPU every `interval_s` into a bounded buffer."""
 
-    def __init__(self, interval_s: float, local_rank: int, clock_us: Callable[[], float], max_samples: int = 50000):
+    def __init__(self, interval_s: float, local_rank: int, clock_us: Callable[[], float], max_samples: int = 50000,
+                 fast: Callable[[], bool] = lambda: True, idle_interval_s: float = 1.0):
         self.interval_s = max(0.01, interval_s)
+        self.idle_interval_s = max(self.interval_s, idle_interval_s)
+        self.fast = fast  # sample at interval_s while this says so (the profiling window), else every idle_interval_s
         self.clock_us = clock_us
         self.samples: collections.deque = collections.deque(maxlen=max_samples)
         self.nvml = NvmlProbe(local_rank)
@@ -85,7 +89,7 @@ class Sampler:
         self._stop.set()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.wait(self.interval_s if self.fast() else self.idle_interval_s):
             try:
                 self.sample_once()
             except Exception:

@@ -72,6 +72,7 @@ class RankSession:
         self.sampler = None
         self.gathered = False
         self.disturbed_iterations: list[int] = []
+        self.calibration: list[list[float]] = []
         self.on_window_end: list[Callable[[], None]] = []
 
     # ---- clock -------------------------------------------------------------------------------------------
@@ -142,6 +143,12 @@ class RankSession:
     # ---- window ------------------------------------------------------------------------------------------
     def _start_window(self) -> None:
         make_private_dir(self.rank_dir)
+        try:  # the job's own peak so far (warm-up iterations), before any profiler buffer exists
+            import resource
+
+            self.memory["max_rss_before_window_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        except Exception:
+            pass
         self.phase = "active"
         self.window_start_us = self.now_us()
         for tracker in self.trackers:
@@ -296,6 +303,7 @@ class RankSession:
             "grad_ready": self.grad_ready,
             "p2p": self.p2p,
             "clock_probes": self.probes,
+            "calibration": self.calibration,
             "buckets": [dict(ddp=k[0], index=k[1], **v) for k, v in sorted(self.buckets.items())],
             "params": {str(k): v for k, v in self.params.items()},
             "memory": self.memory,

@@ -91,6 +91,8 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     trace.grad_ready = [(int(i), str(n), float(t)) for i, n, t in doc["grad_ready"] if i in profiled]
     trace.clock["probes"] = [p for p in doc.get("clock_probes", []) if isinstance(p, list) and len(p) == 5]
     trace.meta["comm_detail"] = doc.get("comm_detail", "bucket")
+    trace.meta["calibration"] = [[int(b), float(t)] for b, t in doc.get("calibration", [])
+                                 if isinstance(b, (int, float)) and isinstance(t, (int, float))]
     first_send = _add_p2p(trace, doc, profiled)
     _add_comm(trace, doc, kineto, profiled, first_send)
     if kineto is not None:

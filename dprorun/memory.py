@@ -1,0 +1,39 @@
+"""Peak memory per rank: estimated from its parts, compared with the measured peak.
+
+Parts (bytes): the process at DDP construction (interpreter, framework, model parameters and DDP's bucket
+buffers: RSS on CPU, allocated CUDA memory on GPU), gradients (one per trainable parameter), optimizer state
+(measured at the end of the window), and activations saved for backward in one forward pass (counted by
+storage through saved-tensor hooks). Measured: on GPU torch.cuda.max_memory_allocated; on CPU the peak RSS
+reached during the warm-up iterations (read before the profiler allocates its own buffers).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from dprorun.trace.model import RankTrace, RunTrace
+
+
+def rank_memory(trace: RankTrace, activation_scale: float = 1.0, extra_bytes: int = 0) -> dict:
+    memory = trace.memory
+    gpu = "cuda_max_allocated_bytes" in memory
+    base = memory.get("cuda_allocated_at_ddp_init_bytes" if gpu else "rss_at_ddp_init_bytes")
+    grads = sum(trace.param_bytes.values())
+    optimizer = memory.get("optimizer_state_bytes", 0)
+    activations = memory.get("activation_bytes")
+    measured = memory.get("cuda_max_allocated_bytes") if gpu else \
+        memory.get("max_rss_before_window_bytes", memory.get("max_rss_bytes"))
+    parts = {"at_ddp_init": base, "gradients": grads, "optimizer_state": optimizer,
+             "activations": None if activations is None else int(activations * activation_scale),
+             "extra": extra_bytes}
+    known = [v for v in parts.values() if v is not None]
+    estimated: Optional[int] = int(sum(known)) if base is not None else None
+    error = None
+    if estimated and measured:
+        error = round(100.0 * (estimated / measured - 1.0), 2)
+    return {"rank": trace.rank, "device": "cuda" if gpu else "cpu", "estimated_peak_bytes": estimated,
+            "measured_peak_bytes": measured, "error_pct": error, "parts": parts,
+            "complete": None not in parts.values()}
+
+
+def run_memory(run: RunTrace) -> list[dict]:
+    return [rank_memory(run.ranks[r]) for r in sorted(run.ranks)]
