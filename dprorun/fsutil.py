@@ -69,5 +69,6 @@ def read_json(path: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        where = "truncated" if exc.pos >= len(text.rstrip()) - 1 else "corrupted"
+        ends_early = exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated")
+        where = "truncated" if ends_early or text.count("{") > text.count("}") else "corrupted"
         raise TraceError(path, f"{where} JSON at byte {exc.pos}: {exc.msg}") from None
