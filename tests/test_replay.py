@@ -137,3 +137,14 @@ def test_dpro_replay_cli_on_a_real_run(mlp_run):
                          capture_output=True, text=True, cwd=REPO, timeout=180)
     assert out.returncode == 0, out.stderr
     assert "predicted iteration time:" in out.stdout and "16 ranks" in out.stdout
+
+
+def test_partial_replay_of_one_tensor_sync():
+    from dprorun.replay.whatif import sync_time_us
+
+    model = _toy_model()
+    one = sync_time_us(model, 4 << 20, world=2, partitions=1)
+    assert one == pytest.approx(model.comm.allreduce_us(4 << 20, 2) * 1.0, rel=0.05)
+    # pieces on one channel run one after another: same bytes, more per-step latency
+    assert sync_time_us(model, 4 << 20, world=2, partitions=4) > one
+    assert sync_time_us(model, 4 << 20, world=8) > one

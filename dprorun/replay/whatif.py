@@ -220,5 +220,35 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
         engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes)
 
 
+def sync_time_us(model: JobModel, nbytes: int, world: Optional[int] = None, partitions: int = 1) -> float:
+    """Partial replay: the time to synchronise one tensor of `nbytes` over `world` ranks split into
+    `partitions` pieces, with nothing else in the graph (the optimizer's t_sync(s, k))."""
+    world = world or model.world_size
+    if world <= 1:
+        return 0.0
+    g = GraphBuilder()
+    scale = _comm_scale(model)
+    step = scale * (model.comm.alpha_us + nbytes / partitions / (world * model.comm.bandwidth_bytes_per_us))
+    starts = [g.op(f"r{r}.In", "VIRTUAL", r, None, 0.0) for r in range(world)]
+    ends = [g.op(f"r{r}.Out", "VIRTUAL", r, None, 0.0) for r in range(world)]
+    for p in range(partitions):
+        previous = {r: [starts[r]] for r in range(world)}
+        for s in range(2 * (world - 1)):
+            sends = {r: g.op(f"r{r}.send.p{p}.s{s}", "COMM", r, f"link{r}", step, capacity=model.channels)
+                     for r in range(world)}
+            current = {}
+            for r in range(world):
+                recv = g.op(f"r{r}.recv.p{p}.s{s}", "VIRTUAL", r, None, 0.0)
+                g.edge(sends[(r - 1) % world], recv)
+                current[r] = [sends[r], recv]
+                for u in previous[r]:
+                    g.edge(u, sends[r])
+            previous = current
+        for r in range(world):
+            for u in previous[r]:
+                g.edge(u, ends[r])
+    return replay(g.build(), use_fast=False).iteration_time_us
+
+
 def predict_run(run, whatif: Optional[WhatIf] = None) -> Prediction:
     return predict(build_job_model(run), whatif)

@@ -1,0 +1,80 @@
+"""What-if accuracy: profile at one bucket size, predict others, and measure them.
+
+For each example: profile under dprorun with DDP's bucket_cap_mb = --profile-mb, predict the iteration time at
+each --predict-mb with `dpro replay --bucket-mb X`, and measure plain torchrun runs at X. --reps interleaved
+rounds, medians reported. Also world size: profile at 2 ranks and predict --np-targets (on this 2-core
+machine 3+ ranks oversubscribe the cores: the measured runs then include contention the replay does not model,
+which the table shows).
+
+usage: python benchmarks/whatif_accuracy.py [--examples ...] [--profile-mb 25] [--predict-mb 1,100] [--reps 3]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure(example: str, bucket_mb: float, nproc: int, steps: int) -> float:
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                          os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps), "--bucket-mb",
+                          str(bucket_mb)], capture_output=True, text=True, check=True, cwd=REPO, timeout=900)
+    return float(re.search(r"median iteration time: ([0-9.]+) ms", out.stdout).group(1))
+
+
+def predictions(example: str, bucket_mb: float, steps: int, queries: list[list[str]]) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = os.path.join(tmp, "run")
+        subprocess.run([sys.executable, "-m", "dprorun.cli", "-np", "2", "--run-dir", run_dir, "-q", "--warmup",
+                        str(steps // 4), "--active", str(steps - steps // 4 - 4), "--clean", "2", "python",
+                        os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps), "--bucket-mb",
+                        str(bucket_mb)], capture_output=True, text=True, check=True, cwd=REPO, timeout=900)
+        out = []
+        for query in queries:
+            res = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *query],
+                                 capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
+            out.append(json.loads(res.stdout)["predicted_iteration_time_ms"])
+        return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", default="mlp_many_layers,resnet_small,transformer_small")
+    parser.add_argument("--profile-mb", type=float, default=25.0)
+    parser.add_argument("--predict-mb", default="1,100")
+    parser.add_argument("--np-targets", default="3")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    targets = [("bucket_mb", float(x)) for x in args.predict_mb.split(",") if x] + \
+              [("np", int(x)) for x in args.np_targets.split(",") if x]
+    print(f"{'example':18} {'what-if':>14} {'measured':>9} {'predicted':>9} {'err':>7}")
+    bucket_errors = []
+    for example in args.examples.split(","):
+        measured = {t: [] for t in targets}
+        predicted = {t: [] for t in targets}
+        for _ in range(args.reps):
+            queries = [["--bucket-mb", str(v)] if k == "bucket_mb" else ["--np", str(v)] for k, v in targets]
+            for t, value in zip(targets, predictions(example, args.profile_mb, args.steps, queries)):
+                predicted[t].append(value)
+            for kind, value in targets:
+                measured[(kind, value)].append(measure(example, value if kind == "bucket_mb" else args.profile_mb,
+                                                       value if kind == "np" else 2, args.steps))
+        for t in targets:
+            m, p = statistics.median(measured[t]), statistics.median(predicted[t])
+            err = 100 * (p / m - 1)
+            if t[0] == "bucket_mb":
+                bucket_errors.append(abs(err))
+            label = f"{t[1]:g} MB buckets" if t[0] == "bucket_mb" else f"np {t[1]}"
+            print(f"{example:18} {label:>14} {m:9.2f} {p:9.2f} {err:+6.1f}%", flush=True)
+    print(f"bucket-size what-if |error| (profiled at {args.profile_mb:g} MB): median "
+          f"{statistics.median(bucket_errors):.1f} %, max {max(bucket_errors):.1f} %")
+
+
+if __name__ == "__main__":
+    main()
