@@ -2,8 +2,9 @@
 
 For each example, REPS rounds; each round runs, back to back, (a) `torchrun --standalone` (the example prints the
 median iteration time of its second half) and (b) `dprorun` with the window placed in the same part of the run
-(the summary's median over the profiled iterations, and over the `clean` iterations that follow the window
-without the profiler). Reported: medians over the rounds and their ratios.
+(the summary's median over the window's iterations under the hooks alone, over the `clean` iterations that
+follow the window with no profiling, and over the few iterations with torch.profiler on). Reported: medians
+over the rounds and their ratios.
 
 usage: python benchmarks/overhead.py [--reps 5] [--np 2] [--steps 40] [--examples mlp_many_layers,...]
 """
@@ -32,7 +33,7 @@ def plain_torchrun(example: str, nproc: int, steps: int) -> float:
     return float(match.group(1))
 
 
-def under_dprorun(example: str, nproc: int, steps: int, extra: list[str]) -> tuple[float, float]:
+def under_dprorun(example: str, nproc: int, steps: int, extra: list[str]) -> tuple[float, float, float]:
     half = steps // 2
     active = max(1, steps // 4)
     with tempfile.TemporaryDirectory() as tmp:
@@ -44,7 +45,8 @@ def under_dprorun(example: str, nproc: int, steps: int, extra: list[str]) -> tup
         from dprorun.summary import summarize_run
 
         summary = summarize_run(run_dir)
-        return summary["iteration_time_ms"], summary["clean_iteration_time_ms"]
+        return (summary["iteration_time_ms"], summary["clean_iteration_time_ms"],
+                summary["kineto_iteration_time_ms"] or float("nan"))
 
 
 def main() -> None:
@@ -58,19 +60,21 @@ def main() -> None:
     extra = args.dprorun_args.split()
     rows = []
     print(f"{'example':20} {'torchrun ms':>12} {'window ms':>10} {'clean ms':>9} {'window/torchrun':>16} "
-          f"{'window/clean':>13}")
+          f"{'window/clean':>13} {'profiler-on ms':>14} {'profiler/torchrun':>17}")
     for example in args.examples.split(","):
-        plain, window, clean = [], [], []
+        plain, window, clean, kineto = [], [], [], []
         for _ in range(args.reps):
             plain.append(plain_torchrun(example, args.np, args.steps))
-            w, c = under_dprorun(example, args.np, args.steps, extra)
+            w, c, k = under_dprorun(example, args.np, args.steps, extra)
             window.append(w)
             clean.append(c)
+            kineto.append(k)
         p, w, c = statistics.median(plain), statistics.median(window), statistics.median(clean)
+        k = statistics.median(kineto)
         rows.append({"example": example, "torchrun_ms": p, "window_ms": w, "clean_ms": c,
                      "raw": {"torchrun": plain, "window": window, "clean": clean}})
-        print(f"{example:20} {p:12.2f} {w:10.2f} {c:9.2f} {100 * (w / p - 1):+15.1f}% {100 * (w / c - 1):+12.1f}%",
-              flush=True)
+        print(f"{example:20} {p:12.2f} {w:10.2f} {c:9.2f} {100 * (w / p - 1):+15.1f}% {100 * (w / c - 1):+12.1f}% "
+              f"{k:14.2f} {100 * (k / p - 1):+16.1f}%", flush=True)
     with open(os.path.join(tempfile.gettempdir(), "dprorun_overhead.json"), "w") as handle:
         json.dump(rows, handle, indent=1)
     overall = statistics.median(r["window_ms"] / r["torchrun_ms"] for r in rows)

@@ -2,7 +2,9 @@
 
 For each example x DDP bucket size x network, --reps times, interleaved (medians reported):
   measured   plain `torchrun` (the example prints the median iteration time of its second half)
-  profiled   `dprorun` with a long window, then `dpro replay --json` (dPRO replay) and `--baseline daydream`
+  profiled   `dprorun` with a long window, then `dpro replay --json` (dPRO replay) and `--baseline daydream`;
+             the same run's 10 `clean` iterations after the window (no profiling, same processes) are a second
+             reference without the run-to-run variance of separate launches (several % on this 2-core machine)
 Networks: loopback, and a 1 Gbit/s tbf-shaped loopback inside a fresh network namespace
 (scripts/with-netns-1gbit; needs root, skipped otherwise).
 
@@ -40,19 +42,23 @@ def measured_ms(example: str, bucket_mb: float, net: str, steps: int) -> float:
 def profiled(example: str, bucket_mb: float, net: str, steps: int, whatifs: list[list[str]]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        warmup = steps // 4
-        active = steps - warmup - 4
+        warmup, clean = steps // 4, 10
+        active = steps - warmup - clean - 2
         cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "-np", "2", "--run-dir", run_dir, "-q",
-                         "--warmup", str(warmup), "--active", str(active), "--kineto-iters", "3", "--clean", "2",
+                         "--warmup", str(warmup), "--active", str(active), "--kineto-iters", "3", "--clean", str(clean),
                          "python", os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps),
                          "--bucket-mb", str(bucket_mb)])
         subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO, timeout=900,
                        env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
+        with open(os.path.join(run_dir, "summary.json")) as handle:
+            clean_ms = json.load(handle)["clean_iteration_time_ms"]
         out = []
         for extra in whatifs:
             res = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *extra],
                                  capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
-            out.append(json.loads(res.stdout))
+            doc = json.loads(res.stdout)
+            doc["clean_ms"] = clean_ms
+            out.append(doc)
         return out
 
 
@@ -67,28 +73,35 @@ def main() -> None:
     if "1gbit" in nets and os.geteuid() != 0:
         print("note: not root, the 1 Gbit network namespace is skipped")
         nets = [n for n in nets if n != "1gbit"]
-    print(f"{'example':18} {'bucket':>6} {'net':8} {'measured':>9} {'dPRO':>8} {'err':>7} {'in-run':>8} "
-          f"{'Daydream':>9} {'err':>7}")
-    errors, dd_errors = [], []
+    print(f"{'example':18} {'bucket':>6} {'net':8} {'torchrun':>9} {'dPRO':>8} {'err':>7} {'clean':>8} "
+          f"{'err':>7} {'Daydream':>9} {'err':>7} {'err/clean':>9}")
+    errors, dd_errors, clean_errors, dd_clean_errors = [], [], [], []
     for example in args.examples.split(","):
         for bucket in (float(b) for b in args.buckets.split(",")):
             for net in nets:
                 steps = STEPS.get(example, 40)
-                truths, preds, dds, in_run = [], [], [], []
+                truths, preds, dds, cleans = [], [], [], []
                 for _ in range(args.reps):
                     truths.append(measured_ms(example, bucket, net, steps))
                     dpro, daydream = profiled(example, bucket, net, steps, [[], ["--baseline", "daydream"]])
                     preds.append(dpro["predicted_iteration_time_ms"])
                     dds.append(daydream["predicted_iteration_time_ms"])
-                    in_run.append(dpro["measured_iteration_time_ms"])
+                    cleans.append(dpro["clean_ms"])
                 truth, pred, dd = statistics.median(truths), statistics.median(preds), statistics.median(dds)
+                clean = statistics.median(cleans)
+                clean_err, dd_clean_err = 100 * (pred / clean - 1), 100 * (dd / clean - 1)
+                clean_errors.append(abs(clean_err))
+                dd_clean_errors.append(abs(dd_clean_err))
                 err, dd_err = 100 * (pred / truth - 1), 100 * (dd / truth - 1)
                 errors.append(abs(err))
                 dd_errors.append(abs(dd_err))
-                print(f"{example:18} {bucket:6g} {net:8} {truth:9.2f} {pred:8.2f} {err:+6.1f}% "
-                      f"{statistics.median(in_run):8.2f} {dd:9.2f} {dd_err:+6.1f}%", flush=True)
-    print(f"dPRO replay |error|: median {statistics.median(errors):.1f} %, max {max(errors):.1f} %; "
-          f"Daydream baseline: median {statistics.median(dd_errors):.1f} %, max {max(dd_errors):.1f} %")
+                print(f"{example:18} {bucket:6g} {net:8} {truth:9.2f} {pred:8.2f} {err:+6.1f}% {clean:8.2f} "
+                      f"{clean_err:+6.1f}% {dd:9.2f} {dd_err:+6.1f}% {dd_clean_err:+8.1f}%", flush=True)
+    print(f"vs torchrun runs: dPRO |error| median {statistics.median(errors):.1f} %, max {max(errors):.1f} %; "
+          f"Daydream median {statistics.median(dd_errors):.1f} %, max {max(dd_errors):.1f} %")
+    print(f"vs the same run's unprofiled iterations: dPRO |error| median {statistics.median(clean_errors):.1f} %, "
+          f"max {max(clean_errors):.1f} %; Daydream median {statistics.median(dd_clean_errors):.1f} %, "
+          f"max {max(dd_clean_errors):.1f} %")
 
 
 if __name__ == "__main__":

@@ -47,27 +47,27 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         if missing and with_events:
             kept += f"; missing for ranks {missing}"
         print(f"dprorun: {kept} in {job.run_dir}", file=sys.stderr)
-    if job.node_rank != 0 or job.quiet or not with_events:
+    if job.node_rank != 0 or not with_events:
         if result.exit_code == 0 and not job.quiet:
             print(f"dprorun: run directory {job.run_dir}")
         return result.exit_code
-    try:
+    try:  # summary.json and alignment.json are written whatever is printed
         from dprorun.summary import format_summary, summarize_run
 
         summary = summarize_run(job.run_dir)
         summary["alignment"] = _align_at_job_end(job.run_dir)
         atomic_write_json(os.path.join(job.run_dir, "summary.json"), summary, indent=2)
-        if job.json_summary:
-            print(json.dumps(summary, indent=2))
-        else:
-            print(format_summary(summary))
-            alignment = summary["alignment"]
-            if alignment.get("offsets_us"):
-                offsets = ", ".join(f"{r}: {v:+.1f}" for r, v in alignment["offsets_us"].items())
-                print(f"clock offsets (us, {alignment['method']}"
-                      + (", approximate" if alignment.get("approximate") else "") + f"): {offsets}")
     except Exception as exc:  # the job's outcome stands; only the summary is missing
         print(f"dprorun: warning: could not summarise the run: {exc}", file=sys.stderr)
-    if not job.json_summary:
+        return result.exit_code
+    if job.json_summary:
+        print(json.dumps(summary, indent=2))
+    elif not job.quiet:
+        print(format_summary(summary))
+        alignment = summary["alignment"]
+        if alignment.get("offsets_us"):
+            offsets = ", ".join(f"{r}: {v:+.1f}" for r, v in alignment["offsets_us"].items())
+            print(f"clock offsets (us, {alignment['method']}"
+                  + (", approximate" if alignment.get("approximate") else "") + f"): {offsets}")
         print(f"dprorun: run directory {job.run_dir}")
     return result.exit_code

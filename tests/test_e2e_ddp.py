@@ -114,3 +114,54 @@ def test_bad_command_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "training command not found" in proc.stderr
     proc, _ = run_dprorun(["-np", "2"], tmp_path / "run2", timeout=30)
     assert proc.returncode == 2 and "no training command" in proc.stderr
+
+
+def test_memory_parts_calibration_and_probes_are_recorded(mlp_run):
+    from dprorun.memory import run_memory
+
+    run_dir, _ = mlp_run
+    run = load_run(str(run_dir))
+    for row in run_memory(run):
+        assert row["complete"] and row["device"] == "cpu"
+        assert row["parts"]["activations"] > 0 and row["parts"]["gradients"] == sum(run.ranks[0].param_bytes.values())
+        assert abs(row["error_pct"]) < 30  # a sanity bound; the accuracy is measured in benchmarks/
+    calibration = run.ranks[0].meta["calibration"]
+    assert [size for size, _ in calibration] == [1 << 12, 1 << 16, 1 << 20, 1 << 22]
+    assert all(t > 0 for _, t in calibration)
+    probes = run.ranks[0].clock["probes"]
+    assert len(probes) == 40 and all(p[2] == "origin" for p in probes)
+
+
+def test_no_comm_hook_keeps_ddp_builtin_path(tmp_path):
+    proc, _ = run_dprorun(["-np", "2", "--no-comm-hook", "--warmup", "1", "--active", "3", "--kineto-iters", "1",
+                           "--clean", "1", "-q", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"),
+                           "--steps", "8"], tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = json.loads((tmp_path / "run" / "rank_0" / "events.json").read_text())
+    assert events["comm"] == [] and events["trackers"][0]["timed_buckets"] is False
+    assert events["spans"]  # phases are still recorded
+
+
+def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path):
+    import signal
+    import time
+
+    marker = "876543"
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "-np", "2",
+                             "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1", "-q", "python",
+                             os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "100000", "--seed", marker],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (run_dir / "rank_1" / "events.json").exists():
+        time.sleep(0.2)
+    assert (run_dir / "rank_1" / "events.json").exists(), "the job never reached the end of its window"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 10.0
+    assert proc.returncode == 128 + signal.SIGTERM and "interrupted by SIGTERM" in stderr
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
+    assert load_run(str(run_dir)).ranks[0].profiled_iterations

@@ -43,6 +43,7 @@ class DDPTracker:
         self.user_hook = False
         self.builtin_hook = False
         self.hook_registered = False
+        self.hook_decided = False
         self.prev_forward_synced = True
         self.param_names: dict[int, str] = {}
         order, nbytes = [], {}
@@ -80,7 +81,7 @@ class DDPTracker:
     # ---- forward / backward ------------------------------------------------------------------------------
     def _pre_forward(self, module, inputs):
         session = self.session
-        if not self.hook_registered and not self.user_hook and not self.builtin_hook:
+        if not self.hook_decided and not self.user_hook and not self.builtin_hook:
             session.guard("registering the DDP comm hook", self._register_default_hook)
         import torch
 
@@ -173,9 +174,10 @@ class DDPTracker:
             self.ring = RingAllreduce(self.session, self.index, self.ddp.process_group)
 
     def _register_default_hook(self) -> None:
-        self.hook_registered = True
+        self.hook_decided = True
         if not self.session.cfg.comm_hook:
             return  # DDP's built-in all-reduce; buckets only through the profiler's collective spans
+        self.hook_registered = True
         session, ring = self.session, self.ring
 
         if ring is not None:
