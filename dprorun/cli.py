@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep DDP's built-in all-reduce (buckets are then timed only by the profiler)")
     prof.add_argument("--comm-detail", choices=("bucket", "ring"), default=None,
                       help="bucket: per-bucket queue/transmission (default); ring: explicit chunked ring")
+    modes = parser.add_argument_group("modes")
+    modes.add_argument("--dry-run", action="store_true",
+                       help="run only the profiling window, stop the ranks, print the predicted iteration time "
+                            "for -np ranks (which may exceed what this machine holds; see --local-np)")
+    modes.add_argument("--local-np", type=int, default=None,
+                       help="with --dry-run: ranks actually launched here (default: -np)")
+    modes.add_argument("--bandwidth", default=None, help="with --dry-run: predict for this link bandwidth")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the end-of-job summary as JSON")
     out.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
@@ -103,6 +110,13 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         raise ValueError(f"no training command given; example: {USAGE_EXAMPLE}")
     if args.nproc < 1 or args.nnodes < 1:
         raise ValueError("-np and --nnodes must be at least 1")
+    predict_np = None
+    if args.dry_run and args.local_np is not None:
+        if args.local_np < 1:
+            raise ValueError("--local-np must be at least 1")
+        predict_np, args.nproc = args.nproc * args.nnodes, args.local_np
+    elif args.local_np is not None:
+        raise ValueError("--local-np goes with --dry-run")
     job = JobConfig(command=command, nproc_per_node=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
                     master_addr=args.master_addr, master_port=args.master_port, launcher=args.launcher,
                     backend=args.backend, timeout_s=args.timeout, quiet=args.quiet, json_summary=args.json)
@@ -119,6 +133,12 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
     if job.nnodes > 1 and job.master_port is None:
         job.master_port = 29500
     job.profile = profile_config_from_env_and_args(args)
+    job.profile.dry_run = job.profile.dry_run or args.dry_run
+    job.predict_np = predict_np or job.world_size
+    if args.bandwidth:
+        from dprorun.offline_cli import parse_bandwidth
+
+        job.predict_bandwidth_gbit = parse_bandwidth(args.bandwidth)
     job_id = args.job_id or job.profile.job_id
     if not job_id and job.nnodes > 1:  # every node must name the job alike, as torchrun's --rdzv-id does
         job_id = f"job-{job.master_addr}-{job.master_port}".replace(":", "_")

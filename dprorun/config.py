@@ -123,6 +123,8 @@ class JobConfig:
     quiet: bool = False
     json_summary: bool = False
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    predict_np: Optional[int] = None  # --dry-run: world size to predict for
+    predict_bandwidth_gbit: Optional[float] = None
 
     @property
     def world_size(self) -> int:

@@ -32,6 +32,40 @@ def _align_at_job_end(run_dir: str) -> dict:
         return {"error": str(exc)}
 
 
+def _print_prediction(job: JobConfig, summary: dict) -> int:
+    """--dry-run: the replayer's prediction for the requested world size (and bandwidth)."""
+    from dprorun.align import apply_alignment, align
+    from dprorun.replay.template import build_job_model
+    from dprorun.replay.whatif import WhatIf, predict
+    from dprorun.trace.rundir import load_run
+
+    run = load_run(job.run_dir)
+    apply_alignment(run, align(run))
+    whatif = WhatIf(world_size=job.predict_np if job.predict_np != job.world_size else None,
+                    bandwidth_gbit=job.predict_bandwidth_gbit)
+    prediction = predict(build_job_model(run), whatif)
+    doc = prediction.to_json()
+    atomic_write_json(os.path.join(job.run_dir, "prediction.json"), doc, indent=2)
+    if job.json_summary:
+        print(json.dumps({"predicted_iteration_time_ms": prediction.predicted_iteration_time_ms,
+                          "world_size": prediction.world_size, "profiled_world_size": job.world_size,
+                          "measured_iteration_time_ms": summary.get("iteration_time_ms"),
+                          "prediction": doc}, indent=2, default=float))
+        return 0
+    share = prediction.critical_path["share_pct"]
+    print(f"profiled {job.world_size} ranks: measured iteration time {summary.get('iteration_time_ms')} ms")
+    print(f"predicted iteration time: {prediction.predicted_iteration_time_ms:.3f} ms "
+          f"(for {prediction.world_size} ranks)")
+    print(f"critical path: compute {share['compute']:.1f} %, communication {share['communication']:.1f} %, "
+          f"queueing {share['queueing']:.1f} %")
+    for row in prediction.critical_path["top"][:5]:
+        print(f"  {row['time_on_path_ms']:9.3f} ms  {row['kind']:7} rank {row['rank']:<4} {row['op']}")
+    for note in prediction.notes:
+        print(f"note: {note}")
+    print(f"dprorun: run directory {job.run_dir}")
+    return 0
+
+
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     status = "completed" if result.exit_code == 0 else "failed"
     folders = rank_folders(job.run_dir) if os.path.isdir(job.run_dir) else {}
@@ -60,6 +94,8 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     except Exception as exc:  # the job's outcome stands; only the summary is missing
         print(f"dprorun: warning: could not summarise the run: {exc}", file=sys.stderr)
         return result.exit_code
+    if job.profile.dry_run and result.exit_code == 0:
+        return _print_prediction(job, summary)
     if job.json_summary:
         print(json.dumps(summary, indent=2))
     elif not job.quiet:

@@ -165,3 +165,18 @@ def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path):
     assert leftovers == []
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
     assert load_run(str(run_dir)).ranks[0].profiled_iterations
+
+
+def test_dry_run_stops_after_the_window_and_predicts_a_larger_world(tmp_path):
+    proc, elapsed = run_dprorun(["--dry-run", "-np", "8", "--local-np", "2", "--warmup", "2", "--active", "6",
+                                 "--clean", "0", "--json", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"),
+                                 "--steps", "1000000"], tmp_path / "run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout[proc.stdout.index("{\n"):])
+    assert doc["world_size"] == 8 and doc["profiled_world_size"] == 2
+    assert doc["predicted_iteration_time_ms"] > 0
+    assert (tmp_path / "run" / "prediction.json").exists()
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["world_size"] == 2
+    proc, _ = run_dprorun(["--local-np", "2", "python", "x.py"], tmp_path / "run2", timeout=30)
+    assert proc.returncode == 2 and "--local-np goes with --dry-run" in proc.stderr

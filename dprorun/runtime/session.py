@@ -330,6 +330,12 @@ class RankSession:
             finish_job_window(self)
         for callback in self.on_window_end:
             callback()
+        if self.cfg.dry_run:  # every rank is here at the same iteration: leave together, cleanly
+            print(f"[dprorun] dry run: rank {self.rank} stops after the profiling window", file=sys.stderr,
+                  flush=True)
+            if self.sampler is not None:
+                self.sampler.stop()
+            raise SystemExit(0)
 
     def at_exit(self) -> None:
         """Keep whatever was recorded: close the window if the job ended inside it and write the files."""
