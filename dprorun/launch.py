@@ -215,6 +215,20 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
             if watchdog.fired:
                 return LaunchResult(124, f"timed out after {job.timeout_s:g} s (--timeout); all ranks stopped")
             return LaunchResult(128 + signum, f"interrupted by {_signal_name(signum)}; all ranks stopped")
+        except Exception as exc:  # rendezvous / store errors: before any rank ran
+            return LaunchResult(1, _launch_error(exc, job, port))
+
+
+def _launch_error(exc: Exception, job: JobConfig, port: int) -> str:
+    text = str(exc)
+    if "EADDRINUSE" in text or "address already in use" in text:
+        return (f"port {port} on {job.master_addr} is already in use (--master-port); choose another port, or "
+                "leave --master-port out for a free one")
+    if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
+        return (f"rendezvous with {job.master_addr}:{port} timed out: not every node joined "
+                f"({job.nnodes} expected); {type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+    first = text.splitlines()[0] if text else ""
+    return f"could not start the ranks: {type(exc).__name__}: {first}"
 
 
 def _error_message(failure) -> str:
