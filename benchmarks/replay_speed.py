@@ -10,7 +10,6 @@ import argparse
 import statistics
 import time
 
-import numpy as np
 
 from dprorun.replay.engine import ENGINE, replay
 from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate

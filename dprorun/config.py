@@ -34,6 +34,7 @@ class ProfileConfig:
     dry_run: bool = False  # stop the job after the window
     clock_skew_us: list[float] = field(default_factory=list)  # test knob: per-rank clock shift
     fake_hosts: list[str] = field(default_factory=list)  # test knob: per-rank host name
+    test_fault: str = ""  # test knob: "profiler" makes the profiler fail inside the window
 
     _ENV = {
         "run_dir": "RUN_DIR",
@@ -53,6 +54,7 @@ class ProfileConfig:
         "dry_run": "DRY_RUN",
         "clock_skew_us": "TEST_CLOCK_SKEW_US",
         "fake_hosts": "TEST_HOSTS",
+        "test_fault": "TEST_FAULT",
     }
 
     def to_env(self) -> dict[str, str]:

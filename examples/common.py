@@ -21,7 +21,9 @@ def parse_args(description: str, **defaults) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: raise at this step")
-    parser.add_argument("--fail-rank", type=int, default=1, help="test knob: the rank that raises")
+    parser.add_argument("--fail-rank", type=int, default=1, help="test knob: the rank that fails")
+    parser.add_argument("--fail-mode", choices=("raise", "sigkill"), default="raise",
+                        help="test knob: raise an exception or SIGKILL itself (as the OOM killer would)")
     return parser.parse_args()
 
 
@@ -48,6 +50,8 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
     step_times = []
     for step in range(args.steps):
         if step == args.fail_at_step and rank == args.fail_rank:
+            if args.fail_mode == "sigkill":
+                os.kill(os.getpid(), 9)
             raise RuntimeError(f"injected failure at step {step} on rank {rank}")
         start = time.perf_counter()
         inputs, targets = make_batch(args.batch_size, generator)

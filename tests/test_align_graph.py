@@ -14,7 +14,7 @@ from dprorun.graph.build import build_global_dfg
 from dprorun.graph.dfg import GlobalDFG
 from dprorun.graph.topology import SyncSpec, join_transactions, parameter_server, ring_schedule
 from dprorun.synth import synthetic_ring_run
-from dprorun.timeline import chrome_trace, write_hta_dir
+from dprorun.timeline import chrome_trace
 from dprorun.trace.model import Op, OpKind
 from dprorun.trace.rundir import load_run
 

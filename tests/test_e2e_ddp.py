@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import psutil
-import pytest
 
 from conftest import EXAMPLES, REPO, run_dprorun
 from dprorun.trace.model import OpKind

@@ -171,7 +171,7 @@ class DDPTracker:
         from dprorun.runtime.ring import RingAllreduce
 
         if dist.get_world_size() > 1:
-            self.ring = RingAllreduce(self.session, self.index, self.ddp.process_group)
+            self.ring = RingAllreduce(self.session, self.index)
 
     def _register_default_hook(self) -> None:
         self.hook_decided = True

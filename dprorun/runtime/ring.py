@@ -18,13 +18,12 @@ from dprorun.runtime.session import RankSession
 
 
 class RingAllreduce:
-    def __init__(self, session: RankSession, ddp_index: int, backend_group):
+    def __init__(self, session: RankSession, ddp_index: int):
         import torch.distributed as dist
 
         self.session = session
         self.ddp_index = ddp_index
         self.group = dist.new_group(backend=None)  # same backend as the job: gloo on CPU, NCCL on GPU
-        self.backend_group = backend_group
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.jobs: "queue.Queue[Any]" = queue.Queue()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import os
 import threading
-import time
 from typing import Callable, Optional
 
 

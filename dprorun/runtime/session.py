@@ -14,7 +14,6 @@ A failure anywhere in here disables the session with a warning; it never raises 
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -24,7 +23,7 @@ import traceback
 from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
-from dprorun.fsutil import atomic_write_bytes, atomic_write_json, make_private_dir
+from dprorun.fsutil import atomic_write_json, make_private_dir
 
 EVENTS_FILE = "events.json"
 KINETO_FILE = "kineto_trace.json"
@@ -164,6 +163,8 @@ class RankSession:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
+        if self.cfg.test_fault == "profiler":
+            raise RuntimeError("injected profiler failure (DPRO_TEST_FAULT=profiler)")
         # an always-RECORD schedule makes step() emit ProfilerStep#<iteration> annotations
         self.profiler = profile(activities=activities, record_shapes=self.cfg.record_shapes,
                                 profile_memory=False, with_stack=False,
@@ -366,8 +367,3 @@ def _versions() -> dict:
     except Exception:
         pass
     return out
-
-
-def read_events_text(path: str) -> dict:
-    with open(path) as handle:
-        return json.load(handle)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable
 
 TRACE_SCHEMA_VERSION = 1
 
@@ -125,9 +125,6 @@ class RankTrace:
     warnings: list[str] = field(default_factory=list)
     clock_offset_us: float = 0.0
 
-    def ops_of(self, kind: OpKind) -> Iterator[Op]:
-        return (op for op in self.ops if op.kind is kind)
-
     def iteration_times_us(self, only_profiled: bool = True) -> list[float]:
         chosen = set(self.profiled_iterations) if only_profiled and self.profiled_iterations else None
         return [end - start for idx, start, end in self.iterations if chosen is None or idx in chosen]
@@ -150,7 +147,3 @@ class RunTrace:
     def all_ops(self) -> Iterable[Op]:
         for rank in sorted(self.ranks):
             yield from self.ranks[rank].ops
-
-
-def ops_in_iteration(ops: Iterable[Op], iteration: int, kind: Optional[OpKind] = None) -> list[Op]:
-    return [op for op in ops if op.iteration == iteration and (kind is None or op.kind is kind)]
