@@ -179,3 +179,18 @@ def test_dry_run_stops_after_the_window_and_predicts_a_larger_world(tmp_path):
     assert manifest["status"] == "completed" and manifest["world_size"] == 2
     proc, _ = run_dprorun(["--local-np", "2", "python", "x.py"], tmp_path / "run2", timeout=30)
     assert proc.returncode == 2 and "--local-np goes with --dry-run" in proc.stderr
+
+
+def test_launcher_torchrun_and_the_torchrun_shim(tmp_path):
+    proc, _ = run_dprorun(["--launcher", "torchrun", "-np", "2", "--warmup", "1", "--active", "2", "--clean", "1",
+                           "-q", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "6"],
+                          tmp_path / "a", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(load_run(str(tmp_path / "a")).ranks) == [0, 1]
+    shim = subprocess.run([sys.executable, os.path.join(REPO, "launchers", "torchrun"), "--nproc-per-node", "2",
+                           os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "6"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env=dict(os.environ, DPRO_RUN_DIR=str(tmp_path / "b"), DPRO_WARMUP="1", DPRO_ACTIVE="2",
+                                   DPRO_CLEAN="1", PYTHONPATH=REPO))
+    assert shim.returncode == 0, shim.stderr[-2000:]
+    assert sorted(load_run(str(tmp_path / "b")).ranks) == [0, 1]
