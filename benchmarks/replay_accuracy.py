@@ -3,7 +3,7 @@
 For each example x DDP bucket size x network, --reps times, interleaved (medians reported):
   measured   plain `torchrun` (the example prints the median iteration time of its second half)
   profiled   `dprorun` with a long window, then `dpro replay --json` (dPRO replay) and `--baseline daydream`;
-             the same run's 10 `clean` iterations after the window (no profiling, same processes) are a second
+             the same run's `clean` iterations after the window (no profiling, same processes) are a second
              reference without the run-to-run variance of separate launches (several % on this 2-core machine)
 Networks: loopback, and a 1 Gbit/s tbf-shaped loopback inside a fresh network namespace
 (scripts/with-netns-1gbit; needs root, skipped otherwise).
@@ -23,7 +23,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETNS = os.path.join(REPO, "scripts", "with-netns-1gbit")
-STEPS = {"mlp_many_layers": 60, "resnet_small": 50, "transformer_small": 40}
+STEPS = {"mlp_many_layers": 80, "resnet_small": 64, "transformer_small": 48}
 
 
 def wrap(net: str, cmd: list[str]) -> list[str]:
@@ -42,7 +42,9 @@ def measured_ms(example: str, bucket_mb: float, net: str, steps: int) -> float:
 def profiled(example: str, bucket_mb: float, net: str, steps: int, whatifs: list[list[str]]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        warmup, clean = steps // 4, 10
+        # the window covers the same part of the run as the torchrun measurement (its second half): on this VM
+        # the first ~30 iterations of a job are slower while allocator and gloo settle
+        warmup, clean = steps // 2, max(5, steps // 8)
         active = steps - warmup - clean - 2
         cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "-np", "2", "--run-dir", run_dir, "-q",
                          "--warmup", str(warmup), "--active", str(active), "--kineto-iters", "3", "--clean", str(clean),
