@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Iterable, Optional
 
+from dprorun.memory import run_memory
 from dprorun.trace.model import OpKind, RankTrace, RunTrace
 from dprorun.trace.rundir import load_run
 
@@ -151,6 +152,7 @@ def summarize(run: RunTrace) -> dict:
         "profiler_overhead_pct": round(100.0 * (iteration / clean - 1.0), 2) if iteration and clean else None,
         "kineto_overhead_pct": round(100.0 * (kineto / clean - 1.0), 2) if kineto and clean else None,
         "ranks": ranks,
+        "memory": run_memory(run),
         "problems": run.problems,
     }
     return summary
@@ -189,6 +191,11 @@ def format_summary(summary: dict) -> str:
                  + (f", {cell(summary['kineto_iteration_time_ms'])} ms with torch.profiler on "
                     f"({summary['kineto_overhead_pct']:+.1f} %)" if summary["kineto_overhead_pct"] is not None
                     else ""))
+    for row in summary.get("memory", []):
+        if row["estimated_peak_bytes"] and row["measured_peak_bytes"]:
+            lines.append(f"rank {row['rank']} peak memory ({row['device']}): estimated "
+                         f"{row['estimated_peak_bytes'] / 2 ** 20:.1f} MiB, measured "
+                         f"{row['measured_peak_bytes'] / 2 ** 20:.1f} MiB ({row['error_pct']:+.1f} %)")
     if summary["missing_ranks"]:
         lines.append(f"missing: no trace for ranks {summary['missing_ranks']}")
     for row in summary["ranks"]:

@@ -62,6 +62,7 @@ def test_summary_json_from_disk(mlp_run):
     summary = json.loads(out.stdout)
     assert summary["world_size"] == 2
     assert summary["iteration_time_ms"] > 0 and summary["clean_iteration_time_ms"] > 0
+    assert [m["rank"] for m in summary["memory"]] == [0, 1] and summary["memory"][0]["estimated_peak_bytes"] > 0
     for row in summary["ranks"]:
         assert row["compute_ms"] > 0 and row["comm_ms"] > 0
         for part in ("forward_ms", "backward_ms", "update_ms"):  # medians of parts: each within the whole
