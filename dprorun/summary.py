@@ -60,13 +60,6 @@ def _median_ms(values: list[float]) -> Optional[float]:
     return round(statistics.median(values) / 1000.0, 3) if values else None
 
 
-def hooks_only_iterations(trace: RankTrace) -> list[int]:
-    """Profiled iterations without the profiler running (the job's speed under the cheap hooks only)."""
-    kineto = set(trace.meta.get("kineto_iterations", []))
-    rest = [i for i in trace.profiled_iterations if i not in kineto]
-    return rest or list(trace.profiled_iterations)
-
-
 def rank_breakdown(trace: RankTrace) -> dict:
     by_iter: dict[int, dict[str, list]] = {i: {"compute": [], "comm": [], "queue": [], "fw": [], "bw": [],
                                                 "update": []} for i in trace.profiled_iterations}
@@ -85,7 +78,7 @@ def rank_breakdown(trace: RankTrace) -> dict:
     iteration_len = {i: end - start for i, start, end in trace.iterations}
     rows = {k: [] for k in ("iter", "compute", "fw", "bw", "update", "comm", "exposed", "queue", "idle",
                             "kineto_iter")}
-    hooks_only = set(hooks_only_iterations(trace))
+    hooks_only = set(trace.unprofiled_window_iterations())
     for i, slot in by_iter.items():
         if slot["queue"]:
             rows["queue"].append(union_length(slot["queue"]))

@@ -87,13 +87,7 @@ class Sample:
     transmit_us: dict[str, float]
 
 
-def _hooks_only(trace: RankTrace) -> list[int]:
-    kineto = set(trace.meta.get("kineto_iterations", []))
-    rest = [i for i in trace.profiled_iterations if i not in kineto]
-    return rest or list(trace.profiled_iterations)
-
-
-def _mean(values: list[float], default: float = 0.0) -> float:
+def _median(values: list[float], default: float = 0.0) -> float:
     """Robust average: the median (this noisy 2-core machine has outlier iterations several times typical)."""
     return float(np.median(values)) if values else default
 
@@ -119,7 +113,7 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
     """The rank's median template, its per-iteration templates, and per-iteration bucket transmission times."""
     ends = {i: e for i, s, e in trace.iterations}
     starts = {i: s for i, s, e in trace.iterations}
-    enqueue_cost = _mean([op.args.get("enqueue_cost_us", 0.0) for op in trace.ops if op.args.get("enqueue_cost_us")])
+    enqueue_cost = _median([op.args.get("enqueue_cost_us", 0.0) for op in trace.ops if op.args.get("enqueue_cost_us")])
     samples: dict[int, RankTemplate] = {}
     transmit: dict[int, dict[str, float]] = {}
     for i, slot in _iteration_slots(trace, iterations).items():
@@ -151,7 +145,7 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
     values = list(samples.values())
 
     def med(attr: str) -> float:
-        return _mean([getattr(t, attr) for t in values])
+        return _median([getattr(t, attr) for t in values])
 
     template = RankTemplate(rank=trace.rank, forward_us=med("forward_us"), loss_us=med("loss_us"),
                             backward_segments_us=[float(x) for x in np.median(np.array(same), axis=0)],
@@ -193,7 +187,7 @@ def build_job_model(run: RunTrace) -> JobModel:
     """Measure templates, buckets and the comm model from an aligned RunTrace."""
     ranks = sorted(run.ranks)
     world = run.world_size
-    iterations = {r: _hooks_only(run.ranks[r]) for r in ranks}
+    iterations = {r: run.ranks[r].unprofiled_window_iterations() for r in ranks}
     enqueue_all: dict[tuple[int, str], float] = {}
     for r in ranks:
         for op in run.ranks[r].ops:
@@ -213,7 +207,7 @@ def build_job_model(run: RunTrace) -> JobModel:
     samples = [Sample({r: per_rank_samples[r][i] for r in ranks},
                       {k: float(np.mean(v)) for k, v in per_iteration_tx.get(i, {}).items()}) for i in common]
     first = run.ranks[ranks[0]]
-    buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), _mean(transmit.get(f"bucket{b.index}", [])))
+    buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), _median(transmit.get(f"bucket{b.index}", [])))
                for b in first.buckets]
     points = [(b.nbytes, t) for b in buckets for t in transmit.get(b.key, [])]
     calibration = [tuple(p) for p in first.meta.get("calibration", [])]

@@ -106,10 +106,10 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     syncs, measured_layout = _plan_buckets(model, whatif, notes)
     comm = model.comm
     alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us
+    scale = _comm_scale(model)
     bandwidth = comm.bandwidth_bytes_per_us * whatif.bandwidth_scale
     if whatif.bandwidth_gbit is not None:
-        bandwidth = whatif.bandwidth_gbit * 1e3 / 8.0 / max(_comm_scale(model), 1e-9)
-    scale = _comm_scale(model)
+        bandwidth = whatif.bandwidth_gbit * 1e3 / 8.0 / max(scale, 1e-9)
     parts = max(1, whatif.partitions)
     use_measured = measured_layout and world == model.world_size and parts == 1 and whatif.latency_us is None \
         and whatif.bandwidth_gbit is None and whatif.bandwidth_scale == 1.0

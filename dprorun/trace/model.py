@@ -125,6 +125,12 @@ class RankTrace:
     warnings: list[str] = field(default_factory=list)
     clock_offset_us: float = 0.0
 
+    def unprofiled_window_iterations(self) -> list[int]:
+        """Window iterations that ran without torch.profiler (the job's speed under the cheap hooks)."""
+        kineto = set(self.meta.get("kineto_iterations", []))
+        rest = [i for i in self.profiled_iterations if i not in kineto]
+        return rest or list(self.profiled_iterations)
+
     def iteration_times_us(self, only_profiled: bool = True) -> list[float]:
         chosen = set(self.profiled_iterations) if only_profiled and self.profiled_iterations else None
         return [end - start for idx, start, end in self.iterations if chosen is None or idx in chosen]
