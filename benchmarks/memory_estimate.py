@@ -19,7 +19,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", default="mlp_many_layers,resnet_small,transformer_small")
     args = parser.parse_args()
-    print(f"{'example':18} {'rank':>4} {'at init MB':>10} {'grads MB':>8} {'optim MB':>8} {'activ MB':>8} "
+    print(f"{'example':18} {'rank':>4} {'at init MB':>10} {'optim MB':>8} {'steady+ MB':>10} {'grads MB':>8} {'activ MB':>8} "
           f"{'estimate MB':>11} {'measured MB':>11} {'err':>7}")
     errors = []
     for example in args.examples.split(","):
@@ -32,8 +32,8 @@ def main() -> None:
             for row in run_memory(load_run(run_dir)):
                 parts = {k: (v or 0) / 2 ** 20 for k, v in row["parts"].items()}
                 errors.append(abs(row["error_pct"]))
-                print(f"{example:18} {row['rank']:4d} {parts['at_ddp_init']:10.1f} {parts['gradients']:8.1f} "
-                      f"{parts['optimizer_state']:8.1f} {parts['activations']:8.1f} "
+                print(f"{example:18} {row['rank']:4d} {parts['at_ddp_init']:10.1f} {parts['optimizer_state']:8.1f} "
+                      f"{parts['other_steady']:10.1f} {parts['gradients']:8.1f} {parts['activations']:8.1f} "
                       f"{row['estimated_peak_bytes'] / 2 ** 20:11.1f} {row['measured_peak_bytes'] / 2 ** 20:11.1f} "
                       f"{row['error_pct']:+6.1f}%", flush=True)
     print(f"peak-memory estimate |error|: max {max(errors):.1f} %")

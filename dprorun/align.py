@@ -180,7 +180,6 @@ def _family_std(evidence: _Evidence, offsets: dict[int, float]) -> Optional[floa
 
 def align(run: RunTrace, time_limit_s: float = 10.0, host_weight: float = 100.0,
           prior_weight: float = 1e-3) -> Alignment:
-    import cvxpy as cp
     import scipy.sparse as sp
 
     started = time.monotonic()
@@ -201,6 +200,14 @@ def align(run: RunTrace, time_limit_s: float = 10.0, host_weight: float = 100.0,
     if n == 1:
         result.method, result.approximate = "single rank", False
         return result
+    try:
+        import cvxpy as cp
+    except Exception as exc:  # a broken or partial install must cost accuracy, never the analysis
+        fallback = "probe midpoints" if evidence.probes else "the centre of the feasible intervals"
+        warnings.append(f"cvxpy cannot be imported ({type(exc).__name__}: {exc}); falling back to {fallback}")
+        return _finish(result, evidence, estimate, "fallback: " + ("probe midpoints" if evidence.probes
+                                                                  else "interval centres"),
+                       True, 0, warnings, started)
 
     theta = cp.Variable(n)
     hard = [theta[index[reference]] == 0]
@@ -314,7 +321,13 @@ def align(run: RunTrace, time_limit_s: float = 10.0, host_weight: float = 100.0,
         if time.monotonic() - started > time_limit_s:
             warnings.append("alignment time limit reached during branch refinement")
             break
-    result.offsets_us = {r: current[r] - current[reference] for r in ranks}
+    return _finish(result, evidence, current, method, soft, rounds, warnings, started)
+
+
+def _finish(result: Alignment, evidence: _Evidence, offsets: dict[int, float], method: str, soft: bool,
+            rounds: int, warnings: list[str], started: float) -> Alignment:
+    reference = result.reference_rank
+    result.offsets_us = {r: offsets[r] - offsets[reference] for r in evidence.ranks}
     result.method = method
     result.approximate = soft or method.startswith("fallback") or method == "none"
     result.branch_rounds = rounds

@@ -8,6 +8,7 @@ files, SIGINT/SIGTERM handling and group teardown. dprorun configures it and put
 from __future__ import annotations
 
 import json
+import dataclasses
 import os
 import shutil
 import signal
@@ -58,6 +59,9 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
     env = {"PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
     env.update(job.profile.to_env())
     env.setdefault("KINETO_LOG_LEVEL", os.environ.get("KINETO_LOG_LEVEL", "6"))  # no profiler chatter per rank
+    # Kineto leaves CUPTI subscribed after the profiler stops unless told to tear it down; on GPU that kept every
+    # kernel launch slower for the rest of the job (benchmarks/gpu_overhead.py). A user's own setting wins.
+    env.setdefault("TEARDOWN_CUPTI", os.environ.get("TEARDOWN_CUPTI", "1"))
     if "OMP_NUM_THREADS" not in os.environ and job.nproc_per_node > 1:
         env["OMP_NUM_THREADS"] = "1"  # as torchrun does, so ranks do not oversubscribe the cores
     return env
@@ -175,7 +179,7 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
     port = job.master_port or free_port(job.master_addr if job.nnodes == 1 else "0.0.0.0")
     entrypoint, args = split_command(job.command)
     os.environ.update(rank_environment(job))
-    config = LaunchConfig(
+    settings = dict(
         min_nodes=job.nnodes,
         max_nodes=job.nnodes,
         nproc_per_node=job.nproc_per_node,
@@ -187,8 +191,10 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
         monitor_interval=0.1,
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.run_dir, "logs"), tee=Std.ALL),
         log_line_prefix_template="[rank${rank}]: ",
-        shutdown_timeout=5,
+        shutdown_timeout=5,  # seconds between SIGTERM and SIGKILL at teardown (torch >= 2.12; 30 s before)
     )
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    config = LaunchConfig(**{key: value for key, value in settings.items() if key in known})
     with _Watchdog(job.timeout_s) as watchdog:
         try:
             elastic_launch(config, entrypoint)(*args)

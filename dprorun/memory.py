@@ -1,10 +1,13 @@
 """Peak memory per rank: estimated from its parts, compared with the measured peak.
 
 Parts (bytes): the process at DDP construction (interpreter, framework, model parameters and DDP's bucket
-buffers: RSS on CPU, allocated CUDA memory on GPU), gradients (one per trainable parameter), optimizer state
-(measured at the end of the window), and activations saved for backward in one forward pass (counted by
-storage through saved-tensor hooks). Measured: on GPU torch.cuda.max_memory_allocated; on CPU the peak RSS
-reached during the warm-up iterations (read before the profiler allocates its own buffers).
+buffers: RSS on CPU, allocated CUDA memory on GPU), optimizer state (measured at the end of the window), other
+steady memory (GPU: library workspaces such as cuBLAS's and the input batch, i.e. what is allocated when a forward
+starts beyond the first two parts and the gradients present then; CPU: what the steady RSS holds beyond all the
+parts, since malloc keeps freed heap), gradients (one per trainable parameter), and
+activations saved for backward in one forward pass (counted by storage through saved-tensor hooks). Measured: on
+GPU torch.cuda.max_memory_allocated; on CPU the peak RSS reached during the warm-up iterations (read before the
+profiler allocates its own buffers).
 """
 from __future__ import annotations
 
@@ -22,7 +25,15 @@ def rank_memory(trace: RankTrace, activation_scale: float = 1.0, extra_bytes: in
     activations = memory.get("activation_bytes")
     measured = memory.get("cuda_max_allocated_bytes") if gpu else \
         memory.get("max_rss_before_window_bytes", memory.get("max_rss_bytes"))
-    parts = {"at_ddp_init": base, "gradients": grads, "optimizer_state": optimizer,
+    steady = memory.get("cuda_steady_bytes" if gpu else "rss_steady_bytes")
+    other = 0
+    if steady is not None and base is not None:
+        if gpu:  # the caching allocator's count is exact: what is live between iterations beyond the parts
+            other = max(0, steady - base - optimizer)
+        else:  # RSS keeps heap that malloc has not returned, so steady RSS can already hold freed activations:
+            # the peak is at least the steady RSS, and the parts are added only beyond it
+            other = max(0, steady - base - optimizer - grads - (activations or 0))
+    parts = {"at_ddp_init": base, "optimizer_state": optimizer, "other_steady": other, "gradients": grads,
              "activations": None if activations is None else int(activations * activation_scale),
              "extra": extra_bytes}
     known = [v for v in parts.values() if v is not None]

@@ -20,6 +20,8 @@ def parse_args(description: str, **defaults) -> argparse.Namespace:
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                        help="process-group backend (auto: nccl with a GPU, gloo without)")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: raise at this step")
     parser.add_argument("--fail-rank", type=int, default=1, help="test knob: the rank that fails")
     parser.add_argument("--fail-mode", choices=("raise", "sigkill"), default="raise",
@@ -27,20 +29,24 @@ def parse_args(description: str, **defaults) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def init_distributed() -> tuple[int, int, torch.device]:
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+def init_distributed(backend: str = "auto") -> tuple[int, int, torch.device]:
+    """Process group + this rank's device. Ranks share GPUs round-robin when there are fewer GPUs than local
+    ranks (NCCL refuses that; gloo over CUDA tensors accepts it)."""
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend=backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        return rank, world, torch.device("cuda", local_rank)
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return rank, world, torch.device("cuda", index)
     return rank, world, torch.device("cpu")
 
 
 def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace) -> None:
     """Synthetic-data training loop; rank 0 prints the median step time of the second half of the run."""
-    rank, world, device = init_distributed()
+    rank, world, device = init_distributed(args.backend)
     torch.manual_seed(args.seed)
     model = model.to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,

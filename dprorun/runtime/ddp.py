@@ -18,6 +18,9 @@ from dprorun.runtime.session import RankSession
 MAX_OUTPUT_TENSORS = 64
 
 
+STEADY_MEMORY_ITERATIONS = 3  # forward starts (after the first optimizer step) read for the steady memory
+
+
 def _tensors_requiring_grad(obj: Any, found: list, depth: int = 0) -> None:
     import torch
 
@@ -73,6 +76,25 @@ class DDPTracker:
         if torch.cuda.is_available():
             memory.setdefault("cuda_allocated_at_ddp_init_bytes", int(torch.cuda.memory_allocated()))
 
+    def _memory_at_forward_start(self, module) -> None:
+        """Steady memory between iterations: everything allocated when a forward starts (parameters, optimizer
+        state, library workspaces such as cuBLAS's, the input batch) minus the gradients that happen to exist
+        then (zero_grad(set_to_none) frees them, zero_grad() keeps them); the largest over the first iterations
+        after the first optimizer step. Peak = steady + gradients + activations (dprorun.memory)."""
+        import psutil
+        import torch
+
+        grads = {"cpu": 0, "cuda": 0}
+        for param in module.parameters():
+            if param.grad is not None:
+                grads["cuda" if param.grad.is_cuda else "cpu"] += param.grad.numel() * param.grad.element_size()
+        memory = self.session.memory
+        rss = psutil.Process().memory_info().rss - grads["cpu"]
+        memory["rss_steady_bytes"] = max(memory.get("rss_steady_bytes", 0), int(rss))
+        if torch.cuda.is_available():
+            steady = int(torch.cuda.memory_allocated()) - grads["cuda"]
+            memory["cuda_steady_bytes"] = max(memory.get("cuda_steady_bytes", 0), steady)
+
     def describe(self) -> dict:
         return {"ddp": self.index, "user_comm_hook": self.user_hook, "builtin_comm_hook": self.builtin_hook,
                 "timed_buckets": self.hook_registered or self.user_hook,
@@ -91,6 +113,8 @@ class DDPTracker:
             if self.prev_forward_synced:
                 session.begin_iteration()
             self.prev_forward_synced = bool(getattr(module, "require_backward_grad_sync", True))
+            if 1 <= session.iteration <= STEADY_MEMORY_ITERATIONS and session.phase == "warmup":
+                session.guard("reading memory at forward start", self._memory_at_forward_start, module)
         if session.detail_active:
             session.open_mark(f"forward{self.index}")
             if self.primary and not self.activations_measured:

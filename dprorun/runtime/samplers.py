@@ -8,13 +8,17 @@ import threading
 from typing import Callable, Optional
 
 
-def _nvml_device_index(local_rank: int) -> int:
+def _nvml_device_index(local_rank: int, device_count: int) -> int:
+    """The GPU a rank most likely uses: its entry of CUDA_VISIBLE_DEVICES, else local_rank, wrapping round when
+    several ranks share the GPUs."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     if visible:
         ids = [part.strip() for part in visible.split(",") if part.strip()]
         if local_rank < len(ids) and ids[local_rank].isdigit():
             return int(ids[local_rank])
-    return local_rank
+        if ids and all(part.isdigit() for part in ids):
+            return int(ids[local_rank % len(ids)])
+    return local_rank % device_count if device_count else local_rank
 
 
 class NvmlProbe:
@@ -28,7 +32,7 @@ class NvmlProbe:
 
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()
-            index = _nvml_device_index(local_rank)
+            index = _nvml_device_index(local_rank, count)
             if count == 0:
                 self.status = "unavailable: no NVIDIA GPU"
             elif index >= count:

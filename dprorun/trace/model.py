@@ -100,7 +100,7 @@ class Sample:
     """One host or GPU sample (psutil / NVML)."""
 
     time_us: float
-    source: str  # "host" or "gpu0", ...
+    source: str  # "host" or "gpu" (the GPU this rank uses; see meta["nvml_status"])
     values: dict[str, float]
 
 

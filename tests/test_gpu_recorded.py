@@ -1,0 +1,85 @@
+"""GPU paths on a run directory that dprorun itself recorded on a GPU machine (one NVIDIA H200, torch 2.11+cu130,
+`benchmarks/gpu_check.py`): resnet_small, 2 ranks sharing the GPU over gloo (gloo all-reduces CUDA tensors
+through host copies). Rank logs were left out; everything else is as written at job end.
+
+These inputs cannot be made on a machine without a GPU, so the readers, memory model and replayer are checked on
+them here: CUPTI kernels and memcpys on CUDA streams, NVML samples, CUDA memory, replay of a GPU job."""
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from conftest import REPO
+from dprorun.memory import run_memory
+from dprorun.replay.whatif import predict_run
+from dprorun.summary import summarize
+from dprorun.trace.rundir import load_run
+
+ARCHIVE = os.path.join(REPO, "tests", "data", "gpu_h200_resnet_small_np2_gloo.tgz")
+
+
+@pytest.fixture(scope="module")
+def gpu_run_dir(tmp_path_factory):
+    target = tmp_path_factory.mktemp("gpu_run")
+    with tarfile.open(ARCHIVE) as archive:
+        archive.extractall(target, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    return str(target)
+
+
+def test_cupti_kernels_and_memcpys_are_read_per_cuda_stream(gpu_run_dir):
+    run = load_run(gpu_run_dir)
+    assert sorted(run.ranks) == [0, 1] and not run.problems
+    for trace in run.ranks.values():
+        gpu_ops = [op for op in trace.ops if op.stream.startswith("cuda:0/")]
+        assert len(gpu_ops) > 500
+        assert all(op.device == "cuda:0" and op.source == "kineto" and op.end_us >= op.start_us for op in gpu_ops)
+        names = {op.name for op in gpu_ops}
+        # gloo on CUDA tensors: device-to-host and host-to-device copies around each all-reduce
+        assert any(n.startswith("Memcpy DtoH") for n in names) and any(n.startswith("Memcpy HtoD") for n in names)
+        assert any("gemm" in n or "conv" in n.lower() for n in names)
+        # kernels belong to the profiled iterations the CPU side ran
+        assert {op.iteration for op in gpu_ops} - {-1} <= set(trace.profiled_iterations)
+        comm = [op for op in trace.ops if op.kind.value == "COMM" and op.tensor == "bucket0"]
+        assert comm and all(op.nbytes == 608104 for op in comm)
+
+
+def test_nvml_samples_of_the_gpu(gpu_run_dir):
+    run = load_run(gpu_run_dir)
+    for trace in run.ranks.values():
+        assert trace.meta["nvml_status"] == "ok: gpu0 NVIDIA H200"
+        gpu = [s for s in trace.samples if s.source == "gpu"]
+        assert len(gpu) >= 5
+        assert all({"gpu_util_pct", "mem_used_bytes", "power_w"} <= set(s.values) for s in gpu)
+        assert max(s.values["mem_used_bytes"] for s in gpu) > 0
+
+
+def test_cuda_peak_memory_estimate_within_5_percent(gpu_run_dir):
+    """Before the steady-memory part (cuBLAS workspaces etc.) the estimate was 83 % below the measured peak."""
+    rows = run_memory(load_run(gpu_run_dir))
+    for row in rows:
+        assert row["device"] == "cuda" and row["complete"]
+        assert row["parts"]["other_steady"] > 32 * 2 ** 20  # cuBLAS workspaces of a Hopper GPU
+        assert abs(row["error_pct"]) <= 5.0, row
+
+
+def test_replay_of_the_gpu_job_matches_its_measured_iteration(gpu_run_dir):
+    run = load_run(gpu_run_dir)
+    measured = summarize(run)["iteration_time_ms"]
+    predicted = predict_run(run).predicted_iteration_time_ms
+    assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
+
+
+def test_dpro_cli_on_the_gpu_run(gpu_run_dir, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "summary", gpu_run_dir, "--json"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    doc = json.loads(out.stdout)
+    assert doc["world_size"] == 2 and all(m["device"] == "cuda" for m in doc["memory"])
+    timeline = tmp_path / "trace.json"
+    subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "timeline", gpu_run_dir, "-o", str(timeline)],
+                   capture_output=True, text=True, check=True, timeout=120)
+    events = json.loads(timeline.read_text())["traceEvents"]
+    threads = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    assert any(t.startswith("cuda:0/") for t in threads)
