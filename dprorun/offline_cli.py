@@ -121,6 +121,53 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_bytes(text: str) -> int:
+    """'8GiB', '512MiB', '1.5GB', '1000000' -> bytes."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(i?)b?\s*", text.lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"memory size {text!r}: expected e.g. 8GiB, 512MiB")
+    power = " kmgt".index(match.group(2) or " ")
+    return int(float(match.group(1)) * (1024 if match.group(3) or power else 1000) ** power)
+
+
+def optimize_run(run_dir: str, memory_budget_bytes: Optional[int] = None):
+    """Search a strategy for the run in `run_dir` (aligned first); returns (strategy, run)."""
+    from dprorun.memory import run_memory
+    from dprorun.optimize import MemoryModel, optimize
+    from dprorun.replay.template import build_job_model
+    from dprorun.replay.whatif import predict
+
+    run, _ = load_aligned(run_dir)
+    model = build_job_model(run)
+    strategy = optimize(model, MemoryModel(run_memory(run)), memory_budget_bytes)
+    strategy.source_run = os.path.abspath(run_dir)
+    strategy.search["as_run_replay_ms"] = predict(model).predicted_iteration_time_ms
+    return strategy, run
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    from dprorun.optimize import BudgetError
+    from dprorun.strategy import save_strategy, strategy_json
+
+    try:
+        strategy, _ = optimize_run(args.run_dir, args.memory_budget)
+    except BudgetError as exc:
+        print(f"dpro: error: {exc}", file=sys.stderr)
+        return 3
+    out = args.output or os.path.join(args.run_dir, "strategy.json")
+    save_strategy(strategy, out)
+    if args.json:
+        print(strategy_json(strategy))
+        return 0
+    for line in strategy.summary_lines():
+        print(line)
+    search = strategy.search
+    print(f"search: {search['evaluations']} replays in {search['seconds']:.2f} s; strategy written to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpro", description="Analyse a dprorun run directory.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -152,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--baseline", choices=("dpro", "daydream"), default="dpro")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=_cmd_replay)
+    op = sub.add_parser("optimize", help="search the fastest strategy (tensor fusion/partition, memory passes)")
+    op.add_argument("run_dir")
+    op.add_argument("--memory-budget", type=parse_bytes, default=None, help="per-rank peak memory, e.g. 8GiB")
+    op.add_argument("-o", "--output", default=None, help="strategy file (default RUN_DIR/strategy.json)")
+    op.add_argument("--json", action="store_true", help="print the strategy as JSON")
+    op.set_defaults(func=_cmd_optimize)
     return parser
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 
 from dprorun.graph.topology import ring_schedule, transaction_id
+from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace
 
 
@@ -128,3 +129,39 @@ def synthetic_ring_run(world: int = 4, iterations: int = 10, buckets: int = 4, b
     manifest = {"schema": "dprorun-run", "job_id": f"synthetic-{world}x{iterations}", "world_size": world}
     true_offsets = {r: skew[0] - skew[r] for r in range(world)}
     return RunTrace(run_dir="<synthetic>", manifest=manifest, ranks=traces), true_offsets
+
+
+def resnet50_params() -> dict[str, int]:
+    """161 tensors of ResNet-50 (conv weights, batch-norm weight/bias, fc), sizes in bytes (fp32)."""
+    sizes = {"conv1.weight": 64 * 3 * 7 * 7, "bn1.weight": 64, "bn1.bias": 64}
+    cin = 64
+    for stage, (blocks, width) in enumerate(((3, 64), (4, 128), (6, 256), (3, 512))):
+        for b in range(blocks):
+            prefix = f"layer{stage + 1}.{b}"
+            shapes = [(width, cin, 1), (width, width, 3), (4 * width, width, 1)]
+            for k, (cout, ci, ks) in enumerate(shapes, start=1):
+                sizes[f"{prefix}.conv{k}.weight"] = cout * ci * ks * ks
+                sizes[f"{prefix}.bn{k}.weight"] = cout
+                sizes[f"{prefix}.bn{k}.bias"] = cout
+            if b == 0:
+                sizes[f"{prefix}.downsample.0.weight"] = 4 * width * cin
+                sizes[f"{prefix}.downsample.1.weight"] = 4 * width
+                sizes[f"{prefix}.downsample.1.bias"] = 4 * width
+            cin = 4 * width
+    sizes["fc.weight"], sizes["fc.bias"] = 1000 * 2048, 1000
+    return {name: 4 * n for name, n in sizes.items()}
+
+
+def resnet50_job_model(world: int, bandwidth_gbit: float = 10.0) -> JobModel:
+    """A ResNet-50-shaped job model (30 ms forward, 60 ms backward, gradients ready in reverse layer order,
+    one measured bucket) for replay and optimizer benchmarks and tests."""
+    params = resnet50_params()
+    names = list(params)
+    fractions = {name: 1.0 - (k + 1) / len(names) for k, name in enumerate(names)}  # last layer ready first
+    template = RankTemplate(rank=0, forward_us=30000, loss_us=200, backward_segments_us=[60000],
+                            bucket_ready_order=[], update_us=5000, tail_us=2000, enqueue_cost_us=50,
+                            backward_us=60000, iterations_used=10, measured_iteration_us=0)
+    comm = CommModel(alpha_us=20.0, bandwidth_bytes_per_us=bandwidth_gbit * 125.0,
+                     source=f"synthetic {bandwidth_gbit:g} Gbit/s")
+    return JobModel(world, {0: template}, [BucketInfo("bucket0", sum(params.values()), names, 0.0)], params,
+                    fractions, comm, 25.0)

@@ -32,12 +32,19 @@ class WhatIf:
     bucket_mb: Optional[float] = None
     partitions: int = 1
     buckets: Optional[list[list[str]]] = None  # explicit grouping (the optimizer's tensor fusion)
+    bucket_partitions: dict[str, int] = field(default_factory=dict)  # per bucket key ("bucket3"): pieces
+    accumulation_steps: int = 1  # micro-batches per optimizer step (same global batch)
+    recompute_segments: int = 0  # activation checkpointing in this many segments (0: none)
     baseline: str = "dpro"  # or "daydream"
 
     def is_identity(self) -> bool:
         return (self.world_size is None and self.bandwidth_gbit is None and self.bandwidth_scale == 1.0
                 and self.latency_us is None and self.bucket_mb is None and self.partitions == 1
-                and self.buckets is None)
+                and self.buckets is None and not self.bucket_partitions and self.accumulation_steps == 1
+                and self.recompute_segments == 0)
+
+    def pieces(self, bucket_key: str) -> int:
+        return max(1, int(self.bucket_partitions.get(bucket_key, self.partitions)))
 
 
 @dataclass
@@ -112,7 +119,15 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
         bandwidth = whatif.bandwidth_gbit * 1e3 / 8.0 / max(scale, 1e-9)
     parts = max(1, whatif.partitions)
     use_measured = measured_layout and world == model.world_size and parts == 1 and whatif.latency_us is None \
-        and whatif.bandwidth_gbit is None and whatif.bandwidth_scale == 1.0
+        and whatif.bandwidth_gbit is None and whatif.bandwidth_scale == 1.0 and not whatif.bucket_partitions
+    acc = max(1, whatif.accumulation_steps)
+    segments_rc = max(0, whatif.recompute_segments)
+    if acc > 1:
+        notes.append(f"gradient accumulation over {acc} micro-batches: compute assumed linear in the batch, "
+                     "the first micro-batches run without synchronisation, the last one overlaps it")
+    if segments_rc:
+        notes.append(f"re-computation in {segments_rc} segments: backward repeats {segments_rc - 1}/{segments_rc} "
+                     "of the forward")
 
     def step_us(nbytes: float) -> float:
         return scale * (alpha + nbytes / (world * bandwidth))
@@ -127,20 +142,27 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     for r in range(world):
         t = templates[measured_ranks[r % len(measured_ranks)]]
         dev = f"rank{r}.compute"
-        chain = [g.op(f"r{r}.forward", "FW", r, dev, t.forward_us), g.op(f"r{r}.loss", "FW", r, dev, t.loss_us)]
-        if measured_layout and t.bucket_ready_order and len(t.backward_segments_us) == len(t.bucket_ready_order) + 1:
+        chain = []
+        if acc > 1:  # the first acc-1 micro-batches: forward + backward without synchronisation
+            chain.append(g.op(f"r{r}.microbatches", "FW", r, dev,
+                              (acc - 1) / acc * (t.forward_us + t.loss_us + t.backward_us)))
+        chain += [g.op(f"r{r}.forward", "FW", r, dev, t.forward_us / acc),
+                  g.op(f"r{r}.loss", "FW", r, dev, t.loss_us / acc)]
+        recompute_us = t.forward_us / acc * (segments_rc - 1) / segments_rc if segments_rc > 1 else 0.0
+        if measured_layout and acc == 1 and not recompute_us and t.bucket_ready_order \
+                and len(t.backward_segments_us) == len(t.bucket_ready_order) + 1:
             order = t.bucket_ready_order
             segments = t.backward_segments_us
         else:
             order = [s.key for s in sorted(syncs, key=lambda s: s.ready_fraction)]
-            compute = max(0.0, t.backward_us - t.enqueue_cost_us * len(model.buckets))
+            compute = max(0.0, t.backward_us - t.enqueue_cost_us * len(model.buckets)) / acc + recompute_us
             cuts = [0.0] + [s.ready_fraction for s in sorted(syncs, key=lambda s: s.ready_fraction)] + [1.0]
             segments = [compute * (b - a) + (t.enqueue_cost_us if k < len(order) else 0.0)
                         for k, (a, b) in enumerate(zip(cuts, cuts[1:]))]
         for k, seg in enumerate(segments):
             chain.append(g.op(f"r{r}.backward.seg{k}", "BW", r, dev, seg))
             if k < len(order):
-                for p in range(parts):
+                for p in range(whatif.pieces(order[k])):
                     ins[(r, order[k], p)] = g.op(f"r{r}.In.{order[k]}.p{p}", "VIRTUAL", r, None, 0.0)
                     g.edge(chain[-1], ins[(r, order[k], p)])
         finalize = g.op(f"r{r}.finalize", "BW", r, dev, t.finalize_us)
@@ -151,6 +173,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
             outs[(r, s.key)] = g.op(f"r{r}.Out.{s.key}", "VIRTUAL", r, None, 0.0)
             g.edge(outs[(r, s.key)], finalize)
     for s in syncs:
+        parts = whatif.pieces(s.key)
         for p in range(parts):
             piece = s.nbytes / parts
             if whatif.baseline == "daydream":
@@ -184,7 +207,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
             for r in range(world):
                 for u in previous[r]:
                     g.edge(u, outs[(r, s.key)])
-    return g.build({"world_size": world, "buckets": len(syncs), "partitions": parts})
+    return g.build({"world_size": world, "buckets": len(syncs), "partitions": whatif.partitions})
 
 
 def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
@@ -218,6 +241,14 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
         comm_model=model.comm.to_json(), replay_ops=graph.size,
         replay_time_s=round(sum(r.replay_time_s for r, _ in runs), 4),
         engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes)
+
+
+def replay_once(model: JobModel, whatif: WhatIf) -> tuple[float, dict]:
+    """One replay of the median durations (the optimizer's fast evaluation): iteration time in µs and the
+    critical-path report."""
+    graph = synthesize(model, whatif, [])
+    result = replay(graph)
+    return result.iteration_time_us, critical_path_report(graph, result)
 
 
 def sync_time_us(model: JobModel, nbytes: int, world: Optional[int] = None, partitions: int = 1) -> float:

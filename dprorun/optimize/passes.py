@@ -1,0 +1,127 @@
+"""Graph passes of the optimizer. Each pass proposes rewrites of the current strategy (which the replayer turns
+into a new global DFG) and knows how it becomes a real setting on restart (dprorun/runtime/apply.py).
+
+  tensor_fusion    regroup gradients into buckets: merge a critical bucket with its neighbour in ready order,
+                   or split it where its bytes halve (any grouping, not only DDP's size cap)
+  tensor_partition split a critical bucket's all-reduce into k pieces, k from a partial replay of its
+                   synchronisation alone (t_sync(s, k), dPRO's k*)
+  recompute        activation checkpointing in s segments: backward repeats (s-1)/s of the forward, activations
+                   kept / s (memory pass)
+  accumulation     k micro-batches per step: activations / k, one synchronisation per k micro-batches (memory
+                   pass; needs the script: printed and readable through dprorun.strategy())
+Op fusion (fusing compute ops, e.g. torch.compile of a region) is not a pass yet: the replay templates hold
+compute per phase, not per op.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from dprorun.replay.template import JobModel
+from dprorun.replay.whatif import sync_time_us
+from dprorun.strategy import Strategy
+
+
+@dataclass
+class Candidate:
+    pass_name: str
+    choice: str
+    strategy: Strategy
+
+
+@dataclass
+class SearchContext:
+    """What the passes see: the job model, the current strategy, and the buckets on the critical path (most
+    time on it first)."""
+
+    model: JobModel
+    strategy: Strategy
+    critical_buckets: list[str]
+    comm_bound: bool
+
+
+def _with(strategy: Strategy, **changes) -> Strategy:
+    return dataclasses.replace(strategy, decisions=list(strategy.decisions), **changes)
+
+
+def _index(key: str) -> int:
+    return int(key.replace("bucket", ""))
+
+
+def _renumber_partitions(parts: dict[str, int], mapping: Callable[[int], list[int]]) -> dict[str, int]:
+    """Partition counts follow their bucket when bucket indices shift (merged buckets keep the larger k)."""
+    out: dict[str, int] = {}
+    for key, k in parts.items():
+        for new in mapping(_index(key)):
+            out[f"bucket{new}"] = max(out.get(f"bucket{new}", 1), k)
+    return {key: k for key, k in out.items() if k > 1}
+
+
+def tensor_fusion(ctx: SearchContext) -> Iterable[Candidate]:
+    groups = ctx.strategy.buckets or []
+    sizes = [sum(ctx.model.param_bytes[p] for p in g) for g in groups]
+    for key in ctx.critical_buckets[:3]:
+        i = _index(key)
+        if i >= len(groups):
+            continue
+        for j in (i - 1, i):  # merge bucket j with j+1 (saves one synchronisation's latency)
+            if 0 <= j < len(groups) - 1:
+                merged = groups[:j] + [groups[j] + groups[j + 1]] + groups[j + 2:]
+                parts = _renumber_partitions(ctx.strategy.partitions,
+                                             lambda b, j=j: [b if b <= j else b - 1])
+                yield Candidate("tensor_fusion", f"merge bucket{j} and bucket{j + 1} "
+                                f"({(sizes[j] + sizes[j + 1]) / 2**20:.2f} MB)",
+                                _with(ctx.strategy, buckets=merged, partitions=parts))
+        if len(groups[i]) > 1:  # split where the bytes halve (starts its synchronisation earlier)
+            running, cut = 0, 1
+            for cut, name in enumerate(groups[i], start=1):
+                running += ctx.model.param_bytes[name]
+                if running >= sizes[i] / 2:
+                    break
+            cut = min(max(cut, 1), len(groups[i]) - 1)
+            split = groups[:i] + [groups[i][:cut], groups[i][cut:]] + groups[i + 1:]
+            parts = _renumber_partitions(ctx.strategy.partitions,
+                                         lambda b, i=i: [b] if b < i else [b, b + 1] if b == i else [b + 1])
+            yield Candidate("tensor_fusion", f"split bucket{i} ({sizes[i] / 2**20:.2f} MB) after {cut} tensors",
+                            _with(ctx.strategy, buckets=split, partitions=parts))
+
+
+def best_partitions(model: JobModel, nbytes: int, choices=(1, 2, 4, 8)) -> tuple[int, dict[int, float]]:
+    """k* for one tensor: the piece count whose synchronisation alone replays fastest (partial replay)."""
+    times = {k: sync_time_us(model, nbytes, partitions=k) for k in choices}
+    return min(times, key=times.get), times
+
+
+def tensor_partition(ctx: SearchContext) -> Iterable[Candidate]:
+    groups = ctx.strategy.buckets or []
+    for key in ctx.critical_buckets[:2]:
+        i = _index(key)
+        if i >= len(groups):
+            continue
+        nbytes = sum(ctx.model.param_bytes[p] for p in groups[i])
+        k_star, _ = best_partitions(ctx.model, nbytes)
+        current = ctx.strategy.partitions.get(key, 1)
+        for k in sorted({k_star, current * 2}):
+            if k != current and 1 <= k <= 16:
+                parts = dict(ctx.strategy.partitions)
+                parts[key] = k
+                if k == 1:
+                    parts.pop(key)
+                yield Candidate("tensor_partition", f"all-reduce {key} in {k} pieces",
+                                _with(ctx.strategy, partitions=parts))
+
+
+def memory_candidates(strategy: Strategy, choices=(2, 4, 8)) -> Iterable[Candidate]:
+    for s in choices:
+        yield Candidate("recompute", f"checkpoint activations in {s} segments",
+                        _with(strategy, recompute_segments=s))
+    for k in choices:
+        yield Candidate("accumulation", f"accumulate gradients over {k} micro-batches",
+                        _with(strategy, accumulation_steps=k))
+
+
+CRITICAL_PATH_PASSES: dict[str, Callable[[SearchContext], Iterable[Candidate]]] = {
+    "tensor_partition": tensor_partition,
+    "tensor_fusion": tensor_fusion,
+}

@@ -1,0 +1,184 @@
+"""Strategy search along the critical path (dPRO's Algorithm 1, on the replay model of dprorun.replay).
+
+1. Evaluate the job as it ran (its own bucket layout, replayed through the cost model so that every candidate
+   is compared on the same footing).
+2. Memory: when the estimated peak exceeds the budget, try re-computation and gradient accumulation and keep the
+   fastest candidate under the budget (none fits: an error that says by how much).
+3. Seeds: DDP's own bucketing at a grid of caps (cheap, and a good start for the local search).
+4. Critical-path walk: replay, take the buckets whose synchronisation lies on the critical path, let every pass
+   propose rewrites for them (tensor partition with k* from a partial replay; tensor fusion: merge with a
+   neighbour or split), replay each, keep the best; stop when no rewrite gains `min_gain`, or after `patience`
+   rounds gaining less than 0.5 %.
+Evaluations are cached by strategy; each is one replay of the median iteration (`replay_once`).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from dprorun.optimize.passes import CRITICAL_PATH_PASSES, Candidate, SearchContext, _with, memory_candidates
+from dprorun.replay.template import JobModel, ddp_buckets
+from dprorun.replay.whatif import MB, WhatIf, replay_once
+from dprorun.strategy import Decision, Strategy
+
+DEFAULT_CAPS_MB = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
+DDP_FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket is capped at 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
+
+
+class BudgetError(ValueError):
+    """No strategy the memory passes know fits the memory budget."""
+
+
+@dataclass
+class MemoryModel:
+    """Per-rank peak-memory parts (dprorun.memory rows); activations scale with the memory passes."""
+
+    rows: list[dict]
+
+    def peak_bytes(self, strategy: Strategy) -> Optional[int]:
+        scale = 1.0 / max(1, strategy.accumulation_steps) / max(1, strategy.recompute_segments)
+        peaks = []
+        for row in self.rows:
+            parts = row.get("parts") or {}
+            if parts.get("at_ddp_init") is None:
+                continue
+            fixed = sum(v for k, v in parts.items() if k != "activations" and v is not None)
+            peaks.append(int(fixed + (parts.get("activations") or 0) * scale))
+        return max(peaks) if peaks else None
+
+
+def ready_order(model: JobModel) -> list[str]:
+    return sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
+
+
+def ddp_grouping(model: JobModel, cap_mb: float) -> list[list[str]]:
+    cap = int(cap_mb * MB)
+    return ddp_buckets(ready_order(model), model.param_bytes, cap, min(cap, DDP_FIRST_BUCKET_BYTES))
+
+
+def whatif_for(strategy: Strategy) -> WhatIf:
+    return WhatIf(buckets=strategy.buckets, bucket_partitions=dict(strategy.partitions),
+                  accumulation_steps=strategy.accumulation_steps, recompute_segments=strategy.recompute_segments)
+
+
+def _critical_buckets(report: dict) -> tuple[list[str], bool]:
+    """Buckets whose synchronisation is on the critical path (most time first), and whether communication
+    outweighs computation there."""
+    time_on: dict[str, float] = {}
+    comm = compute = 0.0
+    for row in report.get("path", []):
+        parts = row["op"].split(".")
+        if row["kind"] == "COMM":
+            comm += row["time_on_path_ms"]
+            key = next((p for p in parts if p.startswith("bucket")), None)
+            if key:
+                time_on[key] = time_on.get(key, 0.0) + row["time_on_path_ms"]
+        elif row["kind"] != "VIRTUAL":
+            compute += row["time_on_path_ms"]
+        else:
+            key = next((p for p in parts if p.startswith("bucket")), None)
+            if key:
+                time_on.setdefault(key, 0.0)
+    return sorted(time_on, key=lambda k: -time_on[k]), comm > compute
+
+
+def _key(strategy: Strategy) -> str:
+    return json.dumps([strategy.buckets, sorted(strategy.partitions.items()), strategy.accumulation_steps,
+                       strategy.recompute_segments])
+
+
+def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budget_bytes: Optional[int] = None,
+             caps_mb=DEFAULT_CAPS_MB, max_rounds: int = 40, patience: int = 5, min_gain: float = 0.002,
+             time_limit_s: float = 120.0) -> Strategy:
+    """The fastest strategy found for `model` (and under the memory budget when one is given)."""
+    if not model.param_ready_fraction:
+        raise ValueError("the optimizer needs per-parameter gradient-ready times (profile without "
+                         "--no-param-hooks)")
+    started = time.monotonic()
+    cache: dict[str, tuple[float, dict]] = {}
+
+    def evaluate(strategy: Strategy) -> tuple[float, dict]:
+        key = _key(strategy)
+        if key not in cache:
+            cache[key] = replay_once(model, whatif_for(strategy))
+        return cache[key]
+
+    known = set(model.param_ready_fraction)
+    measured = [list(b.params) for b in model.buckets]
+    if not measured or any(p not in known for g in measured for p in g):
+        measured = ddp_grouping(model, model.bucket_cap_mb or 25.0)
+    current = Strategy(buckets=measured)
+    baseline_us, _ = evaluate(current)
+    decisions: list[Decision] = []
+
+    def accept(candidate: Candidate, before_us: float, after_us: float, note: str = "") -> Strategy:
+        decisions.append(Decision(candidate.pass_name, candidate.choice, round(before_us / 1000, 4),
+                                  round(after_us / 1000, 4), note))
+        return candidate.strategy
+
+    peak = memory.peak_bytes(current) if memory else None
+    if memory_budget_bytes is not None and peak is not None and peak > memory_budget_bytes:
+        options = []
+        for cand in memory_candidates(current):
+            cand_peak = memory.peak_bytes(cand.strategy)
+            if cand_peak is not None and cand_peak <= memory_budget_bytes:
+                options.append((evaluate(cand.strategy)[0], cand_peak, cand))
+        if not options:
+            smallest = min(memory.peak_bytes(c.strategy) or 0 for c in memory_candidates(current))
+            raise BudgetError(f"estimated peak {peak / 2**20:.1f} MiB exceeds the budget "
+                              f"{memory_budget_bytes / 2**20:.1f} MiB, and the best the memory passes reach is "
+                              f"{smallest / 2**20:.1f} MiB")
+        t, cand_peak, cand = min(options, key=lambda o: o[0])
+        current = accept(cand, baseline_us, t, f"peak {peak / 2**20:.1f} -> {cand_peak / 2**20:.1f} MiB, "
+                         f"budget {memory_budget_bytes / 2**20:.1f} MiB")
+
+    best_t, _ = evaluate(current)
+    seed_best = None
+    for cap in caps_mb:
+        cand = Candidate("tensor_fusion", "", _with(current, buckets=ddp_grouping(model, cap), partitions={}))
+        t, _ = evaluate(cand.strategy)
+        if t < best_t * (1 - min_gain):
+            best_t, seed_best = t, (cap, cand)
+    if seed_best is not None:
+        cap, cand = seed_best
+        cand.choice = f"DDP bucketing at {cap:g} MB ({len(cand.strategy.buckets)} buckets)"
+        current = accept(cand, evaluate(current)[0], best_t)
+
+    rounds = stale = 0
+    for rounds in range(1, max_rounds + 1):
+        t, report = evaluate(current)
+        critical, comm_bound = _critical_buckets(report)
+        if not critical or time.monotonic() - started > time_limit_s:
+            break
+        ctx = SearchContext(model, current, critical, comm_bound)
+        order = ("tensor_partition", "tensor_fusion") if comm_bound else ("tensor_fusion", "tensor_partition")
+        scored = [(evaluate(c.strategy)[0], c) for name in order for c in CRITICAL_PATH_PASSES[name](ctx)]
+        if not scored:
+            break
+        new_t, cand = min(scored, key=lambda s: s[0])
+        if new_t >= t * (1 - min_gain):
+            break
+        current = accept(cand, t, new_t, "communication-bound" if comm_bound else "computation-bound")
+        stale = stale + 1 if new_t > t * (1 - 0.005) else 0
+        if stale >= patience:
+            break
+
+    final_t, _ = evaluate(current)
+    if current.buckets == measured:
+        current = _with(current, buckets=None)  # the job's own layout
+    else:
+        for cap in caps_mb:  # realisable by DDP's own bucket cap: applied without a comm hook
+            if current.buckets == ddp_grouping(model, cap):
+                current = _with(current, bucket_cap_mb=cap)
+                break
+    current.baseline_ms = round(baseline_us / 1000, 4)
+    current.predicted_ms = round(final_t / 1000, 4)
+    current.predicted_peak_bytes = memory.peak_bytes(current) if memory else None
+    current.memory_budget_bytes = memory_budget_bytes
+    current.decisions = decisions
+    current.search = {"evaluations": len(cache), "rounds": rounds, "seconds": round(time.monotonic() - started, 3),
+                      "world_size": model.world_size, "buckets_before": len(measured),
+                      "buckets_after": len(current.buckets) if current.buckets else len(measured)}
+    return current

@@ -1,0 +1,143 @@
+"""The optimizer's output: a versioned strategy that the hooks apply on restart and a training script can read.
+
+strategy.json (schema version 1):
+  buckets             gradient groups as parameter-name lists, in gradient-ready order (tensor fusion), or null
+                      for DDP's own bucketing at `bucket_cap_mb`
+  bucket_cap_mb       DDP's bucket cap to start from (null: the job's own)
+  partitions          {"bucket<k>": pieces}: a bucket's all-reduce split into that many pieces (tensor partition)
+  recompute_segments  activation checkpointing of the model in that many segments (0: none)
+  accumulation_steps  micro-batches per optimizer step (needs the script's cooperation: printed, and readable
+                      through `dprorun.strategy()`)
+  precision           "fp32" (bf16 autocast is not searched yet)
+  decisions           each pass's decision with its predicted iteration time before and after
+A training script that wants to cooperate (gradient accumulation) calls `dprorun.strategy()`, which reads the
+file named by DPRO_STRATEGY (set by dprorun for the ranks), or returns None.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from dprorun.fsutil import TraceError, atomic_write_json, read_json
+
+SCHEMA_VERSION = 1
+ENV_VAR = "DPRO_STRATEGY"
+
+
+@dataclass
+class Decision:
+    """One step of the search: which pass, what it chose, and the predicted iteration time around it."""
+
+    pass_name: str
+    choice: str
+    before_ms: float
+    after_ms: float
+    note: str = ""
+
+    @property
+    def gain_ms(self) -> float:
+        return round(self.before_ms - self.after_ms, 4)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "gain_ms": self.gain_ms}
+
+
+@dataclass
+class Strategy:
+    buckets: Optional[list[list[str]]] = None
+    bucket_cap_mb: Optional[float] = None
+    partitions: dict[str, int] = field(default_factory=dict)
+    recompute_segments: int = 0
+    accumulation_steps: int = 1
+    precision: str = "fp32"
+    baseline_ms: Optional[float] = None  # the job as it ran, replayed
+    predicted_ms: Optional[float] = None  # with this strategy
+    predicted_peak_bytes: Optional[int] = None
+    memory_budget_bytes: Optional[int] = None
+    decisions: list[Decision] = field(default_factory=list)
+    source_run: str = ""
+    search: dict[str, Any] = field(default_factory=dict)  # rounds, evaluations, seconds
+    version: int = SCHEMA_VERSION
+
+    def is_default(self) -> bool:
+        return (self.buckets is None and self.bucket_cap_mb is None and not self.partitions
+                and self.recompute_segments == 0 and self.accumulation_steps == 1 and self.precision == "fp32")
+
+    def to_json(self) -> dict:
+        doc = asdict(self)
+        doc["decisions"] = [d.to_json() for d in self.decisions]
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict, path: str = "strategy") -> "Strategy":
+        if not isinstance(doc, dict):
+            raise TraceError(path, "a strategy is a JSON object")
+        version = doc.get("version")
+        if version != SCHEMA_VERSION:
+            raise TraceError(path, f"strategy schema version {version!r}; this dprorun reads {SCHEMA_VERSION}")
+        known = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in doc.items() if k in known and k != "decisions"}
+        buckets = values.get("buckets")
+        if buckets is not None and not (isinstance(buckets, list) and
+                                        all(isinstance(g, list) and all(isinstance(p, str) for p in g)
+                                            for g in buckets)):
+            raise TraceError(path, "buckets must be a list of lists of parameter names")
+        parts = values.get("partitions") or {}
+        if not isinstance(parts, dict) or not all(isinstance(v, int) and v >= 1 for v in parts.values()):
+            raise TraceError(path, "partitions must map bucket keys to integers >= 1")
+        decisions = []
+        for d in doc.get("decisions", []):
+            d = {k: v for k, v in d.items() if k in Decision.__dataclass_fields__}
+            decisions.append(Decision(**d))
+        return cls(**values, decisions=decisions)
+
+    def summary_lines(self) -> list[str]:
+        lines = []
+        if self.baseline_ms is not None and self.predicted_ms is not None:
+            gain = 100 * (1 - self.predicted_ms / self.baseline_ms) if self.baseline_ms else 0.0
+            lines.append(f"predicted iteration time: {self.baseline_ms:.2f} ms as run -> {self.predicted_ms:.2f} ms "
+                         f"with the strategy ({gain:+.1f} % faster)")
+        for d in self.decisions:
+            lines.append(f"  {d.pass_name}: {d.choice} ({d.before_ms:.2f} -> {d.after_ms:.2f} ms"
+                         f"{', ' + d.note if d.note else ''})")
+        if self.accumulation_steps > 1:
+            lines.append(f"  needs the script: accumulate gradients over {self.accumulation_steps} micro-batches "
+                         "(batch / steps each, no_sync() for all but the last); dprorun.strategy() returns this")
+        if self.is_default():
+            lines.append("  the job's own settings are already the best found: nothing to change")
+        return lines
+
+
+def save_strategy(strategy: Strategy, path: str) -> None:
+    atomic_write_json(path, strategy.to_json(), indent=2)
+
+
+def load_strategy(path: str) -> Strategy:
+    return Strategy.from_json(read_json(path), path)
+
+
+def current() -> Optional[Strategy]:
+    """For training scripts: the strategy dprorun runs this job with (None outside dprorun or without one).
+    Also callable as `dprorun.strategy()`."""
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        return None
+    return load_strategy(path)
+
+
+def strategy_json(strategy_: Strategy) -> str:
+    return json.dumps(strategy_.to_json(), indent=2)
+
+
+class _CallableModule(types.ModuleType):
+    """`dprorun.strategy` is this module; calling it returns current() (the API issue 6 names)."""
+
+    def __call__(self) -> Optional[Strategy]:
+        return current()
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,143 @@
+"""The optimizer's passes and search on small constructed job models whose best strategy is known, the strategy
+file, and `dpro optimize` on a real run."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dprorun.fsutil import TraceError
+from dprorun.optimize import BudgetError, MemoryModel, optimize
+from dprorun.optimize.passes import best_partitions
+from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate
+from dprorun.strategy import Decision, Strategy, load_strategy, save_strategy
+
+MiB = 1 << 20
+
+
+def _model(sizes: dict[str, int], ready: dict[str, float], buckets: list[list[str]], forward_us=10_000.0,
+           backward_us=20_000.0, alpha_us=0.0, bandwidth_bytes_per_us=1000.0, world=2, channels=1) -> JobModel:
+    template = RankTemplate(0, forward_us=forward_us, loss_us=0.0, backward_segments_us=[backward_us],
+                            bucket_ready_order=[], update_us=1000.0, tail_us=0.0, enqueue_cost_us=0.0,
+                            backward_us=backward_us, iterations_used=10, measured_iteration_us=0.0)
+    infos = [BucketInfo(f"bucket{k}", sum(sizes[p] for p in group), list(group), 0.0)
+             for k, group in enumerate(buckets)]
+    comm = CommModel(alpha_us=alpha_us, bandwidth_bytes_per_us=bandwidth_bytes_per_us, source="constructed")
+    return JobModel(world, {0: template, 1: template}, infos, sizes, ready, comm, None, channels=channels)
+
+
+def test_tensor_fusion_splits_a_bucket_so_its_first_half_overlaps_the_backward_pass():
+    # A is ready half-way through backward, B at its end; each takes 8 ms to all-reduce (2 ranks, 2 steps of
+    # 4 ms). One bucket: 10 + 20 + 16 + 1 = 47 ms. Two buckets: A's sync (18 ms) overlaps backward's second half
+    # (10 ms) and pushes B's back by 6 ms: 10 + 20 + 6 + 8 + 1 = 45 ms... unless B goes first: it cannot, it is
+    # ready last. Best: [A], [B].
+    sizes = {"A": 8_000_000, "B": 8_000_000}
+    model = _model(sizes, {"A": 0.5, "B": 1.0}, [["A", "B"]], bandwidth_bytes_per_us=1000.0)
+    strategy = optimize(model, caps_mb=())
+    assert strategy.buckets == [["A"], ["B"]]
+    assert strategy.predicted_ms < strategy.baseline_ms
+    assert strategy.decisions and strategy.decisions[0].pass_name == "tensor_fusion"
+    assert strategy.decisions[0].gain_ms == pytest.approx(strategy.baseline_ms - strategy.predicted_ms, abs=1e-3)
+
+
+def test_tensor_fusion_merges_tiny_buckets_when_latency_dominates():
+    names = [f"p{k}" for k in range(6)]
+    sizes = {n: 4096 for n in names}
+    ready = {n: 0.95 + 0.01 * k for k, n in enumerate(names)}  # all at the end of backward: nothing to overlap
+    model = _model(sizes, ready, [[n] for n in names], alpha_us=2000.0, bandwidth_bytes_per_us=1e5)
+    strategy = optimize(model, caps_mb=())
+    assert strategy.buckets == [names]  # one bucket: one latency instead of six
+    assert all(d.pass_name == "tensor_fusion" for d in strategy.decisions)
+    assert strategy.predicted_ms < strategy.baseline_ms - 4 * 2 * 2.0  # at least 4 syncs x 2 steps x 2 ms saved
+
+
+def test_tensor_partition_k_star_from_a_partial_replay():
+    sizes = {"A": 16 * MiB}
+    # two channels (gloo's two worker threads): two pieces synchronise at once
+    two = _model(sizes, {"A": 1.0}, [["A"]], alpha_us=10.0, channels=2)
+    k, times = best_partitions(two, 16 * MiB)
+    assert k == 2 and times[2] < 0.6 * times[1]
+    one = _model(sizes, {"A": 1.0}, [["A"]], alpha_us=10.0, channels=1)
+    k, times = best_partitions(one, 16 * MiB)
+    assert k == 1 and times[2] > times[1]  # one channel: pieces only add latency
+    strategy = optimize(two, caps_mb=())
+    assert strategy.partitions == {"bucket0": 2}
+    assert strategy.decisions[-1].pass_name == "tensor_partition"
+
+
+def _memory_rows(activations: int) -> MemoryModel:
+    return MemoryModel([{"parts": {"at_ddp_init": 100 * MiB, "optimizer_state": 0, "other_steady": 0,
+                                   "gradients": 10 * MiB, "activations": activations, "extra": 0}}])
+
+
+def test_memory_budget_picks_the_fastest_pass_under_the_budget():
+    sizes = {"A": MiB, "B": MiB}
+    # communication is negligible: accumulation costs nothing, re-computation repeats forward work
+    model = _model(sizes, {"A": 0.5, "B": 1.0}, [["A", "B"]], bandwidth_bytes_per_us=1e7)
+    memory = _memory_rows(80 * MiB)
+    budget = 160 * MiB  # peak 190 MiB; needs activations <= 50 MiB: k >= 2
+    strategy = optimize(model, memory, budget, caps_mb=())
+    assert strategy.accumulation_steps == 2 and strategy.recompute_segments == 0
+    assert strategy.predicted_peak_bytes <= budget
+    assert strategy.decisions[0].pass_name == "accumulation" and "budget" in strategy.decisions[0].note
+    # a slow network makes accumulation's lost overlap dearer than re-computing a short forward pass
+    # (A: 3 MiB, 31 ms to sync, ready half-way through a 40 ms backward: accumulation leaves only 10 ms of the
+    # last micro-batch's backward to hide it, re-computation adds 0.5 ms of forward)
+    slow = _model({"A": 3 * MiB, "B": MiB}, {"A": 0.5, "B": 1.0}, [["A"], ["B"]], forward_us=1000.0,
+                  backward_us=40_000.0, bandwidth_bytes_per_us=100.0)
+    strategy = optimize(slow, memory, budget, caps_mb=())
+    assert strategy.recompute_segments == 2 and strategy.accumulation_steps == 1
+    with pytest.raises(BudgetError, match="exceeds the budget"):
+        optimize(model, memory, 105 * MiB, caps_mb=())
+
+
+def test_a_job_already_at_its_best_keeps_its_settings():
+    names = [f"p{k}" for k in range(4)]
+    sizes = {n: 4096 for n in names}
+    model = _model(sizes, {n: 1.0 for n in names}, [names], alpha_us=500.0, bandwidth_bytes_per_us=1e5)
+    strategy = optimize(model)
+    assert strategy.is_default() and not strategy.decisions
+    assert any("already the best" in line for line in strategy.summary_lines())
+
+
+def test_resnet50_shaped_16_rank_search_is_fast_and_gains():
+    from dprorun.synth import resnet50_job_model
+
+    strategy = optimize(resnet50_job_model(16, bandwidth_gbit=10.0))
+    assert strategy.search["seconds"] < 60
+    assert strategy.predicted_ms < strategy.baseline_ms
+
+
+def test_strategy_file_round_trip_and_errors(tmp_path, monkeypatch):
+    import dprorun
+
+    original = Strategy(buckets=[["a", "b"], ["c"]], partitions={"bucket1": 4}, accumulation_steps=2,
+                        decisions=[Decision("tensor_fusion", "merge", 10.0, 9.0)], baseline_ms=10.0, predicted_ms=9.0)
+    path = str(tmp_path / "strategy.json")
+    save_strategy(original, path)
+    loaded = load_strategy(path)
+    assert loaded.buckets == original.buckets and loaded.partitions == {"bucket1": 4}
+    assert loaded.decisions[0].gain_ms == 1.0
+    assert dprorun.strategy() is None
+    monkeypatch.setenv("DPRO_STRATEGY", path)
+    assert dprorun.strategy().accumulation_steps == 2
+    doc = json.loads(open(path).read())
+    for bad, problem in (({**doc, "version": 99}, "schema version"), ({**doc, "buckets": [1, 2]}, "buckets"),
+                         ({**doc, "partitions": {"bucket0": 0}}, "partitions")):
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(TraceError, match=problem):
+            load_strategy(str(tmp_path / "bad.json"))
+
+
+def test_dpro_optimize_on_a_real_run(mlp_run, tmp_path):
+    mlp_run = str(mlp_run[0])
+    out = tmp_path / "strategy.json"
+    proc = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "optimize", mlp_run, "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "predicted iteration time" in proc.stdout
+    strategy = load_strategy(str(out))
+    assert strategy.baseline_ms > 0 and strategy.predicted_ms <= strategy.baseline_ms
+    proc = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "optimize", mlp_run, "--memory-budget",
+                           "1MiB"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "exceeds the budget" in proc.stderr and "Traceback" not in proc.stderr
