@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import Optional, Sequence
 
+from dprorun.fsutil import TraceError
 from dprorun.config import JobConfig, ProfileConfig
 
 USAGE_EXAMPLE = "dprorun -np 2 python examples/mlp_many_layers.py --steps 30"
@@ -58,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     modes.add_argument("--local-np", type=int, default=None,
                        help="with --dry-run: ranks actually launched here (default: -np)")
     modes.add_argument("--bandwidth", default=None, help="with --dry-run: predict for this link bandwidth")
+    modes.add_argument("--autotune", action="store_true",
+                       help="profile a window, search a strategy, try it, and run the job with it only if it is "
+                            "measured faster (never-regress)")
+    modes.add_argument("--strategy", default=None, metavar="FILE",
+                       help="run with a strategy.json (from dpro optimize or an earlier --autotune)")
+    modes.add_argument("--memory-budget", default=None, help="with --autotune: per-rank peak memory, e.g. 8GiB")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the end-of-job summary as JSON")
     out.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
@@ -132,6 +139,20 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         job.master_port = job.master_port or 29500
     if job.nnodes > 1 and job.master_port is None:
         job.master_port = 29500
+    if args.autotune and args.dry_run:
+        raise ValueError("--autotune and --dry-run are separate modes")
+    if args.autotune and args.strategy:
+        raise ValueError("--autotune searches its own strategy; --strategy runs a given one")
+    if args.strategy:
+        from dprorun.strategy import load_strategy
+
+        load_strategy(args.strategy)  # a bad file is an error now, not a warning in every rank
+        job.strategy_file = os.path.abspath(args.strategy)
+    job.autotune = args.autotune
+    if args.memory_budget:
+        from dprorun.offline_cli import parse_bytes
+
+        job.memory_budget_bytes = parse_bytes(args.memory_budget)
     job.profile = profile_config_from_env_and_args(args)
     job.profile.dry_run = job.profile.dry_run or args.dry_run
     job.predict_np = predict_np or job.world_size
@@ -155,13 +176,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         job = job_from_args(args)
-    except ValueError as exc:
+    except (ValueError, argparse.ArgumentTypeError) as exc:
         parser.error(str(exc))
+        return 2
+    except TraceError as exc:
+        print(f"dprorun: error: {exc}", file=sys.stderr)
         return 2
     from dprorun.launch import launch
     from dprorun.finalize import finalize_run
 
     try:
+        if job.autotune:
+            from dprorun.autotune import run_autotune
+
+            return run_autotune(job, launch, finalize_run)
         result = launch(job)
     except (ValueError, FileNotFoundError) as exc:
         print(f"dprorun: error: {exc}", file=sys.stderr)

@@ -127,6 +127,9 @@ class JobConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     predict_np: Optional[int] = None  # --dry-run: world size to predict for
     predict_bandwidth_gbit: Optional[float] = None
+    strategy_file: Optional[str] = None  # --strategy / autotune: applied by the hooks (DPRO_STRATEGY)
+    autotune: bool = False
+    memory_budget_bytes: Optional[int] = None
 
     @property
     def world_size(self) -> int:

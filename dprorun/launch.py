@@ -58,6 +58,7 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
     existing = os.environ.get("PYTHONPATH", "")
     env = {"PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
     env.update(job.profile.to_env())
+    env["DPRO_STRATEGY"] = os.path.abspath(job.strategy_file) if job.strategy_file else ""
     env.setdefault("KINETO_LOG_LEVEL", os.environ.get("KINETO_LOG_LEVEL", "6"))  # no profiler chatter per rank
     # Kineto leaves CUPTI subscribed after the profiler stops unless told to tear it down; on GPU that kept every
     # kernel launch slower for the rest of the job (benchmarks/gpu_overhead.py). A user's own setting wins.

@@ -52,17 +52,22 @@ def test_tensor_fusion_merges_tiny_buckets_when_latency_dominates():
 
 
 def test_tensor_partition_k_star_from_a_partial_replay():
+    """A single-stage ring: pieces share the link's bandwidth and each adds its steps' latency. With one
+    channel (one collective at a time, NCCL-like) k* = 1. With two (gloo's two worker threads) one piece's step
+    latency hides behind the other's bytes on the link: k* = 2 saves exactly one step latency of the two."""
     sizes = {"A": 16 * MiB}
-    # two channels (gloo's two worker threads): two pieces synchronise at once
-    two = _model(sizes, {"A": 1.0}, [["A"]], alpha_us=10.0, channels=2)
-    k, times = best_partitions(two, 16 * MiB)
-    assert k == 2 and times[2] < 0.6 * times[1]
-    one = _model(sizes, {"A": 1.0}, [["A"]], alpha_us=10.0, channels=1)
+    wire = 2 * (16 * MiB / 2 / 1000.0)  # 2 steps, half the tensor each, 1000 bytes/µs
+    one = _model(sizes, {"A": 1.0}, [["A"]], alpha_us=500.0, channels=1)
     k, times = best_partitions(one, 16 * MiB)
-    assert k == 1 and times[2] > times[1]  # one channel: pieces only add latency
+    assert k == 1 and times[1] == pytest.approx(wire + 2 * 500.0) and times[2] == pytest.approx(wire + 4 * 500.0)
+    assert not optimize(one, caps_mb=()).partitions
+    two = _model(sizes, {"A": 1.0}, [["A"]], alpha_us=500.0, channels=2)
+    k, times = best_partitions(two, 16 * MiB)
+    assert k == 2 and times[1] == pytest.approx(wire + 2 * 500.0) and times[2] == pytest.approx(wire + 500.0)
     strategy = optimize(two, caps_mb=())
     assert strategy.partitions == {"bucket0": 2}
     assert strategy.decisions[-1].pass_name == "tensor_partition"
+    assert strategy.baseline_ms - strategy.predicted_ms == pytest.approx(0.5, abs=0.01)
 
 
 def _memory_rows(activations: int) -> MemoryModel:

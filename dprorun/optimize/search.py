@@ -24,7 +24,6 @@ from dprorun.replay.whatif import MB, WhatIf, replay_once
 from dprorun.strategy import Decision, Strategy
 
 DEFAULT_CAPS_MB = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
-DDP_FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket is capped at 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 class BudgetError(ValueError):
@@ -54,8 +53,10 @@ def ready_order(model: JobModel) -> list[str]:
 
 
 def ddp_grouping(model: JobModel, cap_mb: float) -> list[list[str]]:
+    """DDP's buckets for an explicit bucket_cap_mb (the first bucket gets the same cap; only DDP's default
+    setting caps the first bucket at 1 MiB)."""
     cap = int(cap_mb * MB)
-    return ddp_buckets(ready_order(model), model.param_bytes, cap, min(cap, DDP_FIRST_BUCKET_BYTES))
+    return ddp_buckets(ready_order(model), model.param_bytes, cap)
 
 
 def whatif_for(strategy: Strategy) -> WhatIf:

@@ -5,7 +5,10 @@ Per rank: forward -> loss -> backward segments (each bucket's In after the segme
 became ready, plus the hook's enqueue cost) -> update (after every bucket's Out) -> tail. Per bucket and
 partition: a ring all-reduce, 2(N-1) steps; at each step every rank's SEND occupies its outgoing link
 (`link r->r+1`) for one step time and the receiver's RECV (no device) joins it; the next step needs both the
-rank's own SEND and RECV. With no flags the measured buckets and transmission times are replayed; flags that
+rank's own SEND and RECV. Modelled steps (what-ifs) of a backend with several channels (gloo) are split in two: the step latency on one
+of the backend's channels (`channel r->r+1`, as many slots as the backend runs collectives at once) and the bytes on the link,
+which concurrent collectives share (one slot): two collectives in flight overlap their latencies, not their
+bandwidth. With no flags the measured buckets and transmission times are replayed; flags that
 change sizes or N use the fitted cost model, scaled to match the measured transmissions.
 The Daydream-style baseline replaces each bucket's synchronisation by one op of bytes / bandwidth on the
 rank's own comm device, with no cross-rank dependency.
@@ -189,11 +192,28 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                 continue
             steps = 2 * (world - 1)
             measured = sample.transmit_us.get(s.key, s.measured_us) if sample is not None else s.measured_us
-            duration = (measured / steps) if (use_measured and measured) else step_us(piece)
+            modelled = not (use_measured and measured)
+            duration = step_us(piece) if modelled else measured / steps
+            split = modelled and model.channels > 1
+            latency = scale * alpha if modelled else 0.0
             previous = {r: [ins[(r, s.key, p)]] for r in range(world)}
             for step in range(steps):
-                sends = {r: g.op(f"r{r}.send.{s.key}.p{p}.s{step}", "COMM", r, f"link{r}->{(r + 1) % world}",
-                                 duration, capacity=model.channels) for r in range(world)}
+                sends = {}
+                for r in range(world):
+                    link = f"{r}->{(r + 1) % world}"
+                    if split:
+                        # a step's latency runs on one of the backend's channels (several collectives can be in
+                        # flight), its bytes on the link, which concurrent collectives share
+                        lat = g.op(f"r{r}.latency.{s.key}.p{p}.s{step}", "COMM", r, f"channel{link}", latency,
+                                   capacity=model.channels)
+                        for u in previous[r]:
+                            g.edge(u, lat)
+                        previous[r] = [lat]
+                        sends[r] = g.op(f"r{r}.send.{s.key}.p{p}.s{step}", "COMM", r, f"link{link}",
+                                        duration - latency)
+                    else:
+                        sends[r] = g.op(f"r{r}.send.{s.key}.p{p}.s{step}", "COMM", r, f"link{link}", duration,
+                                        capacity=model.channels)
                 current = {}
                 for r in range(world):
                     left = (r - 1) % world
@@ -259,14 +279,22 @@ def sync_time_us(model: JobModel, nbytes: int, world: Optional[int] = None, part
         return 0.0
     g = GraphBuilder()
     scale = _comm_scale(model)
-    step = scale * (model.comm.alpha_us + nbytes / partitions / (world * model.comm.bandwidth_bytes_per_us))
+    latency = scale * model.comm.alpha_us
+    wire = scale * nbytes / partitions / (world * model.comm.bandwidth_bytes_per_us)
+    if model.channels == 1:  # one collective at a time: latency and bytes on the link, in order
+        wire, latency = wire + latency, 0.0
     starts = [g.op(f"r{r}.In", "VIRTUAL", r, None, 0.0) for r in range(world)]
     ends = [g.op(f"r{r}.Out", "VIRTUAL", r, None, 0.0) for r in range(world)]
     for p in range(partitions):
         previous = {r: [starts[r]] for r in range(world)}
         for s in range(2 * (world - 1)):
-            sends = {r: g.op(f"r{r}.send.p{p}.s{s}", "COMM", r, f"link{r}", step, capacity=model.channels)
-                     for r in range(world)}
+            sends = {}
+            for r in range(world):
+                lat = g.op(f"r{r}.latency.p{p}.s{s}", "COMM", r, f"channel{r}", latency, capacity=model.channels)
+                for u in previous[r]:
+                    g.edge(u, lat)
+                previous[r] = [lat]
+                sends[r] = g.op(f"r{r}.send.p{p}.s{s}", "COMM", r, f"link{r}", wire)
             current = {}
             for r in range(world):
                 recv = g.op(f"r{r}.recv.p{p}.s{s}", "VIRTUAL", r, None, 0.0)

@@ -199,10 +199,25 @@ class DDPTracker:
 
     def _register_default_hook(self) -> None:
         self.hook_decided = True
-        if not self.session.cfg.comm_hook:
+        session, ring = self.session, self.ring
+        partitioned = session.strategy is not None and bool(session.strategy.partitions)
+        if not session.cfg.comm_hook and not partitioned:
             return  # DDP's built-in all-reduce; buckets only through the profiler's collective spans
         self.hook_registered = True
-        session, ring = self.session, self.ring
+        if partitioned:
+            from dprorun.runtime.apply import partitioned_allreduce, pieces_for
+
+            strategy = session.strategy
+            session.strategy_applied["partitions"] = dict(strategy.partitions)
+
+            def strategy_allreduce(state, bucket):
+                pieces = pieces_for(strategy, bucket.index())
+                if pieces > 1:
+                    return partitioned_allreduce(state, bucket, pieces)
+                return _allreduce_mean(state, bucket)
+
+            _ORIGINAL["register_comm_hook"](self.ddp, self.ddp.process_group, self.timed(strategy_allreduce))
+            return
 
         if ring is not None:
             def ring_in_window(state, bucket):
@@ -318,9 +333,19 @@ def patch_ddp_class(session: RankSession) -> None:
 
     @functools.wraps(_ORIGINAL["__init__"])
     def __init__(self, *args, **kwargs):
+        strategy = session.strategy if not session.disabled else None
+        if strategy is not None:
+            from dprorun.runtime import apply
+
+            kwargs = session.guard("applying the strategy's bucket layout", apply.ddp_init_kwargs, strategy,
+                                   _ORIGINAL["__init__"], args, kwargs, session.strategy_applied,
+                                   session.warnings) or kwargs
         _ORIGINAL["__init__"](self, *args, **kwargs)
         if session.disabled:
             return
+        if strategy is not None:
+            session.guard("applying re-computation", apply.apply_recompute, strategy, self.module,
+                          session.strategy_applied, session.warnings)
         tracker = session.guard("attaching to DistributedDataParallel", DDPTracker, session, self,
                                 len(session.trackers))
         if tracker is not None:

@@ -73,6 +73,14 @@ class RankSession:
         self.disturbed_iterations: list[int] = []
         self.calibration: list[list[float]] = []
         self.on_window_end: list[Callable[[], None]] = []
+        from dprorun.runtime import apply
+
+        self.strategy, problem = apply.load()  # the optimizer's strategy this job runs with, if any
+        self.strategy_applied: dict[str, Any] = {}
+        if problem:
+            self.warnings.append(problem)
+        elif self.strategy is not None:
+            self.warnings.extend(apply.not_applied_notes(self.strategy))
 
     # ---- clock -------------------------------------------------------------------------------------------
     def now_us(self) -> float:
@@ -311,6 +319,8 @@ class RankSession:
             "trackers": [t.describe() for t in self.trackers],
             "files": sorted(set(self.files_written)),
             "warnings": self.warnings,
+            "strategy": None if self.strategy is None else {"file": os.environ.get("DPRO_STRATEGY"),
+                                                            "applied": self.strategy_applied},
             "versions": _versions(),
         }
 

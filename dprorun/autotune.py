@@ -1,0 +1,139 @@
+"""`dprorun --autotune`: profile, search, restart with the strategy, keep it only if it is measured faster.
+
+Phases (each printed as it starts; every decision logged to RUN_DIR/autotune.json):
+  1. profiling   the job's profiling window only (as --dry-run), job settings as given  -> RUN_DIR/autotune/profile
+  2. searching   dprorun.optimize on that run                                           -> RUN_DIR/strategy.json
+  3. trial       the window again with the strategy applied by the hooks                 -> RUN_DIR/autotune/trial
+  4. deciding    never-regress: the strategy is kept only if the trial's measured iteration time beats the
+                 profile's by more than `min_gain` (launch-to-launch noise on a shared machine is several %)
+  5. running     the whole job, with the strategy or with its own settings, profiled as usual -> RUN_DIR
+A strategy with nothing to change skips the trial. Parts the hooks cannot apply (gradient accumulation) are
+printed as recommendations; `dprorun.strategy()` gives them to a script that wants them.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import os
+import sys
+import time
+from typing import Callable, Optional
+
+from dprorun.config import JobConfig
+from dprorun.fsutil import atomic_write_json, make_private_dir
+
+
+def _phase(job: JobConfig, text: str) -> None:
+    if not job.quiet:
+        print(f"dprorun autotune: {text}", flush=True)
+
+
+def _measured_ms(run_dir: str) -> Optional[float]:
+    from dprorun.summary import summarize_run
+
+    summary = summarize_run(run_dir)
+    return summary.get("iteration_time_ms")
+
+
+def _sub_job(job: JobConfig, run_dir: str, dry_run: bool, strategy_file: Optional[str]) -> JobConfig:
+    sub = copy.deepcopy(job)
+    sub.run_dir = run_dir
+    sub.profile.run_dir = run_dir
+    sub.profile.dry_run = dry_run
+    sub.profile.job_id = f"{job.profile.job_id}-{os.path.basename(run_dir)}" if dry_run else job.profile.job_id
+    sub.strategy_file = strategy_file
+    sub.autotune = False
+    sub.quiet = True if dry_run else job.quiet
+    sub.json_summary = False if dry_run else job.json_summary
+    return sub
+
+
+def _quietly(finalize: Callable, job: JobConfig, result) -> int:
+    """Finalize a profiling/trial window without printing its summary (errors still go to stderr)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return finalize(job, result)
+
+
+def run_autotune(job: JobConfig, launch: Callable, finalize: Callable, min_gain: float = 0.01) -> int:
+    """Drive the phases; `launch` and `finalize` are dprorun.launch.launch and dprorun.finalize.finalize_run."""
+    from dprorun.offline_cli import optimize_run
+    from dprorun.optimize import BudgetError
+    from dprorun.strategy import save_strategy
+
+    make_private_dir(job.run_dir)
+    tune_dir = make_private_dir(os.path.join(job.run_dir, "autotune"))
+    log: dict = {"job_id": job.profile.job_id, "command": job.command, "started": time.time(), "phases": []}
+    log_path = os.path.join(job.run_dir, "autotune.json")
+
+    def record(name: str, **values) -> None:
+        log["phases"].append({"phase": name, "time": round(time.time(), 3), **values})
+        atomic_write_json(log_path, log, indent=2)
+
+    def final(strategy_file: Optional[str], why: str) -> int:
+        _phase(job, f"running the job {why}")
+        record("running", strategy=strategy_file, reason=why)
+        code = finalize(_sub_job(job, job.run_dir, False, strategy_file), launch(_sub_job(job, job.run_dir, False,
+                                                                                       strategy_file)))
+        record("done", exit_code=code)
+        return code
+
+    started = time.monotonic()
+    _phase(job, f"1/4 profiling {job.profile.warmup}+{job.profile.active} iterations with the job's own settings")
+    profile_job = _sub_job(job, os.path.join(tune_dir, "profile"), True, None)
+    result = launch(profile_job)
+    if result.exit_code != 0:
+        _quietly(finalize, profile_job, result)
+        record("profiling", exit_code=result.exit_code, message=result.message)
+        print(f"dprorun: error: autotune stopped: the profiling run failed ({result.message}); its traces are in "
+              f"{profile_job.run_dir}", file=sys.stderr)
+        return result.exit_code
+    _quietly(finalize, profile_job, result)
+    baseline_ms = _measured_ms(profile_job.run_dir)
+    record("profiling", run_dir=profile_job.run_dir, measured_ms=baseline_ms)
+
+    _phase(job, "2/4 searching a strategy on the replayed job")
+    try:
+        strategy, _ = optimize_run(profile_job.run_dir, job.memory_budget_bytes)
+    except BudgetError as exc:
+        record("searching", error=str(exc))
+        print(f"dprorun: error: autotune: {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:  # a failed search must never cost the job: run it with its own settings
+        record("searching", error=f"{type(exc).__name__}: {exc}")
+        print(f"dprorun: warning: autotune search failed ({exc}); running with the job's own settings",
+              file=sys.stderr)
+        return final(None, "with its own settings (search failed)")
+    strategy_path = os.path.join(job.run_dir, "strategy.json")
+    save_strategy(strategy, strategy_path)
+    record("searching", strategy=strategy_path, baseline_replay_ms=strategy.baseline_ms,
+           predicted_ms=strategy.predicted_ms, decisions=[d.to_json() for d in strategy.decisions],
+           search=strategy.search)
+    if not job.quiet:
+        for line in strategy.summary_lines():
+            print(f"dprorun autotune:   {line.strip()}")
+    if strategy.is_default() or not strategy.decisions:
+        record("deciding", keep=False, reason="the job's own settings are already the best found")
+        _phase(job, "the job's own settings are already the best found; keeping them")
+        return final(None, "with its own settings (already the best found)")
+
+    _phase(job, "3/4 trial window with the strategy applied")
+    trial_job = _sub_job(job, os.path.join(tune_dir, "trial"), True, strategy_path)
+    result = launch(trial_job)
+    _quietly(finalize, trial_job, result)
+    trial_ms = _measured_ms(trial_job.run_dir) if result.exit_code == 0 else None
+    record("trial", run_dir=trial_job.run_dir, exit_code=result.exit_code, measured_ms=trial_ms)
+
+    keep = trial_ms is not None and baseline_ms is not None and trial_ms < baseline_ms * (1 - min_gain)
+    if trial_ms is None:
+        reason = f"the trial run failed ({result.message}): reverting to the job's own settings"
+    elif keep:
+        reason = (f"measured {baseline_ms:.2f} -> {trial_ms:.2f} ms per iteration "
+                  f"({100 * (1 - trial_ms / baseline_ms):.1f} % faster): keeping the strategy")
+    else:
+        reason = (f"measured {baseline_ms:.2f} -> {trial_ms:.2f} ms per iteration, not better by "
+                  f"{100 * min_gain:.0f} %: reverting to the job's own settings")
+    record("deciding", keep=keep, reason=reason, baseline_ms=baseline_ms, trial_ms=trial_ms,
+           tuning_seconds=round(time.monotonic() - started, 2))
+    _phase(job, f"4/4 {reason}")
+    return final(strategy_path if keep else None, "with the strategy" if keep else "with its own settings")
