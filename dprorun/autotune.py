@@ -55,12 +55,13 @@ def _quietly(finalize: Callable, job: JobConfig, result) -> int:
         return finalize(job, result)
 
 
-def run_autotune(job: JobConfig, launch: Callable, finalize: Callable, min_gain: float = 0.01) -> int:
+def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
     """Drive the phases; `launch` and `finalize` are dprorun.launch.launch and dprorun.finalize.finalize_run."""
     from dprorun.offline_cli import optimize_run
     from dprorun.optimize import BudgetError
     from dprorun.strategy import save_strategy
 
+    min_gain = job.autotune_min_gain
     make_private_dir(job.run_dir)
     tune_dir = make_private_dir(os.path.join(job.run_dir, "autotune"))
     log: dict = {"job_id": job.profile.job_id, "command": job.command, "started": time.time(), "phases": []}

@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     modes.add_argument("--autotune", action="store_true",
                        help="profile a window, search a strategy, try it, and run the job with it only if it is "
                             "measured faster (never-regress)")
+    modes.add_argument("--autotune-min-gain", type=float, default=0.01, metavar="FRACTION",
+                       help="keep the strategy only when the trial is faster by more than this (default 0.01)")
     modes.add_argument("--strategy", default=None, metavar="FILE",
                        help="run with a strategy.json (from dpro optimize or an earlier --autotune)")
     modes.add_argument("--memory-budget", default=None, help="with --autotune: per-rank peak memory, e.g. 8GiB")
@@ -149,6 +151,9 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         load_strategy(args.strategy)  # a bad file is an error now, not a warning in every rank
         job.strategy_file = os.path.abspath(args.strategy)
     job.autotune = args.autotune
+    if not 0 <= args.autotune_min_gain < 1:
+        raise ValueError("--autotune-min-gain is a fraction in [0, 1)")
+    job.autotune_min_gain = args.autotune_min_gain
     if args.memory_budget:
         from dprorun.offline_cli import parse_bytes
 

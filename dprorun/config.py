@@ -129,6 +129,7 @@ class JobConfig:
     predict_bandwidth_gbit: Optional[float] = None
     strategy_file: Optional[str] = None  # --strategy / autotune: applied by the hooks (DPRO_STRATEGY)
     autotune: bool = False
+    autotune_min_gain: float = 0.01  # a strategy is kept only when measured faster by more than this fraction
     memory_budget_bytes: Optional[int] = None
 
     @property

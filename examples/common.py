@@ -17,7 +17,8 @@ def parse_args(description: str, **defaults) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--steps", type=int, default=defaults.get("steps", 30))
     parser.add_argument("--batch-size", type=int, default=defaults.get("batch_size", 32))
-    parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    parser.add_argument("--bucket-mb", type=float, default=None,
+                        help="DDP bucket_cap_mb (default: DDP's own, 25 MB with a 1 MiB first bucket)")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",

@@ -1,0 +1,77 @@
+"""--autotune and --strategy on real 2-rank jobs: the strategy reaches DDP through the hooks with no change to
+the script, the never-regress rule reverts, and a job with nothing to tune keeps its settings."""
+import json
+import os
+
+import pytest
+
+from conftest import EXAMPLES, run_dprorun
+from dprorun.strategy import Strategy, save_strategy
+from dprorun.trace.rundir import load_run
+
+pytestmark = pytest.mark.slow
+MLP = os.path.join(EXAMPLES, "mlp_many_layers.py")
+WINDOW = ["--warmup", "3", "--active", "6", "--kineto-iters", "1", "--clean", "2"]
+
+
+def _phases(run_dir) -> dict:
+    with open(os.path.join(run_dir, "autotune.json")) as handle:
+        return {p["phase"]: p for p in json.load(handle)["phases"]}
+
+
+def test_strategy_file_is_applied_by_the_hooks(mlp_run, tmp_path):
+    """Groups of the real model's parameters in gradient-ready order become DDP's buckets (per-bucket caps), and
+    one bucket's all-reduce runs in 3 pieces through the comm hook; training runs to the end."""
+    run = load_run(str(mlp_run[0]))
+    trace = run.ranks[0]
+    ready = sorted({name for _, name, _ in trace.grad_ready},
+                   key=lambda n: min(t for _, m, t in trace.grad_ready if m == n))
+    groups = [ready[:10], ready[10:30], ready[30:]]
+    path = tmp_path / "strategy.json"
+    save_strategy(Strategy(buckets=groups, partitions={"bucket1": 3}), str(path))
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "-q", "--strategy", str(path), *WINDOW, "python", MLP, "--steps", "14"],
+                          run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "median iteration time" in proc.stdout
+    events = json.load(open(run_dir / "rank_0" / "events.json"))
+    applied = events["strategy"]["applied"]
+    assert len(applied["bucket_cap_mb_list"]) == 3 and applied["partitions"] == {"bucket1": 3}
+    buckets = load_run(str(run_dir)).ranks[0].buckets
+    assert sorted(len(b.params) for b in buckets) == sorted(len(g) for g in groups)
+    assert {frozenset(b.params) for b in buckets} == {frozenset(g) for g in groups}
+
+
+def test_bad_strategy_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "strategy.json"
+    path.write_text(json.dumps({"version": 7}))
+    proc, _ = run_dprorun(["-np", "2", "--strategy", str(path), "python", MLP], tmp_path / "run")
+    assert proc.returncode == 2 and "schema version 7" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_autotune_reverts_when_the_trial_is_not_faster_enough(tmp_path):
+    run_dir = tmp_path / "run"
+    # a required gain of 95 % cannot be met: whatever the search finds must be reverted (never-regress)
+    proc, _ = run_dprorun(["-np", "2", "--autotune", "--autotune-min-gain", "0.95", *WINDOW, "python", MLP,
+                           "--steps", "24", "--bucket-mb", "25"], run_dir, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    phases = _phases(run_dir)
+    assert {"profiling", "searching", "deciding", "running", "done"} <= set(phases)
+    assert phases["deciding"]["keep"] is False
+    assert "reverting" in proc.stdout or "already the best" in proc.stdout
+    assert os.path.exists(run_dir / "strategy.json")
+    events = json.load(open(run_dir / "rank_0" / "events.json"))
+    assert events["strategy"] is None  # the job ran with its own settings
+    assert os.path.isdir(run_dir / "autotune" / "profile" / "rank_1")
+
+
+def test_autotune_keeps_a_job_that_has_nothing_to_tune(tmp_path):
+    run_dir = tmp_path / "run"
+    # one rank, one bucket: no communication to hide and no per-bucket cost to save
+    proc, _ = run_dprorun(["-np", "1", "--autotune", *WINDOW, "python", MLP, "--steps", "16", "--bucket-mb", "100"],
+                          run_dir, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "already the best found; keeping them" in proc.stdout
+    phases = _phases(run_dir)
+    assert phases["deciding"]["keep"] is False and "trial" not in phases
+    assert not os.path.exists(run_dir / "autotune" / "trial")
