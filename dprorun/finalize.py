@@ -66,6 +66,18 @@ def _print_prediction(job: JobConfig, summary: dict) -> int:
     return 0
 
 
+def _write_report(job: JobConfig) -> None:
+    """report.html at job end (what-if curves bounded to a few seconds); a failure is a warning only."""
+    if os.environ.get("DPRO_REPORT", "1") == "0":
+        return
+    try:
+        from dprorun.report import write_report
+
+        write_report(job.run_dir, whatif_time_budget_s=5.0)
+    except Exception as exc:
+        print(f"dprorun: warning: no report.html: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     status = "completed" if result.exit_code == 0 else "failed"
     folders = rank_folders(job.run_dir) if os.path.isdir(job.run_dir) else {}
@@ -94,6 +106,7 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     except Exception as exc:  # the job's outcome stands; only the summary is missing
         print(f"dprorun: warning: could not summarise the run: {exc}", file=sys.stderr)
         return result.exit_code
+    _write_report(job)
     if job.profile.dry_run and result.exit_code == 0:
         return _print_prediction(job, summary)
     if job.json_summary:

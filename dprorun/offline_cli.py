@@ -168,6 +168,18 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from dprorun.report import format_report, write_report
+
+    path, data = write_report(args.run_dir, args.output)
+    if args.json:
+        print(json.dumps(data, indent=2, default=float))
+        return 0
+    print(format_report(data))
+    print(f"report written to {path} (self-contained HTML: open it in a browser)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpro", description="Analyse a dprorun run directory.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -205,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("-o", "--output", default=None, help="strategy file (default RUN_DIR/strategy.json)")
     op.add_argument("--json", action="store_true", help="print the strategy as JSON")
     op.set_defaults(func=_cmd_optimize)
+    rep = sub.add_parser("report", help="HTML report (timeline, critical path, what-if plots) + terminal summary")
+    rep.add_argument("run_dir")
+    rep.add_argument("-o", "--output", default=None, help="HTML file (default RUN_DIR/report.html)")
+    rep.add_argument("--json", action="store_true", help="print the report's data as JSON")
+    rep.set_defaults(func=_cmd_report)
     return parser
 
 

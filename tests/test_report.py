@@ -1,0 +1,70 @@
+"""`dpro report` on a real 2-rank run: the data, a self-contained page, and the page rendered in headless
+Chromium with no console errors and every timeline and plot drawn."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dprorun.report import write_report
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def report(mlp_run, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("report") / "report.html")
+    path, data = write_report(str(mlp_run[0]), out)
+    return path, data
+
+
+def test_report_data_from_a_real_run(report):
+    _, data = report
+    assert data["summary"]["world_size"] == 2
+    measured = data["measured_timeline"]["ops"]
+    assert {op[0] for op in measured} == {0, 1} and any(op[2] == "COMM" for op in measured)
+    replayed = data["replayed_timeline"]["ops"]
+    assert any(op[6] for op in replayed)  # critical path marked
+    whatif = data["whatif"]
+    assert len(whatif["world_size"]) >= 3 and len(whatif["bandwidth_gbit"]) >= 3 and len(whatif["bucket_mb"]) >= 3
+    sizes = dict(whatif["world_size"])
+    assert sizes[16] > sizes[2]  # more ring steps
+    assert data["samples"] and data["summary"]["memory"]
+
+
+def test_report_page_is_self_contained(report):
+    path, _ = report
+    page = open(path).read()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing fetched from a network
+    assert "<script type='application/json' id=report-data>" in page
+
+
+def test_dpro_report_cli(mlp_run, tmp_path):
+    out = tmp_path / "r.html"
+    proc = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "report", str(mlp_run[0]), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "critical path of the replayed iteration" in proc.stdout and "what if: ranks" in proc.stdout
+    assert out.exists() and out.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian package chromium; .ci/run installs "
+                                             "it): the page cannot be rendered here")
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    path, _ = report
+    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                           "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom",
+                           "file://" + os.path.abspath(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    status = re.search(r'id="render-status">([^<]*)<', proc.stdout)
+    errors = re.search(r'id="render-errors">([^<]*)<', proc.stdout)
+    assert status and errors, proc.stdout[-2000:]
+    assert errors.group(1) == "no errors"
+    drawn = json.loads(status.group(1).replace("&quot;", '"'))
+    assert drawn["measured"] > 0 and drawn["replayed"] > 0
+    assert drawn["world"] >= 3 and drawn["bw"] >= 3 and drawn["bucket"] >= 3 and drawn["samples"] > 0
+    assert proc.stdout.count("<rect") > 50 and proc.stdout.count("<polyline") >= 3
