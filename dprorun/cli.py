@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "launch to the torchrun CLI")
     job.add_argument("--backend", choices=("ddp",), default="ddp", help="framework of the job")
     job.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
+    job.add_argument("--join-timeout", type=float, default=None,
+                     help="seconds to wait for every node to join (default 900 multi-node, 60 single-node)")
     prof = parser.add_argument_group("profiling")
     prof.add_argument("--run-dir", default="", help="run directory (default dpro_runs/<job-id>)")
     prof.add_argument("--job-id", default="", help="job id (default: time + random suffix)")
@@ -128,7 +130,7 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         raise ValueError("--local-np goes with --dry-run")
     job = JobConfig(command=command, nproc_per_node=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
                     master_addr=args.master_addr, master_port=args.master_port, launcher=args.launcher,
-                    backend=args.backend, timeout_s=args.timeout, quiet=args.quiet, json_summary=args.json)
+                    backend=args.backend, timeout_s=args.timeout, join_timeout_s=args.join_timeout, quiet=args.quiet, json_summary=args.json)
     if args.hosts:
         hosts = _parse_hosts(args.hosts)
         slots = {s for _, s in hosts}

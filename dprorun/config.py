@@ -31,6 +31,7 @@ class ProfileConfig:
     comm_detail: str = "bucket"  # "bucket" (hook + gloo span) or "ring" (explicit chunked ring)
     launch_host: str = ""  # hostname of the node that owns the run directory
     max_trace_mb: float = 512.0  # a rank's trace larger than this is dropped with a warning
+    min_free_mb: float = 256.0  # traces are not written when they would leave less free disk than this
     dry_run: bool = False  # stop the job after the window
     clock_skew_us: list[float] = field(default_factory=list)  # test knob: per-rank clock shift
     fake_hosts: list[str] = field(default_factory=list)  # test knob: per-rank host name
@@ -51,6 +52,7 @@ class ProfileConfig:
         "comm_detail": "COMM_DETAIL",
         "launch_host": "LAUNCH_HOST",
         "max_trace_mb": "MAX_TRACE_MB",
+        "min_free_mb": "MIN_FREE_MB",
         "dry_run": "DRY_RUN",
         "clock_skew_us": "TEST_CLOCK_SKEW_US",
         "fake_hosts": "TEST_HOSTS",
@@ -122,6 +124,7 @@ class JobConfig:
     backend: str = "ddp"
     run_dir: str = ""
     timeout_s: Optional[float] = None
+    join_timeout_s: Optional[float] = None  # rendezvous: how long node 0 waits for the others (900 s multi-node)
     quiet: bool = False
     json_summary: bool = False
     profile: ProfileConfig = field(default_factory=ProfileConfig)
@@ -131,6 +134,7 @@ class JobConfig:
     autotune: bool = False
     autotune_min_gain: float = 0.01  # a strategy is kept only when measured faster by more than this fraction
     memory_budget_bytes: Optional[int] = None
+    low_disk: Optional[str] = None  # set at launch: why profiling is off (too little free disk), or None
 
     @property
     def world_size(self) -> int:

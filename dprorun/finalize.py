@@ -85,7 +85,11 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     extra = {"exit_code": result.exit_code, "message": result.message, "elapsed_s": round(result.elapsed_s, 3),
              "ranks_with_traces": with_events, "failed_rank": result.failed_rank}
     if job.node_rank == 0:
-        write_manifest(job, status, extra)
+        try:
+            write_manifest(job, status, extra)
+        except OSError as exc:  # e.g. the disk filled up: the job's outcome stands, say what is missing
+            print(f"dprorun: warning: cannot write {job.run_dir}/manifest.json ({exc.strerror}); the run "
+                  "directory is incomplete", file=sys.stderr)
     if result.exit_code != 0:
         print(f"dprorun: error: {result.message}", file=sys.stderr)
         missing = sorted(set(range(job.world_size)) - set(with_events))

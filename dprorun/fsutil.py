@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -15,6 +16,14 @@ class TraceError(Exception):
         super().__init__(f"{path}: {problem}")
         self.path = path
         self.problem = problem
+
+
+def free_mb(path: str) -> float:
+    """Free space (MB) on the filesystem holding `path` (or its nearest existing parent)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    return shutil.disk_usage(probe).free / 1e6
 
 
 def make_private_dir(path: str) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from dprorun.config import JobConfig
-from dprorun.fsutil import atomic_write_json, make_private_dir
+from dprorun.fsutil import free_mb, atomic_write_json, make_private_dir
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,6 +59,8 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
     env = {"PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
     env.update(job.profile.to_env())
     env["DPRO_STRATEGY"] = os.path.abspath(job.strategy_file) if job.strategy_file else ""
+    if job.low_disk:
+        env["DPRO_ENABLED"] = "0"  # no hooks: nothing of ours competes with the job for the disk
     env.setdefault("KINETO_LOG_LEVEL", os.environ.get("KINETO_LOG_LEVEL", "6"))  # no profiler chatter per rank
     # Kineto leaves CUPTI subscribed after the profiler stops unless told to tear it down; on GPU that kept every
     # kernel launch slower for the rest of the job (benchmarks/gpu_overhead.py). A user's own setting wins.
@@ -160,9 +162,25 @@ class _Watchdog:
             self._timer.cancel()
 
 
+def low_disk(job: JobConfig) -> Optional[str]:
+    """Why the run directory's filesystem is too full to profile, or None."""
+    free = free_mb(job.run_dir)
+    if free < job.profile.min_free_mb:
+        return (f"only {free:.0f} MB free on the run directory's filesystem ({job.run_dir}; DPRO_MIN_FREE_MB="
+                f"{job.profile.min_free_mb:.0f}): profiling and per-rank log files are off, the job runs as under "
+                "torchrun")
+    return None
+
+
 def launch(job: JobConfig) -> LaunchResult:
     make_private_dir(job.run_dir)
-    write_manifest(job, "running")
+    job.low_disk = low_disk(job)
+    if job.low_disk:
+        print(f"dprorun: warning: {job.low_disk}", file=sys.stderr, flush=True)
+    try:
+        write_manifest(job, "running")
+    except OSError as exc:
+        print(f"dprorun: warning: cannot write the manifest ({exc.strerror})", file=sys.stderr, flush=True)
     started = time.monotonic()
     if job.launcher == "torchrun":
         result = _launch_torchrun(job)
@@ -170,6 +188,42 @@ def launch(job: JobConfig) -> LaunchResult:
         result = _launch_elastic(job)
     result.elapsed_s = time.monotonic() - started
     return result
+
+
+LOOPBACK_RENDEZVOUS = "dprorun-static-loopback"
+
+
+def _register_loopback_rendezvous() -> None:
+    """A static rendezvous whose store listens on the loopback address only.
+
+    torch's TCPStore server listens on every interface whatever address it is given; for a single-node job
+    nothing outside this host needs it, so the store is handed a socket bound to 127.0.0.1 (TCPStore's
+    `master_listen_fd`), through torch elastic's own rendezvous registry."""
+    import datetime
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
+
+    def create(params):
+        handler = create_rdzv_handler(params)  # torch's static rendezvous, reporting this backend's name
+        handler.__class__ = type("LoopbackStaticTCPRendezvous", (type(handler),),
+                                 {"get_backend": lambda self: LOOPBACK_RENDEZVOUS})
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", handler.master_port))
+        listener.listen(1024)
+        timeout = handler.timeout if isinstance(handler.timeout, datetime.timedelta) else \
+            datetime.timedelta(seconds=float(handler.timeout))
+        handler._store = TCPStore("127.0.0.1", handler.master_port, handler.world_size, True, timeout,
+                                  multi_tenant=True, master_listen_fd=listener.fileno())
+        handler._dprorun_listener = listener  # the store serves on this socket: keep it open with the handler
+        return handler
+
+    try:
+        rendezvous_handler_registry.register(LOOPBACK_RENDEZVOUS, create)
+    except ValueError:
+        pass  # already registered in this process (autotune launches several times)
 
 
 def _launch_elastic(job: JobConfig) -> LaunchResult:
@@ -180,17 +234,22 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
     port = job.master_port or free_port(job.master_addr if job.nnodes == 1 else "0.0.0.0")
     entrypoint, args = split_command(job.command)
     os.environ.update(rank_environment(job))
+    backend = "static"
+    if job.nnodes == 1 and job.master_addr in ("127.0.0.1", "localhost"):
+        _register_loopback_rendezvous()
+        backend = LOOPBACK_RENDEZVOUS
     settings = dict(
         min_nodes=job.nnodes,
         max_nodes=job.nnodes,
         nproc_per_node=job.nproc_per_node,
         run_id=job.profile.job_id,
         rdzv_endpoint=f"{job.master_addr}:{port}",
-        rdzv_backend="static",
-        rdzv_configs={"rank": job.node_rank, "timeout": 900 if job.nnodes > 1 else 60},
+        rdzv_backend=backend,
+        rdzv_configs={"rank": job.node_rank, "timeout": job.join_timeout_s or (900 if job.nnodes > 1 else 60)},
         max_restarts=0,
         monitor_interval=0.1,
-        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.run_dir, "logs"), tee=Std.ALL),
+        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.run_dir, "logs"),
+                                    tee=Std.NONE if job.low_disk else Std.ALL),
         log_line_prefix_template="[rank${rank}]: ",
         shutdown_timeout=5,  # seconds between SIGTERM and SIGKILL at teardown (torch >= 2.12; 30 s before)
     )
@@ -228,13 +287,16 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
 
 def _launch_error(exc: Exception, job: JobConfig, port: int) -> str:
     text = str(exc)
-    if "EADDRINUSE" in text or "address already in use" in text:
+    if "EADDRINUSE" in text or "address already in use" in text.lower():
         return (f"port {port} on {job.master_addr} is already in use (--master-port); choose another port, or "
                 "leave --master-port out for a free one")
     if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
         return (f"rendezvous with {job.master_addr}:{port} timed out: not every node joined "
                 f"({job.nnodes} expected); {type(exc).__name__}: {text.splitlines()[0] if text else ''}")
     first = text.splitlines()[0] if text else ""
+    if isinstance(exc, ValueError) and "Expecting value" in text:  # json.JSONDecodeError from an error file
+        return (f"a rank failed and its error file under {job.run_dir}/logs could not be read (empty: was the disk "
+                f"full?); see the rank's output above")
     return f"could not start the ranks: {type(exc).__name__}: {first}"
 
 

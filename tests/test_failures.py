@@ -1,8 +1,12 @@
-"""Failure paths of the launcher: a hanging rank under --timeout, a port already in use."""
+"""Failure paths: a hanging rank under --timeout, a port already in use, a killed rank, profiler failures, a
+disk that fills up, a node that never joins, the rendezvous bound to loopback."""
+import json
 import os
 import socket
+import time
 
 import psutil
+import pytest
 
 from conftest import EXAMPLES, run_dprorun
 
@@ -75,3 +79,85 @@ def test_trace_over_the_size_cap_is_dropped_with_a_warning(tmp_path):
     assert not (tmp_path / "run" / "rank_0" / "kineto_trace.json").exists()
     events = json.loads((tmp_path / "run" / "rank_0" / "events.json").read_text())
     assert any("exceeds the cap" in w for w in events["warnings"]) and events["comm"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MB tmpfs (root only): a filesystem that fills up without touching the machine's disk."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs (a full disk cannot be made otherwise)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_too_little_disk_runs_the_job_unprofiled(small_disk):
+    run_dir = small_disk / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "3", "python",
+                           os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "8"], run_dir,
+                          env={"DPRO_MIN_FREE_MB": "100"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "profiling and per-rank log files are off" in proc.stderr and "Traceback" not in proc.stderr
+    assert "median iteration time" in proc.stdout  # the job ran to its end
+    assert not os.path.exists(run_dir / "rank_0" / "events.json")
+
+
+def test_a_trace_that_would_fill_the_disk_is_dropped_and_training_continues(small_disk):
+    """Free space above the threshold at launch, below it once the profiler trace (about 1 MB) is written."""
+    import shutil
+
+    free_mb = shutil.disk_usage(small_disk).free / 1e6
+    run_dir = small_disk / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "3", "--kineto-iters", "2", "--clean", "1",
+                           "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "8"], run_dir,
+                          env={"DPRO_MIN_FREE_MB": f"{free_mb - 0.5:.2f}", "DPRO_REPORT": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "median iteration time" in proc.stdout
+    assert not os.path.exists(run_dir / "rank_0" / "kineto_trace.json")
+    assert not [f for f in os.listdir(run_dir / "rank_0") if f.endswith(".tmp")]
+    events = json.load(open(run_dir / "rank_0" / "events.json"))  # the hooks' own records are kept
+    assert any("DPRO_MIN_FREE_MB" in w for w in events["warnings"])
+
+
+def test_a_node_that_never_joins_is_a_clear_error_in_bounded_time(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc, elapsed = run_dprorun(["--nnodes", "2", "--node-rank", "0", "--master-port", str(port), "--join-timeout",
+                                 "5", "-np", "1", "python", os.path.join(EXAMPLES, "mlp_many_layers.py")],
+                                tmp_path / "run", timeout=120)
+    assert proc.returncode == 1 and elapsed < 40
+    assert "not every node joined (2 expected)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_single_node_rendezvous_listens_on_loopback_only(tmp_path):
+    """The job's store (and so the gather channel's rendezvous) is not reachable from other hosts unless a
+    multi-node job asks for it."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "-np", "2", "--warmup", "30", "python",
+           os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "400"]
+    launcher = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        listening = []
+        while time.monotonic() < deadline and not listening:
+            time.sleep(0.5)
+            family = psutil.Process(launcher.pid)
+            pids = [family.pid] + [c.pid for c in family.children(recursive=True)]
+            listening = [c for c in psutil.net_connections(kind="tcp")
+                         if c.status == psutil.CONN_LISTEN and c.pid in pids]
+        assert listening, "no listening socket found"
+        addresses = {c.laddr.ip for c in listening}
+        assert addresses <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, addresses
+    finally:
+        launcher.terminate()
+        launcher.wait(timeout=60)

@@ -23,7 +23,7 @@ import traceback
 from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
-from dprorun.fsutil import atomic_write_json, make_private_dir
+from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 
 EVENTS_FILE = "events.json"
 KINETO_FILE = "kineto_trace.json"
@@ -223,8 +223,28 @@ class RankSession:
         make_private_dir(self.rank_dir)
         final = os.path.join(self.rank_dir, KINETO_FILE)
         tmp = final + f".{os.getpid()}.tmp"
-        profiler.export_chrome_trace(tmp)
+        if free_mb(self.rank_dir) < self.cfg.min_free_mb:
+            self.warnings.append(f"only {free_mb(self.rank_dir):.0f} MB free where the traces go (below "
+                                 f"DPRO_MIN_FREE_MB={self.cfg.min_free_mb:.0f}): the profiler trace was not written, "
+                                 "so that the job keeps the disk")
+            warn(self.warnings[-1])
+            return
+        try:
+            profiler.export_chrome_trace(tmp)
+        except OSError as exc:  # e.g. the disk filled up: leave nothing behind that keeps it full
+            for leftover in (tmp, tmp + ".tmp"):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
+            self.warnings.append(f"the profiler trace could not be written ({exc.strerror}): dropped")
+            warn(self.warnings[-1])
+            return
         size_mb = os.path.getsize(tmp) / 1e6
+        if free_mb(self.rank_dir) < self.cfg.min_free_mb:
+            os.unlink(tmp)
+            self.warnings.append(f"the profiler trace ({size_mb:.0f} MB) would leave less than "
+                                 f"{self.cfg.min_free_mb:.0f} MB free (DPRO_MIN_FREE_MB): dropped")
+            warn(self.warnings[-1])
+            return
         if size_mb > self.cfg.max_trace_mb:
             os.unlink(tmp)
             self.warnings.append(f"Kineto trace of {size_mb:.0f} MB exceeds the cap of "
