@@ -34,7 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--launcher", choices=("elastic", "torchrun"), default="elastic",
                      help="elastic: torch.distributed.elastic in this process (default); torchrun: hand the "
                           "launch to the torchrun CLI")
-    job.add_argument("--backend", choices=("ddp",), default="ddp", help="framework of the job")
+    job.add_argument("--backend", choices=("ddp", "horovod"), default="ddp",
+                     help="framework of the job: ddp (torch.distributed) or horovod (run through horovodrun)")
+    hvd = parser.add_argument_group("horovod (with --backend horovod)")
+    hvd.add_argument("--fusion-threshold-mb", type=float, default=None, help="horovodrun --fusion-threshold-mb")
+    hvd.add_argument("--cycle-time-ms", type=float, default=None, help="horovodrun --cycle-time-ms")
     job.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
     job.add_argument("--join-timeout", type=float, default=None,
                      help="seconds to wait for every node to join (default 900 multi-node, 60 single-node)")
@@ -153,6 +157,15 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         load_strategy(args.strategy)  # a bad file is an error now, not a warning in every rank
         job.strategy_file = os.path.abspath(args.strategy)
     job.autotune = args.autotune
+    if args.backend == "horovod":
+        if args.autotune or args.dry_run or args.strategy:
+            raise ValueError("--backend horovod supports the profile mode only so far (no --autotune, --dry-run, "
+                             "--strategy)")
+        job.horovod_args = []
+        if args.fusion_threshold_mb is not None:
+            job.horovod_args += ["--fusion-threshold-mb", f"{args.fusion_threshold_mb:g}"]
+        if args.cycle_time_ms is not None:
+            job.horovod_args += ["--cycle-time-ms", f"{args.cycle_time_ms:g}"]
     if not 0 <= args.autotune_min_gain < 1:
         raise ValueError("--autotune-min-gain is a fraction in [0, 1)")
     job.autotune_min_gain = args.autotune_min_gain

@@ -78,6 +78,36 @@ def _write_report(job: JobConfig) -> None:
         print(f"dprorun: warning: no report.html: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
+def _finalize_horovod(job: JobConfig, result: LaunchResult) -> int:
+    """Horovod jobs: the coordinator's timeline, read into the trace model and summarised per step."""
+    from dprorun.fsutil import TraceError
+    from dprorun.launch import HOROVOD_TIMELINE
+    from dprorun.trace.horovod import read_horovod_timeline, timeline_summary
+
+    path = os.path.join(job.run_dir, HOROVOD_TIMELINE)
+    if not os.path.exists(path):
+        print(f"dprorun: warning: Horovod wrote no timeline ({path})", file=sys.stderr)
+        return result.exit_code
+    try:
+        summary = timeline_summary(read_horovod_timeline(path))
+        atomic_write_json(os.path.join(job.run_dir, "summary.json"), {"backend": "horovod", "horovod": summary},
+                          indent=2)
+    except (TraceError, OSError) as exc:
+        print(f"dprorun: warning: the Horovod timeline could not be read: {exc}", file=sys.stderr)
+        return result.exit_code
+    if job.json_summary:
+        print(json.dumps(summary, indent=2))
+    elif not job.quiet:
+        steps = summary["per_step"][1:] or summary["per_step"]
+        if steps:
+            spans = sorted(r["span_ms"] for r in steps)
+            print(f"horovod: {summary['tensors']} tensors, {summary['steps']} steps, median step span "
+                  f"{spans[len(spans) // 2]:.2f} ms (coordinator's timeline), "
+                  f"{summary['fused_responses_first_step']} fused responses per step")
+        print(f"dprorun: run directory {job.run_dir} (dpro import-horovod {path} for the per-step table)")
+    return result.exit_code
+
+
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     status = "completed" if result.exit_code == 0 else "failed"
     folders = rank_folders(job.run_dir) if os.path.isdir(job.run_dir) else {}
@@ -97,6 +127,8 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         if missing and with_events:
             kept += f"; missing for ranks {missing}"
         print(f"dprorun: {kept} in {job.run_dir}", file=sys.stderr)
+    if job.backend == "horovod" and job.node_rank == 0:
+        return _finalize_horovod(job, result)
     if job.node_rank != 0 or not with_events:
         if result.exit_code == 0 and not job.quiet:
             print(f"dprorun: run directory {job.run_dir}")

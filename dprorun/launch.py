@@ -182,7 +182,9 @@ def launch(job: JobConfig) -> LaunchResult:
     except OSError as exc:
         print(f"dprorun: warning: cannot write the manifest ({exc.strerror})", file=sys.stderr, flush=True)
     started = time.monotonic()
-    if job.launcher == "torchrun":
+    if job.backend == "horovod":
+        result = _launch_horovod(job)
+    elif job.launcher == "torchrun":
         result = _launch_torchrun(job)
     else:
         result = _launch_elastic(job)
@@ -333,6 +335,28 @@ def _launch_torchrun(job: JobConfig) -> LaunchResult:
         cmd += [a for a in args if a != "-u"]
     else:
         cmd += ["--no-python", entrypoint] + args
+    return _run_engine(cmd, job, "torchrun")
+
+
+HOROVOD_TIMELINE = "horovod_timeline.json"
+
+
+def _launch_horovod(job: JobConfig) -> LaunchResult:
+    """Hand the job to horovodrun (Gloo controller) with Horovod's timeline written into the run directory."""
+    horovodrun = shutil.which("horovodrun")
+    if horovodrun is None:
+        return LaunchResult(2, "horovodrun was not found: install Horovod (scripts/install-horovod builds stock "
+                               "Horovod 0.28.1 for this torch)")
+    cmd = [horovodrun, "-np", str(job.world_size), "--gloo", "--timeline-filename",
+           os.path.join(job.run_dir, HOROVOD_TIMELINE)]
+    if job.hosts:
+        cmd += ["-H", ",".join(f"{host}:{job.nproc_per_node}" for host in job.hosts)]
+    cmd += list(job.horovod_args) + list(job.command)
+    return _run_engine(cmd, job, "horovodrun")
+
+
+def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
+    """Run a launcher CLI as a child with the hooks' environment; forward SIGINT/SIGTERM; --timeout stops it."""
     env = dict(os.environ)
     env.update(rank_environment(job))
     proc = subprocess.Popen(cmd, env=env)
@@ -354,6 +378,6 @@ def _launch_torchrun(job: JobConfig) -> LaunchResult:
     if "signal" in forwarded:
         return LaunchResult(128 + forwarded["signal"], f"interrupted by {_signal_name(forwarded['signal'])}")
     if code != 0:
-        return LaunchResult(code if code > 0 else 128 - code, f"torchrun exited with code {code} "
+        return LaunchResult(code if code > 0 else 128 - code, f"{engine} exited with code {code} "
                             "(its output above names the failing rank)")
     return LaunchResult(0, "all ranks finished")

@@ -180,6 +180,36 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import_horovod(args: argparse.Namespace) -> int:
+    from dprorun.trace.horovod import read_horovod_timeline, timeline_summary
+    from dprorun.trace.model import RunTrace
+
+    timeline = read_horovod_timeline(args.timeline)
+    summary = timeline_summary(timeline)
+    if args.output:
+        from dprorun.timeline import write_timeline
+
+        run = RunTrace(run_dir=os.path.dirname(os.path.abspath(args.timeline)),
+                       manifest={"world_size": 1, "source": "horovod timeline"}, ranks={0: timeline.trace})
+        written = write_timeline(run, args.output)
+        summary["chrome_trace"] = written
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"{args.timeline}: {summary['tensors']} tensors, {summary['steps']} steps"
+          + (" (file cut short: complete events only)" if summary["truncated"] else ""))
+    print(f"fused responses in the first step: {summary['fused_responses_first_step']} "
+          f"(tensors per response: {summary['tensors_per_response']})")
+    print(f"{'step':>4} {'span ms':>9} {'negotiate ms':>12} {'queue ms':>9} {'memcpy ms':>9} {'transmit ms':>11}")
+    for row in summary["per_step"]:
+        print(f"{row['step']:4d} {row['span_ms']:9.2f} {row['negotiate_ms']:12.2f} {row['queue_ms']:9.2f} "
+              f"{row['memcpy_ms']:9.2f} {row['transmit_ms']:11.2f}")
+    print("(negotiate and queue are summed over tensors, transmission once per fused response)")
+    if args.output:
+        print(f"wrote {summary['chrome_trace']['events']} events to {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpro", description="Analyse a dprorun run directory.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -222,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("-o", "--output", default=None, help="HTML file (default RUN_DIR/report.html)")
     rep.add_argument("--json", action="store_true", help="print the report's data as JSON")
     rep.set_defaults(func=_cmd_report)
+    hv = sub.add_parser("import-horovod", help="read a Horovod timeline file (from any horovodrun job)")
+    hv.add_argument("timeline")
+    hv.add_argument("-o", "--output", default=None, help="also write it as a Chrome trace in dprorun's model")
+    hv.add_argument("--json", action="store_true")
+    hv.set_defaults(func=_cmd_import_horovod)
     return parser
 
 

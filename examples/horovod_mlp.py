@@ -1,0 +1,52 @@
+"""Many small linear layers trained with horovod.torch (DistributedOptimizer, Gloo controller on the CPU).
+
+Runs unchanged under `horovodrun -np 2 --gloo python examples/horovod_mlp.py` and
+`dprorun --backend horovod -np 2 python examples/horovod_mlp.py`; rank 0 prints the median step time of the
+second half of the run.
+"""
+import argparse
+import statistics
+import time
+
+import horovod.torch as hvd
+import torch
+from torch import nn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=24)
+    args = parser.parse_args()
+    hvd.init()
+    torch.manual_seed(0)
+    layers = [nn.Linear(64, args.width), nn.ReLU()]
+    for _ in range(args.depth):
+        layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(args.width, 10))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    generator = torch.Generator().manual_seed(hvd.rank())
+    loss_fn = nn.CrossEntropyLoss()
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        inputs = torch.randn(args.batch_size, 64, generator=generator)
+        targets = torch.randint(0, 10, (args.batch_size,), generator=generator)
+        optimizer.zero_grad()
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    tail = times[len(times) // 2:] or times
+    if hvd.rank() == 0:
+        print(f"world size {hvd.size()}, {args.steps} steps, loss {loss.item():.4f}, "
+              f"median iteration time: {statistics.median(tail) * 1000:.3f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()

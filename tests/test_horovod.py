@@ -1,0 +1,126 @@
+"""Horovod: the timeline reader on constructed and real timelines, `dpro import-horovod`, and real horovod.torch
+jobs under `dprorun --backend horovod` and the horovodrun drop-in (skipped where Horovod is not installed:
+scripts/install-horovod builds it; .ci/run does)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import EXAMPLES, REPO, run_dprorun
+from dprorun.fsutil import TraceError
+from dprorun.trace.horovod import read_horovod_timeline, timeline_summary
+
+try:
+    import horovod.torch  # noqa: F401
+
+    HOROVOD = None
+except Exception as exc:  # ImportError, or a build that does not match this torch
+    HOROVOD = f"Horovod is not installed ({type(exc).__name__}); scripts/install-horovod builds it"
+needs_horovod = pytest.mark.skipif(HOROVOD is not None, reason=HOROVOD or "")
+EXAMPLE = os.path.join(EXAMPLES, "horovod_mlp.py")
+
+
+def _constructed(path, cut: int = 0):
+    """Two steps of three tensors: a and b fused into one response (same transmission span), c alone."""
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1000}}]
+    for pid, name in ((1, "allreduce.a"), (2, "allreduce.b"), (3, "allreduce.c")):
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
+    for step in range(2):
+        t0 = step * 10_000
+        for pid, (tx0, tx1) in ((1, (300, 900)), (2, (300, 900)), (3, (1000, 1500))):
+            events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t0, "pid": pid},
+                       {"ph": "X", "name": "0", "ts": t0, "pid": pid, "dur": 0},
+                       {"ph": "X", "name": "1", "ts": t0 + 150, "pid": pid, "dur": 0},
+                       {"ph": "E", "ts": t0 + 200, "pid": pid},
+                       {"ph": "B", "name": "ALLREDUCE", "ts": t0 + 210, "pid": pid},
+                       {"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": t0 + 220, "pid": pid},
+                       {"ph": "E", "ts": t0 + 290, "pid": pid},
+                       {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": t0 + tx0, "pid": pid},
+                       {"ph": "E", "ts": t0 + tx1, "pid": pid},
+                       {"ph": "B", "name": "MEMCPY_OUT_FUSION_BUFFER", "ts": t0 + tx1 + 5, "pid": pid},
+                       {"ph": "E", "ts": t0 + tx1 + 50, "pid": pid},
+                       {"ph": "E", "ts": t0 + tx1 + 60, "pid": pid, "args": {"dtype": "float32", "shape": "[256, 4]"}}]
+    text = "[\n" + ",\n".join(json.dumps(e) for e in events) + "]"
+    with open(path, "w") as handle:
+        handle.write(text[:cut] if cut else text)
+    return path
+
+
+def test_reader_maps_phases_fused_responses_and_ready_marks(tmp_path):
+    timeline = read_horovod_timeline(_constructed(tmp_path / "tl.json"))
+    assert timeline.steps == 2 and timeline.tensors == ["a", "b", "c"] and not timeline.truncated
+    assert timeline.fused_responses == [["a", "b"], ["c"]]
+    ops = timeline.trace.ops
+    phases = {(op.kind.value, op.phase) for op in ops}
+    assert {("QUEUE", "negotiate"), ("COMM", "memcpy_in"), ("COMM", "transmit"), ("COMM", "memcpy_out")} <= phases
+    transmit = [op for op in ops if op.phase == "transmit"]
+    assert all(op.nbytes == 256 * 4 * 4 and op.start_us >= 1000 for op in transmit)
+    assert {op.txn_id for op in transmit if op.tensor in ("a", "b") and op.iteration == 0} == {"fused0"}
+    assert timeline.ready_marks[("a", 0)] == {0: 1000.0, 1: 1150.0}  # rank 1 was ready 150 us later
+    summary = timeline_summary(timeline)
+    assert [r["transmit_ms"] for r in summary["per_step"]] == [1.1, 1.1]  # 0.6 (fused, once) + 0.5
+    assert timeline.trace.buckets[0].params == ["a", "b"] and timeline.trace.buckets[0].nbytes == 2 * 4096
+
+
+def test_truncated_and_foreign_timelines(tmp_path):
+    full = tmp_path / "full.json"
+    _constructed(full)
+    cut = _constructed(tmp_path / "cut.json", cut=len(full.read_text()) * 2 // 3)
+    timeline = read_horovod_timeline(str(cut))
+    assert timeline.truncated and timeline.steps <= 2
+    (tmp_path / "bad.json").write_text('{"traceEvents": []}')
+    with pytest.raises(TraceError, match="not a Horovod timeline"):
+        read_horovod_timeline(str(tmp_path / "bad.json"))
+    (tmp_path / "garbage.json").write_text("[\n{\"ph\": ")
+    with pytest.raises(TraceError, match="no complete event"):
+        read_horovod_timeline(str(tmp_path / "garbage.json"))
+    proc = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-horovod", str(tmp_path / "bad.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not a Horovod timeline" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@needs_horovod
+def test_import_a_timeline_from_plain_horovodrun(tmp_path):
+    timeline_path = tmp_path / "tl.json"
+    proc = subprocess.run(["horovodrun", "-np", "2", "--gloo", "--timeline-filename", str(timeline_path), sys.executable,
+                           EXAMPLE, "--steps", "8", "--depth", "6"], capture_output=True, text=True, timeout=180,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    timeline = read_horovod_timeline(str(timeline_path))
+    assert len(timeline.tensors) == 2 * 8 and timeline.steps == 8  # 8 linear layers: weight + bias each
+    assert sorted(t for group in timeline.fused_responses for t in group) == timeline.tensors
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-horovod", str(timeline_path), "--json",
+                          "-o", str(tmp_path / "chrome.json")], capture_output=True, text=True, timeout=60)
+    summary = json.loads(out.stdout)
+    assert summary["steps"] == 8 and len(summary["per_step"]) == 8
+    assert all(row["transmit_ms"] > 0 for row in summary["per_step"])
+    assert json.loads((tmp_path / "chrome.json").read_text())["traceEvents"]
+
+
+@needs_horovod
+def test_dprorun_backend_horovod_and_the_horovodrun_drop_in(tmp_path):
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "python", EXAMPLE, "--steps", "8"], run_dir,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "median iteration time" in proc.stdout and "fused responses per step" in proc.stdout
+    summary = json.load(open(run_dir / "summary.json"))
+    assert summary["backend"] == "horovod" and summary["horovod"]["steps"] == 8
+    copy = tmp_path / "copy.json"
+    env = dict(os.environ, DPRO_RUN_DIR=str(tmp_path / "run2"))
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "launchers", "horovodrun"), "-np", "2", "--gloo",
+                           "--timeline-filename", str(copy), "--fusion-threshold-mb", "1", "python", EXAMPLE,
+                           "--steps", "6"], capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert read_horovod_timeline(str(copy)).steps == 6
+
+
+@needs_horovod
+def test_a_failing_horovod_rank_fails_the_job(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import horovod.torch as hvd\nhvd.init()\nraise SystemExit(3 if hvd.rank() == 1 else 0)\n")
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "python", str(script)], tmp_path / "run",
+                          timeout=120)
+    assert proc.returncode != 0 and "horovodrun exited with code" in proc.stderr
