@@ -67,13 +67,14 @@ def _print_prediction(job: JobConfig, summary: dict) -> int:
 
 
 def _write_report(job: JobConfig) -> None:
-    """report.html at job end (what-if curves bounded to a few seconds); a failure is a warning only."""
+    """report.html at job end (what-if curves bounded to a few seconds; `dpro report` draws them all); a failure
+    is a warning only."""
     if os.environ.get("DPRO_REPORT", "1") == "0":
         return
     try:
         from dprorun.report import write_report
 
-        write_report(job.run_dir, whatif_time_budget_s=5.0)
+        write_report(job.run_dir, whatif_time_budget_s=5.0, max_whatif_ops=300_000)  # job end: seconds at most
     except Exception as exc:
         print(f"dprorun: warning: no report.html: {type(exc).__name__}: {exc}", file=sys.stderr)
 

@@ -22,7 +22,7 @@ from dprorun.trace.model import OpKind, RunTrace
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128)
 BANDWIDTHS_GBIT = (1, 2.5, 10, 25, 100)
 BUCKETS_MB = (0.25, 1, 5, 25, 100)
-MAX_WHATIF_OPS = 400_000  # a curve point whose replay graph would be larger is skipped (and said so)
+MAX_WHATIF_OPS = 2_000_000  # a curve point whose replay graph would be larger is skipped (and said so)
 
 
 def _measured_timeline(run: RunTrace) -> dict:
@@ -77,7 +77,7 @@ def _replayed_timeline(model) -> dict:
             "critical_path": {k: v for k, v in path.items() if k != "path"}}
 
 
-def _whatif_curves(model, time_budget_s: float) -> dict:
+def _whatif_curves(model, time_budget_s: float, max_ops: int = MAX_WHATIF_OPS) -> dict:
     from dprorun.replay.whatif import WhatIf, replay_once
 
     started = time.monotonic()
@@ -85,7 +85,7 @@ def _whatif_curves(model, time_budget_s: float) -> dict:
     curves: dict = {"world_size": [], "bandwidth_gbit": [], "bucket_mb": [], "skipped": []}
 
     def point(curve: str, x: float, whatif: WhatIf, ops_estimate: int) -> None:
-        if ops_estimate > MAX_WHATIF_OPS or time.monotonic() - started > time_budget_s:
+        if ops_estimate > max_ops or time.monotonic() - started > time_budget_s:
             curves["skipped"].append(f"{curve}={x:g}")
             return
         try:
@@ -122,7 +122,7 @@ def _samples(run: RunTrace) -> list[dict]:
     return series
 
 
-def build_report(run_dir: str, whatif_time_budget_s: float = 20.0) -> dict:
+def build_report(run_dir: str, whatif_time_budget_s: float = 60.0, max_whatif_ops: int = MAX_WHATIF_OPS) -> dict:
     from dprorun.align import align, apply_alignment
     from dprorun.replay.template import build_job_model
     from dprorun.replay.whatif import predict
@@ -145,7 +145,7 @@ def build_report(run_dir: str, whatif_time_budget_s: float = 20.0) -> dict:
                               "measured_iteration_time_ms": prediction.measured_iteration_time_ms,
                               "critical_path": prediction.critical_path, "comm_model": prediction.comm_model}
         data["replayed_timeline"] = _replayed_timeline(model)
-        data["whatif"] = _whatif_curves(model, whatif_time_budget_s)
+        data["whatif"] = _whatif_curves(model, whatif_time_budget_s, max_whatif_ops)
     except ValueError as exc:  # nothing replayable (e.g. no complete profiled iteration): say so on the page
         data["notes"].append(f"no replay: {exc}")
     for name in ("strategy.json", "autotune.json"):
@@ -323,8 +323,9 @@ def render_html(data: dict) -> str:
             f"<script>{_SCRIPT}</script></body></html>")
 
 
-def write_report(run_dir: str, output: Optional[str] = None, whatif_time_budget_s: float = 20.0) -> tuple[str, dict]:
-    data = build_report(run_dir, whatif_time_budget_s)
+def write_report(run_dir: str, output: Optional[str] = None, whatif_time_budget_s: float = 60.0,
+                 max_whatif_ops: int = MAX_WHATIF_OPS) -> tuple[str, dict]:
+    data = build_report(run_dir, whatif_time_budget_s, max_whatif_ops)
     path = output or os.path.join(run_dir, "report.html")
     atomic_write_bytes(path, render_html(data).encode())
     return path, data

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from conftest import EXAMPLES, REPO, run_dprorun
 from dprorun.trace.model import OpKind
@@ -142,11 +143,14 @@ def test_no_comm_hook_keeps_ddp_builtin_path(tmp_path):
     assert events["spans"]  # phases are still recorded
 
 
-def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path):
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path, signame):
+    """SIGTERM (exit 143) and Ctrl-C / SIGINT (exit 130): forwarded, ranks stopped, traces kept."""
     import signal
     import time
 
-    marker = "876543"
+    signum = getattr(signal, signame)
+    marker = "876543" if signame == "SIGTERM" else "876544"
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "-np", "2",
                              "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1", "-q", "python",
@@ -157,10 +161,10 @@ def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path):
         time.sleep(0.2)
     assert (run_dir / "rank_1" / "events.json").exists(), "the job never reached the end of its window"
     sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=30)
     assert time.monotonic() - sent < 10.0
-    assert proc.returncode == 128 + signal.SIGTERM and "interrupted by SIGTERM" in stderr
+    assert proc.returncode == 128 + signum and f"interrupted by {signame}" in stderr
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert leftovers == []
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"

@@ -161,3 +161,10 @@ def test_single_node_rendezvous_listens_on_loopback_only(tmp_path):
     finally:
         launcher.terminate()
         launcher.wait(timeout=60)
+
+
+def test_a_missing_host_in_hosts_is_a_clear_error(tmp_path):
+    proc, elapsed = run_dprorun(["--hosts", "node-that-does-not-exist-1:2,node-that-does-not-exist-2:2", "python",
+                                 os.path.join(EXAMPLES, "mlp_many_layers.py")], tmp_path / "run", timeout=60)
+    assert proc.returncode == 2 and elapsed < 30
+    assert "is not in --hosts" in proc.stderr and "Traceback" not in proc.stderr

@@ -31,6 +31,7 @@ def test_report_data_from_a_real_run(report):
     whatif = data["whatif"]
     assert len(whatif["world_size"]) >= 3 and len(whatif["bandwidth_gbit"]) >= 3 and len(whatif["bucket_mb"]) >= 3
     sizes = dict(whatif["world_size"])
+    assert sorted(sizes) == [2, 4, 8, 16, 32, 64, 128] and not whatif["skipped"]
     assert sizes[16] > sizes[2]  # more ring steps
     assert data["samples"] and data["summary"]["memory"]
 
