@@ -7,8 +7,8 @@ files, SIGINT/SIGTERM handling and group teardown. dprorun configures it and put
 """
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from dprorun.config import JobConfig
-from dprorun.fsutil import free_mb, atomic_write_json, make_private_dir
+from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
