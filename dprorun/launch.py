@@ -262,7 +262,7 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
             elastic_launch(config, entrypoint)(*args)
             return LaunchResult(0, "all ranks finished")
         except ChildFailedError as err:
-            rank, failure = err.get_first_failure()
+            rank, failure = _root_failure(err)
             code = failure.exitcode
             if code < 0:
                 how = f"was killed by signal {_signal_name(-code)}"
@@ -285,6 +285,17 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
             return LaunchResult(128 + signum, f"interrupted by {_signal_name(signum)}; all ranks stopped")
         except Exception as exc:  # rendezvous / store errors: before any rank ran
             return LaunchResult(1, _launch_error(exc, job, port))
+
+
+def _root_failure(err) -> tuple[int, object]:
+    """The failure that caused the stop: the earliest one that is not the group teardown's SIGTERM (a rank the
+    agent stopped because another one died can be stamped first, when the dead one left no error file)."""
+    teardown = (-signal.SIGTERM, 128 + signal.SIGTERM)
+    causes = [(f.timestamp, r, f) for r, f in err.failures.items() if f.exitcode not in teardown]
+    if causes:
+        _, rank, failure = min(causes, key=lambda c: (c[0], c[1]))
+        return rank, failure
+    return err.get_first_failure()
 
 
 def _launch_error(exc: Exception, job: JobConfig, port: int) -> str:

@@ -89,6 +89,14 @@ def test_failing_rank_stops_group_is_named_and_traces_kept(tmp_path):
     assert leftovers == []
     run = load_run(str(tmp_path / "run"))
     assert run.ranks[0].profiled_iterations  # what rank 0 recorded is readable
+    # the offline tools work on the iterations both ranks completed, or say exactly what is missing
+    for command in (["summary", "--json"], ["replay", "--json"]):
+        out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", command[0], str(tmp_path / "run"),
+                              *command[1:]], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert "Traceback" not in out.stderr
+        assert out.returncode == 0 or (out.returncode == 2 and "error:" in out.stderr), out.stderr
+        if out.returncode == 0:
+            assert json.loads(out.stdout)
 
 
 def test_remote_rank_traces_are_gathered_over_the_process_group(tmp_path):

@@ -139,3 +139,19 @@ def test_nvml_device_index_wraps_when_ranks_share_gpus(monkeypatch):
     assert [_nvml_device_index(r, 2) for r in range(3)] == [0, 1, 0]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert [_nvml_device_index(r, 8) for r in range(3)] == [3, 5, 3]
+
+
+def test_the_reported_failure_is_the_cause_not_a_rank_stopped_at_teardown():
+    """A SIGKILLed rank leaves no error file; the rank the agent then SIGTERMs can carry the earlier timestamp
+    (seen in CI): the SIGKILLed one must be named."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from dprorun.launch import _root_failure
+
+    stopped = ProcessFailure(local_rank=0, pid=100, exitcode=-15, error_file="")
+    killed = ProcessFailure(local_rank=1, pid=101, exitcode=-9, error_file="")
+    stopped.timestamp, killed.timestamp = 10, 11
+    rank, failure = _root_failure(ChildFailedError("train", {0: stopped, 1: killed}))
+    assert rank == 1 and failure.exitcode == -9
+    only_teardown = ChildFailedError("train", {0: stopped})
+    assert _root_failure(only_teardown)[0] == 0
