@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Optional
 
 from dprorun.config import JobConfig
 from dprorun.fsutil import atomic_write_json
@@ -79,7 +80,7 @@ def _write_report(job: JobConfig) -> None:
         print(f"dprorun: warning: no report.html: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _finalize_horovod(job: JobConfig, result: LaunchResult) -> int:
+def _horovod_timeline(job: JobConfig) -> Optional[dict]:
     """Horovod jobs: the coordinator's timeline, read into the trace model and summarised per step."""
     from dprorun.fsutil import TraceError
     from dprorun.launch import HOROVOD_TIMELINE
@@ -88,25 +89,21 @@ def _finalize_horovod(job: JobConfig, result: LaunchResult) -> int:
     path = os.path.join(job.run_dir, HOROVOD_TIMELINE)
     if not os.path.exists(path):
         print(f"dprorun: warning: Horovod wrote no timeline ({path})", file=sys.stderr)
-        return result.exit_code
+        return None
     try:
-        summary = timeline_summary(read_horovod_timeline(path))
-        atomic_write_json(os.path.join(job.run_dir, "summary.json"), {"backend": "horovod", "horovod": summary},
-                          indent=2)
+        return timeline_summary(read_horovod_timeline(path))
     except (TraceError, OSError) as exc:
         print(f"dprorun: warning: the Horovod timeline could not be read: {exc}", file=sys.stderr)
-        return result.exit_code
-    if job.json_summary:
-        print(json.dumps(summary, indent=2))
-    elif not job.quiet:
-        steps = summary["per_step"][1:] or summary["per_step"]
-        if steps:
-            spans = sorted(r["span_ms"] for r in steps)
-            print(f"horovod: {summary['tensors']} tensors, {summary['steps']} steps, median step span "
-                  f"{spans[len(spans) // 2]:.2f} ms (coordinator's timeline), "
-                  f"{summary['fused_responses_first_step']} fused responses per step")
-        print(f"dprorun: run directory {job.run_dir} (dpro import-horovod {path} for the per-step table)")
-    return result.exit_code
+        return None
+
+
+def _horovod_line(summary: dict) -> str:
+    steps = summary["per_step"][1:] or summary["per_step"]
+    spans = sorted(r["span_ms"] for r in steps)
+    median = f", median step span {spans[len(spans) // 2]:.2f} ms" if spans else ""
+    return (f"horovod timeline: {summary['tensors']} tensors, {summary['steps']} steps{median}, "
+            f"{summary['fused_responses_first_step']} fused responses per step (dpro import-horovod "
+            f"{summary['path']} for the per-step table)")
 
 
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
@@ -128,9 +125,13 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         if missing and with_events:
             kept += f"; missing for ranks {missing}"
         print(f"dprorun: {kept} in {job.run_dir}", file=sys.stderr)
-    if job.backend == "horovod" and job.node_rank == 0:
-        return _finalize_horovod(job, result)
+    horovod = _horovod_timeline(job) if job.backend == "horovod" and job.node_rank == 0 else None
     if job.node_rank != 0 or not with_events:
+        if horovod is not None:
+            atomic_write_json(os.path.join(job.run_dir, "summary.json"), {"backend": "horovod", "horovod": horovod},
+                              indent=2)
+            if not job.quiet:
+                print(_horovod_line(horovod))
         if result.exit_code == 0 and not job.quiet:
             print(f"dprorun: run directory {job.run_dir}")
         return result.exit_code
@@ -139,6 +140,9 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
 
         summary = summarize_run(job.run_dir)
         summary["alignment"] = _align_at_job_end(job.run_dir)
+        summary["backend"] = job.backend
+        if horovod is not None:
+            summary["horovod"] = horovod
         atomic_write_json(os.path.join(job.run_dir, "summary.json"), summary, indent=2)
     except Exception as exc:  # the job's outcome stands; only the summary is missing
         print(f"dprorun: warning: could not summarise the run: {exc}", file=sys.stderr)
@@ -155,5 +159,7 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
             offsets = ", ".join(f"{r}: {v:+.1f}" for r, v in alignment["offsets_us"].items())
             print(f"clock offsets (us, {alignment['method']}"
                   + (", approximate" if alignment.get("approximate") else "") + f"): {offsets}")
+        if horovod is not None:
+            print(_horovod_line(horovod))
         print(f"dprorun: run directory {job.run_dir}")
     return result.exit_code

@@ -11,6 +11,7 @@ import pytest
 from conftest import EXAMPLES, REPO, run_dprorun
 from dprorun.fsutil import TraceError
 from dprorun.trace.horovod import read_horovod_timeline, timeline_summary
+from dprorun.trace.rundir import load_run
 
 try:
     import horovod.torch  # noqa: F401
@@ -102,13 +103,25 @@ def test_import_a_timeline_from_plain_horovodrun(tmp_path):
 @needs_horovod
 def test_dprorun_backend_horovod_and_the_horovodrun_drop_in(tmp_path):
     run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "python", EXAMPLE, "--steps", "8"], run_dir,
-                          timeout=180)
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "--warmup", "2", "--active", "5", "--kineto-iters",
+                           "2", "--clean", "1", "python", EXAMPLE, "--steps", "10"], run_dir, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "median iteration time" in proc.stdout and "fused responses per step" in proc.stdout
     summary = json.load(open(run_dir / "summary.json"))
     # Horovod's timeline writer can still hold the last step's events when the job exits (seen under load)
-    assert summary["backend"] == "horovod" and summary["horovod"]["steps"] in (7, 8)
+    assert summary["backend"] == "horovod" and summary["horovod"]["steps"] in (9, 10)
+    # per-rank compute traces from the hooks on horovod.torch's DistributedOptimizer, as for DDP
+    run = load_run(str(run_dir))
+    assert sorted(run.ranks) == [0, 1]
+    for trace in run.ranks.values():
+        assert len(trace.buckets) == 2 * 26  # one record per tensor: 26 linear layers
+        assert {op.kind.value for op in trace.ops if op.stream == "phase"} >= {"FW", "BW", "UPDATE"}
+        assert any(op.source == "kineto" for op in trace.ops) and trace.grad_ready
+    assert all(row["iteration_time_ms"] for row in summary["ranks"])
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["predicted_iteration_time_ms"] > 0
     copy = tmp_path / "copy.json"
     env = dict(os.environ, DPRO_RUN_DIR=str(tmp_path / "run2"))
     proc = subprocess.run([sys.executable, os.path.join(REPO, "launchers", "horovodrun"), "-np", "2", "--gloo",

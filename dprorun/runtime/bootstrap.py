@@ -1,8 +1,9 @@
 """Entry point of the hooks inside a rank: called from hooks/sitecustomize.py at interpreter start-up.
 
-Installs, only in a rank process launched by dprorun (DPRO_ENABLED=1 and RANK set, not in its subprocesses):
-an import hook that patches DistributedDataParallel when torch.nn.parallel.distributed is imported (torch is
-not imported here: start-up stays fast), the sampler thread, an excepthook that writes torchelastic's per-rank
+Installs, only in a rank process launched by dprorun (DPRO_ENABLED=1 and RANK, or HOROVOD_RANK under
+horovodrun, set; not in its subprocesses): an import hook that patches DistributedDataParallel when
+torch.nn.parallel.distributed is imported and horovod.torch's DistributedOptimizer when horovod.torch.optimizer
+is (torch is not imported here: start-up stays fast), the sampler thread, an excepthook that writes torchelastic's per-rank
 error file, and exit/SIGTERM handlers that keep what was recorded.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable, Optional
 
 _SESSION = None
 
-WATCHED_MODULES = ("torch.nn.parallel.distributed",)
+WATCHED_MODULES = ("torch.nn.parallel.distributed", "horovod.torch.optimizer")
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -51,7 +52,8 @@ def session():
 
 def install(environ=os.environ) -> Optional[object]:
     global _SESSION
-    if _SESSION is not None or environ.get("DPRO_ENABLED") != "1" or "RANK" not in environ:
+    horovod = "RANK" not in environ and "HOROVOD_RANK" in environ  # a horovodrun rank
+    if _SESSION is not None or environ.get("DPRO_ENABLED") != "1" or ("RANK" not in environ and not horovod):
         return _SESSION
     owner = environ.get("DPRO_HOOKED_PID")
     if owner and owner != str(os.getpid()):
@@ -66,9 +68,10 @@ def install(environ=os.environ) -> Optional[object]:
     except ValueError as exc:
         warn(f"bad profiling configuration, hooks not installed: {exc}")
         return None
-    rank = int(environ.get("RANK", "0"))
-    local_rank = int(environ.get("LOCAL_RANK", "0"))
-    world = int(environ.get("WORLD_SIZE", "1"))
+    prefix = "HOROVOD_" if horovod else ""
+    rank = int(environ.get(prefix + "RANK", "0"))
+    local_rank = int(environ.get(prefix + "LOCAL_RANK", "0"))
+    world = int(environ.get(prefix + "SIZE" if horovod else "WORLD_SIZE", "1"))
     sess = RankSession(cfg, rank, local_rank, world)
     _SESSION = sess
 
@@ -77,11 +80,20 @@ def install(environ=os.environ) -> Optional[object]:
 
         sess.guard("patching DistributedDataParallel", patch_ddp_class, sess)
 
-    callbacks = {"torch.nn.parallel.distributed": patch_ddp}
-    if "torch.nn.parallel.distributed" in sys.modules:
-        patch_ddp()
-    else:
-        sys.meta_path.insert(0, _PatchOnImport(callbacks))
+    def patch_hvd():
+        from dprorun.runtime.horovod import patch_horovod
+
+        sess.guard("patching horovod.torch", patch_horovod, sess)
+
+    callbacks = {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd}
+    pending = {}
+    for name, callback in callbacks.items():
+        if name in sys.modules:
+            callback()
+        else:
+            pending[name] = callback
+    if pending:
+        sys.meta_path.insert(0, _PatchOnImport(pending))
 
     try:
         from dprorun.runtime.samplers import Sampler

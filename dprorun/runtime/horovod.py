@@ -1,0 +1,122 @@
+"""Zero-code-change instrumentation of horovod.torch's DistributedOptimizer (stock Horovod).
+
+Patched into `horovod.torch.optimizer` when it is imported, before the script builds its optimizer
+(DistributedOptimizer copies `_DistributedOptimizer`'s methods into a new class when it is called):
+  - `_allreduce_grad_async(p)`: a gradient is ready and its all-reduce is submitted (per tensor: enqueue);
+  - the module's `synchronize(handle)`: the optimizer waits for each all-reduce in submission order; the
+    return time closes that tensor's record (an upper bound of its completion; Horovod's own timeline has the
+    exact transmission spans);
+  - `step()`: its end is the iteration boundary (iteration k runs from the end of step k-1 to the end of
+    step k); the optimizer's inner step is the update span (torch's global optimizer hooks).
+Phase spans per iteration: forward0 = iteration start -> first gradient ready (forward, loss and the backward up
+to the first gradient), backward0 = first -> last gradient ready, update = the inner optimizer step.
+Each tensor is reported as its own bucket (Horovod fuses tensors at run time; the fused responses are in the
+timeline). The files of every rank go straight into the run directory (single host: no gather channel).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+from dprorun.runtime.session import RankSession
+
+
+class HorovodTracker:
+    """Per-process recorder for horovod.torch optimizers (one per process, like the session)."""
+
+    def __init__(self, session: RankSession):
+        self.session = session
+        self.iteration_start = session.now_us()
+        self.first_ready = None
+        self.last_ready = None
+        self.pending: list[list] = []  # comm records waiting for their synchronize, in submission order
+        self.index: dict[str, int] = {}
+
+    # ---- what DDPTracker also offers the session --------------------------------------------------------
+    def describe(self) -> dict:
+        return {"ddp": 0, "framework": "horovod", "user_comm_hook": False, "builtin_comm_hook": False,
+                "timed_buckets": True, "backend": "horovod"}
+
+    def window_started(self) -> None:
+        pass
+
+    def window_stopped(self) -> None:
+        pass
+
+    def stop_param_hooks(self) -> None:
+        pass
+
+    # ---- records ----------------------------------------------------------------------------------------
+    def submitted(self, optimizer, p) -> None:
+        session = self.session
+        if not session.detail_active:
+            return
+        now = session.now_us()
+        name = optimizer._parameter_names.get(p, f"param{len(self.index)}")
+        if self.first_ready is None:
+            self.first_ready = now
+        self.last_ready = now
+        index = self.index.setdefault(name, len(self.index))
+        if session.iteration < session.cfg.warmup + session.cfg.kineto_iters:
+            session.grad_ready.append((session.iteration, name, now))
+        key = (0, index)
+        if key not in session.buckets:
+            nbytes = p.numel() * p.element_size()
+            session.buckets[key] = {"nbytes": nbytes, "numel": p.numel(),
+                                    "dtype": str(p.dtype).replace("torch.", ""), "params": [name]}
+            session.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
+            session.params[0]["order"].append(name)
+            session.params[0]["bytes"][name] = nbytes
+        record = [session.iteration, 0, index, now, session.now_us(), None]
+        session.comm.append(record)
+        self.pending.append(record)
+
+    def synchronized_one(self) -> None:
+        if self.pending:
+            self.pending.pop(0)[5] = self.session.now_us()
+
+    def step_done(self) -> None:
+        session = self.session
+        now = session.now_us()
+        if session.detail_active and self.first_ready is not None:
+            session.mark("forward0", self.iteration_start, self.first_ready)
+            session.mark("backward0", self.first_ready, self.last_ready)
+        self.first_ready = self.last_ready = None
+        self.pending.clear()
+        session.begin_iteration()
+        self.iteration_start = session.now_us() if session.phase != "done" else now
+
+
+def patch_horovod(session: RankSession) -> None:
+    """Patch horovod.torch.optimizer once per process."""
+    module = sys.modules["horovod.torch.optimizer"]
+    cls = module._DistributedOptimizer
+    if getattr(cls, "_dpro_patched", False):
+        return
+    cls._dpro_patched = True
+    tracker = HorovodTracker(session)
+    session.trackers.append(tracker)
+    original_async = cls._allreduce_grad_async
+    original_step = cls.step
+    original_sync_fn = module.synchronize
+
+    @functools.wraps(original_async)
+    def _allreduce_grad_async(self, p):
+        session.guard("recording a Horovod all-reduce", tracker.submitted, self, p)
+        return original_async(self, p)
+
+    @functools.wraps(original_step)
+    def step(self, closure=None):
+        result = original_step(self, closure)
+        session.guard("closing a Horovod step", tracker.step_done)
+        return result
+
+    @functools.wraps(original_sync_fn)
+    def synchronize(handle):
+        output = original_sync_fn(handle)
+        tracker.synchronized_one()
+        return output
+
+    cls._allreduce_grad_async = _allreduce_grad_async
+    cls.step = step
+    module.synchronize = synchronize
