@@ -1,0 +1,81 @@
+"""Replay accuracy for Horovod jobs: the measured iteration time of a plain `horovodrun` run vs the replayed
+prediction from a `dprorun --backend horovod` run of the same job, interleaved --reps times (medians).
+
+usage: [sudo] python benchmarks/horovod_replay_accuracy.py [--nets loopback,1gbit] [--reps 3]
+Last line: the median and max |error| over the networks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NETNS = os.path.join(REPO, "scripts", "with-netns-1gbit")
+EXAMPLE = os.path.join(REPO, "examples", "horovod_mlp.py")
+
+
+def wrap(net: str, cmd: list[str]) -> list[str]:
+    return [NETNS, "--"] + cmd if net == "1gbit" else cmd
+
+
+def measured_ms(net: str, steps: int, batch: int) -> float:
+    out = subprocess.run(wrap(net, ["horovodrun", "-np", "2", "--gloo", sys.executable, EXAMPLE, "--steps", str(steps),
+                                    "--batch-size", str(batch)]), capture_output=True, text=True, check=True,
+                         timeout=900, cwd=REPO)
+    return float(re.search(r"median iteration time: ([0-9.]+) ms", out.stdout).group(1))
+
+
+def predicted_ms(net: str, steps: int, batch: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = os.path.join(tmp, "run")
+        warmup, clean = steps // 2, 3
+        active = steps - warmup - clean - 2
+        subprocess.run(wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "horovod", "-np", "2", "-q",
+                                  "--run-dir", run_dir, "--warmup", str(warmup), "--active", str(active),
+                                  "--kineto-iters", "3", "--clean", str(clean), "python", EXAMPLE, "--steps",
+                                  str(steps), "--batch-size", str(batch)]),
+                       capture_output=True, text=True, check=True, timeout=900, cwd=REPO,
+                       env=dict(os.environ, DPRO_REPORT="0"))
+        out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json"],
+                             capture_output=True, text=True, check=True, timeout=600, cwd=REPO)
+        doc = json.loads(out.stdout)
+        return doc["predicted_iteration_time_ms"], doc["measured_iteration_time_ms"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nets", default="loopback,1gbit")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+    nets = args.nets.split(",")
+    if "1gbit" in nets and os.geteuid() != 0:
+        print("note: not root, the 1 Gbit network namespace is skipped")
+        nets = [n for n in nets if n != "1gbit"]
+    print(f"{'net':8} {'horovodrun ms':>13} {'dPRO ms':>8} {'error':>7} {'own run ms':>10}  readings")
+    errors = []
+    for net in nets:
+        measured, predicted, own = [], [], []
+        for _ in range(args.reps):
+            measured.append(measured_ms(net, args.steps, args.batch_size))
+            p, o = predicted_ms(net, args.steps, args.batch_size)
+            predicted.append(p)
+            own.append(o)
+        m, p = statistics.median(measured), statistics.median(predicted)
+        err = 100 * (p / m - 1)
+        errors.append(abs(err))
+        print(f"{net:8} {m:13.2f} {p:8.2f} {err:+6.1f}% {statistics.median(own):10.2f}  "
+              f"measured {' '.join(f'{x:.1f}' for x in measured)} / predicted {' '.join(f'{x:.1f}' for x in predicted)}",
+              flush=True)
+    print(f"Horovod replay |error| vs horovodrun: median {statistics.median(errors):.1f} %, max {max(errors):.1f} %")
+
+
+if __name__ == "__main__":
+    main()
