@@ -1,7 +1,9 @@
 """Replay accuracy for Horovod jobs: the measured iteration time of a plain `horovodrun` run vs the replayed
 prediction from a `dprorun --backend horovod` run of the same job, interleaved --reps times (medians).
 
-usage: [sudo] python benchmarks/horovod_replay_accuracy.py [--nets loopback,1gbit] [--reps 3]
+usage: OMP_NUM_THREADS=1 [sudo] python benchmarks/horovod_replay_accuracy.py [--nets loopback,1gbit] [--reps 3]
+(horovodrun, unlike torchrun, leaves OMP_NUM_THREADS alone; on 2 cores two ranks with 2 OpenMP threads each
+thrash (260-700 ms per iteration instead of 30), so both sides get OMP_NUM_THREADS=1 from the environment.)
 Last line: the median and max |error| over the networks.
 """
 from __future__ import annotations

@@ -65,8 +65,8 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
     # Kineto leaves CUPTI subscribed after the profiler stops unless told to tear it down; on GPU that kept every
     # kernel launch slower for the rest of the job (benchmarks/gpu_overhead.py). A user's own setting wins.
     env.setdefault("TEARDOWN_CUPTI", os.environ.get("TEARDOWN_CUPTI", "1"))
-    if "OMP_NUM_THREADS" not in os.environ and job.nproc_per_node > 1:
-        env["OMP_NUM_THREADS"] = "1"  # as torchrun does, so ranks do not oversubscribe the cores
+    if "OMP_NUM_THREADS" not in os.environ and job.nproc_per_node > 1 and job.backend != "horovod":
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun does (horovodrun does not: its jobs keep their threads)
     return env
 
 

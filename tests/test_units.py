@@ -155,3 +155,15 @@ def test_the_reported_failure_is_the_cause_not_a_rank_stopped_at_teardown():
     assert rank == 1 and failure.exitcode == -9
     only_teardown = ChildFailedError("train", {0: stopped})
     assert _root_failure(only_teardown)[0] == 0
+
+
+def test_horovod_jobs_keep_their_thread_settings(monkeypatch):
+    """torchrun sets OMP_NUM_THREADS=1 for multi-rank jobs and dprorun does too; horovodrun does not, and a
+    profiler must not change the job it profiles."""
+    from dprorun.config import JobConfig
+    from dprorun.launch import rank_environment
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert rank_environment(JobConfig(command=["python", "t.py"], nproc_per_node=2))["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in rank_environment(JobConfig(command=["python", "t.py"], nproc_per_node=2,
+                                                               backend="horovod"))
