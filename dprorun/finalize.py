@@ -67,6 +67,12 @@ def _print_prediction(job: JobConfig, summary: dict) -> int:
     return 0
 
 
+def _progress(job: JobConfig, what: str) -> None:
+    """One line per end-of-job phase on stderr (the summary itself goes to stdout)."""
+    if not job.quiet and not job.json_summary:
+        print(f"dprorun: {what} ...", file=sys.stderr, flush=True)
+
+
 def _write_report(job: JobConfig) -> None:
     """report.html at job end (what-if curves bounded to a few seconds; `dpro report` draws them all); a failure
     is a warning only."""
@@ -138,7 +144,9 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     try:  # summary.json and alignment.json are written whatever is printed
         from dprorun.summary import format_summary, summarize_run
 
+        _progress(job, f"reading the traces of {len(with_events)} ranks")
         summary = summarize_run(job.run_dir)
+        _progress(job, "aligning clocks (cvxpy)")
         summary["alignment"] = _align_at_job_end(job.run_dir)
         summary["backend"] = job.backend
         if horovod is not None:
@@ -147,6 +155,7 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     except Exception as exc:  # the job's outcome stands; only the summary is missing
         print(f"dprorun: warning: could not summarise the run: {exc}", file=sys.stderr)
         return result.exit_code
+    _progress(job, "replaying and writing report.html")
     _write_report(job)
     if job.profile.dry_run and result.exit_code == 0:
         return _print_prediction(job, summary)

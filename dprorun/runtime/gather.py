@@ -36,8 +36,13 @@ PROBE_ROUNDS = 40
 
 def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     """At the end of the window, on every rank: clock probes, events written, traces gathered to rank 0."""
+    import sys
+
     import torch.distributed as dist
 
+    if session.rank == 0:
+        print("[dprorun] window done: clock probes, calibration and gathering the traces", file=sys.stderr,
+              flush=True)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         session.write_events()
         return

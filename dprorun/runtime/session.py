@@ -158,6 +158,10 @@ class RankSession:
             pass
         self.phase = "active"
         self.window_start_us = self.now_us()
+        if self.rank == 0:  # progress: one line per phase, from rank 0 only
+            cfg = self.cfg
+            print(f"[dprorun] profiling iterations {cfg.warmup}-{cfg.warmup + cfg.active - 1} (torch.profiler in the "
+                  f"first {cfg.kineto_iters if cfg.kineto else 0})", file=sys.stderr, flush=True)
         for tracker in self.trackers:
             tracker.window_started()
         self._register_optimizer_hooks()
