@@ -117,6 +117,23 @@ def profile_config_from_env_and_args(args: argparse.Namespace) -> ProfileConfig:
     return cfg
 
 
+def horovod_arguments(args: argparse.Namespace) -> list[str]:
+    """horovodrun's fusion knobs: the command line's, else the strategy's (--strategy)."""
+    threshold, cycle = args.fusion_threshold_mb, args.cycle_time_ms
+    if args.strategy:
+        from dprorun.strategy import load_strategy
+
+        strategy = load_strategy(args.strategy)
+        threshold = threshold if threshold is not None else strategy.horovod_fusion_threshold_mb
+        cycle = cycle if cycle is not None else strategy.horovod_cycle_time_ms
+    out = []
+    if threshold is not None:
+        out += ["--fusion-threshold-mb", f"{threshold:g}"]
+    if cycle is not None:
+        out += ["--cycle-time-ms", f"{cycle:g}"]
+    return out
+
+
 def job_from_args(args: argparse.Namespace) -> JobConfig:
     command = list(args.command)
     if command and command[0] == "--":
@@ -158,14 +175,10 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         job.strategy_file = os.path.abspath(args.strategy)
     job.autotune = args.autotune
     if args.backend == "horovod":
-        if args.autotune or args.dry_run or args.strategy:
-            raise ValueError("--backend horovod supports the profile mode only so far (no --autotune, --dry-run, "
-                             "--strategy)")
-        job.horovod_args = []
-        if args.fusion_threshold_mb is not None:
-            job.horovod_args += ["--fusion-threshold-mb", f"{args.fusion_threshold_mb:g}"]
-        if args.cycle_time_ms is not None:
-            job.horovod_args += ["--cycle-time-ms", f"{args.cycle_time_ms:g}"]
+        if args.autotune or args.dry_run:
+            raise ValueError("--backend horovod supports the profile mode and --strategy so far (no --autotune, "
+                             "--dry-run)")
+        job.horovod_args = horovod_arguments(args)
     if not 0 <= args.autotune_min_gain < 1:
         raise ValueError("--autotune-min-gain is a fraction in [0, 1)")
     job.autotune_min_gain = args.autotune_min_gain

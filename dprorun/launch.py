@@ -104,6 +104,8 @@ def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) ->
         "status": status,
         "command": job.command,
         "backend": job.backend,
+        "horovod_args": job.horovod_args,
+        "strategy": job.strategy_file,
         "launcher": job.launcher,
         "world_size": job.world_size,
         "nnodes": job.nnodes,

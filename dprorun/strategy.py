@@ -9,6 +9,8 @@ strategy.json (schema version 1):
   accumulation_steps  micro-batches per optimizer step (needs the script's cooperation: printed, and readable
                       through `dprorun.strategy()`)
   precision           "fp32" (bf16 autocast is not searched yet)
+  horovod_fusion_threshold_mb, horovod_cycle_time_ms
+                      Horovod jobs: passed to horovodrun (--fusion-threshold-mb, --cycle-time-ms) on restart
   decisions           each pass's decision with its predicted iteration time before and after
 A training script that wants to cooperate (gradient accumulation) calls `dprorun.strategy()`, which reads the
 file named by DPRO_STRATEGY (set by dprorun for the ranks), or returns None.
@@ -54,6 +56,8 @@ class Strategy:
     recompute_segments: int = 0
     accumulation_steps: int = 1
     precision: str = "fp32"
+    horovod_fusion_threshold_mb: Optional[float] = None  # Horovod jobs: HOROVOD_FUSION_THRESHOLD
+    horovod_cycle_time_ms: Optional[float] = None  # Horovod jobs: HOROVOD_CYCLE_TIME
     baseline_ms: Optional[float] = None  # the job as it ran, replayed
     predicted_ms: Optional[float] = None  # with this strategy
     predicted_peak_bytes: Optional[int] = None
@@ -65,7 +69,8 @@ class Strategy:
 
     def is_default(self) -> bool:
         return (self.buckets is None and self.bucket_cap_mb is None and not self.partitions
-                and self.recompute_segments == 0 and self.accumulation_steps == 1 and self.precision == "fp32")
+                and self.recompute_segments == 0 and self.accumulation_steps == 1 and self.precision == "fp32"
+                and self.horovod_fusion_threshold_mb is None and self.horovod_cycle_time_ms is None)
 
     def to_json(self) -> dict:
         doc = asdict(self)

@@ -138,3 +138,21 @@ def test_a_failing_horovod_rank_fails_the_job(tmp_path):
     proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "python", str(script)], tmp_path / "run",
                           timeout=120)
     assert proc.returncode != 0 and "horovodrun exited with code" in proc.stderr
+
+
+@needs_horovod
+def test_a_strategy_reaches_horovod_through_its_own_knobs(tmp_path):
+    from dprorun.strategy import Strategy, save_strategy
+
+    path = tmp_path / "strategy.json"
+    save_strategy(Strategy(horovod_fusion_threshold_mb=1.0, horovod_cycle_time_ms=2.5), str(path))
+    script = tmp_path / "knobs.py"
+    script.write_text("import os\nimport horovod.torch as hvd\nhvd.init()\n"
+                      "print('knobs', os.environ.get('HOROVOD_FUSION_THRESHOLD'), os.environ.get('HOROVOD_CYCLE_TIME'))\n")
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "--strategy", str(path), "python", str(script)],
+                          run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "knobs 1048576 2.5" in proc.stdout
+    manifest = json.load(open(run_dir / "manifest.json"))
+    assert manifest["horovod_args"] == ["--fusion-threshold-mb", "1", "--cycle-time-ms", "2.5"]
