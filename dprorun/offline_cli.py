@@ -95,6 +95,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     run, alignment = load_aligned(args.run_dir)
     whatif = WhatIf(world_size=args.np, bandwidth_gbit=args.bandwidth, bandwidth_scale=args.bandwidth_scale,
                     latency_us=args.latency_us, bucket_mb=args.bucket_mb, partitions=args.partitions,
+                    horovod_fusion_mb=args.horovod_fusion_mb, horovod_cycle_ms=args.horovod_cycle_ms,
                     baseline=args.baseline)
     prediction = predict(build_job_model(run), whatif)
     doc = prediction.to_json()
@@ -238,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--latency-us", type=float, default=None, help="per ring step latency")
     rp.add_argument("--bucket-mb", type=float, default=None, help="regroup gradients into buckets of this size")
     rp.add_argument("--partitions", type=int, default=1, help="split each bucket's sync into k pieces")
+    rp.add_argument("--horovod-fusion-mb", type=float, default=None,
+                    help="Horovod runs: fusion threshold to predict for (0: no fusion)")
+    rp.add_argument("--horovod-cycle-ms", type=float, default=None, help="Horovod runs: cycle time to predict for")
     rp.add_argument("--baseline", choices=("dpro", "daydream"), default="dpro")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=_cmd_replay)

@@ -148,3 +148,22 @@ def test_partial_replay_of_one_tensor_sync():
     # pieces on one channel run one after another: same bytes, more per-step latency
     assert sync_time_us(model, 4 << 20, world=2, partitions=4) > one
     assert sync_time_us(model, 4 << 20, world=8) > one
+
+
+def test_horovod_fusion_what_if_groups_by_cycle_and_threshold():
+    """Tensors ready in the same cycle are fused, in ready order, up to the threshold; a response is ready at
+    the end of the cycle that picked it up."""
+    from dprorun.replay.whatif import horovod_fusion
+
+    model = _toy_model()  # 8 tensors of 1 MiB, ready at 0, 1/8, ..., 7/8 of a 6 ms backward
+    model.framework = "horovod"
+    order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
+    responses = horovod_fusion(model, threshold_bytes=2 << 20, cycle_us=1500.0)
+    assert [group for group, _ in responses] == [order[0:2], order[2:4], order[4:6], order[6:8]]
+    assert [round(f, 3) for _, f in responses] == [0.25, 0.5, 0.75, 1.0]
+    one_cycle = horovod_fusion(model, threshold_bytes=64 << 20, cycle_us=10_000.0)
+    assert [group for group, _ in one_cycle] == [order] and one_cycle[0][1] == 1.0
+    assert len(horovod_fusion(model, threshold_bytes=0, cycle_us=1500.0)) == 8  # fusion off
+    no_fusion = predict(model, WhatIf(horovod_fusion_mb=0, horovod_cycle_ms=1.5)).predicted_iteration_time_ms
+    fused = predict(model, WhatIf(horovod_fusion_mb=2, horovod_cycle_ms=1.5)).predicted_iteration_time_ms
+    assert fused < no_fusion  # fewer syncs: fewer step latencies

@@ -77,6 +77,8 @@ class JobModel:
     channels: int = 1  # collectives the backend runs at once per rank
     samples: list["Sample"] = field(default_factory=list)  # one per profiled iteration seen on every rank
     notes: list[str] = field(default_factory=list)
+    framework: str = "ddp"  # "horovod": tensors are fused at run time by Horovod's cycle/threshold
+    horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
 
 
 @dataclass
@@ -215,18 +217,65 @@ def build_job_model(run: RunTrace) -> JobModel:
     fractions = _ready_fractions(run)
     model = JobModel(world, templates, buckets, dict(first.param_bytes), fractions, comm,
                      first.meta.get("bucket_cap_mb"), channels=channels, samples=samples)
+    if any(t.get("framework") == "horovod" for t in first.meta.get("trackers", [])):
+        model.framework = "horovod"
+        model.horovod_knobs = horovod_knobs_as_run(run.manifest.get("horovod_args") or [])
+        timeline_points = _horovod_timeline_points(run.run_dir)
+        if timeline_points:
+            fitted = fit_comm_model(timeline_points, world, [])
+            if fitted.source == "trace":
+                fitted.source = "horovod timeline (fused responses)"
+                model.comm = fitted
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
     return model
 
 
+HOROVOD_DEFAULT_FUSION_BYTES = 128 * 1024 * 1024  # horovod 0.28 (common/operations.cc)
+HOROVOD_DEFAULT_CYCLE_MS = 1.0
+
+
+def horovod_knobs_as_run(args: list[str]) -> tuple[float, float]:
+    """(fusion threshold bytes, cycle time µs) from the horovodrun arguments dprorun passed, else Horovod's
+    defaults."""
+    threshold, cycle = HOROVOD_DEFAULT_FUSION_BYTES, HOROVOD_DEFAULT_CYCLE_MS
+    for flag, value in zip(args, args[1:]):
+        if flag == "--fusion-threshold-mb":
+            threshold = float(value) * 1024 * 1024
+        elif flag == "--cycle-time-ms":
+            cycle = float(value)
+    return threshold, cycle * 1000.0
+
+
+def _horovod_timeline_points(run_dir: str) -> list[tuple[int, float]]:
+    """(bytes, µs) of every fused response's transmission in the run's Horovod timeline (none if absent)."""
+    import os
+
+    from dprorun.fsutil import TraceError
+    from dprorun.trace.horovod import read_horovod_timeline
+
+    path = os.path.join(run_dir, "horovod_timeline.json")
+    if not os.path.exists(path):
+        return []
+    try:
+        timeline = read_horovod_timeline(path)
+    except TraceError:
+        return []
+    groups: dict[tuple[int, str], list] = {}
+    for op in timeline.trace.ops:
+        if op.phase == "transmit" and op.iteration >= 1 and op.name.startswith(("GLOO_ALLREDUCE", "NCCL_ALLREDUCE")):
+            groups.setdefault((op.iteration, op.txn_id), []).append(op)
+    return [(sum(o.nbytes for o in ops), ops[0].dur_us) for ops in groups.values() if ops[0].dur_us > 0]
+
+
 def comm_channels(run: RunTrace) -> int:
-    """Collectives in flight at once: gloo's process group runs 2 worker threads, NCCL one stream."""
+    """Collectives in flight at once: gloo's process group runs 2 worker threads, NCCL one stream, Horovod's
+    background thread one response at a time."""
     for trace in run.ranks.values():
         for tracker in trace.meta.get("trackers", []):
             if tracker.get("backend") == "gloo":
                 return 2
-            if tracker.get("backend") == "nccl":
+            if tracker.get("backend") in ("nccl", "horovod"):  # Horovod runs one response at a time
                 return 1
     return 2 if run.manifest.get("backend_hint", "gloo") == "gloo" else 1
 

@@ -38,13 +38,16 @@ class WhatIf:
     bucket_partitions: dict[str, int] = field(default_factory=dict)  # per bucket key ("bucket3"): pieces
     accumulation_steps: int = 1  # micro-batches per optimizer step (same global batch)
     recompute_segments: int = 0  # activation checkpointing in this many segments (0: none)
+    horovod_fusion_mb: Optional[float] = None  # Horovod: fusion threshold (0: no fusion)
+    horovod_cycle_ms: Optional[float] = None  # Horovod: cycle time
     baseline: str = "dpro"  # or "daydream"
 
     def is_identity(self) -> bool:
         return (self.world_size is None and self.bandwidth_gbit is None and self.bandwidth_scale == 1.0
                 and self.latency_us is None and self.bucket_mb is None and self.partitions == 1
                 and self.buckets is None and not self.bucket_partitions and self.accumulation_steps == 1
-                and self.recompute_segments == 0)
+                and self.recompute_segments == 0 and self.horovod_fusion_mb is None
+                and self.horovod_cycle_ms is None)
 
     def pieces(self, bucket_key: str) -> int:
         return max(1, int(self.bucket_partitions.get(bucket_key, self.partitions)))
@@ -78,8 +81,47 @@ class _Sync:
     measured_us: Optional[float]
 
 
+def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> list[tuple[list[str], float]]:
+    """Horovod's tensor fusion, as its background loop does it: every `cycle_us` the tensors that became ready
+    since the last cycle are fused, in ready order, into responses of at most `threshold_bytes`. Returns each
+    response's tensors and its ready fraction of the backward pass (the end of the cycle that picked it up,
+    capped at the end of backward)."""
+    backward = float(np.median([t.backward_us for t in model.templates.values()])) or 1.0
+    order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
+    responses: list[tuple[list[str], float]] = []
+    current: list[str] = []
+    size = 0.0
+    current_cycle, current_end = None, 1.0
+    for name in order:
+        ready_us = model.param_ready_fraction[name] * backward
+        cycle = int(ready_us // cycle_us) + 1 if cycle_us > 0 else ready_us
+        nbytes = model.param_bytes.get(name, 0)
+        if current and (cycle != current_cycle or threshold_bytes <= 0 or size + nbytes > threshold_bytes):
+            responses.append((current, current_end))
+            current, size = [], 0.0
+        if not current:
+            current_cycle = cycle
+            current_end = min(1.0, (cycle * cycle_us if cycle_us > 0 else ready_us) / backward)
+        current.append(name)
+        size += nbytes
+    if current:
+        responses.append((current, current_end))
+    return responses
+
+
 def _plan_buckets(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[_Sync], bool]:
     """Bucket layout for the prediction; True when it is the measured one."""
+    if model.framework == "horovod" and (whatif.horovod_fusion_mb is not None or whatif.horovod_cycle_ms is not None):
+        threshold, cycle = model.horovod_knobs or (128 * MB, 1000.0)
+        if whatif.horovod_fusion_mb is not None:
+            threshold = whatif.horovod_fusion_mb * MB
+        if whatif.horovod_cycle_ms is not None:
+            cycle = whatif.horovod_cycle_ms * 1000.0
+        responses = horovod_fusion(model, threshold, cycle)
+        notes.append(f"Horovod fusion at {threshold / MB:g} MB, cycle {cycle / 1000:g} ms: {len(responses)} responses "
+                     "per step (cycles aligned with the start of backward)")
+        return [_Sync(f"bucket{k}", sum(model.param_bytes[p] for p in group), fraction, None)
+                for k, (group, fraction) in enumerate(responses)], False
     if whatif.buckets is None and whatif.bucket_mb is None:
         return [_Sync(b.key, b.nbytes, 0.0, b.transmit_us) for b in model.buckets], True
     if not model.param_ready_fraction:
@@ -103,7 +145,11 @@ def _plan_buckets(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[li
 
 
 def _comm_scale(model: JobModel) -> float:
-    """Measured / modelled transmission at the measured sizes: carries contention into modelled what-ifs."""
+    """Measured / modelled transmission at the measured sizes: carries contention into modelled what-ifs.
+    Horovod runs: 1 (their model is fitted on the timeline's own transmissions, while the per-tensor records
+    close in submission order and overstate them)."""
+    if model.framework == "horovod" and model.comm.source.startswith("horovod timeline"):
+        return 1.0
     ratios = [b.transmit_us / model.comm.allreduce_us(b.nbytes, model.world_size)
               for b in model.buckets if b.transmit_us > 0 and model.comm.allreduce_us(b.nbytes, model.world_size) > 0]
     return float(np.median(ratios)) if ratios else 1.0
