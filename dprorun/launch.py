@@ -290,14 +290,22 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
 
 
 def _root_failure(err) -> tuple[int, object]:
-    """The failure that caused the stop: the earliest one that is not the group teardown's SIGTERM (a rank the
-    agent stopped because another one died can be stamped first, when the dead one left no error file)."""
-    teardown = (-signal.SIGTERM, 128 + signal.SIGTERM)
-    causes = [(f.timestamp, r, f) for r, f in err.failures.items() if f.exitcode not in teardown]
-    if causes:
-        _, rank, failure = min(causes, key=lambda c: (c[0], c[1]))
-        return rank, failure
-    return err.get_first_failure()
+    """The failure that caused the stop. A rank killed by a signal (SIGKILL from the OOM killer, SIGSEGV) comes
+    first: the others then fail because their peer vanished (gloo raises) or because the agent stopped them
+    (SIGTERM), and either can be stamped earlier, as a killed rank leaves no error file. Then ranks that exited
+    with an error, then the rest; the earliest within a class."""
+    def rank_of(item) -> tuple:
+        rank, failure = item
+        code = failure.exitcode
+        if code < 0 and code != -signal.SIGTERM:
+            cls = 0
+        elif code not in (-signal.SIGTERM, 128 + signal.SIGTERM):
+            cls = 1
+        else:
+            cls = 2
+        return cls, failure.timestamp, rank
+
+    return min(err.failures.items(), key=rank_of)
 
 
 def _launch_error(exc: Exception, job: JobConfig, port: int) -> str:

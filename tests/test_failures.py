@@ -50,7 +50,8 @@ def test_a_rank_killed_by_sigkill_is_named_with_its_signal(tmp_path):
                                  "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "40",
                                  "--fail-at-step", "8", "--fail-mode", "sigkill", "--seed", marker],
                                 tmp_path / "run", timeout=90)
-    assert proc.returncode == 137 and "rank 1 (local rank 1" in proc.stderr and "SIGKILL" in proc.stderr
+    assert proc.returncode == 137 and "rank 1 (local rank 1" in proc.stderr and "SIGKILL" in proc.stderr, \
+        proc.stderr[-3000:]
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert leftovers == []
     assert (tmp_path / "run" / "rank_1" / "events.json").exists()  # written at the end of its window

@@ -155,6 +155,14 @@ def test_the_reported_failure_is_the_cause_not_a_rank_stopped_at_teardown():
     assert rank == 1 and failure.exitcode == -9
     only_teardown = ChildFailedError("train", {0: stopped})
     assert _root_failure(only_teardown)[0] == 0
+    # the survivor's gloo error ("connection closed by peer") can also come first: the killed rank is the cause
+    raised = ProcessFailure(local_rank=0, pid=100, exitcode=1, error_file="")
+    raised.timestamp = 10
+    assert _root_failure(ChildFailedError("train", {0: raised, 1: killed}))[0] == 1
+    # without a signal, the earliest error wins over the teardown
+    other = ProcessFailure(local_rank=2, pid=102, exitcode=1, error_file="")
+    other.timestamp = 12
+    assert _root_failure(ChildFailedError("train", {0: stopped, 1: raised, 2: other}))[0] == 1
 
 
 def test_horovod_jobs_keep_their_thread_settings(monkeypatch):
