@@ -107,7 +107,61 @@ def install(environ=os.environ) -> Optional[object]:
     atexit.register(sess.at_exit)
     _install_excepthook(sess)
     _install_sigterm(sess)
+    _guard_output_files(sess)
     return sess
+
+
+class _FullDiskGuard:
+    """sys.stdout / sys.stderr of a rank whose output dprorun tees into the run directory: when that disk is
+    full, the job's own prints must not kill it (under plain torchrun they would go to a console). On ENOSPC the
+    file descriptor is pointed at /dev/null, so the pending and later output is dropped, once, with a warning
+    recorded in the trace."""
+
+    def __init__(self, stream, session, fd: int):
+        self._stream = stream
+        self._session = session
+        self._fd = fd
+
+    def _drop(self, exc: OSError) -> None:
+        import errno
+
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise exc
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._fd)
+        os.close(devnull)
+        self._session.warnings.append(f"the disk holding this rank's log file is full: its output (fd {self._fd}) "
+                                      "is dropped from here on")
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self._drop(exc)
+            return self._stream.write(text)
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except OSError as exc:
+            self._drop(exc)
+            return self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _guard_output_files(sess) -> None:
+    import stat
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue  # a console or a pipe: nothing on our disk
+        except OSError:
+            continue
+        setattr(sys, name, _FullDiskGuard(stream, sess, fd))
 
 
 def _install_excepthook(sess) -> None:

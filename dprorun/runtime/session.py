@@ -93,11 +93,16 @@ class RankSession:
         return self.phase == "active" and not self.disabled
 
     def disable(self, reason: str) -> None:
+        """Turn profiling off, keeping what was recorded if it can be written. Never raises: this is what the
+        hooks fall back on when something failed (a full disk, a broken profiler)."""
         if not self.disabled:
             self.disabled = True
             self.warnings.append(reason)
-            warn(f"profiling disabled, training continues: {reason}")
-            self._stop_window(write=True)
+            try:
+                warn(f"profiling disabled, training continues: {reason}")
+                self._stop_window(write=True)
+            except Exception as exc:  # e.g. the disk is full: the trace is lost, the training is not
+                self.warnings.append(f"the trace could not be kept: {type(exc).__name__}: {exc}")
 
     def guard(self, what: str, fn: Callable, *args) -> Any:
         """Run fn; on any exception disable profiling instead of disturbing training."""
