@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, critical_path_report, replay
-from dprorun.replay.template import JobModel, Sample, build_job_model, ddp_buckets
+from dprorun.replay.template import JobModel, Sample, build_job_model, ddp_buckets, horovod_knobs_as_run
 
 MB = 1 << 20
 
@@ -112,7 +112,7 @@ def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> 
 def _plan_buckets(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[_Sync], bool]:
     """Bucket layout for the prediction; True when it is the measured one."""
     if model.framework == "horovod" and (whatif.horovod_fusion_mb is not None or whatif.horovod_cycle_ms is not None):
-        threshold, cycle = model.horovod_knobs or (128 * MB, 1000.0)
+        threshold, cycle = model.horovod_knobs or horovod_knobs_as_run([])
         if whatif.horovod_fusion_mb is not None:
             threshold = whatif.horovod_fusion_mb * MB
         if whatif.horovod_cycle_ms is not None:

@@ -18,8 +18,6 @@ from typing import Callable, Optional
 
 _SESSION = None
 
-WATCHED_MODULES = ("torch.nn.parallel.distributed", "horovod.torch.optimizer")
-
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Runs a callback right after a watched module has executed."""
