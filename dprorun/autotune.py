@@ -41,6 +41,8 @@ def _sub_job(job: JobConfig, run_dir: str, dry_run: bool, strategy_file: Optiona
     sub.run_dir = run_dir
     sub.profile.run_dir = run_dir
     sub.profile.dry_run = dry_run
+    # the profiling window also times the model eager / compiled / bf16 for the op-fusion and precision passes
+    sub.profile.measure_variants = dry_run and strategy_file is None and job.autotune_variants
     sub.profile.job_id = f"{job.profile.job_id}-{os.path.basename(run_dir)}" if dry_run else job.profile.job_id
     sub.strategy_file = strategy_file
     sub.autotune = False

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--no-param-hooks", action="store_true", help="do not record per-parameter grad times")
     prof.add_argument("--no-comm-hook", action="store_true",
                       help="keep DDP's built-in all-reduce (buckets are then timed only by the profiler)")
+    prof.add_argument("--measure-variants", action="store_true",
+                      help="after the window, rank 0 times its model eager, under torch.compile and under bf16 "
+                           "autocast (for the optimizer's op-fusion and precision passes; --autotune does this)")
     prof.add_argument("--comm-detail", choices=("bucket", "ring"), default=None,
                       help="bucket: per-bucket queue/transmission (default); ring: explicit chunked ring")
     modes = parser.add_argument_group("modes")
@@ -70,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "measured faster (never-regress)")
     modes.add_argument("--autotune-min-gain", type=float, default=0.01, metavar="FRACTION",
                        help="keep the strategy only when the trial is faster by more than this (default 0.01)")
+    modes.add_argument("--no-compute-passes", action="store_true",
+                       help="with --autotune: do not time torch.compile and bf16 autocast on the model (no op "
+                            "fusion or precision pass; saves the compile time)")
     modes.add_argument("--strategy", default=None, metavar="FILE",
                        help="run with a strategy.json (from dpro optimize or an earlier --autotune)")
     modes.add_argument("--memory-budget", default=None, help="with --autotune: per-rank peak memory, e.g. 8GiB")
@@ -114,6 +120,8 @@ def profile_config_from_env_and_args(args: argparse.Namespace) -> ProfileConfig:
         cfg.param_hooks = False
     if args.no_comm_hook:
         cfg.comm_hook = False
+    if args.measure_variants:
+        cfg.measure_variants = True
     return cfg
 
 
@@ -182,6 +190,7 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
     if not 0 <= args.autotune_min_gain < 1:
         raise ValueError("--autotune-min-gain is a fraction in [0, 1)")
     job.autotune_min_gain = args.autotune_min_gain
+    job.autotune_variants = not args.no_compute_passes
     if args.memory_budget:
         from dprorun.offline_cli import parse_bytes
 

@@ -33,6 +33,7 @@ class ProfileConfig:
     max_trace_mb: float = 512.0  # a rank's trace larger than this is dropped with a warning
     min_free_mb: float = 256.0  # traces are not written when they would leave less free disk than this
     dry_run: bool = False  # stop the job after the window
+    measure_variants: bool = False  # rank 0 times eager / torch.compile / bf16 on its model after the window
     clock_skew_us: list[float] = field(default_factory=list)  # test knob: per-rank clock shift
     fake_hosts: list[str] = field(default_factory=list)  # test knob: per-rank host name
     test_fault: str = ""  # test knob: "profiler" makes the profiler fail inside the window
@@ -54,6 +55,7 @@ class ProfileConfig:
         "max_trace_mb": "MAX_TRACE_MB",
         "min_free_mb": "MIN_FREE_MB",
         "dry_run": "DRY_RUN",
+        "measure_variants": "MEASURE_VARIANTS",
         "clock_skew_us": "TEST_CLOCK_SKEW_US",
         "fake_hosts": "TEST_HOSTS",
         "test_fault": "TEST_FAULT",
@@ -133,6 +135,7 @@ class JobConfig:
     strategy_file: Optional[str] = None  # --strategy / autotune: applied by the hooks (DPRO_STRATEGY)
     autotune: bool = False
     autotune_min_gain: float = 0.01  # a strategy is kept only when measured faster by more than this fraction
+    autotune_variants: bool = True  # autotune's profiling phase times torch.compile / bf16 (op fusion, precision)
     memory_budget_bytes: Optional[int] = None
     horovod_args: list[str] = field(default_factory=list)  # passed to horovodrun (fusion threshold, cycle time)
     low_disk: Optional[str] = None  # set at launch: why profiling is off (too little free disk), or None

@@ -93,11 +93,23 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from dprorun.replay.whatif import WhatIf, predict
 
     run, alignment = load_aligned(args.run_dir)
+    model = build_job_model(run)
+    forward_scale = backward_scale = 1.0
+    for wanted, variant in ((args.compile, "compiled"), (args.bf16, "bf16")):
+        if not wanted:
+            continue
+        scales = model.compute_scales(variant)
+        if scales is None:
+            error = model.compute_variants.get(variant, {}).get("error")
+            raise TraceError(args.run_dir, f"no measured {variant} timings" + (f" ({error})" if error else
+                             ": profile with dprorun --measure-variants"))
+        forward_scale, backward_scale = forward_scale * scales[0], backward_scale * scales[1]
     whatif = WhatIf(world_size=args.np, bandwidth_gbit=args.bandwidth, bandwidth_scale=args.bandwidth_scale,
                     latency_us=args.latency_us, bucket_mb=args.bucket_mb, partitions=args.partitions,
                     horovod_fusion_mb=args.horovod_fusion_mb, horovod_cycle_ms=args.horovod_cycle_ms,
-                    baseline=args.baseline)
-    prediction = predict(build_job_model(run), whatif)
+                    baseline=args.baseline, forward_scale=forward_scale, backward_scale=backward_scale,
+                    fused_backward=args.compile)
+    prediction = predict(model, whatif)
     doc = prediction.to_json()
     doc["alignment"] = {"method": alignment.method, "approximate": alignment.approximate}
     if args.json:
@@ -115,8 +127,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     for row in prediction.critical_path["top"][:10]:
         print(f"  {row['time_on_path_ms']:9.3f} ms  {row['kind']:7} rank {row['rank']:<3} {row['op']}")
     model = prediction.comm_model
-    print(f"comm model: {model['alpha_us']:.1f} us per ring step + bytes at {model['bandwidth_gbit_s']:.3f} Gbit/s "
-          f"({model['source']})")
+    comm = prediction.comm_model
+    print(f"comm model: {comm['collective_us']:.1f} us per collective + {comm['alpha_us']:.1f} us per ring step + "
+          f"bytes at {comm['bandwidth_gbit_s']:.3f} Gbit/s ({comm['source']})")
     for note in prediction.notes:
         print(f"note: {note}")
     return 0
@@ -242,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--horovod-fusion-mb", type=float, default=None,
                     help="Horovod runs: fusion threshold to predict for (0: no fusion)")
     rp.add_argument("--horovod-cycle-ms", type=float, default=None, help="Horovod runs: cycle time to predict for")
+    rp.add_argument("--compile", action="store_true",
+                    help="torch.compile of the model, at the compiled/eager ratios measured by --measure-variants")
+    rp.add_argument("--bf16", action="store_true", help="bf16 autocast, at its measured ratios (--measure-variants)")
     rp.add_argument("--baseline", choices=("dpro", "daydream"), default="dpro")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=_cmd_replay)

@@ -8,7 +8,9 @@ strategy.json (schema version 1):
   recompute_segments  activation checkpointing of the model in that many segments (0: none)
   accumulation_steps  micro-batches per optimizer step (needs the script's cooperation: printed, and readable
                       through `dprorun.strategy()`)
-  precision           "fp32" (bf16 autocast is not searched yet)
+  precision           "fp32" or "bf16" (the hooks run the forward under bf16 autocast; not searched yet)
+  compiled_modules    names of submodules ("" for the whole model) the hooks compile with torch.compile (op
+                      fusion of that region; not searched yet)
   horovod_fusion_threshold_mb, horovod_cycle_time_ms
                       Horovod jobs: passed to horovodrun (--fusion-threshold-mb, --cycle-time-ms) on restart
   decisions           each pass's decision with its predicted iteration time before and after
@@ -56,6 +58,7 @@ class Strategy:
     recompute_segments: int = 0
     accumulation_steps: int = 1
     precision: str = "fp32"
+    compiled_modules: list[str] = field(default_factory=list)
     horovod_fusion_threshold_mb: Optional[float] = None  # Horovod jobs: HOROVOD_FUSION_THRESHOLD
     horovod_cycle_time_ms: Optional[float] = None  # Horovod jobs: HOROVOD_CYCLE_TIME
     baseline_ms: Optional[float] = None  # the job as it ran, replayed
@@ -70,6 +73,7 @@ class Strategy:
     def is_default(self) -> bool:
         return (self.buckets is None and self.bucket_cap_mb is None and not self.partitions
                 and self.recompute_segments == 0 and self.accumulation_steps == 1 and self.precision == "fp32"
+                and not self.compiled_modules
                 and self.horovod_fusion_threshold_mb is None and self.horovod_cycle_time_ms is None)
 
     def to_json(self) -> dict:
@@ -94,6 +98,11 @@ class Strategy:
         parts = values.get("partitions") or {}
         if not isinstance(parts, dict) or not all(isinstance(v, int) and v >= 1 for v in parts.values()):
             raise TraceError(path, "partitions must map bucket keys to integers >= 1")
+        compiled = values.get("compiled_modules") or []
+        if not (isinstance(compiled, list) and all(isinstance(m, str) for m in compiled)):
+            raise TraceError(path, "compiled_modules must be a list of module names")
+        if values.get("precision", "fp32") not in ("fp32", "bf16"):
+            raise TraceError(path, f"precision {values.get('precision')!r}: fp32 or bf16")
         decisions = []
         for d in doc.get("decisions", []):
             d = {k: v for k, v in d.items() if k in Decision.__dataclass_fields__}

@@ -1,9 +1,11 @@
 """Shared plumbing of the bundled examples: argument parsing, process-group set-up and the training loop.
 
 The examples are ordinary torch.distributed + DistributedDataParallel scripts: they run the same under
-`torchrun` and under `dprorun` and do not import dprorun.
+`torchrun` and under `dprorun` and do not need dprorun. Where it is installed they ask `dprorun.strategy()`
+for gradient accumulation (the one strategy setting a script has to apply itself); None outside dprorun.
 """
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -45,9 +47,23 @@ def init_distributed(backend: str = "auto") -> tuple[int, int, torch.device]:
     return rank, world, torch.device("cpu")
 
 
+def accumulation_steps() -> int:
+    """Micro-batches per optimizer step asked for by a dprorun strategy (`dprorun.strategy()`; 1 under plain
+    torchrun or without one): the one setting the hooks cannot apply, since it changes the script's batches."""
+    try:
+        import dprorun
+    except ImportError:
+        return 1
+    strategy = dprorun.strategy()
+    return max(1, int(strategy.accumulation_steps)) if strategy is not None else 1
+
+
 def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace) -> None:
     """Synthetic-data training loop; rank 0 prints the median step time of the second half of the run."""
     rank, world, device = init_distributed(args.backend)
+    micro_batches = accumulation_steps()
+    if micro_batches > 1 and rank == 0:
+        print(f"accumulating gradients over {micro_batches} micro-batches (dprorun strategy)", flush=True)
     torch.manual_seed(args.seed)
     model = model.to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -64,8 +80,15 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
         inputs, targets = make_batch(args.batch_size, generator)
         inputs, targets = inputs.to(device), targets.to(device)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(inputs), targets)
-        loss.backward()
+        if micro_batches > 1:  # same global batch in pieces; gradients synchronised once, with the last piece
+            pieces = list(zip(torch.chunk(inputs, micro_batches), torch.chunk(targets, micro_batches)))
+            for k, (piece_in, piece_target) in enumerate(pieces):
+                with ddp.no_sync() if k < len(pieces) - 1 else contextlib.nullcontext():
+                    loss = loss_fn(ddp(piece_in), piece_target) / len(pieces)
+                    loss.backward()
+        else:
+            loss = loss_fn(ddp(inputs), targets)
+            loss.backward()
         optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -70,6 +70,30 @@ def test_tensor_partition_k_star_from_a_partial_replay():
     assert strategy.baseline_ms - strategy.predicted_ms == pytest.approx(0.5, abs=0.01)
 
 
+def test_op_fusion_and_bf16_follow_their_measured_ratios_and_the_critical_path():
+    """Compute-bound: compiling (measured forward x0.5, backward x0.75) saves 5 + 5 ms; bf16, measured slower
+    (as on CPUs without bf16 units), is not chosen. Communication-bound: a backward twice as fast only waits
+    longer for a synchronisation that starts at its beginning, so compiling is not worth it."""
+    sizes = {"A": 1000}
+    variants = {"eager": {"forward_us": 100.0, "backward_us": 200.0},
+                "compiled": {"forward_us": 50.0, "backward_us": 150.0},
+                "bf16": {"forward_us": 120.0, "backward_us": 260.0}}
+    compute_bound = _model(sizes, {"A": 1.0}, [["A"]], bandwidth_bytes_per_us=1000.0)
+    compute_bound.compute_variants = variants
+    strategy = optimize(compute_bound, caps_mb=())
+    assert strategy.compiled_modules == [""] and strategy.precision == "fp32"
+    assert strategy.baseline_ms - strategy.predicted_ms == pytest.approx(5 + 5, abs=0.01)
+    assert [d.pass_name for d in strategy.decisions] == ["op_fusion"]
+
+    comm_bound = _model({"A": 40_000_000}, {"A": 0.0}, [["A"]], bandwidth_bytes_per_us=1000.0)
+    comm_bound.compute_variants = {**variants, "compiled": {"forward_us": 100.0, "backward_us": 100.0}}
+    strategy = optimize(comm_bound, caps_mb=())
+    assert strategy.compiled_modules == [] and strategy.predicted_ms == pytest.approx(strategy.baseline_ms)
+    # nothing measured: neither pass is offered
+    plain = _model(sizes, {"A": 1.0}, [["A"]])
+    assert optimize(plain, caps_mb=()).compiled_modules == []
+
+
 def _memory_rows(activations: int) -> MemoryModel:
     return MemoryModel([{"parts": {"at_ddp_init": 100 * MiB, "optimizer_state": 0, "other_steady": 0,
                                    "gradients": 10 * MiB, "activations": activations, "extra": 0}}])

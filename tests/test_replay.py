@@ -94,6 +94,24 @@ def test_comm_model_fit_recovers_latency_and_bandwidth():
     assert model.alpha_us == pytest.approx(alpha, rel=1e-6) and model.bandwidth_bytes_per_us == pytest.approx(bw)
 
 
+def test_comm_model_splits_a_per_collective_cost_from_the_message_latency():
+    """At one world size a fit sees c + 2(N-1)·alpha; the measured message latency separates them, so a larger
+    ring adds latency per step but not another copy of the per-collective cost."""
+    world, alpha, collective, bw = 2, 40.0, 5000.0, 125.0
+    true = CommModel(alpha, bw, "truth", collective_us=collective)
+    points = [(s, true.allreduce_us(s, world)) for s in (1 << 20, 4 << 20, 8 << 20)]
+    model = fit_comm_model(points, world, [], message_latency_us=alpha)
+    assert model.alpha_us == pytest.approx(alpha) and model.collective_us == pytest.approx(collective)
+    assert model.allreduce_us(4 << 20, 4) == pytest.approx(collective + 6 * (alpha + (1 << 20) / bw))
+    assert model.allreduce_us(4 << 20, 2) == pytest.approx(true.allreduce_us(4 << 20, 2))
+    # without a latency measurement everything stays per step (the model of earlier runs)
+    legacy = fit_comm_model(points, world, [])
+    assert legacy.collective_us == 0 and legacy.alpha_us == pytest.approx((collective + 2 * alpha) / 2)
+    # a latency larger than the whole intercept is capped: nothing is left per collective
+    capped = fit_comm_model(points, world, [], message_latency_us=1e6)
+    assert capped.collective_us == pytest.approx(0) and capped.alpha_us == pytest.approx((collective + 2 * alpha) / 2)
+
+
 def _toy_model(world=2, transmit_us=4000.0) -> JobModel:
     params = {f"p{k}": 1 << 20 for k in range(8)}
     fractions = {f"p{k}": 1 - (k + 1) / 8 for k in range(8)}

@@ -9,8 +9,12 @@ into a new global DFG) and knows how it becomes a real setting on restart (dpror
                    kept / s (memory pass)
   accumulation     k micro-batches per step: activations / k, one synchronisation per k micro-batches (memory
                    pass; needs the script: printed and readable through dprorun.strategy())
-Op fusion (fusing compute ops, e.g. torch.compile of a region) is not a pass yet: the replay templates hold
-compute per phase, not per op.
+  op_fusion        torch.compile of the whole model (the region; per-module regions are not searched yet): the
+                   replay's forward and backward scaled by the compiled/eager ratios rank 0 measured on the job's
+                   own model and batch (runtime/variants.py); offered only when that measurement exists
+  mixed_precision  bf16 autocast of the forward, scaled the same way by its measured ratios (gradients and their
+                   all-reduce stay fp32, so communication is unchanged)
+Both interact with the others through the replay: a faster backward can expose communication that was hidden.
 """
 from __future__ import annotations
 
@@ -112,6 +116,31 @@ def tensor_partition(ctx: SearchContext) -> Iterable[Candidate]:
                                 _with(ctx.strategy, partitions=parts))
 
 
+def op_fusion(ctx: SearchContext) -> Iterable[Candidate]:
+    if "" not in ctx.strategy.compiled_modules and ctx.model.compute_scales("compiled") is not None:
+        fs, bs = ctx.model.compute_scales("compiled")
+        yield Candidate("op_fusion", f"torch.compile the model (measured forward x{fs:.2f}, backward x{bs:.2f})",
+                        _with(ctx.strategy, compiled_modules=[""]))
+
+
+def mixed_precision(ctx: SearchContext) -> Iterable[Candidate]:
+    if ctx.strategy.precision == "fp32" and ctx.model.compute_scales("bf16") is not None:
+        fs, bs = ctx.model.compute_scales("bf16")
+        yield Candidate("mixed_precision", f"bf16 autocast (measured forward x{fs:.2f}, backward x{bs:.2f})",
+                        _with(ctx.strategy, precision="bf16"))
+
+
+def compute_scales(model: JobModel, strategy: Strategy) -> tuple[float, float]:
+    """(forward, backward) scale of a strategy's compute passes; compile and bf16 together multiply (measured
+    one at a time)."""
+    fs = bs = 1.0
+    for applies, variant in (("" in strategy.compiled_modules, "compiled"), (strategy.precision == "bf16", "bf16")):
+        scales = model.compute_scales(variant) if applies else None
+        if scales is not None:
+            fs, bs = fs * scales[0], bs * scales[1]
+    return fs, bs
+
+
 def memory_candidates(strategy: Strategy, choices=(2, 4, 8)) -> Iterable[Candidate]:
     for s in choices:
         yield Candidate("recompute", f"checkpoint activations in {s} segments",
@@ -124,4 +153,6 @@ def memory_candidates(strategy: Strategy, choices=(2, 4, 8)) -> Iterable[Candida
 CRITICAL_PATH_PASSES: dict[str, Callable[[SearchContext], Iterable[Candidate]]] = {
     "tensor_partition": tensor_partition,
     "tensor_fusion": tensor_fusion,
+    "op_fusion": op_fusion,
+    "mixed_precision": mixed_precision,
 }

@@ -7,8 +7,9 @@
 3. Seeds: DDP's own bucketing at a grid of caps (cheap, and a good start for the local search).
 4. Critical-path walk: replay, take the buckets whose synchronisation lies on the critical path, let every pass
    propose rewrites for them (tensor partition with k* from a partial replay; tensor fusion: merge with a
-   neighbour or split), replay each, keep the best; stop when no rewrite gains `min_gain`, or after `patience`
-   rounds gaining less than 0.5 %.
+   neighbour or split; op fusion and bf16 where rank 0 measured them, first when computation dominates the
+   path), replay each, keep the best; stop when no rewrite gains `min_gain`, or after `patience` rounds gaining
+   less than 0.5 %.
 Evaluations are cached by strategy; each is one replay of the median iteration (`replay_once`).
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from dprorun.optimize.passes import CRITICAL_PATH_PASSES, Candidate, SearchContext, _with, memory_candidates
+from dprorun.optimize.passes import (CRITICAL_PATH_PASSES, Candidate, SearchContext, _with, compute_scales,
+                                     memory_candidates)
 from dprorun.replay.template import JobModel, ddp_buckets
 from dprorun.replay.whatif import MB, WhatIf, replay_once
 from dprorun.strategy import Decision, Strategy
@@ -59,9 +61,13 @@ def ddp_grouping(model: JobModel, cap_mb: float) -> list[list[str]]:
     return ddp_buckets(ready_order(model), model.param_bytes, cap)
 
 
-def whatif_for(strategy: Strategy) -> WhatIf:
+def whatif_for(strategy: Strategy, model: Optional[JobModel] = None) -> WhatIf:
+    forward_scale, backward_scale = compute_scales(model, strategy) if model is not None else (1.0, 1.0)
     return WhatIf(buckets=strategy.buckets, bucket_partitions=dict(strategy.partitions),
-                  accumulation_steps=strategy.accumulation_steps, recompute_segments=strategy.recompute_segments)
+                  accumulation_steps=strategy.accumulation_steps, recompute_segments=strategy.recompute_segments,
+                  forward_scale=forward_scale, backward_scale=backward_scale,
+                  fused_backward="" in strategy.compiled_modules and model is not None
+                  and model.compute_scales("compiled") is not None)
 
 
 def _critical_buckets(report: dict) -> tuple[list[str], bool]:
@@ -87,7 +93,7 @@ def _critical_buckets(report: dict) -> tuple[list[str], bool]:
 
 def _key(strategy: Strategy) -> str:
     return json.dumps([strategy.buckets, sorted(strategy.partitions.items()), strategy.accumulation_steps,
-                       strategy.recompute_segments])
+                       strategy.recompute_segments, strategy.compiled_modules, strategy.precision])
 
 
 def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budget_bytes: Optional[int] = None,
@@ -103,7 +109,7 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
     def evaluate(strategy: Strategy) -> tuple[float, dict]:
         key = _key(strategy)
         if key not in cache:
-            cache[key] = replay_once(model, whatif_for(strategy))
+            cache[key] = replay_once(model, whatif_for(strategy, model))
         return cache[key]
 
     known = set(model.param_ready_fraction)
@@ -151,10 +157,12 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
     for rounds in range(1, max_rounds + 1):
         t, report = evaluate(current)
         critical, comm_bound = _critical_buckets(report)
-        if not critical or time.monotonic() - started > time_limit_s:
+        if time.monotonic() - started > time_limit_s:
             break
         ctx = SearchContext(model, current, critical, comm_bound)
-        order = ("tensor_partition", "tensor_fusion") if comm_bound else ("tensor_fusion", "tensor_partition")
+        # dPRO's order: communication-bound -> partition, tensor fusion first; computation-bound -> op fusion first
+        order = ("tensor_partition", "tensor_fusion", "op_fusion", "mixed_precision") if comm_bound else \
+            ("op_fusion", "mixed_precision", "tensor_fusion", "tensor_partition")
         scored = [(evaluate(c.strategy)[0], c) for name in order for c in CRITICAL_PATH_PASSES[name](ctx)]
         if not scored:
             break

@@ -11,7 +11,7 @@ bucket's done on this rank), on the aligned clock.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -45,12 +45,17 @@ class BucketInfo:
 
 @dataclass
 class CommModel:
-    """Ring all-reduce cost: T(S, N) = 2(N-1) * (alpha + S / (N * bandwidth)); bandwidth in bytes/µs."""
+    """Ring all-reduce cost: T(S, N) = c + 2(N-1) * (alpha + S / (N * bandwidth)); bandwidth in bytes/µs.
+
+    alpha is the latency of one ring step (one message); c is a cost paid once per collective whatever the ring
+    length (launching it, and on CPU jobs the time its threads lose to compute on the same cores). A fit at one
+    world size only sees c + 2(N-1)·alpha; the split comes from the measured message latency (clock probes)."""
 
     alpha_us: float
     bandwidth_bytes_per_us: float
     source: str
     points: list[tuple[int, float]] = field(default_factory=list)
+    collective_us: float = 0.0
 
     def allreduce_us(self, nbytes: float, world: int) -> float:
         if world <= 1:
@@ -58,10 +63,12 @@ class CommModel:
         return 2 * (world - 1) * self.step_us(nbytes, world)
 
     def step_us(self, nbytes: float, world: int) -> float:
-        return self.alpha_us + nbytes / (world * self.bandwidth_bytes_per_us)
+        """One ring step's share of a collective (its per-collective cost spread over the steps)."""
+        return self.collective_us / (2 * max(world - 1, 1)) + self.alpha_us + nbytes / (world * self.bandwidth_bytes_per_us)
 
     def to_json(self) -> dict:
-        return {"alpha_us": round(self.alpha_us, 3), "bandwidth_gbit_s": round(self.bandwidth_bytes_per_us * 8e-3, 4),
+        return {"alpha_us": round(self.alpha_us, 3), "collective_us": round(self.collective_us, 3),
+                "bandwidth_gbit_s": round(self.bandwidth_bytes_per_us * 8e-3, 4),
                 "source": self.source, "points": len(self.points)}
 
 
@@ -76,6 +83,19 @@ class JobModel:
     bucket_cap_mb: Optional[float]
     channels: int = 1  # collectives the backend runs at once per rank
     samples: list["Sample"] = field(default_factory=list)  # one per profiled iteration seen on every rank
+    # the network alone: the start-of-window calibration (all-reduces with nothing else running); its bandwidth
+    # prices the bytes a world-size change adds, while the trace's model keeps what the job itself adds
+    network: Optional[CommModel] = None
+    # rank 0's model timed eager / compiled / bf16 after the window (runtime/variants.py): variant -> timings
+    compute_variants: dict[str, dict] = field(default_factory=dict)
+
+    def compute_scales(self, variant: str) -> Optional[tuple[float, float]]:
+        """(forward, backward) time of `variant` relative to eager, as measured; None if not measured."""
+        eager, other = self.compute_variants.get("eager", {}), self.compute_variants.get(variant, {})
+        try:
+            return (other["forward_us"] / eager["forward_us"], other["backward_us"] / eager["backward_us"])
+        except (KeyError, TypeError, ZeroDivisionError):
+            return None
     notes: list[str] = field(default_factory=list)
     framework: str = "ddp"  # "horovod": tensors are fused at run time by Horovod's cycle/threshold
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
@@ -158,9 +178,18 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
     return template, samples, transmit
 
 
-def fit_comm_model(points: list[tuple[int, float]], world: int, calibration: list[tuple[int, float]]) -> CommModel:
-    """Least squares of T = a + b*S over measured (bytes, µs) points; a = 2(N-1)·alpha, b = 2(N-1)/(N·bw)."""
+def fit_comm_model(points: list[tuple[int, float]], world: int, calibration: list[tuple[int, float]],
+                   message_latency_us: Optional[float] = None) -> CommModel:
+    """Least squares of T = a + b*S over measured (bytes, µs) points; a = c + 2(N-1)·alpha, b = 2(N-1)/(N·bw).
+    With a measured one-message latency, alpha is that and the rest of a is the per-collective cost c; without
+    one, all of a is per step (c = 0)."""
     steps = 2 * max(world - 1, 1)
+
+    def split(a: float) -> tuple[float, float]:
+        if message_latency_us is None or message_latency_us < 0:
+            return a / steps, 0.0
+        alpha = min(message_latency_us, a / steps)
+        return alpha, a - steps * alpha
 
     def fit(data: list[tuple[int, float]]):
         sizes = np.array([p[0] for p in data], dtype=float)
@@ -176,13 +205,23 @@ def fit_comm_model(points: list[tuple[int, float]], world: int, calibration: lis
         fitted = fit(data)
         if fitted is not None:
             a, b = fitted
-            return CommModel(alpha_us=a / steps, bandwidth_bytes_per_us=steps / (max(world, 2) * b),
-                             source=source, points=data)
+            alpha, collective = split(a)
+            return CommModel(alpha_us=alpha, bandwidth_bytes_per_us=steps / (max(world, 2) * b),
+                             source=source, points=data, collective_us=collective)
     if points:  # one size only: all of it bandwidth, no latency
         size, t = max(points)
         return CommModel(0.0, steps * size / (max(world, 2) * max(t, 1e-3)), "trace (one size: no latency term)",
                          points)
     return CommModel(50.0, 125.0, "default (nothing measured: 1 Gbit/s, 50 µs)", [])
+
+
+def message_latency_us(run: RunTrace) -> Optional[float]:
+    """One message's latency between ranks: half the median round trip of the clock probes (rank 0 pings every
+    rank over the job's backend at the end of the window); None without probes."""
+    if 0 not in run.ranks:
+        return None
+    trips = [b - a for _, _, role, a, b in run.ranks[0].clock.get("probes", []) if role == "origin" and b >= a]
+    return float(np.median(trips)) / 2.0 if trips else None
 
 
 def build_job_model(run: RunTrace) -> JobModel:
@@ -213,10 +252,15 @@ def build_job_model(run: RunTrace) -> JobModel:
                for b in first.buckets]
     points = [(b.nbytes, t) for b in buckets for t in transmit.get(b.key, [])]
     calibration = [tuple(p) for p in first.meta.get("calibration", [])]
-    comm = fit_comm_model(points, world, calibration)
+    latency = message_latency_us(run)
+    comm = fit_comm_model(points, world, calibration, latency)
+    network = fit_comm_model(calibration, world, [], latency) if len(calibration) >= 2 else None
+    if network is not None:  # the calibration alone must fit a line (points enough, growing with size)
+        network = replace(network, source="calibration") if network.source == "trace" else None
     fractions = _ready_fractions(run)
     model = JobModel(world, templates, buckets, dict(first.param_bytes), fractions, comm,
-                     first.meta.get("bucket_cap_mb"), channels=channels, samples=samples)
+                     first.meta.get("bucket_cap_mb"), channels=channels, samples=samples, network=network,
+                     compute_variants=dict(first.meta.get("compute_variants") or {}))
     if any(t.get("framework") == "horovod" for t in first.meta.get("trackers", [])):
         model.framework = "horovod"
         model.horovod_knobs = horovod_knobs_as_run(run.manifest.get("horovod_args") or [])

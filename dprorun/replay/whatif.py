@@ -15,7 +15,7 @@ rank's own comm device, with no cross-rank dependency.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -40,6 +40,9 @@ class WhatIf:
     recompute_segments: int = 0  # activation checkpointing in this many segments (0: none)
     horovod_fusion_mb: Optional[float] = None  # Horovod: fusion threshold (0: no fusion)
     horovod_cycle_ms: Optional[float] = None  # Horovod: cycle time
+    forward_scale: float = 1.0  # model forward time x this (op fusion / precision, from measured variants)
+    backward_scale: float = 1.0  # model backward compute x this
+    fused_backward: bool = False  # one compiled backward: every gradient (so every bucket) ready at its end
     baseline: str = "dpro"  # or "daydream"
 
     def is_identity(self) -> bool:
@@ -47,7 +50,8 @@ class WhatIf:
                 and self.latency_us is None and self.bucket_mb is None and self.partitions == 1
                 and self.buckets is None and not self.bucket_partitions and self.accumulation_steps == 1
                 and self.recompute_segments == 0 and self.horovod_fusion_mb is None
-                and self.horovod_cycle_ms is None)
+                and self.horovod_cycle_ms is None and self.forward_scale == 1.0 and self.backward_scale == 1.0
+                and not self.fused_backward)
 
     def pieces(self, bucket_key: str) -> int:
         return max(1, int(self.bucket_partitions.get(bucket_key, self.partitions)))
@@ -158,8 +162,18 @@ def _comm_scale(model: JobModel) -> float:
 def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[Sample] = None) -> ReplayGraph:
     """The replay graph for `whatif`, with the durations of one measured iteration (`sample`) or the medians."""
     templates = sample.templates if sample is not None else model.templates
+    if whatif.forward_scale != 1.0 or whatif.backward_scale != 1.0:
+        fs, bs = whatif.forward_scale, whatif.backward_scale
+        templates = {r: replace(t, forward_us=t.forward_us * fs, backward_us=t.backward_us * bs,
+                                backward_segments_us=[x * bs for x in t.backward_segments_us])
+                     for r, t in templates.items()}
+        notes.append(f"model compute scaled as measured for the variant: forward x{fs:.3f}, backward x{bs:.3f}")
     world = whatif.world_size or model.world_size
     syncs, measured_layout = _plan_buckets(model, whatif, notes)
+    if whatif.fused_backward:
+        syncs = [replace(s, ready_fraction=1.0) for s in syncs]
+        notes.append("compiled model: its backward is one graph, so every bucket starts after all of it "
+                     "(no overlap of communication with backward)")
     comm = model.comm
     alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us
     scale = _comm_scale(model)
@@ -178,8 +192,30 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
         notes.append(f"re-computation in {segments_rc} segments: backward repeats {segments_rc - 1}/{segments_rc} "
                      "of the forward")
 
-    def step_us(nbytes: float) -> float:
-        return scale * (alpha + nbytes / (world * bandwidth))
+    steps_per_collective = 2 * max(world - 1, 1)
+    step_latency = comm.collective_us / steps_per_collective + alpha  # per-collective cost spread over the ring
+    # a world-size change alone: the collective as measured at the profiled size, plus what the longer ring adds
+    # on the network (its messages' latency, its extra bytes at the calibrated bandwidth)
+    ring_delta = model.network is not None and world != model.world_size and whatif.latency_us is None \
+        and whatif.bandwidth_gbit is None and whatif.bandwidth_scale == 1.0 and whatif.baseline != "daydream"
+    if ring_delta:
+        notes.append(f"{world} ranks: each collective as measured at {model.world_size} ranks plus the longer "
+                     f"ring's messages ({comm.alpha_us:.0f} µs each) and bytes at the calibrated "
+                     f"{model.network.bandwidth_bytes_per_us * 8e-3:.3g} Gbit/s")
+
+    def wire_share(n: int) -> float:
+        return 2 * (n - 1) / n if n > 1 else 0.0
+
+    def step_parts(nbytes: float) -> tuple[float, float]:
+        """(one ring step's duration, the part of it that is latency rather than bytes on the link)."""
+        if ring_delta:
+            net_bw = model.network.bandwidth_bytes_per_us
+            total = scale * comm.allreduce_us(nbytes, model.world_size) \
+                + 2 * (world - model.world_size) * alpha \
+                + (wire_share(world) - wire_share(model.world_size)) * nbytes / net_bw
+            wire = wire_share(world) * nbytes / net_bw
+            return total / steps_per_collective, max(0.0, total - wire) / steps_per_collective
+        return scale * (step_latency + nbytes / (world * bandwidth)), scale * step_latency
 
     measured_ranks = sorted(templates)
     if world > len(measured_ranks):
@@ -198,7 +234,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
         chain += [g.op(f"r{r}.forward", "FW", r, dev, t.forward_us / acc),
                   g.op(f"r{r}.loss", "FW", r, dev, t.loss_us / acc)]
         recompute_us = t.forward_us / acc * (segments_rc - 1) / segments_rc if segments_rc > 1 else 0.0
-        if measured_layout and acc == 1 and not recompute_us and t.bucket_ready_order \
+        if measured_layout and acc == 1 and not recompute_us and not whatif.fused_backward and t.bucket_ready_order \
                 and len(t.backward_segments_us) == len(t.bucket_ready_order) + 1:
             order = t.bucket_ready_order
             segments = t.backward_segments_us
@@ -239,9 +275,8 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
             steps = 2 * (world - 1)
             measured = sample.transmit_us.get(s.key, s.measured_us) if sample is not None else s.measured_us
             modelled = not (use_measured and measured)
-            duration = step_us(piece) if modelled else measured / steps
+            duration, latency = step_parts(piece) if modelled else (measured / steps, 0.0)
             split = modelled and model.channels > 1
-            latency = scale * alpha if modelled else 0.0
             previous = {r: [ins[(r, s.key, p)]] for r in range(world)}
             for step in range(steps):
                 sends = {}
@@ -325,7 +360,7 @@ def sync_time_us(model: JobModel, nbytes: int, world: Optional[int] = None, part
         return 0.0
     g = GraphBuilder()
     scale = _comm_scale(model)
-    latency = scale * model.comm.alpha_us
+    latency = scale * (model.comm.collective_us / (2 * (world - 1)) + model.comm.alpha_us)
     wire = scale * nbytes / partitions / (world * model.comm.bandwidth_bytes_per_us)
     if model.channels == 1:  # one collective at a time: latency and bytes on the link, in order
         wire, latency = wire + latency, 0.0

@@ -59,6 +59,7 @@ class DDPTracker:
                                  "bucket_cap_mb": getattr(ddp, "bucket_bytes_cap", 0) / (1 << 20)}
         self.param_handles: list = []
         self.activation_meter = None
+        self.last_inputs = None
         self.activations_measured = False
         session.guard("reading memory at DDP construction", self._memory_at_init)
         self.ring = None
@@ -116,6 +117,8 @@ class DDPTracker:
             if 1 <= session.iteration <= STEADY_MEMORY_ITERATIONS and session.phase == "warmup":
                 session.guard("reading memory at forward start", self._memory_at_forward_start, module)
         if session.detail_active:
+            if self.primary and session.cfg.measure_variants and session.rank == 0:
+                self.last_inputs = (tuple(inputs), {})  # the batch the compute variants are timed on
             session.open_mark(f"forward{self.index}")
             if self.primary and not self.activations_measured:
                 from dprorun.runtime.activations import SavedTensorMeter
@@ -337,6 +340,10 @@ def patch_ddp_class(session: RankSession) -> None:
         if strategy is not None:
             from dprorun.runtime import apply
 
+            module = args[0] if args else kwargs.get("module")
+            if module is not None:  # before DDP wraps it: DDP's hooks then see the compiled modules
+                session.guard("applying compiled regions", apply.apply_compile, strategy, module,
+                              session.strategy_applied, session.warnings)
             kwargs = session.guard("applying the strategy's bucket layout", apply.ddp_init_kwargs, strategy,
                                    _ORIGINAL["__init__"], args, kwargs, session.strategy_applied,
                                    session.warnings) or kwargs
@@ -345,6 +352,9 @@ def patch_ddp_class(session: RankSession) -> None:
             return
         if strategy is not None:
             session.guard("applying re-computation", apply.apply_recompute, strategy, self.module,
+                          session.strategy_applied, session.warnings)
+            # last: autocast wraps whatever forward the model now has (a checkpointed one recomputes under it)
+            session.guard("applying the strategy's precision", apply.apply_precision, strategy, self.module,
                           session.strategy_applied, session.warnings)
         tracker = session.guard("attaching to DistributedDataParallel", DDPTracker, session, self,
                                 len(session.trackers))

@@ -125,7 +125,9 @@ def gather_to_rank0(session: RankSession, group) -> None:
     hosts = [torch.zeros(HOST_BYTES, dtype=torch.uint8) for _ in range(world)]
     dist.all_gather(hosts, _host_tensor(session.host), group=group)
     host_names = [_host_from_tensor(h) for h in hosts]
-    remote = host_names[rank] != host_names[0]
+    remote = not _sees_rank0_run_dir(session, group)
+    if session.cfg.fake_hosts and host_names[rank] != host_names[0]:
+        remote = True  # test knob DPRO_TEST_HOSTS: ranks on a pretend other host send, as if on another disk
     payload = b""
     if remote:
         files = {}
@@ -149,6 +151,50 @@ def gather_to_rank0(session: RankSession, group) -> None:
         dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), dst=0, group=group)
     dist.barrier(group=group)
     session.gathered_hosts = host_names
+
+
+LOCATION_BYTES = 4096
+
+
+def _sees_rank0_run_dir(session: RankSession, group) -> bool:
+    """Whether this rank's files already sit in rank 0's run directory: rank 0 writes a random token there and
+    broadcasts its path and contents; a rank whose own directory is rank_<r> under that path and that reads the
+    same token shares rank 0's disk. Hostnames are not evidence (containers and network namespaces share them;
+    two hosts on one shared filesystem need no copy)."""
+    import secrets
+
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.zeros(LOCATION_BYTES, dtype=torch.uint8)
+    token_path = None
+    if dist.get_rank() == 0:
+        token = secrets.token_hex(16)
+        token_path = os.path.join(session.cfg.run_dir, f".gather-{token}")
+        try:
+            atomic_write_bytes(token_path, token.encode())
+            raw = f"{os.path.realpath(session.cfg.run_dir)}\n{token}".encode()
+            if len(raw) <= LOCATION_BYTES:
+                buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+        except OSError as exc:
+            warn(f"could not write the gather token ({exc}); every rank sends its traces")
+    dist.broadcast(buf, src=0, group=group)
+    run_dir, _, token = bytes(buf.tolist()).rstrip(b"\0").decode(errors="replace").partition("\n")
+    local = False
+    if run_dir and token:
+        own_dir = os.path.realpath(session.rank_dir)
+        try:
+            with open(os.path.join(run_dir, f".gather-{token}"), "rb") as handle:
+                local = handle.read().decode() == token and os.path.dirname(own_dir) == run_dir
+        except OSError:
+            local = False
+    dist.barrier(group=group)
+    if token_path:
+        try:
+            os.unlink(token_path)
+        except OSError:
+            pass
+    return local
 
 
 def _write_bundle(session: RankSession, src: int, host: str, blob: bytes) -> None:

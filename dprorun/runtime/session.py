@@ -155,12 +155,9 @@ class RankSession:
     # ---- window ------------------------------------------------------------------------------------------
     def _start_window(self) -> None:
         make_private_dir(self.rank_dir)
-        try:  # the job's own peak so far (warm-up iterations), before any profiler buffer exists
-            import resource
-
-            self.memory["max_rss_before_window_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        except Exception:
-            pass
+        peak = peak_rss_bytes()  # the job's own peak so far (warm-up iterations), before any profiler buffer exists
+        if peak is not None:
+            self.memory["max_rss_before_window_bytes"] = peak
         self.phase = "active"
         self.window_start_us = self.now_us()
         if self.rank == 0:  # progress: one line per phase, from rank 0 only
@@ -304,12 +301,11 @@ class RankSession:
             import psutil
 
             self.memory["rss_bytes_at_window_end"] = psutil.Process().memory_info().rss
-            if sys.platform.startswith("linux"):
-                import resource
-
-                self.memory["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         except Exception:
             pass
+        peak = peak_rss_bytes()
+        if peak is not None:
+            self.memory["max_rss_bytes"] = peak
 
     # ---- files -------------------------------------------------------------------------------------------
     def events_document(self) -> dict:
@@ -370,6 +366,12 @@ class RankSession:
             finish_job_window(self)
         for callback in self.on_window_end:
             callback()
+        if self.cfg.measure_variants and self.rank == 0:
+            tracker = next((t for t in self.trackers if hasattr(t, "ddp")), None)
+            if tracker is not None:
+                from dprorun.runtime.variants import measure_and_write
+
+                self.guard("measuring compute variants", measure_and_write, self, tracker)
         if self.cfg.dry_run:  # every rank is here at the same iteration: leave together, cleanly
             print(f"[dprorun] dry run: rank {self.rank} stops after the profiling window", file=sys.stderr,
                   flush=True)
@@ -389,6 +391,24 @@ class RankSession:
             warn(f"could not write the trace at exit: {exc}")
         if self.sampler is not None:
             self.sampler.stop()
+
+
+def peak_rss_bytes() -> Optional[int]:
+    """This process's peak resident set: VmHWM from /proc (Linux), which starts afresh at exec. Not
+    getrusage's ru_maxrss: Linux carries that over fork and exec, so a rank started by a launcher that had
+    grown large (dprorun after an autotune search had imported cvxpy) reported the launcher's peak."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if sys.platform == "darwin":
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
+    return None
 
 
 def _versions() -> dict:

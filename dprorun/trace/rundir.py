@@ -220,6 +220,12 @@ def load_rank(rank_dir: str, expected_rank: Optional[int] = None) -> RankTrace:
         if not isinstance(samples, dict):
             raise TraceError(samples_path, "not a JSON object")
     trace = rank_from_events(doc, kineto, samples)
+    variants_path = os.path.join(rank_dir, "variants.json")
+    if os.path.exists(variants_path):
+        variants = read_json(variants_path)
+        if not isinstance(variants, dict) or not isinstance(variants.get("variants"), dict):
+            raise TraceError(variants_path, "not a dprorun compute-variants document")
+        trace.meta["compute_variants"] = variants["variants"]
     if kineto is None and doc["window"].get("kineto"):
         trace.warnings.append("no profiler trace (kineto_trace.json) for this rank: op-level compute and "
                               "transmission spans are missing")

@@ -1,0 +1,150 @@
+"""Compute variants measured on the job's own model and batch: eager vs torch.compile (op fusion of the whole
+model) vs bf16 autocast, forward and backward timed separately. The optimizer's op-fusion and mixed-precision
+passes scale the replay's forward/backward by these ratios instead of guessing a cost model.
+
+Runs on rank 0 only, after the profiling window's traces are gathered, when the profile config asks for it
+(`dprorun --measure-variants`, and --autotune's profiling phase). The model is called directly (not through
+DDP, so nothing is all-reduced) on the last batch the window saw, with a stand-in loss (the mean of the first
+floating output); parameters, buffers, gradients and RNG states are restored afterwards, so training continues
+as if nothing happened. Writes variants.json into the rank's directory:
+
+  {"schema": "dprorun-variants", "version": 1, "reps": 5,
+   "variants": {"eager": {"forward_us": .., "backward_us": ..},
+                "compiled": {"forward_us": .., "backward_us": .., "first_call_s": ..} | {"error": ".."},
+                "bf16": {...} | {"error": ".."}}}
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any, Callable, Optional
+
+VARIANTS_FILE = "variants.json"
+
+
+def _first_float_tensor(obj: Any, depth: int = 0):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.is_floating_point() and obj.requires_grad else None
+    if depth > 4:
+        return None
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    for item in items:
+        found = _first_float_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _call_once(call: Callable, args: tuple, kwargs: dict, params: list, sync: Callable) -> tuple[float, float]:
+    """One forward and backward: (forward µs, backward µs); gradients dropped afterwards."""
+    sync()
+    t0 = time.perf_counter()
+    output = call(*args, **kwargs)
+    sync()
+    t1 = time.perf_counter()
+    loss = _first_float_tensor(output)
+    if loss is None:
+        raise ValueError("the model's output has no floating tensor that requires grad")
+    loss.float().mean().backward()
+    sync()
+    t2 = time.perf_counter()
+    for p in params:
+        p.grad = None
+    return (t1 - t0) * 1e6, (t2 - t1) * 1e6
+
+
+def _variant_call(name: str, module, device_type: str) -> Callable:
+    import torch
+
+    if name == "eager":
+        return module
+    if name == "compiled":
+        return torch.compile(module)
+    if name == "bf16":
+        if device_type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise RuntimeError("this GPU has no bf16")
+
+        def autocast_call(*a, **kw):
+            with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+                return module(*a, **kw)
+
+        return autocast_call
+    raise ValueError(f"unknown variant {name}")
+
+
+def _error(exc: Exception) -> dict:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return {"error": f"{type(exc).__name__}: {text}"[:300]}
+
+
+def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
+                             variants: tuple[str, ...] = ("eager", "compiled", "bf16")) -> dict:
+    """{variant: {"forward_us", "backward_us", "first_call_s"} or {"error": why}}: each variant called once
+    untimed (torch.compile compiles then), then the variants take turns `reps` times (drift hits all alike);
+    medians. The module's parameters, buffers, gradients and RNG states are restored whatever happens."""
+    import torch
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    device = params[0].device if params else torch.device("cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    saved_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    saved_grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    out: dict[str, dict] = {}
+    calls: dict[str, Callable] = {}
+    try:
+        for name in variants:
+            try:
+                call = _variant_call(name, module, device.type)
+                started = time.perf_counter()
+                _call_once(call, args, kwargs, params, sync)
+                calls[name] = call
+                out[name] = {"first_call_s": round(time.perf_counter() - started, 3)}
+            except Exception as exc:  # a variant that cannot run is reported, never fatal
+                out[name] = _error(exc)
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
+        for _ in range(reps):
+            for name in list(calls):
+                try:
+                    times[name].append(_call_once(calls[name], args, kwargs, params, sync))
+                except Exception as exc:
+                    out[name] = _error(exc)
+                    calls.pop(name)
+                    times.pop(name)
+        for name, rows in times.items():
+            out[name]["forward_us"] = round(statistics.median(r[0] for r in rows), 3)
+            out[name]["backward_us"] = round(statistics.median(r[1] for r in rows), 3)
+    finally:
+        with torch.no_grad():
+            module.load_state_dict(saved_state)
+        for p, g in zip(params, saved_grads):
+            p.grad = g
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    return out
+
+
+def measure_and_write(session, tracker, reps: int = 10) -> Optional[str]:
+    """Rank 0, end of the window: measure on the tracker's model and last batch and write variants.json."""
+    import sys
+
+    from dprorun.fsutil import atomic_write_json
+
+    batch = getattr(tracker, "last_inputs", None)
+    if batch is None:
+        session.warnings.append("compute variants not measured: no training batch was seen in the window")
+        return None
+    print("[dprorun] measuring compute variants (eager, torch.compile, bf16) on rank 0 ...", file=sys.stderr,
+          flush=True)
+    started = time.perf_counter()
+    args, kwargs = batch
+    results = measure_compute_variants(tracker.ddp.module, args, kwargs, reps)
+    path = os.path.join(session.rank_dir, VARIANTS_FILE)
+    atomic_write_json(path, {"schema": "dprorun-variants", "version": 1, "reps": reps, "variants": results,
+                             "seconds": round(time.perf_counter() - started, 3)})
+    return path

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""An emulated cluster on one machine: N "hosts", each a network namespace with its own CPU quota and its own
+bandwidth-limited link to a switch.
+
+Why: on a 2-core machine, 4 ranks oversubscribe the cores, and a tbf qdisc on one loopback is a single pipe that
+every flow shares. Here every host gets a fraction of the CPUs (a cgroup v1 `cpu` quota, so N x fraction stays
+below the cores and no rank waits for a core) and a full-duplex link (tbf on both ends of a veth pair whose switch
+end sits on a bridge in a separate namespace). A 2-host and a 4-host job then differ only in world size, which is
+what a world-size what-if predicts.
+
+    sudo python scripts/emulated_cluster.py --hosts 4 --cpus 0.45 --rate 1gbit -- \
+        dprorun --nnodes {nnodes} --node-rank {node_rank} --master-addr {master_addr} -np 1 python train.py
+
+The command runs once per host with {node_rank}, {nnodes}, {master_addr} and {addr} filled in. Exit status:
+the first non-zero host status (124 when --timeout ran out). Namespaces and cgroups are removed on every exit.
+Needs root, `ip`, `tc` and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu (or the v2 unified hierarchy).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+SUBNET = "10.77.0"
+CPU_PERIOD_US = 10_000  # short period: a throttled rank waits at most a few ms, not 100 ms
+
+
+def _kill_all(procs: list) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _raise_system_exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+@dataclass
+class HostResult:
+    node_rank: int
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class EmulatedCluster:
+    """Context manager owning the namespaces and cgroups; `run` starts one command per host."""
+    hosts: int
+    cpus_per_host: float
+    rate: str = "1gbit"
+    tag: str = field(default_factory=lambda: f"d{os.getpid() % 100000}")
+    _made_ns: list[str] = field(default_factory=list)
+    _made_cgroups: list[str] = field(default_factory=list)
+
+    def host_ns(self, k: int) -> str:
+        return f"{self.tag}h{k}"
+
+    def addr(self, k: int) -> str:
+        return f"{SUBNET}.{k + 1}"
+
+    def __enter__(self) -> "EmulatedCluster":
+        if os.geteuid() != 0:
+            raise PermissionError("the emulated cluster needs root (network namespaces, tc, cgroups)")
+        if not 1 <= self.hosts <= 64:
+            raise ValueError("--hosts must be in 1..64")
+        if self.cpus_per_host * self.hosts > (os.cpu_count() or 1):
+            raise ValueError(f"{self.hosts} hosts x {self.cpus_per_host} CPUs oversubscribe the "
+                             f"{os.cpu_count()} cores: the point of this cluster is that they do not")
+        self._previous_sigterm = None
+        if threading.current_thread() is threading.main_thread():
+            # a terminated driver must still remove what it made: SIGTERM unwinds like Ctrl-C
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
+        try:
+            self._build()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _sh(self, *cmd: str) -> None:
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+    def _build(self) -> None:
+        switch = f"{self.tag}sw"
+        self._sh("ip", "netns", "add", switch)
+        self._made_ns.append(switch)
+        self._sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
+        self._sh("ip", "-n", switch, "link", "set", "br0", "up")
+        tbf = ["tbf", "rate", self.rate, "burst", "256kb", "latency", "50ms"]
+        for k in range(self.hosts):
+            ns, host_if, port_if = self.host_ns(k), f"{self.tag}v{k}", f"{self.tag}p{k}"
+            self._sh("ip", "netns", "add", ns)
+            self._made_ns.append(ns)
+            self._sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", port_if)
+            self._sh("ip", "link", "set", host_if, "netns", ns)
+            self._sh("ip", "link", "set", port_if, "netns", switch)
+            self._sh("ip", "-n", switch, "link", "set", port_if, "master", "br0")
+            self._sh("ip", "-n", switch, "link", "set", port_if, "up")
+            self._sh("ip", "-n", ns, "addr", "add", f"{self.addr(k)}/24", "dev", host_if)
+            self._sh("ip", "-n", ns, "link", "set", host_if, "up")
+            self._sh("ip", "-n", ns, "link", "set", "lo", "up")
+            # both directions of the host's link are limited: host -> switch and switch -> host
+            self._sh("tc", "-n", ns, "qdisc", "add", "dev", host_if, "root", *tbf)
+            self._sh("tc", "-n", switch, "qdisc", "add", "dev", port_if, "root", *tbf)
+            self._made_cgroups.append(self._make_cgroup(k))
+
+    def _make_cgroup(self, k: int) -> str:
+        v1 = "/sys/fs/cgroup/cpu"
+        quota_us = max(1000, int(self.cpus_per_host * CPU_PERIOD_US))
+        if os.path.isfile(os.path.join(v1, "cpu.cfs_quota_us")):
+            path = os.path.join(v1, f"{self.tag}h{k}")
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, "cpu.cfs_period_us"), "w") as f:
+                f.write(str(CPU_PERIOD_US))
+            with open(os.path.join(path, "cpu.cfs_quota_us"), "w") as f:
+                f.write(str(quota_us))
+            return path
+        v2 = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+        path = os.path.join(v2, f"{self.tag}h{k}")
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "cpu.max"), "w") as f:
+            f.write(f"{quota_us} {CPU_PERIOD_US}")
+        return path
+
+    def run(self, command: list[str], timeout_s: float, env: dict[str, str] | None = None) -> list[HostResult]:
+        """Run `command` (with {node_rank} {nnodes} {master_addr} {addr} placeholders) on every host at once;
+        wait at most timeout_s, then kill every host's process group (status 124)."""
+        procs = []
+        for k in range(self.hosts):
+            fill = {"node_rank": k, "nnodes": self.hosts, "master_addr": self.addr(0), "addr": self.addr(k)}
+            argv = [part.format(**fill) for part in command]
+            host_env = dict(os.environ if env is None else env)
+            host_env.update(MASTER_ADDR=self.addr(0), GLOO_SOCKET_IFNAME=f"{self.tag}v{k}",
+                            DPRO_EMULATED_HOST=str(k))
+            cgroup = self._made_cgroups[k]
+
+            def enter_cgroup(cgroup: str = cgroup) -> None:
+                os.setsid()
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+
+            procs.append(subprocess.Popen(["ip", "netns", "exec", self.host_ns(k), *argv], env=host_env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          preexec_fn=enter_cgroup))
+        deadline = time.monotonic() + timeout_s
+        results = []
+        try:
+            for k, proc in enumerate(procs):
+                try:
+                    out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                    code = proc.returncode
+                except subprocess.TimeoutExpired:
+                    _kill_all(procs)
+                    out, err = proc.communicate()
+                    code = 124
+                results.append(HostResult(k, code, out, err))
+        except BaseException:  # interrupted: no host's job outlives the driver
+            _kill_all(procs)
+            raise
+        return results
+
+    def __exit__(self, *exc) -> None:
+        for path in reversed(self._made_cgroups):
+            for _ in range(50):  # a killed process leaves its cgroup a moment later
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+        self._made_cgroups.clear()
+        for ns in reversed(self._made_ns):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self._made_ns.clear()
+        if getattr(self, "_previous_sigterm", None) is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--cpus", type=float, default=None, help="CPUs per host (default: cores / hosts x 0.9)")
+    parser.add_argument("--rate", default="1gbit", help="each host's link rate, both directions")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given")
+    cpus = args.cpus or 0.9 * (os.cpu_count() or 1) / args.hosts
+    with EmulatedCluster(args.hosts, cpus, args.rate) as cluster:
+        results = cluster.run(command, args.timeout)
+    for res in results:
+        for stream, text in (("out", res.stdout), ("err", res.stderr)):
+            for line in text.splitlines():
+                print(f"[host {res.node_rank} {stream}] {line}", file=sys.stdout if stream == "out" else sys.stderr)
+    failed = [r.returncode for r in results if r.returncode != 0]
+    if failed:
+        print(f"emulated cluster: host status {[r.returncode for r in results]} for {shlex.join(command)}",
+              file=sys.stderr)
+    return failed[0] if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
