@@ -41,8 +41,8 @@ def torchrun_ms(args, cap: float | None) -> float:
 def autotune(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        cmd = [NETNS, "--", sys.executable, "-m", "dprorun.cli", "-np", "2", "--autotune", "-q", "--run-dir",
-               run_dir, "--warmup", str(args.warmup), "--active", str(args.active), "--clean", "2", "python",
+        cmd = [NETNS, "--", sys.executable, "-m", "dprorun.cli", "-np", "2", "--autotune", "-q", *args.autotune_flags,
+               "--run-dir", run_dir, "--warmup", str(args.warmup), "--active", str(args.active), "--clean", "2", "python",
                os.path.join(REPO, "examples", f"{args.example}.py"), "--steps", str(args.steps),
                "--batch-size", str(args.batch_size)]
         started = time.monotonic()
@@ -68,6 +68,8 @@ def main() -> None:
     parser.add_argument("--active", type=int, default=16)
     parser.add_argument("--caps", default="0.25,0.5,1,2,5,10,25")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--autotune-flag", dest="autotune_flags", action="append", default=[],
+                        help="extra dprorun flag for the autotune runs, e.g. --autotune-flag=--allow-bf16")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root for the network namespace (scripts/with-netns-1gbit)")

@@ -4,6 +4,8 @@ Phases (each printed as it starts; every decision logged to RUN_DIR/autotune.jso
   1. profiling   the job's profiling window only (as --dry-run), job settings as given  -> RUN_DIR/autotune/profile
   2. searching   dprorun.optimize on that run                                           -> RUN_DIR/strategy.json
   3. trial       the window again with the strategy applied by the hooks                 -> RUN_DIR/autotune/trial
+                 (not faster, and it holds op fusion / bf16 with other decisions: a second trial without
+                 those, whose gain rests on a short timing of the model)      -> RUN_DIR/autotune/trial-without-compute
   4. deciding    never-regress: the strategy is kept only if the trial's measured iteration time beats the
                  profile's by more than `min_gain` (launch-to-launch noise on a shared machine is several %)
   5. running     the whole job, with the strategy or with its own settings, profiled as usual -> RUN_DIR
@@ -14,14 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import os
+import shutil
 import sys
 import time
 from typing import Callable, Optional
 
 from dprorun.config import JobConfig
 from dprorun.fsutil import atomic_write_json, make_private_dir
+from dprorun.strategy import Strategy
 
 
 def _phase(job: JobConfig, text: str) -> None:
@@ -45,6 +50,12 @@ def _sub_job(job: JobConfig, run_dir: str, dry_run: bool, strategy_file: Optiona
     sub.profile.measure_variants = dry_run and strategy_file is None and job.autotune_variants
     sub.profile.job_id = f"{job.profile.job_id}-{os.path.basename(run_dir)}" if dry_run else job.profile.job_id
     sub.strategy_file = strategy_file
+    if job.backend == "horovod" and strategy_file:  # Horovod's knobs go to horovodrun, the strategy's win
+        from dprorun.cli import horovod_knob_args
+        from dprorun.strategy import load_strategy
+
+        chosen = load_strategy(strategy_file)
+        sub.horovod_args = horovod_knob_args(chosen.horovod_fusion_threshold_mb, chosen.horovod_cycle_time_ms)
     sub.autotune = False
     sub.quiet = True if dry_run else job.quiet
     sub.json_summary = False if dry_run else job.json_summary
@@ -96,8 +107,15 @@ def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
     record("profiling", run_dir=profile_job.run_dir, measured_ms=baseline_ms)
 
     _phase(job, "2/4 searching a strategy on the replayed job")
+    candidates = []
     try:
-        strategy, _ = optimize_run(profile_job.run_dir, job.memory_budget_bytes)
+        if job.backend == "horovod":
+            candidates = _horovod_candidates(profile_job.run_dir)
+            strategy = candidates[0] if candidates else Strategy(search={"framework": "horovod"})
+            profiled_run = None
+        else:
+            strategy, profiled_run = optimize_run(profile_job.run_dir, job.memory_budget_bytes,
+                                                  job.autotune_allow_bf16)
     except BudgetError as exc:
         record("searching", error=str(exc))
         print(f"dprorun: error: autotune: {exc}", file=sys.stderr)
@@ -120,23 +138,89 @@ def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
         _phase(job, "the job's own settings are already the best found; keeping them")
         return final(None, "with its own settings (already the best found)")
 
-    _phase(job, "3/4 trial window with the strategy applied")
-    trial_job = _sub_job(job, os.path.join(tune_dir, "trial"), True, strategy_path)
-    result = launch(trial_job)
-    _quietly(finalize, trial_job, result)
-    trial_ms = _measured_ms(trial_job.run_dir) if result.exit_code == 0 else None
-    record("trial", run_dir=trial_job.run_dir, exit_code=result.exit_code, measured_ms=trial_ms)
-
-    keep = trial_ms is not None and baseline_ms is not None and trial_ms < baseline_ms * (1 - min_gain)
+    trials = [(strategy_path, "the strategy", "trial")]
+    keep_best = False
+    if len(candidates) > 1:  # Horovod: the fusion model ranks, real trials of the top candidates decide
+        keep_best = True
+        for k, other in enumerate(candidates[1:], start=2):
+            other_path = os.path.join(job.run_dir, f"strategy-candidate{k}.json")
+            save_strategy(other, other_path)
+            trials.append((other_path, f"candidate {k} ({other.decisions[0].choice})", f"trial{k}"))
+        trials[0] = (strategy_path, f"candidate 1 ({strategy.decisions[0].choice})", "trial")
+    without = _without_compute_passes(strategy, profiled_run) if profiled_run is not None else None
+    if without is not None:  # compute passes rest on a short measurement: if the whole strategy is not faster,
+        # the communication part alone gets its own trial before everything is reverted
+        without_path = os.path.join(job.run_dir, "strategy-without-compute.json")
+        save_strategy(without, without_path)
+        trials.append((without_path, "the strategy without op fusion / bf16", "trial-without-compute"))
+    keep, trial_ms, result, label = False, None, None, ""
+    measured: list[tuple[float, str, str]] = []
+    for number, (path, trial_label, folder) in enumerate(trials):
+        _phase(job, f"3/4 trial window with {trial_label} applied")
+        trial_job = _sub_job(job, os.path.join(tune_dir, folder), True, path)
+        result = launch(trial_job)
+        _quietly(finalize, trial_job, result)
+        this_ms = _measured_ms(trial_job.run_dir) if result.exit_code == 0 else None
+        record("trial", run_dir=trial_job.run_dir, exit_code=result.exit_code, measured_ms=this_ms, strategy=path)
+        if this_ms is not None:
+            measured.append((this_ms, path, trial_label))
+        if keep_best:  # every candidate is measured; the fastest is judged below
+            if this_ms is not None and baseline_ms is not None:
+                _phase(job, f"   measured {baseline_ms:.2f} -> {this_ms:.2f} ms with {trial_label}")
+            continue
+        trial_ms, label = this_ms, trial_label
+        keep = trial_ms is not None and baseline_ms is not None and trial_ms < baseline_ms * (1 - min_gain)
+        if keep:
+            if path != strategy_path:  # what runs is what strategy.json says
+                shutil.copyfile(path, strategy_path)
+            break
+        if number + 1 < len(trials) and trial_ms is not None and baseline_ms is not None:
+            _phase(job, f"   measured {baseline_ms:.2f} -> {trial_ms:.2f} ms with {trial_label}: not better by "
+                        f"{100 * min_gain:.0f} %")
+    if keep_best and measured:
+        trial_ms, path, label = min(measured)
+        keep = baseline_ms is not None and trial_ms < baseline_ms * (1 - min_gain)
+        if keep and path != strategy_path:
+            shutil.copyfile(path, strategy_path)
     if trial_ms is None:
         reason = f"the trial run failed ({result.message}): reverting to the job's own settings"
     elif keep:
         reason = (f"measured {baseline_ms:.2f} -> {trial_ms:.2f} ms per iteration "
-                  f"({100 * (1 - trial_ms / baseline_ms):.1f} % faster): keeping the strategy")
+                  f"({100 * (1 - trial_ms / baseline_ms):.1f} % faster): keeping {label}")
     else:
         reason = (f"measured {baseline_ms:.2f} -> {trial_ms:.2f} ms per iteration, not better by "
                   f"{100 * min_gain:.0f} %: reverting to the job's own settings")
     record("deciding", keep=keep, reason=reason, baseline_ms=baseline_ms, trial_ms=trial_ms,
-           tuning_seconds=round(time.monotonic() - started, 2))
+           strategy=strategy_path if keep else None, tuning_seconds=round(time.monotonic() - started, 2))
     _phase(job, f"4/4 {reason}")
     return final(strategy_path if keep else None, "with the strategy" if keep else "with its own settings")
+
+
+def _horovod_candidates(run_dir: str) -> list:
+    """Horovod runs: the best (fusion threshold, cycle time) settings by replay, for real trials."""
+    from dprorun.offline_cli import load_aligned
+    from dprorun.optimize.horovod import rank_horovod_knobs
+    from dprorun.replay.template import build_job_model
+
+    run, _ = load_aligned(run_dir)
+    candidates = rank_horovod_knobs(build_job_model(run))
+    for candidate in candidates:
+        candidate.source_run = os.path.abspath(run_dir)
+    return candidates
+
+
+def _without_compute_passes(strategy, run):
+    """The strategy minus op fusion and bf16 (its prediction replayed), when it has both kinds of decision."""
+    compute = {"op_fusion", "mixed_precision"}
+    if not any(d.pass_name in compute for d in strategy.decisions) or \
+            all(d.pass_name in compute for d in strategy.decisions):
+        return None
+    reduced = dataclasses.replace(strategy, compiled_modules=[], precision="fp32",
+                                  decisions=[d for d in strategy.decisions if d.pass_name not in compute])
+    from dprorun.optimize.search import whatif_for
+    from dprorun.replay.template import build_job_model
+    from dprorun.replay.whatif import replay_once
+
+    model = build_job_model(run)
+    reduced.predicted_ms = round(replay_once(model, whatif_for(reduced, model))[0] / 1000, 4)
+    return reduced

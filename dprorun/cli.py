@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "measured faster (never-regress)")
     modes.add_argument("--autotune-min-gain", type=float, default=0.01, metavar="FRACTION",
                        help="keep the strategy only when the trial is faster by more than this (default 0.01)")
+    modes.add_argument("--allow-bf16", action="store_true",
+                       help="with --autotune: the search may choose bf16 autocast (it changes the training's "
+                            "numerics; without this flag a bf16 gain is only reported)")
     modes.add_argument("--no-compute-passes", action="store_true",
                        help="with --autotune: do not time torch.compile and bf16 autocast on the model (no op "
                             "fusion or precision pass; saves the compile time)")
@@ -134,11 +137,15 @@ def horovod_arguments(args: argparse.Namespace) -> list[str]:
         strategy = load_strategy(args.strategy)
         threshold = threshold if threshold is not None else strategy.horovod_fusion_threshold_mb
         cycle = cycle if cycle is not None else strategy.horovod_cycle_time_ms
+    return horovod_knob_args(threshold, cycle)
+
+
+def horovod_knob_args(threshold_mb: Optional[float], cycle_ms: Optional[float]) -> list[str]:
     out = []
-    if threshold is not None:
-        out += ["--fusion-threshold-mb", f"{threshold:g}"]
-    if cycle is not None:
-        out += ["--cycle-time-ms", f"{cycle:g}"]
+    if threshold_mb is not None:
+        out += ["--fusion-threshold-mb", f"{threshold_mb:g}"]
+    if cycle_ms is not None:
+        out += ["--cycle-time-ms", f"{cycle_ms:g}"]
     return out
 
 
@@ -183,14 +190,14 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         job.strategy_file = os.path.abspath(args.strategy)
     job.autotune = args.autotune
     if args.backend == "horovod":
-        if args.autotune or args.dry_run:
-            raise ValueError("--backend horovod supports the profile mode and --strategy so far (no --autotune, "
-                             "--dry-run)")
         job.horovod_args = horovod_arguments(args)
     if not 0 <= args.autotune_min_gain < 1:
         raise ValueError("--autotune-min-gain is a fraction in [0, 1)")
     job.autotune_min_gain = args.autotune_min_gain
     job.autotune_variants = not args.no_compute_passes
+    job.autotune_allow_bf16 = args.allow_bf16
+    if args.allow_bf16 and not args.autotune:
+        raise ValueError("--allow-bf16 goes with --autotune (dpro optimize has its own --allow-bf16)")
     if args.memory_budget:
         from dprorun.offline_cli import parse_bytes
 

@@ -136,6 +136,7 @@ class JobConfig:
     autotune: bool = False
     autotune_min_gain: float = 0.01  # a strategy is kept only when measured faster by more than this fraction
     autotune_variants: bool = True  # autotune's profiling phase times torch.compile / bf16 (op fusion, precision)
+    autotune_allow_bf16: bool = False  # bf16 autocast changes the numerics: searched only when the user says so
     memory_budget_bytes: Optional[int] = None
     horovod_args: list[str] = field(default_factory=list)  # passed to horovodrun (fusion threshold, cycle time)
     low_disk: Optional[str] = None  # set at launch: why profiling is off (too little free disk), or None

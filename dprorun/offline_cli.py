@@ -146,7 +146,7 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * (1024 if match.group(3) or power else 1000) ** power)
 
 
-def optimize_run(run_dir: str, memory_budget_bytes: Optional[int] = None):
+def optimize_run(run_dir: str, memory_budget_bytes: Optional[int] = None, allow_bf16: bool = False):
     """Search a strategy for the run in `run_dir` (aligned first); returns (strategy, run)."""
     from dprorun.memory import run_memory
     from dprorun.optimize import MemoryModel, optimize
@@ -155,7 +155,7 @@ def optimize_run(run_dir: str, memory_budget_bytes: Optional[int] = None):
 
     run, _ = load_aligned(run_dir)
     model = build_job_model(run)
-    strategy = optimize(model, MemoryModel(run_memory(run)), memory_budget_bytes)
+    strategy = optimize(model, MemoryModel(run_memory(run)), memory_budget_bytes, allow_bf16=allow_bf16)
     strategy.source_run = os.path.abspath(run_dir)
     strategy.search["as_run_replay_ms"] = predict(model).predicted_iteration_time_ms
     return strategy, run
@@ -166,7 +166,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from dprorun.strategy import save_strategy, strategy_json
 
     try:
-        strategy, _ = optimize_run(args.run_dir, args.memory_budget)
+        strategy, _ = optimize_run(args.run_dir, args.memory_budget, args.allow_bf16)
     except BudgetError as exc:
         print(f"dpro: error: {exc}", file=sys.stderr)
         return 3
@@ -264,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     op = sub.add_parser("optimize", help="search the fastest strategy (tensor fusion/partition, memory passes)")
     op.add_argument("run_dir")
     op.add_argument("--memory-budget", type=parse_bytes, default=None, help="per-rank peak memory, e.g. 8GiB")
+    op.add_argument("--allow-bf16", action="store_true",
+                    help="let the search choose bf16 autocast (it changes the training's numerics)")
     op.add_argument("-o", "--output", default=None, help="strategy file (default RUN_DIR/strategy.json)")
     op.add_argument("--json", action="store_true", help="print the strategy as JSON")
     op.set_defaults(func=_cmd_optimize)

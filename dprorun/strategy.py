@@ -121,6 +121,8 @@ class Strategy:
         if self.accumulation_steps > 1:
             lines.append(f"  needs the script: accumulate gradients over {self.accumulation_steps} micro-batches "
                          "(batch / steps each, no_sync() for all but the last); dprorun.strategy() returns this")
+        for note in self.search.get("recommendations", []):
+            lines.append(f"  not applied: {note}")
         if self.is_default():
             lines.append("  the job's own settings are already the best found: nothing to change")
         return lines

@@ -71,6 +71,23 @@ def test_compute_variants_are_measured_and_compile_and_bf16_are_applied(tmp_path
     assert applied["compiled_modules"] == ["2"] and applied["precision"] == "bf16 autocast on cpu"
 
 
+def test_a_second_trial_drops_only_the_compute_passes(mlp_run):
+    from dprorun.autotune import _without_compute_passes
+    from dprorun.strategy import Decision
+
+    run = load_run(str(mlp_run[0]))
+    both = Strategy(bucket_cap_mb=5.0, compiled_modules=[""], precision="bf16",
+                    decisions=[Decision("tensor_fusion", "DDP bucketing at 5 MB", 20.0, 18.0),
+                               Decision("op_fusion", "torch.compile the model", 18.0, 17.0),
+                               Decision("mixed_precision", "bf16 autocast", 17.0, 16.0)])
+    reduced = _without_compute_passes(both, run)
+    assert reduced.compiled_modules == [] and reduced.precision == "fp32" and reduced.bucket_cap_mb == 5.0
+    assert [d.pass_name for d in reduced.decisions] == ["tensor_fusion"] and reduced.predicted_ms > 0
+    only_compute = Strategy(compiled_modules=[""], decisions=[both.decisions[1]])
+    assert _without_compute_passes(only_compute, run) is None  # nothing would be left to try
+    assert _without_compute_passes(Strategy(bucket_cap_mb=5.0, decisions=[both.decisions[0]]), run) is None
+
+
 def test_bad_strategy_file_is_a_clear_error(tmp_path):
     path = tmp_path / "strategy.json"
     path.write_text(json.dumps({"version": 7}))

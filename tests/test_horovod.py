@@ -156,3 +156,38 @@ def test_a_strategy_reaches_horovod_through_its_own_knobs(tmp_path):
     assert "knobs 1048576 2.5" in proc.stdout
     manifest = json.load(open(run_dir / "manifest.json"))
     assert manifest["horovod_args"] == ["--fusion-threshold-mb", "1", "--cycle-time-ms", "2.5"]
+
+
+@needs_horovod
+def test_horovod_autotune_ranks_knobs_by_replay_and_trials_decide(tmp_path):
+    """--autotune --backend horovod: a dry-run profile of the real job, (threshold, cycle) candidates ranked by
+    the replayed fusion model, a real trial window per candidate with the knobs passed to horovodrun, and the
+    fastest measured kept only if it beats the job's own settings; every trial is in autotune.json."""
+    from dprorun.optimize.horovod import rank_horovod_knobs
+    from dprorun.replay.template import build_job_model
+
+    run_dir = tmp_path / "run"
+    window = ["--warmup", "2", "--active", "5", "--kineto-iters", "1", "--clean", "1"]
+    proc, _ = run_dprorun(["--backend", "horovod", "--autotune", "-np", "2", *window, "python", EXAMPLE,
+                           "--steps", "12"], run_dir, timeout=400, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    phases = json.load(open(run_dir / "autotune.json"))["phases"]
+    names = [p["phase"] for p in phases]
+    assert names[:2] == ["profiling", "searching"] and "deciding" in names and names[-1] == "done"
+    trials = [p for p in phases if p["phase"] == "trial"]
+    deciding = next(p for p in phases if p["phase"] == "deciding")
+    if trials:  # the replay found candidates: each was run for real with its own knobs
+        for trial in trials:
+            manifest = json.load(open(os.path.join(trial["run_dir"], "manifest.json")))
+            assert "--fusion-threshold-mb" in manifest["horovod_args"] and trial["measured_ms"] > 0
+        if deciding["keep"]:
+            best = min(t["measured_ms"] for t in trials)
+            assert deciding["trial_ms"] == best
+            assert json.load(open(run_dir / "manifest.json"))["horovod_args"]
+    else:
+        assert deciding["keep"] is False
+    # the ranking itself, on the profiled window
+    profiled = load_run(str(run_dir / "autotune" / "profile"))
+    candidates = rank_horovod_knobs(build_job_model(profiled), top=3)
+    assert all(c.predicted_ms < c.baseline_ms for c in candidates)
+    assert [c.predicted_ms for c in candidates] == sorted(c.predicted_ms for c in candidates)

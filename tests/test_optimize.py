@@ -89,6 +89,13 @@ def test_op_fusion_and_bf16_follow_their_measured_ratios_and_the_critical_path()
     comm_bound.compute_variants = {**variants, "compiled": {"forward_us": 100.0, "backward_us": 100.0}}
     strategy = optimize(comm_bound, caps_mb=())
     assert strategy.compiled_modules == [] and strategy.predicted_ms == pytest.approx(strategy.baseline_ms)
+    # bf16 measured faster: chosen only when allowed (it changes the numerics); otherwise recommended
+    fast_bf16 = _model(sizes, {"A": 1.0}, [["A"]], bandwidth_bytes_per_us=1000.0)
+    fast_bf16.compute_variants = {**variants, "bf16": {"forward_us": 50.0, "backward_us": 100.0}}
+    assert optimize(fast_bf16, caps_mb=(), allow_bf16=True).precision == "bf16"
+    strategy = optimize(fast_bf16, caps_mb=())
+    assert strategy.precision == "fp32" and "--allow-bf16" in strategy.search["recommendations"][0]
+    assert any("not applied" in line for line in strategy.summary_lines())
     # nothing measured: neither pass is offered
     plain = _model(sizes, {"A": 1.0}, [["A"]])
     assert optimize(plain, caps_mb=()).compiled_modules == []

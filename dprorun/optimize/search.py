@@ -98,8 +98,10 @@ def _key(strategy: Strategy) -> str:
 
 def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budget_bytes: Optional[int] = None,
              caps_mb=DEFAULT_CAPS_MB, max_rounds: int = 40, patience: int = 5, min_gain: float = 0.002,
-             time_limit_s: float = 120.0) -> Strategy:
-    """The fastest strategy found for `model` (and under the memory budget when one is given)."""
+             time_limit_s: float = 120.0, allow_bf16: bool = False) -> Strategy:
+    """The fastest strategy found for `model` (and under the memory budget when one is given). bf16 autocast
+    changes the training's numerics, so it is only searched when `allow_bf16`; otherwise a measured bf16 gain
+    is left as a recommendation in `strategy.search`."""
     if not model.param_ready_fraction:
         raise ValueError("the optimizer needs per-parameter gradient-ready times (profile without "
                          "--no-param-hooks)")
@@ -163,7 +165,8 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
         # dPRO's order: communication-bound -> partition, tensor fusion first; computation-bound -> op fusion first
         order = ("tensor_partition", "tensor_fusion", "op_fusion", "mixed_precision") if comm_bound else \
             ("op_fusion", "mixed_precision", "tensor_fusion", "tensor_partition")
-        scored = [(evaluate(c.strategy)[0], c) for name in order for c in CRITICAL_PATH_PASSES[name](ctx)]
+        scored = [(evaluate(c.strategy)[0], c) for name in order if allow_bf16 or name != "mixed_precision"
+                  for c in CRITICAL_PATH_PASSES[name](ctx)]
         if not scored:
             break
         new_t, cand = min(scored, key=lambda s: s[0])
@@ -175,6 +178,14 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
             break
 
     final_t, _ = evaluate(current)
+    recommendations = []
+    if not allow_bf16:
+        ctx = SearchContext(model, current, [], False)
+        for cand in CRITICAL_PATH_PASSES["mixed_precision"](ctx):
+            t, _ = evaluate(cand.strategy)
+            if t < final_t * 0.95:
+                recommendations.append(f"{cand.choice} would predict {t / 1000:.2f} ms (-{100 * (1 - t / final_t):.0f} "
+                                       "%); it changes the training's numerics: allow it with --allow-bf16")
     if current.buckets == measured:
         current = _with(current, buckets=None)  # the job's own layout
     else:
@@ -190,4 +201,6 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
     current.search = {"evaluations": len(cache), "rounds": rounds, "seconds": round(time.monotonic() - started, 3),
                       "world_size": model.world_size, "buckets_before": len(measured),
                       "buckets_after": len(current.buckets) if current.buckets else len(measured)}
+    if recommendations:
+        current.search["recommendations"] = recommendations
     return current
