@@ -152,7 +152,28 @@ def build_report(run_dir: str, whatif_time_budget_s: float = 60.0, max_whatif_op
         path = os.path.join(run_dir, name)
         if os.path.exists(path):
             data[name.split(".")[0]] = read_json(path)
+    variants = next((t.meta.get("compute_variants") for t in run.ranks.values() if t.meta.get("compute_variants")),
+                    None)
+    profiled = os.path.join(run_dir, "autotune", "profile", "rank_0", "variants.json")
+    if not variants and os.path.exists(profiled):  # --autotune: timed in its profiling phase
+        variants = (read_json(profiled) or {}).get("variants")
+    if variants:
+        data["compute_variants"] = variants
     return data
+
+
+def _variant_rows(variants: dict) -> list[list]:
+    """variant, forward ms, backward ms, x eager forward/backward, first call s (or the error)."""
+    eager = variants.get("eager", {})
+    rows = []
+    for name, v in variants.items():
+        if "error" in v:
+            rows.append([name, None, None, None, None, v["error"]])
+            continue
+        ratio = (lambda key: round(v[key] / eager[key], 3) if eager.get(key) else None)
+        rows.append([name, v["forward_us"] / 1000, v["backward_us"] / 1000, ratio("forward_us"),
+                     ratio("backward_us"), v.get("first_call_s")])
+    return rows
 
 
 _STYLE = """
@@ -301,14 +322,23 @@ def render_html(data: dict) -> str:
                             [[d["pass_name"], d["choice"], d["before_ms"], d["after_ms"], d.get("gain_ms")]
                              for d in strategy.get("decisions", [])] or [["-", "nothing to change", None,
                                                                           None, None]]))
+        for note in strategy.get("search", {}).get("recommendations", []):
+            parts.append(f"<p class=note>not applied: {html.escape(note)}</p>")
+    variants = data.get("compute_variants")
+    if variants:
+        parts.append("<h2>Compute variants (rank 0's model and batch, timed after the window)</h2>")
+        parts.append(_table(["variant", "forward ms", "backward ms", "x eager forward", "x eager backward",
+                             "first call s / error"], _variant_rows(variants)))
     autotune = data.get("autotune")
     if autotune:
         phases = {p["phase"]: p for p in autotune.get("phases", [])}
         decide = phases.get("deciding", {})
         parts.append("<h2>Autotune: measured before / after</h2>")
-        parts.append(_table(["profile (job's settings) ms", "trial (strategy) ms", "kept", "reason"],
-                            [[decide.get("baseline_ms"), decide.get("trial_ms"), decide.get("keep"),
-                              decide.get("reason")]]))
+        trials = [p for p in autotune.get("phases", []) if p["phase"] == "trial"]
+        parts.append(_table(["profile (job's settings) ms", "trials ms", "judged trial ms", "kept", "reason"],
+                            [[decide.get("baseline_ms"),
+                              ", ".join(f"{t['measured_ms']:.2f}" for t in trials if t.get("measured_ms")) or "-",
+                              decide.get("trial_ms"), decide.get("keep"), decide.get("reason")]]))
     parts.append("<h2>Peak memory per rank</h2>")
     parts.append(_table(["rank", "device", "estimated MiB", "measured MiB", "error %"],
                         [[m["rank"], m["device"], (m["estimated_peak_bytes"] or 0) / 2 ** 20,
@@ -350,6 +380,14 @@ def format_report(data: dict) -> str:
             table.add_column(col, justify="left" if col == "op" else "right")
         for row in cp.get("top", [])[:10]:
             table.add_row(row["op"], str(row["rank"]), row["kind"], f"{row['time_on_path_ms']:.3f}")
+        console.print(table)
+    variants = data.get("compute_variants")
+    if variants:
+        table = Table(title="compute variants (rank 0, after the window)")
+        for col in ("variant", "forward ms", "backward ms", "x eager fw", "x eager bw", "first call s / error"):
+            table.add_column(col, justify="left" if col == "variant" else "right")
+        for row in _variant_rows(variants):
+            table.add_row(*[_fmt(c) for c in row])
         console.print(table)
     whatif = data.get("whatif") or {}
     for curve, label in (("world_size", "ranks"), ("bandwidth_gbit", "Gbit/s"), ("bucket_mb", "bucket MB")):
