@@ -8,7 +8,7 @@ DDP, so nothing is all-reduced) on the last batch the window saw, with a stand-i
 floating output); parameters, buffers, gradients and RNG states are restored afterwards, so training continues
 as if nothing happened. Writes variants.json into the rank's directory:
 
-  {"schema": "dprorun-variants", "version": 1, "reps": 5,
+  {"schema": "dprorun-variants", "version": 1, "reps": 10, "device": "cpu" | "cuda",
    "variants": {"eager": {"forward_us": .., "backward_us": ..},
                 "compiled": {"forward_us": .., "backward_us": .., "first_call_s": ..} | {"error": ".."},
                 "bf16": {...} | {"error": ".."}}}
@@ -144,7 +144,11 @@ def measure_and_write(session, tracker, reps: int = 10) -> Optional[str]:
     started = time.perf_counter()
     args, kwargs = batch
     results = measure_compute_variants(tracker.ddp.module, args, kwargs, reps)
+    try:
+        device = next(tracker.ddp.module.parameters()).device.type
+    except StopIteration:
+        device = "cpu"
     path = os.path.join(session.rank_dir, VARIANTS_FILE)
     atomic_write_json(path, {"schema": "dprorun-variants", "version": 1, "reps": reps, "variants": results,
-                             "seconds": round(time.perf_counter() - started, 3)})
+                             "device": device, "seconds": round(time.perf_counter() - started, 3)})
     return path

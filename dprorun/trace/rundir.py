@@ -226,6 +226,7 @@ def load_rank(rank_dir: str, expected_rank: Optional[int] = None) -> RankTrace:
         if not isinstance(variants, dict) or not isinstance(variants.get("variants"), dict):
             raise TraceError(variants_path, "not a dprorun compute-variants document")
         trace.meta["compute_variants"] = variants["variants"]
+        trace.meta["compute_variants_device"] = variants.get("device")
     if kineto is None and doc["window"].get("kineto"):
         trace.warnings.append("no profiler trace (kineto_trace.json) for this rank: op-level compute and "
                               "transmission spans are missing")
