@@ -191,3 +191,18 @@ def test_horovod_autotune_ranks_knobs_by_replay_and_trials_decide(tmp_path):
     candidates = rank_horovod_knobs(build_job_model(profiled), top=3)
     assert all(c.predicted_ms < c.baseline_ms for c in candidates)
     assert [c.predicted_ms for c in candidates] == sorted(c.predicted_ms for c in candidates)
+
+
+@needs_horovod
+def test_horovod_ranks_on_other_hosts_send_their_traces_over_horovod(tmp_path):
+    """No torch.distributed in a Horovod job: a rank whose files are not on rank 0's disk ships them through
+    Horovod's own alltoall (pretend hosts make rank 1 remote on this one machine)."""
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "2", "--active", "4",
+                           "--kineto-iters", "1", "--clean", "1", "python", EXAMPLE, "--steps", "10"], run_dir,
+                          timeout=180, env={"DPRO_TEST_HOSTS": "hostA,hostB", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run_dir / "rank_1" / "GATHERED_FROM").read_text() == "hostB"
+    assert not (run_dir / "rank_0" / "GATHERED_FROM").exists() and not list(run_dir.glob(".gather-*"))
+    run = load_run(str(run_dir))
+    assert run.ranks[1].host == "hostB" and run.ranks[1].buckets

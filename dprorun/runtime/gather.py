@@ -45,6 +45,8 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
               flush=True)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         session.write_events()
+        if horovod_running():
+            gather_horovod_to_rank0(session)
         return
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     try:
@@ -128,15 +130,7 @@ def gather_to_rank0(session: RankSession, group) -> None:
     remote = not _sees_rank0_run_dir(session, group)
     if session.cfg.fake_hosts and host_names[rank] != host_names[0]:
         remote = True  # test knob DPRO_TEST_HOSTS: ranks on a pretend other host send, as if on another disk
-    payload = b""
-    if remote:
-        files = {}
-        for name in sorted(os.listdir(session.rank_dir)):
-            path = os.path.join(session.rank_dir, name)
-            if os.path.isfile(path) and not name.startswith("."):
-                with open(path, "rb") as handle:
-                    files[name] = handle.read()
-        payload = pack_files(files)
+    payload = _own_bundle(session) if remote else b""
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64), group=group)
     if rank == 0:
@@ -157,18 +151,27 @@ LOCATION_BYTES = 4096
 
 
 def _sees_rank0_run_dir(session: RankSession, group) -> bool:
+    import torch.distributed as dist
+
+    def broadcast(buf):
+        dist.broadcast(buf, src=0, group=group)
+
+    return _sees_run_dir_of_rank0(session, dist.get_rank() == 0, broadcast, lambda: dist.barrier(group=group))
+
+
+def _sees_run_dir_of_rank0(session: RankSession, is_rank0: bool, broadcast, barrier) -> bool:
     """Whether this rank's files already sit in rank 0's run directory: rank 0 writes a random token there and
     broadcasts its path and contents; a rank whose own directory is rank_<r> under that path and that reads the
     same token shares rank 0's disk. Hostnames are not evidence (containers and network namespaces share them;
-    two hosts on one shared filesystem need no copy)."""
+    two hosts on one shared filesystem need no copy). `broadcast(uint8 tensor)` from rank 0 and `barrier()` are
+    the job's transport (torch.distributed or Horovod)."""
     import secrets
 
     import torch
-    import torch.distributed as dist
 
     buf = torch.zeros(LOCATION_BYTES, dtype=torch.uint8)
     token_path = None
-    if dist.get_rank() == 0:
+    if is_rank0:
         token = secrets.token_hex(16)
         token_path = os.path.join(session.cfg.run_dir, f".gather-{token}")
         try:
@@ -178,7 +181,7 @@ def _sees_rank0_run_dir(session: RankSession, group) -> bool:
                 buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
         except OSError as exc:
             warn(f"could not write the gather token ({exc}); every rank sends its traces")
-    dist.broadcast(buf, src=0, group=group)
+    broadcast(buf)
     run_dir, _, token = bytes(buf.tolist()).rstrip(b"\0").decode(errors="replace").partition("\n")
     local = False
     if run_dir and token:
@@ -188,13 +191,71 @@ def _sees_rank0_run_dir(session: RankSession, group) -> bool:
                 local = handle.read().decode() == token and os.path.dirname(own_dir) == run_dir
         except OSError:
             local = False
-    dist.barrier(group=group)
+    barrier()
     if token_path:
         try:
             os.unlink(token_path)
         except OSError:
             pass
     return local
+
+
+def _own_bundle(session: RankSession) -> bytes:
+    files = {}
+    for name in sorted(os.listdir(session.rank_dir)):
+        path = os.path.join(session.rank_dir, name)
+        if os.path.isfile(path) and not name.startswith("."):
+            with open(path, "rb") as handle:
+                files[name] = handle.read()
+    return pack_files(files)
+
+
+def horovod_running() -> bool:
+    """A Horovod job with more than one rank (its collectives are the gather channel then)."""
+    import sys
+
+    hvd = sys.modules.get("horovod.torch")
+    try:
+        return hvd is not None and hvd.is_initialized() and hvd.size() > 1
+    except Exception:
+        return False
+
+
+def gather_horovod_to_rank0(session: RankSession) -> None:
+    """Horovod jobs (no torch.distributed): the same locality test and bundles over Horovod's own collectives:
+    a broadcast for the token, an allgather of host names, and an alltoall whose splits send each remote rank's
+    bundle to rank 0 only (every rank also sends itself one byte, so that no tensor is empty)."""
+    import sys
+
+    import torch
+
+    hvd = sys.modules["horovod.torch"]
+    rank, world = hvd.rank(), hvd.size()
+    hosts = hvd.allgather(_host_tensor(session.host).unsqueeze(0), name="dprorun.gather.hosts")
+    host_names = [_host_from_tensor(hosts[r]) for r in range(world)]
+
+    def broadcast(buf):
+        buf.copy_(hvd.broadcast(buf, root_rank=0, name="dprorun.gather.token"))
+
+    remote = not _sees_run_dir_of_rank0(session, rank == 0, broadcast,
+                                        lambda: hvd.allreduce(torch.zeros(1), name="dprorun.gather.barrier"))
+    if session.cfg.fake_hosts and host_names[rank] != host_names[0]:
+        remote = True  # test knob DPRO_TEST_HOSTS: ranks on a pretend other host send, as if on another disk
+    payload = _own_bundle(session) if remote and rank != 0 else b""
+    splits = torch.zeros(world, dtype=torch.int32)
+    splits[0] += len(payload)
+    splits[rank] += 1
+    # slices go out in rank order: the bundle for rank 0 (empty on rank 0 itself), then the byte to itself
+    tensor = torch.frombuffer(bytearray(payload) + b"\0", dtype=torch.uint8)
+    received, received_splits = hvd.alltoall(tensor, splits=splits, name="dprorun.gather.bundles")
+    if rank == 0:
+        blob = received.numpy().tobytes()
+        offset = 0
+        for src, count in enumerate(int(n) for n in received_splits.tolist()):
+            if src != 0 and count > 0:
+                _write_bundle(session, src, host_names[src], blob[offset:offset + count])
+            offset += count
+    session.gathered_hosts = host_names
 
 
 def _write_bundle(session: RankSession, src: int, host: str, blob: bytes) -> None:

@@ -11,7 +11,8 @@ Patched into `horovod.torch.optimizer` when it is imported, before the script bu
 Phase spans per iteration: forward0 = iteration start -> first gradient ready (forward, loss and the backward up
 to the first gradient), backward0 = first -> last gradient ready, update = the inner optimizer step.
 Each tensor is reported as its own bucket (Horovod fuses tensors at run time; the fused responses are in the
-timeline). The files of every rank go straight into the run directory (single host: no gather channel).
+timeline). At the end of the window ranks on other hosts ship their files to rank 0 over Horovod's own
+collectives (runtime/gather.py: gather_horovod_to_rank0).
 """
 from __future__ import annotations
 
