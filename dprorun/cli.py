@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     hvd = parser.add_argument_group("horovod (with --backend horovod)")
     hvd.add_argument("--fusion-threshold-mb", type=float, default=None, help="horovodrun --fusion-threshold-mb")
     hvd.add_argument("--cycle-time-ms", type=float, default=None, help="horovodrun --cycle-time-ms")
+    hvd.add_argument("--ssh-identity-file", default=None,
+                     help="horovodrun --ssh-identity-file (multi-host: horovodrun reaches the other hosts by ssh)")
+    hvd.add_argument("--ssh-port", type=int, default=None, help="horovodrun --ssh-port")
+    hvd.add_argument("--network-interfaces", default=None,
+                     help="horovodrun --network-interfaces (the NICs its ranks talk over, e.g. eth0)")
     job.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
     job.add_argument("--join-timeout", type=float, default=None,
                      help="seconds to wait for every node to join (default 900 multi-node, 60 single-node)")
@@ -174,7 +179,8 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
             raise ValueError("--hosts: every host needs the same number of slots")
         job.hosts = [h for h, _ in hosts]
         job.nnodes, job.nproc_per_node = len(hosts), slots.pop()
-        job.node_rank = _node_rank_for(hosts)
+        # Horovod: horovodrun on this host starts every host's ranks (over ssh), so dprorun runs once, here
+        job.node_rank = 0 if args.backend == "horovod" else _node_rank_for(hosts)
         job.master_addr = hosts[0][0]
         job.master_port = job.master_port or 29500
     if job.nnodes > 1 and job.master_port is None:
@@ -191,6 +197,10 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
     job.autotune = args.autotune
     if args.backend == "horovod":
         job.horovod_args = horovod_arguments(args)
+        job.horovod_ssh_args = (["--ssh-identity-file", os.path.abspath(args.ssh_identity_file)]
+                                if args.ssh_identity_file else []) + \
+            (["--ssh-port", str(args.ssh_port)] if args.ssh_port else []) + \
+            (["--network-interfaces", args.network_interfaces] if args.network_interfaces else [])
     if not 0 <= args.autotune_min_gain < 1:
         raise ValueError("--autotune-min-gain is a fraction in [0, 1)")
     job.autotune_min_gain = args.autotune_min_gain

@@ -139,6 +139,7 @@ class JobConfig:
     autotune_allow_bf16: bool = False  # bf16 autocast changes the numerics: searched only when the user says so
     memory_budget_bytes: Optional[int] = None
     horovod_args: list[str] = field(default_factory=list)  # passed to horovodrun (fusion threshold, cycle time)
+    horovod_ssh_args: list[str] = field(default_factory=list)  # horovodrun's ssh identity / port / NICs (multi-host)
     low_disk: Optional[str] = None  # set at launch: why profiling is off (too little free disk), or None
 
     @property

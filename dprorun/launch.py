@@ -372,7 +372,7 @@ def _launch_horovod(job: JobConfig) -> LaunchResult:
            os.path.join(job.run_dir, HOROVOD_TIMELINE)]
     if job.hosts:
         cmd += ["-H", ",".join(f"{host}:{job.nproc_per_node}" for host in job.hosts)]
-    cmd += list(job.horovod_args) + list(job.command)
+    cmd += list(job.horovod_ssh_args) + list(job.horovod_args) + list(job.command)
     return _run_engine(cmd, job, "horovodrun")
 
 

@@ -13,13 +13,18 @@ what a world-size what-if predicts.
 
 The command runs once per host with {node_rank}, {nnodes}, {master_addr} and {addr} filled in. Exit status:
 the first non-zero host status (124 when --timeout ran out). Namespaces and cgroups are removed on every exit.
-Needs root, `ip`, `tc` and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu (or the v2 unified hierarchy).
+Every host has its own hostname (emuK, in a UTS namespace) that its /etc/hosts maps to its address, and eth0 as
+its NIC. With `ssh=True` (library use) each host also runs an sshd on its address with throw-away keys
+(`ssh_identity`), for engines that reach hosts by ssh (horovodrun -H), and `private_dir` gets a tmpfs of its own
+on every host but host 0: separate disks, as on separate machines.
+Needs root, `ip`, `tc`, `unshare` and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu (or cgroup v2).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 SUBNET = "10.77.0"
+HOST_IF = "eth0"
 CPU_PERIOD_US = 10_000  # short period: a throttled rank waits at most a few ms, not 100 ms
 
 
@@ -63,15 +69,29 @@ class EmulatedCluster:
     hosts: int
     cpus_per_host: float
     rate: str = "1gbit"
+    ssh: bool = False  # an sshd on every host (port 22 of its address), for engines that reach hosts by ssh
+    private_dir: str = ""  # a path that gets a private tmpfs on every host but host 0 (a disk of its own)
     tag: str = field(default_factory=lambda: f"d{os.getpid() % 100000}")
+    ssh_identity: str = ""  # the client key sshd accepts (set when ssh=True)
     _made_ns: list[str] = field(default_factory=list)
     _made_cgroups: list[str] = field(default_factory=list)
+    _daemons: list = field(default_factory=list)
+    _ssh_dir: str = ""
 
     def host_ns(self, k: int) -> str:
         return f"{self.tag}h{k}"
 
     def addr(self, k: int) -> str:
         return f"{SUBNET}.{k + 1}"
+
+    def hostname(self, k: int) -> str:
+        return f"emu{k}"
+
+    def in_host(self, k: int, argv: list[str]) -> list[str]:
+        """argv run on host k: its network namespace (whose /etc/hosts names every host) and its own hostname
+        (a UTS namespace), so that name lookups give the host's own address as on a real cluster."""
+        return ["ip", "netns", "exec", self.host_ns(k), "unshare", "--uts", "sh", "-c",
+                f'hostname {self.hostname(k)} && exec "$@"', "sh", *argv]
 
     def __enter__(self) -> "EmulatedCluster":
         if os.geteuid() != 0:
@@ -102,22 +122,76 @@ class EmulatedCluster:
         self._sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
         self._sh("ip", "-n", switch, "link", "set", "br0", "up")
         tbf = ["tbf", "rate", self.rate, "burst", "256kb", "latency", "50ms"]
+        hosts_file = "127.0.0.1 localhost\n" + "".join(f"{self.addr(k)} {self.hostname(k)}\n"
+                                                        for k in range(self.hosts))
         for k in range(self.hosts):
             ns, host_if, port_if = self.host_ns(k), f"{self.tag}v{k}", f"{self.tag}p{k}"
             self._sh("ip", "netns", "add", ns)
             self._made_ns.append(ns)
+            os.makedirs(f"/etc/netns/{ns}", exist_ok=True)  # `ip netns exec` mounts this over /etc/hosts
+            with open(f"/etc/netns/{ns}/hosts", "w") as handle:
+                handle.write(hosts_file)
             self._sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", port_if)
             self._sh("ip", "link", "set", host_if, "netns", ns)
+            # every host's NIC is eth0, as on a real cluster (engines look for interfaces all hosts share)
+            self._sh("ip", "-n", ns, "link", "set", host_if, "name", HOST_IF)
             self._sh("ip", "link", "set", port_if, "netns", switch)
             self._sh("ip", "-n", switch, "link", "set", port_if, "master", "br0")
             self._sh("ip", "-n", switch, "link", "set", port_if, "up")
-            self._sh("ip", "-n", ns, "addr", "add", f"{self.addr(k)}/24", "dev", host_if)
-            self._sh("ip", "-n", ns, "link", "set", host_if, "up")
+            self._sh("ip", "-n", ns, "addr", "add", f"{self.addr(k)}/24", "dev", HOST_IF)
+            self._sh("ip", "-n", ns, "link", "set", HOST_IF, "up")
             self._sh("ip", "-n", ns, "link", "set", "lo", "up")
             # both directions of the host's link are limited: host -> switch and switch -> host
-            self._sh("tc", "-n", ns, "qdisc", "add", "dev", host_if, "root", *tbf)
+            self._sh("tc", "-n", ns, "qdisc", "add", "dev", HOST_IF, "root", *tbf)
             self._sh("tc", "-n", switch, "qdisc", "add", "dev", port_if, "root", *tbf)
             self._made_cgroups.append(self._make_cgroup(k))
+        if self.ssh:
+            self._start_sshd()
+
+    def _start_sshd(self) -> None:
+        """One sshd per host on its own address, with throw-away host and client keys; the hosts' command runs
+        in that host's namespace (and, past host 0, with its own tmpfs at private_dir)."""
+        import tempfile
+
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        if not os.path.exists(sshd):
+            raise FileNotFoundError("ssh=True needs sshd (Debian package openssh-server)")
+        self._ssh_dir = tempfile.mkdtemp(prefix="dpro-ssh-")
+        key = os.path.join(self._ssh_dir, "client")
+        self._sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
+        self._sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(self._ssh_dir, "hostkey"))
+        shutil.copyfile(key + ".pub", os.path.join(self._ssh_dir, "authorized_keys"))
+        os.makedirs("/run/sshd", exist_ok=True)
+        self.ssh_identity = key
+        for k in range(self.hosts):
+            config = os.path.join(self._ssh_dir, f"sshd{k}.conf")
+            with open(config, "w") as handle:
+                handle.write(f"ListenAddress {self.addr(k)}\nPort 22\nHostKey {self._ssh_dir}/hostkey\n"
+                             f"AuthorizedKeysFile {self._ssh_dir}/authorized_keys\nPermitRootLogin prohibit-password\n"
+                             f"PasswordAuthentication no\nUsePAM no\nStrictModes no\n"
+                             f"PidFile {self._ssh_dir}/sshd{k}.pid\nAcceptEnv *\nPermitUserEnvironment yes\n")
+            inner = f"exec {sshd} -D -e -f {config}"
+            if self.private_dir and k > 0:
+                os.makedirs(self.private_dir, exist_ok=True)
+                inner = f"mount -t tmpfs -o size=256m tmpfs {shlex.quote(self.private_dir)} && {inner}"
+            cgroup = self._made_cgroups[k]
+
+            def enter_cgroup(cgroup: str = cgroup) -> None:
+                os.setsid()
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+
+            self._daemons.append(subprocess.Popen(self.in_host(k, ["sh", "-c", inner]),
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                  preexec_fn=enter_cgroup))
+        deadline = time.monotonic() + 10
+        for k in range(self.hosts):  # wait until every sshd answers
+            while subprocess.run(["ip", "netns", "exec", self.host_ns(0), "ssh", "-i", key, "-o", "BatchMode=yes",
+                                  "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                                  "-o", "LogLevel=ERROR", self.addr(k), "true"], capture_output=True).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd on emulated host {k} did not answer")
+                time.sleep(0.2)
 
     def _make_cgroup(self, k: int) -> str:
         v1 = "/sys/fs/cgroup/cpu"
@@ -145,7 +219,7 @@ class EmulatedCluster:
             fill = {"node_rank": k, "nnodes": self.hosts, "master_addr": self.addr(0), "addr": self.addr(k)}
             argv = [part.format(**fill) for part in command]
             host_env = dict(os.environ if env is None else env)
-            host_env.update(MASTER_ADDR=self.addr(0), GLOO_SOCKET_IFNAME=f"{self.tag}v{k}",
+            host_env.update(MASTER_ADDR=self.addr(0), GLOO_SOCKET_IFNAME=HOST_IF,
                             DPRO_EMULATED_HOST=str(k))
             cgroup = self._made_cgroups[k]
 
@@ -154,7 +228,7 @@ class EmulatedCluster:
                 with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
                     f.write(str(os.getpid()))
 
-            procs.append(subprocess.Popen(["ip", "netns", "exec", self.host_ns(k), *argv], env=host_env,
+            procs.append(subprocess.Popen(self.in_host(k, argv), env=host_env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           preexec_fn=enter_cgroup))
         deadline = time.monotonic() + timeout_s
@@ -175,6 +249,15 @@ class EmulatedCluster:
         return results
 
     def __exit__(self, *exc) -> None:
+        _kill_all(self._daemons)
+        self._daemons.clear()
+        known_hosts = os.path.expanduser("~/.ssh/known_hosts")
+        if self._ssh_dir and os.path.exists(known_hosts):  # engines' ssh (horovodrun) recorded our throw-away keys
+            for k in range(self.hosts):
+                subprocess.run(["ssh-keygen", "-q", "-f", known_hosts, "-R", self.addr(k)], capture_output=True)
+        if self._ssh_dir:
+            shutil.rmtree(self._ssh_dir, ignore_errors=True)
+            self._ssh_dir = ""
         for path in reversed(self._made_cgroups):
             for _ in range(50):  # a killed process leaves its cgroup a moment later
                 try:
@@ -187,6 +270,7 @@ class EmulatedCluster:
         self._made_cgroups.clear()
         for ns in reversed(self._made_ns):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
         self._made_ns.clear()
         if getattr(self, "_previous_sigterm", None) is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
