@@ -8,11 +8,14 @@ strategy.json (schema version 1):
   recompute_segments  activation checkpointing of the model in that many segments (0: none)
   accumulation_steps  micro-batches per optimizer step (needs the script's cooperation: printed, and readable
                       through `dprorun.strategy()`)
-  precision           "fp32" or "bf16" (the hooks run the forward under bf16 autocast; not searched yet)
-  compiled_modules    names of submodules ("" for the whole model) the hooks compile with torch.compile (op
-                      fusion of that region; not searched yet)
+  precision           "fp32" or "bf16" (the hooks run the forward under bf16 autocast; searched with
+                      --allow-bf16, from the model's measured bf16 timings)
+  compiled_modules    names of submodules ("" for the whole model) whose forward the hooks torch.compile (op
+                      fusion of that region; the search offers the whole model, from its measured timings)
   horovod_fusion_threshold_mb, horovod_cycle_time_ms
                       Horovod jobs: passed to horovodrun (--fusion-threshold-mb, --cycle-time-ms) on restart
+  horovod_groups      Horovod jobs: grouped allreduce, DistributedOptimizer(groups=) as parameter-name lists
+                      (applied by the hooks; not searched yet)
   decisions           each pass's decision with its predicted iteration time before and after
 A training script that wants to cooperate (gradient accumulation) calls `dprorun.strategy()`, which reads the
 file named by DPRO_STRATEGY (set by dprorun for the ranks), or returns None.
@@ -61,6 +64,7 @@ class Strategy:
     compiled_modules: list[str] = field(default_factory=list)
     horovod_fusion_threshold_mb: Optional[float] = None  # Horovod jobs: HOROVOD_FUSION_THRESHOLD
     horovod_cycle_time_ms: Optional[float] = None  # Horovod jobs: HOROVOD_CYCLE_TIME
+    horovod_groups: Optional[list[list[str]]] = None  # Horovod jobs: DistributedOptimizer(groups=), by name
     baseline_ms: Optional[float] = None  # the job as it ran, replayed
     predicted_ms: Optional[float] = None  # with this strategy
     predicted_peak_bytes: Optional[int] = None
@@ -74,7 +78,8 @@ class Strategy:
         return (self.buckets is None and self.bucket_cap_mb is None and not self.partitions
                 and self.recompute_segments == 0 and self.accumulation_steps == 1 and self.precision == "fp32"
                 and not self.compiled_modules
-                and self.horovod_fusion_threshold_mb is None and self.horovod_cycle_time_ms is None)
+                and self.horovod_fusion_threshold_mb is None and self.horovod_cycle_time_ms is None
+                and not self.horovod_groups)
 
     def to_json(self) -> dict:
         doc = asdict(self)
@@ -98,6 +103,10 @@ class Strategy:
         parts = values.get("partitions") or {}
         if not isinstance(parts, dict) or not all(isinstance(v, int) and v >= 1 for v in parts.values()):
             raise TraceError(path, "partitions must map bucket keys to integers >= 1")
+        hgroups = values.get("horovod_groups")
+        if hgroups is not None and not (isinstance(hgroups, list) and all(
+                isinstance(g, list) and all(isinstance(p, str) for p in g) for g in hgroups)):
+            raise TraceError(path, "horovod_groups must be a list of lists of parameter names")
         compiled = values.get("compiled_modules") or []
         if not (isinstance(compiled, list) and all(isinstance(m, str) for m in compiled)):
             raise TraceError(path, "compiled_modules must be a list of module names")

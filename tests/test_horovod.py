@@ -206,3 +206,21 @@ def test_horovod_ranks_on_other_hosts_send_their_traces_over_horovod(tmp_path):
     assert not (run_dir / "rank_0" / "GATHERED_FROM").exists() and not list(run_dir.glob(".gather-*"))
     run = load_run(str(run_dir))
     assert run.ranks[1].host == "hostB" and run.ranks[1].buckets
+
+
+@needs_horovod
+def test_a_strategy_groups_horovod_allreduces(tmp_path):
+    """horovod_groups in a strategy become DistributedOptimizer(groups=...) through the hooks (grouped
+    allreduce), with no change to the script."""
+    from dprorun.strategy import Strategy, save_strategy
+
+    names = [f"{2 * i}.{kind}" for i in range(26) for kind in ("weight", "bias")]
+    path = tmp_path / "strategy.json"
+    save_strategy(Strategy(horovod_groups=[names[:26], names[26:]]), str(path))
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--strategy", str(path), "--warmup", "2",
+                           "--active", "3", "--kineto-iters", "1", "--clean", "1", "python", EXAMPLE, "--steps",
+                           "8"], run_dir, timeout=180, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    applied = json.load(open(run_dir / "rank_0" / "events.json"))["strategy"]["applied"]
+    assert applied["horovod_groups"] == [26, 26]

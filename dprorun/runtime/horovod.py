@@ -88,6 +88,31 @@ class HorovodTracker:
         self.iteration_start = session.now_us() if session.phase != "done" else now
 
 
+GROUPS_ARG = 3  # _DistributedOptimizer.__init__(params, named_parameters, compression, backward_passes_per_step,
+#                op, gradient_predivide_factor, groups, ...): hvd.DistributedOptimizer passes them positionally
+
+
+def _with_groups(strategy, named_parameters, args: tuple, kwargs: dict, session: RankSession) -> tuple:
+    """(args, kwargs) with groups= from the strategy's parameter-name groups (grouped allreduce: each group is
+    fused into one allreduce), unless the script chose its own groups."""
+    given = args[GROUPS_ARG] if len(args) > GROUPS_ARG else kwargs.get("groups")
+    if given is not None:
+        session.warnings.append("the script sets DistributedOptimizer groups: the strategy's groups not applied")
+        return args, kwargs
+    by_name = dict(named_parameters or [])
+    missing = [n for g in strategy.horovod_groups for n in g if n not in by_name]
+    if missing:
+        session.warnings.append(f"strategy groups name parameters this model lacks ({missing[:3]}): not applied")
+        return args, kwargs
+    groups = [[by_name[n] for n in group] for group in strategy.horovod_groups]
+    if len(args) > GROUPS_ARG:
+        args = args[:GROUPS_ARG] + (groups,) + args[GROUPS_ARG + 1:]
+    else:
+        kwargs = dict(kwargs, groups=groups)
+    session.strategy_applied["horovod_groups"] = [len(g) for g in strategy.horovod_groups]
+    return args, kwargs
+
+
 def patch_horovod(session: RankSession) -> None:
     """Patch horovod.torch.optimizer once per process."""
     module = sys.modules["horovod.torch.optimizer"]
@@ -99,6 +124,18 @@ def patch_horovod(session: RankSession) -> None:
     session.trackers.append(tracker)
     original_async = cls._allreduce_grad_async
     original_step = cls.step
+    original_init = cls.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, params, named_parameters, compression, *args, **kwargs):
+        strategy = session.strategy if not session.disabled else None
+        if strategy is not None and strategy.horovod_groups:
+            if named_parameters is not None:  # often a generator: read it once, pass the list on
+                named_parameters = list(named_parameters)
+            args, kwargs = session.guard("applying the strategy's Horovod groups", _with_groups, strategy,
+                                         named_parameters, args, kwargs, session) or (args, kwargs)
+        return original_init(self, params, named_parameters, compression, *args, **kwargs)
+
     original_sync_fn = module.synchronize
 
     @functools.wraps(original_async)
@@ -118,6 +155,7 @@ def patch_horovod(session: RankSession) -> None:
         tracker.synchronized_one()
         return output
 
+    cls.__init__ = __init__
     cls._allreduce_grad_async = _allreduce_grad_async
     cls.step = step
     module.synchronize = synchronize
