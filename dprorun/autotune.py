@@ -9,6 +9,8 @@ Phases (each printed as it starts; every decision logged to RUN_DIR/autotune.jso
   4. deciding    never-regress: the strategy is kept only if the trial's measured iteration time beats the
                  profile's by more than `min_gain` (launch-to-launch noise on a shared machine is several %)
   5. running     the whole job, with the strategy or with its own settings, profiled as usual -> RUN_DIR
+Horovod jobs (--backend horovod): the search ranks fusion threshold x cycle time by replay and the top two each
+get a trial window (RUN_DIR/autotune/trial, trial2); the fastest measured is judged.
 A strategy with nothing to change skips the trial. Parts the hooks cannot apply (gradient accumulation) are
 printed as recommendations; `dprorun.strategy()` gives them to a script that wants them.
 """
