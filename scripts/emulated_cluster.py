@@ -51,6 +51,19 @@ def _kill_all(procs: list) -> None:
             pass
 
 
+def _kill_cgroup(path: str) -> None:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as handle:
+            pids = [int(line) for line in handle if line.strip()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _raise_system_exit(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
@@ -259,7 +272,8 @@ class EmulatedCluster:
             shutil.rmtree(self._ssh_dir, ignore_errors=True)
             self._ssh_dir = ""
         for path in reversed(self._made_cgroups):
-            for _ in range(50):  # a killed process leaves its cgroup a moment later
+            for _ in range(100):  # whatever still runs on the host (e.g. sessions sshd started) goes too
+                _kill_cgroup(path)
                 try:
                     os.rmdir(path)
                     break
