@@ -37,6 +37,16 @@ HOST_IF = "eth0"
 CPU_PERIOD_US = 10_000  # short period: a throttled rank waits at most a few ms, not 100 ms
 
 
+def _into_cgroup(cgroup: str):
+    """A pre-exec function: a session of its own (so its group can be killed) inside the host's CPU cgroup."""
+    def enter() -> None:
+        os.setsid()
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+
+    return enter
+
+
 def _kill_all(procs: list) -> None:
     for proc in procs:
         if proc.poll() is None:
@@ -187,16 +197,10 @@ class EmulatedCluster:
             if self.private_dir and k > 0:
                 os.makedirs(self.private_dir, exist_ok=True)
                 inner = f"mount -t tmpfs -o size=256m tmpfs {shlex.quote(self.private_dir)} && {inner}"
-            cgroup = self._made_cgroups[k]
-
-            def enter_cgroup(cgroup: str = cgroup) -> None:
-                os.setsid()
-                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-                    f.write(str(os.getpid()))
 
             self._daemons.append(subprocess.Popen(self.in_host(k, ["sh", "-c", inner]),
                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                                  preexec_fn=enter_cgroup))
+                                                  preexec_fn=_into_cgroup(self._made_cgroups[k])))
         deadline = time.monotonic() + 10
         for k in range(self.hosts):  # wait until every sshd answers
             while subprocess.run(["ip", "netns", "exec", self.host_ns(0), "ssh", "-i", key, "-o", "BatchMode=yes",
@@ -234,16 +238,10 @@ class EmulatedCluster:
             host_env = dict(os.environ if env is None else env)
             host_env.update(MASTER_ADDR=self.addr(0), GLOO_SOCKET_IFNAME=HOST_IF,
                             DPRO_EMULATED_HOST=str(k))
-            cgroup = self._made_cgroups[k]
-
-            def enter_cgroup(cgroup: str = cgroup) -> None:
-                os.setsid()
-                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-                    f.write(str(os.getpid()))
 
             procs.append(subprocess.Popen(self.in_host(k, argv), env=host_env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          preexec_fn=enter_cgroup))
+                                          preexec_fn=_into_cgroup(self._made_cgroups[k])))
         deadline = time.monotonic() + timeout_s
         results = []
         try:
