@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     hvd.add_argument("--ssh-port", type=int, default=None, help="horovodrun --ssh-port")
     hvd.add_argument("--network-interfaces", default=None,
                      help="horovodrun --network-interfaces (the NICs its ranks talk over, e.g. eth0)")
+    hvd.add_argument("--horovod-full-timeline", action="store_true",
+                     help="record Horovod's timeline for the whole job (default: only the profiling window's detailed "
+                          "iterations; a whole-job timeline slows small jobs by up to 20 %%)")
     job.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
     job.add_argument("--join-timeout", type=float, default=None,
                      help="seconds to wait for every node to join (default 900 multi-node, 60 single-node)")
@@ -197,6 +200,7 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
     job.autotune = args.autotune
     if args.backend == "horovod":
         job.horovod_args = horovod_arguments(args)
+        job.horovod_full_timeline = args.horovod_full_timeline
         job.horovod_ssh_args = (["--ssh-identity-file", os.path.abspath(args.ssh_identity_file)]
                                 if args.ssh_identity_file else []) + \
             (["--ssh-port", str(args.ssh_port)] if args.ssh_port else []) + \

@@ -34,6 +34,7 @@ class ProfileConfig:
     min_free_mb: float = 256.0  # traces are not written when they would leave less free disk than this
     dry_run: bool = False  # stop the job after the window
     measure_variants: bool = False  # rank 0 times eager / torch.compile / bf16 on its model after the window
+    horovod_timeline: str = ""  # Horovod: the coordinator's timeline path, recorded in the detailed tier only
     clock_skew_us: list[float] = field(default_factory=list)  # test knob: per-rank clock shift
     fake_hosts: list[str] = field(default_factory=list)  # test knob: per-rank host name
     test_fault: str = ""  # test knob: "profiler" makes the profiler fail inside the window
@@ -56,6 +57,7 @@ class ProfileConfig:
         "min_free_mb": "MIN_FREE_MB",
         "dry_run": "DRY_RUN",
         "measure_variants": "MEASURE_VARIANTS",
+        "horovod_timeline": "HOROVOD_TIMELINE",
         "clock_skew_us": "TEST_CLOCK_SKEW_US",
         "fake_hosts": "TEST_HOSTS",
         "test_fault": "TEST_FAULT",
@@ -139,6 +141,7 @@ class JobConfig:
     autotune_allow_bf16: bool = False  # bf16 autocast changes the numerics: searched only when the user says so
     memory_budget_bytes: Optional[int] = None
     horovod_args: list[str] = field(default_factory=list)  # passed to horovodrun (fusion threshold, cycle time)
+    horovod_full_timeline: bool = False  # Horovod's timeline for the whole job (else the profiling window's first iterations)
     horovod_ssh_args: list[str] = field(default_factory=list)  # horovodrun's ssh identity / port / NICs (multi-host)
     low_disk: Optional[str] = None  # set at launch: why profiling is off (too little free disk), or None
 

@@ -368,8 +368,12 @@ def _launch_horovod(job: JobConfig) -> LaunchResult:
     if horovodrun is None:
         return LaunchResult(2, "horovodrun was not found: install Horovod (scripts/install-horovod builds stock "
                                "Horovod 0.28.1 for this torch)")
-    cmd = [horovodrun, "-np", str(job.world_size), "--gloo", "--timeline-filename",
-           os.path.join(job.run_dir, HOROVOD_TIMELINE)]
+    timeline = os.path.join(job.run_dir, HOROVOD_TIMELINE)
+    if job.horovod_full_timeline:
+        cmd = [horovodrun, "-np", str(job.world_size), "--gloo", "--timeline-filename", timeline]
+    else:  # the hooks record it in the profiling window's detailed tier only (hvd.start_timeline / stop_timeline)
+        cmd = [horovodrun, "-np", str(job.world_size), "--gloo", "--timeline-filename", "DYNAMIC"]
+        job = dataclasses.replace(job, profile=dataclasses.replace(job.profile, horovod_timeline=timeline))
     if job.hosts:
         cmd += ["-H", ",".join(f"{host}:{job.nproc_per_node}" for host in job.hosts)]
     cmd += list(job.horovod_ssh_args) + list(job.horovod_args) + list(job.command)

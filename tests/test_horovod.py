@@ -108,8 +108,9 @@ def test_dprorun_backend_horovod_and_the_horovodrun_drop_in(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "median iteration time" in proc.stdout and "fused responses per step" in proc.stdout
     summary = json.load(open(run_dir / "summary.json"))
-    # Horovod's timeline writer can still hold the last step's events when the job exits (seen under load)
-    assert summary["backend"] == "horovod" and summary["horovod"]["steps"] in (9, 10)
+    # Horovod's timeline is recorded in the window's detailed tier only (--kineto-iters 2): a whole-job timeline
+    # made small jobs 20 % slower and the replay predicted that overhead
+    assert summary["backend"] == "horovod" and summary["horovod"]["steps"] in (1, 2, 3)
     # per-rank compute traces from the hooks on horovod.torch's DistributedOptimizer, as for DDP
     run = load_run(str(run_dir))
     assert sorted(run.ranks) == [0, 1]
@@ -128,6 +129,8 @@ def test_dprorun_backend_horovod_and_the_horovodrun_drop_in(tmp_path):
                            "--timeline-filename", str(copy), "--fusion-threshold-mb", "1", "python", EXAMPLE,
                            "--steps", "6"], capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # the user asked horovodrun for a timeline: the whole job's (the writer can still hold the last step's events
+    # when the job exits, seen under load)
     assert read_horovod_timeline(str(copy)).steps in (5, 6)
 
 
