@@ -1,8 +1,9 @@
 """Op fusion (torch.compile) and bf16 passes: predicted iteration time from measured variant ratios vs real runs.
 
 Per round and example, interleaved: a 2-rank profile with `--measure-variants` (rank 0 times the model eager,
-compiled and under bf16 autocast), `dpro replay RUN`, `--compile`, `--bf16` on it; then three real jobs under
-`dprorun --strategy` (none / compiled_modules [""] / precision bf16) whose measured time is the example's own
+compiled as a whole, compiled block by block and under bf16 autocast), `dpro replay RUN`, `--compile`,
+`--compile-blocks`, `--bf16` on it; then real jobs under `dprorun --strategy` (none / compiled_modules [""] /
+compiled_modules = the measured blocks / precision bf16) whose measured time is the example's own
 median over the second half of its steps, after the hooks stepped aside. Medians over --reps rounds.
 
 usage: python benchmarks/compute_passes.py [--examples mlp_many_layers,...] [--reps 3] [--steps 60]
@@ -17,7 +18,14 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = {"eager": {}, "compile": {"compiled_modules": [""]}, "bf16": {"precision": "bf16"}}
+VARIANTS = {"eager": {}, "compile": {"compiled_modules": [""]}, "blocks": {"compiled_modules": "BLOCKS"},
+            "bf16": {"precision": "bf16"}}
+
+
+def measured_blocks(run_dir: str) -> list[str]:
+    """The blocks rank 0 compiled one by one for the "compiled_blocks" variant ([] if the model has none)."""
+    with open(os.path.join(run_dir, "rank_0", "variants.json")) as handle:
+        return json.load(handle)["variants"].get("compiled_blocks", {}).get("blocks") or []
 
 
 def run_job(example: str, steps: int, run_dir: str, extra: list[str]) -> str:
@@ -31,7 +39,8 @@ def run_job(example: str, steps: int, run_dir: str, extra: list[str]) -> str:
 
 def predictions(run_dir: str) -> dict[str, float]:
     out = {}
-    for name, flags in (("eager", []), ("compile", ["--compile"]), ("bf16", ["--bf16"])):
+    for name, flags in (("eager", []), ("compile", ["--compile"]), ("blocks", ["--compile-blocks"]),
+                        ("bf16", ["--bf16"])):
         res = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *flags],
                              capture_output=True, text=True, cwd=REPO, timeout=600)
         out[name] = json.loads(res.stdout)["predicted_iteration_time_ms"] if res.returncode == 0 else float("nan")
@@ -55,8 +64,14 @@ def main() -> None:
                 run_job(example, 30, os.path.join(tmp, "profile"), ["--measure-variants"])
                 for name, value in predictions(os.path.join(tmp, "profile")).items():
                     predicted[name].append(value)
+                blocks = measured_blocks(os.path.join(tmp, "profile"))
                 for name, fields in VARIANTS.items():
                     extra = []
+                    if fields.get("compiled_modules") == "BLOCKS":
+                        if not blocks:
+                            measured[name].append(float("nan"))
+                            continue
+                        fields = {"compiled_modules": blocks}
                     if fields:
                         path = os.path.join(tmp, f"{name}.json")
                         with open(path, "w") as handle:
@@ -68,7 +83,8 @@ def main() -> None:
         p = {v: statistics.median(x) for v, x in predicted.items()}
         for name in VARIANTS:
             err = 100 * (p[name] / m[name] - 1)
-            errors.append(abs(err))
+            if err == err:  # nan: a model without blocks
+                errors.append(abs(err))
             print(f"{example:18} {name:8} {m[name]:9.2f} {p[name]:9.2f} {err:+6.1f}% "
                   f"{100 * (1 - m[name] / m['eager']):+9.1f}% {100 * (1 - p[name] / p['eager']):+9.1f}%", flush=True)
     print(f"compute passes: |error| of the predicted iteration time median {statistics.median(errors):.1f} %, "

@@ -136,7 +136,8 @@ def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
         for line in strategy.summary_lines():
             print(f"dprorun autotune:   {line.strip()}")
     if strategy.is_default() or not strategy.decisions:
-        record("deciding", keep=False, reason="the job's own settings are already the best found")
+        record("deciding", keep=False, reason="the job's own settings are already the best found",
+               tuning_seconds=round(time.monotonic() - started, 2))
         _phase(job, "the job's own settings are already the best found; keeping them")
         return final(None, "with its own settings (already the best found)")
 

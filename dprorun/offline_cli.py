@@ -95,7 +95,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     run, alignment = load_aligned(args.run_dir)
     model = build_job_model(run)
     forward_scale = backward_scale = 1.0
-    for wanted, variant in ((args.compile, "compiled"), (args.bf16, "bf16")):
+    if args.compile and args.compile_blocks:
+        raise ValueError("--compile (the whole model) and --compile-blocks (each block) are alternatives")
+    for wanted, variant in ((args.compile, "compiled"), (args.compile_blocks, "compiled_blocks"), (args.bf16, "bf16")):
         if not wanted:
             continue
         scales = model.compute_scales(variant)
@@ -108,7 +110,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                     latency_us=args.latency_us, bucket_mb=args.bucket_mb, partitions=args.partitions,
                     horovod_fusion_mb=args.horovod_fusion_mb, horovod_cycle_ms=args.horovod_cycle_ms,
                     baseline=args.baseline, forward_scale=forward_scale, backward_scale=backward_scale,
-                    fused_backward=args.compile)
+                    fused_backward=args.compile,
+                    ready_groups=model.block_param_groups(model.fusion_blocks()) if args.compile_blocks else None)
     prediction = predict(model, whatif)
     doc = prediction.to_json()
     doc["alignment"] = {"method": alignment.method, "approximate": alignment.approximate}
@@ -257,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--horovod-cycle-ms", type=float, default=None, help="Horovod runs: cycle time to predict for")
     rp.add_argument("--compile", action="store_true",
                     help="torch.compile of the model, at the compiled/eager ratios measured by --measure-variants")
+    rp.add_argument("--compile-blocks", action="store_true",
+                    help="torch.compile of each of the model's blocks, at the ratios measured by --measure-variants")
     rp.add_argument("--bf16", action="store_true", help="bf16 autocast, at its measured ratios (--measure-variants)")
     rp.add_argument("--baseline", choices=("dpro", "daydream"), default="dpro")
     rp.add_argument("--json", action="store_true")

@@ -9,9 +9,11 @@ into a new global DFG) and knows how it becomes a real setting on restart (dpror
                    kept / s (memory pass)
   accumulation     k micro-batches per step: activations / k, one synchronisation per k micro-batches (memory
                    pass; needs the script: printed and readable through dprorun.strategy())
-  op_fusion        torch.compile of the whole model (the region; per-module regions are not searched yet): the
+  op_fusion        torch.compile of a region: the whole model (one backward graph: every gradient ready at its
+                   end, no overlap with communication) or each of the model's blocks separately (a backward graph
+                   per block: its gradients ready at the block's end, communication still overlaps); the
                    replay's forward and backward scaled by the compiled/eager ratios rank 0 measured on the job's
-                   own model and batch (runtime/variants.py); offered only when that measurement exists
+                   own model and batch (runtime/variants.py); offered only where that measurement exists
   mixed_precision  bf16 autocast of the forward, scaled the same way by its measured ratios (gradients and their
                    all-reduce stay fp32, so communication is unchanged)
 Both interact with the others through the replay: a faster backward can expose communication that was hidden.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 from dprorun.replay.template import JobModel
 from dprorun.replay.whatif import sync_time_us
@@ -121,6 +123,22 @@ def op_fusion(ctx: SearchContext) -> Iterable[Candidate]:
         fs, bs = ctx.model.compute_scales("compiled")
         yield Candidate("op_fusion", f"torch.compile the model (measured forward x{fs:.2f}, backward x{bs:.2f})",
                         _with(ctx.strategy, compiled_modules=[""]))
+    blocks = ctx.model.fusion_blocks()
+    if blocks and ctx.strategy.compiled_modules != blocks and ctx.model.compute_scales("compiled_blocks") is not None:
+        fs, bs = ctx.model.compute_scales("compiled_blocks")
+        yield Candidate("op_fusion", f"torch.compile each of the {len(blocks)} blocks ({blocks[0]}, ...; measured "
+                        f"forward x{fs:.2f}, backward x{bs:.2f})", _with(ctx.strategy, compiled_modules=blocks))
+
+
+def compiled_variant(model: JobModel, strategy: Strategy) -> Optional[str]:
+    """Which measured variant a strategy's compiled regions are: "compiled" (the whole model),
+    "compiled_blocks" (every block separately), or None (nothing compiled, or regions that were not measured)."""
+    if "" in strategy.compiled_modules:
+        return "compiled" if model.compute_scales("compiled") is not None else None
+    blocks = model.fusion_blocks()
+    if blocks and strategy.compiled_modules == blocks and model.compute_scales("compiled_blocks") is not None:
+        return "compiled_blocks"
+    return None
 
 
 def mixed_precision(ctx: SearchContext) -> Iterable[Candidate]:
@@ -134,7 +152,8 @@ def compute_scales(model: JobModel, strategy: Strategy) -> tuple[float, float]:
     """(forward, backward) scale of a strategy's compute passes; compile and bf16 together multiply (measured
     one at a time)."""
     fs = bs = 1.0
-    for applies, variant in (("" in strategy.compiled_modules, "compiled"), (strategy.precision == "bf16", "bf16")):
+    compiled = compiled_variant(model, strategy)
+    for applies, variant in ((compiled is not None, compiled), (strategy.precision == "bf16", "bf16")):
         scales = model.compute_scales(variant) if applies else None
         if scales is not None:
             fs, bs = fs * scales[0], bs * scales[1]

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from dprorun.optimize.passes import (CRITICAL_PATH_PASSES, Candidate, SearchContext, _with, compute_scales,
-                                     memory_candidates)
+from dprorun.optimize.passes import (CRITICAL_PATH_PASSES, Candidate, SearchContext, _with, compiled_variant,
+                                     compute_scales, memory_candidates)
 from dprorun.replay.template import JobModel, ddp_buckets
 from dprorun.replay.whatif import MB, WhatIf, replay_once
 from dprorun.strategy import Decision, Strategy
@@ -63,11 +63,13 @@ def ddp_grouping(model: JobModel, cap_mb: float) -> list[list[str]]:
 
 def whatif_for(strategy: Strategy, model: Optional[JobModel] = None) -> WhatIf:
     forward_scale, backward_scale = compute_scales(model, strategy) if model is not None else (1.0, 1.0)
+    compiled = compiled_variant(model, strategy) if model is not None else None
     return WhatIf(buckets=strategy.buckets, bucket_partitions=dict(strategy.partitions),
                   accumulation_steps=strategy.accumulation_steps, recompute_segments=strategy.recompute_segments,
                   forward_scale=forward_scale, backward_scale=backward_scale,
-                  fused_backward="" in strategy.compiled_modules and model is not None
-                  and model.compute_scales("compiled") is not None)
+                  fused_backward=compiled == "compiled",
+                  ready_groups=model.block_param_groups(strategy.compiled_modules)
+                  if compiled == "compiled_blocks" else None)
 
 
 def _critical_buckets(report: dict) -> tuple[list[str], bool]:

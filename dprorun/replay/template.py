@@ -96,6 +96,19 @@ class JobModel:
             return (other["forward_us"] / eager["forward_us"], other["backward_us"] / eager["backward_us"])
         except (KeyError, TypeError, ZeroDivisionError):
             return None
+    def fusion_blocks(self) -> list[str]:
+        """The blocks rank 0 compiled one by one for the "compiled_blocks" variant ([] if not measured)."""
+        return list(self.compute_variants.get("compiled_blocks", {}).get("blocks") or [])
+
+    def block_param_groups(self, blocks: list[str]) -> list[list[str]]:
+        """Each block's parameters (by name prefix), in the order of `blocks`; parameters outside every block
+        are left out."""
+        groups = []
+        for block in blocks:
+            prefix = block + "."
+            groups.append([p for p in self.param_ready_fraction if p.startswith(prefix)])
+        return [g for g in groups if g]
+
     notes: list[str] = field(default_factory=list)
     framework: str = "ddp"  # "horovod": tensors are fused at run time by Horovod's cycle/threshold
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)

@@ -43,6 +43,7 @@ class WhatIf:
     forward_scale: float = 1.0  # model forward time x this (op fusion / precision, from measured variants)
     backward_scale: float = 1.0  # model backward compute x this
     fused_backward: bool = False  # one compiled backward: every gradient (so every bucket) ready at its end
+    ready_groups: Optional[list[list[str]]] = None  # compiled blocks: each group's gradients ready at its latest
     baseline: str = "dpro"  # or "daydream"
 
     def is_identity(self) -> bool:
@@ -51,7 +52,7 @@ class WhatIf:
                 and self.buckets is None and not self.bucket_partitions and self.accumulation_steps == 1
                 and self.recompute_segments == 0 and self.horovod_fusion_mb is None
                 and self.horovod_cycle_ms is None and self.forward_scale == 1.0 and self.backward_scale == 1.0
-                and not self.fused_backward)
+                and not self.fused_backward and not self.ready_groups)
 
     def pieces(self, bucket_key: str) -> int:
         return max(1, int(self.bucket_partitions.get(bucket_key, self.partitions)))
@@ -127,7 +128,9 @@ def _plan_buckets(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[li
         return [_Sync(f"bucket{k}", sum(model.param_bytes[p] for p in group), fraction, None)
                 for k, (group, fraction) in enumerate(responses)], False
     if whatif.buckets is None and whatif.bucket_mb is None:
-        return [_Sync(b.key, b.nbytes, 0.0, b.transmit_us) for b in model.buckets], True
+        fractions = model.param_ready_fraction
+        return [_Sync(b.key, b.nbytes, max((fractions[p] for p in b.params if p in fractions), default=0.0),
+                      b.transmit_us) for b in model.buckets], True
     if not model.param_ready_fraction:
         raise ValueError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
@@ -146,6 +149,20 @@ def _plan_buckets(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[li
         syncs.append(_Sync(f"bucket{k}", sum(model.param_bytes[p] for p in group),
                            max(model.param_ready_fraction[p] for p in group), None))
     return syncs, False
+
+
+def _coarsened(model: JobModel, groups: list[list[str]]) -> JobModel:
+    """The model with each group's gradient-ready fraction set to the group's latest (one backward graph per
+    group: its gradients appear when the graph finishes)."""
+    fractions = dict(model.param_ready_fraction)
+    for group in groups:
+        known = [fractions[p] for p in group if p in fractions]
+        if known:
+            latest = max(known)
+            for p in group:
+                if p in fractions:
+                    fractions[p] = latest
+    return replace(model, param_ready_fraction=fractions)
 
 
 def _comm_scale(model: JobModel) -> float:
@@ -172,6 +189,10 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                      for r, t in templates.items()}
         notes.append(f"model compute scaled as measured for the variant: forward x{fs:.3f}, backward x{bs:.3f}")
     world = whatif.world_size or model.world_size
+    if whatif.ready_groups:
+        model = _coarsened(model, whatif.ready_groups)
+        notes.append(f"{len(whatif.ready_groups)} compiled blocks: a block's gradients are ready at the end of its "
+                     "backward graph (communication still overlaps the other blocks' backward)")
     syncs, measured_layout = _plan_buckets(model, whatif, notes)
     if whatif.fused_backward:
         syncs = [replace(s, ready_fraction=1.0) for s in syncs]
@@ -237,7 +258,8 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
         chain += [g.op(f"r{r}.forward", "FW", r, dev, t.forward_us / acc),
                   g.op(f"r{r}.loss", "FW", r, dev, t.loss_us / acc)]
         recompute_us = t.forward_us / acc * (segments_rc - 1) / segments_rc if segments_rc > 1 else 0.0
-        if measured_layout and acc == 1 and not recompute_us and not whatif.fused_backward and t.bucket_ready_order \
+        if measured_layout and acc == 1 and not recompute_us and not whatif.fused_backward \
+                and not whatif.ready_groups and t.bucket_ready_order \
                 and len(t.backward_segments_us) == len(t.bucket_ready_order) + 1:
             order = t.bucket_ready_order
             segments = t.backward_segments_us

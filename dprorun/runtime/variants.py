@@ -1,5 +1,6 @@
-"""Compute variants measured on the job's own model and batch: eager vs torch.compile (op fusion of the whole
-model) vs bf16 autocast, forward and backward timed separately. The optimizer's op-fusion and mixed-precision
+"""Compute variants measured on the job's own model and batch: eager vs torch.compile of the whole model vs
+torch.compile of each block separately (op fusion per region) vs bf16 autocast, forward and backward timed
+separately. The optimizer's op-fusion and mixed-precision
 passes scale the replay's forward/backward by these ratios instead of guessing a cost model.
 
 Runs on rank 0 only, after the profiling window's traces are gathered, when the profile config asks for it
@@ -11,7 +12,14 @@ as if nothing happened. Writes variants.json into the rank's directory:
   {"schema": "dprorun-variants", "version": 1, "reps": 10, "device": "cpu" | "cuda",
    "variants": {"eager": {"forward_us": .., "backward_us": ..},
                 "compiled": {"forward_us": .., "backward_us": .., "first_call_s": ..} | {"error": ".."},
+                "compiled_blocks": {..., "blocks": ["encoder.layers.0", ...]} | {"error": ".."},
                 "bf16": {...} | {"error": ".."}}}
+
+Blocks (`fusion_blocks`): the children of the model's largest container (itself, or an nn.Sequential /
+nn.ModuleList up to two levels down) that have parameters and submodules of their own - a Transformer's layers,
+a ResNet's residual blocks. A whole compiled model has one backward graph, so all its gradients are ready at
+the end and no all-reduce overlaps the backward; compiled blocks keep one backward graph per block, so their
+gradients become ready block by block and communication still overlaps (the replay models both).
 """
 from __future__ import annotations
 
@@ -56,6 +64,48 @@ def _call_once(call: Callable, args: tuple, kwargs: dict, params: list, sync: Ca
     return (t1 - t0) * 1e6, (t2 - t1) * 1e6
 
 
+def fusion_blocks(module) -> list[str]:
+    """Names of the model's blocks (see the module docstring); [] when it has fewer than two."""
+    import torch.nn as nn
+
+    def composite(child) -> bool:
+        return any(True for _ in child.children()) and any(True for _ in child.parameters())
+
+    best: list[str] = []
+    containers = [("", module)] + [(name, m) for name, m in module.named_modules()
+                                   if name and name.count(".") <= 1 and isinstance(m, (nn.Sequential, nn.ModuleList))]
+    for prefix, container in containers:
+        blocks = [f"{prefix}.{name}" if prefix else name for name, child in container.named_children()
+                  if composite(child)]
+        if len(blocks) > len(best):
+            best = blocks
+    return best if len(best) >= 2 else []
+
+
+def _compiled_blocks_call(module, blocks: list[str]) -> Callable:
+    """Calls the model with each block's forward compiled separately (installed for the call only, so the
+    model is left as it was between calls)."""
+    import torch
+
+    modules = dict(module.named_modules())
+    compiled = {name: torch.compile(modules[name].forward) for name in blocks}
+
+    def call(*a, **kw):
+        previous = {name: modules[name].__dict__.get("forward") for name in compiled}
+        for name, fn in compiled.items():
+            modules[name].forward = fn
+        try:
+            return module(*a, **kw)
+        finally:
+            for name, before in previous.items():
+                if before is None:
+                    del modules[name].forward  # back to the class's forward
+                else:
+                    modules[name].forward = before
+
+    return call
+
+
 def _variant_call(name: str, module, device_type: str) -> Callable:
     import torch
 
@@ -63,6 +113,11 @@ def _variant_call(name: str, module, device_type: str) -> Callable:
         return module
     if name == "compiled":
         return torch.compile(module)
+    if name == "compiled_blocks":
+        blocks = fusion_blocks(module)
+        if not blocks:
+            raise ValueError("the model has no blocks to compile separately (fewer than two)")
+        return _compiled_blocks_call(module, blocks)
     if name == "bf16":
         if device_type == "cuda" and not torch.cuda.is_bf16_supported():
             raise RuntimeError("this GPU has no bf16")
@@ -81,7 +136,7 @@ def _error(exc: Exception) -> dict:
 
 
 def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
-                             variants: tuple[str, ...] = ("eager", "compiled", "bf16")) -> dict:
+                             variants: tuple[str, ...] = ("eager", "compiled", "compiled_blocks", "bf16")) -> dict:
     """{variant: {"forward_us", "backward_us", "first_call_s"} or {"error": why}}: each variant called once
     untimed (torch.compile compiles then), then the variants take turns `reps` times (drift hits all alike);
     medians. The module's parameters, buffers, gradients and RNG states are restored whatever happens."""
@@ -104,6 +159,8 @@ def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
                 _call_once(call, args, kwargs, params, sync)
                 calls[name] = call
                 out[name] = {"first_call_s": round(time.perf_counter() - started, 3)}
+                if name == "compiled_blocks":
+                    out[name]["blocks"] = fusion_blocks(module)
             except Exception as exc:  # a variant that cannot run is reported, never fatal
                 out[name] = _error(exc)
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
@@ -139,7 +196,8 @@ def measure_and_write(session, tracker, reps: int = 10) -> Optional[str]:
     if batch is None:
         session.warnings.append("compute variants not measured: no training batch was seen in the window")
         return None
-    print("[dprorun] measuring compute variants (eager, torch.compile, bf16) on rank 0 ...", file=sys.stderr,
+    print("[dprorun] measuring compute variants (eager, torch.compile of the model and of each block, bf16) on "
+          "rank 0 ...", file=sys.stderr,
           flush=True)
     started = time.perf_counter()
     args, kwargs = batch
