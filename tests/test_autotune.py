@@ -55,6 +55,7 @@ def test_compute_variants_are_measured_and_compile_and_bf16_are_applied(tmp_path
     assert variants["eager"]["forward_us"] > 0 and variants["eager"]["backward_us"] > 0
     for name in ("compiled", "bf16"):  # measured, or the reason it could not be (e.g. no C++ compiler)
         assert variants[name].get("forward_us", 0) > 0 or variants[name]["error"]
+    assert "no blocks" in variants["compiled_blocks"]["error"]  # an MLP of Linear layers has no blocks
     assert not (run_dir / "rank_1" / "variants.json").exists()
     model = load_run(str(run_dir))
     from dprorun.replay.template import build_job_model

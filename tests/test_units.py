@@ -175,3 +175,46 @@ def test_horovod_jobs_keep_their_thread_settings(monkeypatch):
     assert rank_environment(JobConfig(command=["python", "t.py"], nproc_per_node=2))["OMP_NUM_THREADS"] == "1"
     assert "OMP_NUM_THREADS" not in rank_environment(JobConfig(command=["python", "t.py"], nproc_per_node=2,
                                                                backend="horovod"))
+
+
+def test_fusion_blocks_and_the_per_block_compiled_call_leave_the_model_as_it_was(monkeypatch):
+    """Blocks are the composite children of the largest container (a Transformer's layers, a ResNet-like
+    Sequential's residual blocks); the per-block variant installs compiled forwards for its call only."""
+    import torch
+    import torch.nn as nn
+
+    from dprorun.runtime import variants
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(4, 8)
+            layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.encoder(self.embed(x)))
+
+    net = Net()
+    assert variants.fusion_blocks(net) == ["encoder.layers.0", "encoder.layers.1", "encoder.layers.2"]
+    residual = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.Conv2d(4, 4, 3), nn.ReLU()),
+                             nn.Sequential(nn.Conv2d(4, 4, 3), nn.ReLU()), nn.Flatten())
+    assert variants.fusion_blocks(residual) == ["1", "2"]
+    assert variants.fusion_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))) == []
+    calls = []
+
+    def fake_compile(fn):  # stands for torch.compile (which takes seconds per block on CPU)
+        def compiled(*a, **kw):
+            calls.append(fn)
+            return fn(*a, **kw)
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    call = variants._compiled_blocks_call(net, variants.fusion_blocks(net))
+    x = torch.randn(2, 5, 4)
+    out = call(x)
+    assert out.shape == (2, 5, 2) and len(calls) == 3
+    assert all("forward" not in net.encoder.layers[k].__dict__ for k in range(3))  # the class's forward again
+    net(x)
+    assert len(calls) == 3
