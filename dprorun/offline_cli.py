@@ -89,6 +89,7 @@ def parse_bandwidth(text: str) -> float:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    from dprorun.optimize.search import compiled_ready_groups
     from dprorun.replay.template import build_job_model
     from dprorun.replay.whatif import WhatIf, predict
 
@@ -110,8 +111,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                     latency_us=args.latency_us, bucket_mb=args.bucket_mb, partitions=args.partitions,
                     horovod_fusion_mb=args.horovod_fusion_mb, horovod_cycle_ms=args.horovod_cycle_ms,
                     baseline=args.baseline, forward_scale=forward_scale, backward_scale=backward_scale,
-                    fused_backward=args.compile,
-                    ready_groups=model.block_param_groups(model.fusion_blocks()) if args.compile_blocks else None)
+                    ready_groups=compiled_ready_groups(model, "compiled" if args.compile else "compiled_blocks"
+                                                       if args.compile_blocks else None, model.fusion_blocks()))
     prediction = predict(model, whatif)
     doc = prediction.to_json()
     doc["alignment"] = {"method": alignment.method, "approximate": alignment.approximate}

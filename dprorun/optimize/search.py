@@ -67,9 +67,17 @@ def whatif_for(strategy: Strategy, model: Optional[JobModel] = None) -> WhatIf:
     return WhatIf(buckets=strategy.buckets, bucket_partitions=dict(strategy.partitions),
                   accumulation_steps=strategy.accumulation_steps, recompute_segments=strategy.recompute_segments,
                   forward_scale=forward_scale, backward_scale=backward_scale,
-                  fused_backward=compiled == "compiled",
-                  ready_groups=model.block_param_groups(strategy.compiled_modules)
-                  if compiled == "compiled_blocks" else None)
+                  ready_groups=compiled_ready_groups(model, compiled, strategy.compiled_modules))
+
+
+def compiled_ready_groups(model: JobModel, variant: Optional[str], modules: list[str]) -> Optional[list[list[str]]]:
+    """The replay's ready groups for compiled regions: every parameter for the whole model, one group per
+    block for compiled blocks, None when nothing measured is compiled."""
+    if variant == "compiled":
+        return [list(model.param_ready_fraction)]
+    if variant == "compiled_blocks":
+        return model.block_param_groups(modules)
+    return None
 
 
 def _critical_buckets(report: dict) -> tuple[list[str], bool]:

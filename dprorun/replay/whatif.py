@@ -42,8 +42,9 @@ class WhatIf:
     horovod_cycle_ms: Optional[float] = None  # Horovod: cycle time
     forward_scale: float = 1.0  # model forward time x this (op fusion / precision, from measured variants)
     backward_scale: float = 1.0  # model backward compute x this
-    fused_backward: bool = False  # one compiled backward: every gradient (so every bucket) ready at its end
-    ready_groups: Optional[list[list[str]]] = None  # compiled blocks: each group's gradients ready at its latest
+    # compiled regions: each group's gradients become ready together, at its latest (a region's backward is one
+    # graph): [every parameter] for a compiled model (no overlap with backward), one group per compiled block
+    ready_groups: Optional[list[list[str]]] = None
     baseline: str = "dpro"  # or "daydream"
 
     def is_identity(self) -> bool:
@@ -52,7 +53,7 @@ class WhatIf:
                 and self.buckets is None and not self.bucket_partitions and self.accumulation_steps == 1
                 and self.recompute_segments == 0 and self.horovod_fusion_mb is None
                 and self.horovod_cycle_ms is None and self.forward_scale == 1.0 and self.backward_scale == 1.0
-                and not self.fused_backward and not self.ready_groups)
+                and not self.ready_groups)
 
     def pieces(self, bucket_key: str) -> int:
         return max(1, int(self.bucket_partitions.get(bucket_key, self.partitions)))
@@ -191,13 +192,11 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     world = whatif.world_size or model.world_size
     if whatif.ready_groups:
         model = _coarsened(model, whatif.ready_groups)
-        notes.append(f"{len(whatif.ready_groups)} compiled blocks: a block's gradients are ready at the end of its "
+        notes.append("compiled model: its backward is one graph, so every bucket starts after all of it (no overlap "
+                     "of communication with backward)" if len(whatif.ready_groups) == 1 else
+                     f"{len(whatif.ready_groups)} compiled blocks: a block's gradients are ready at the end of its "
                      "backward graph (communication still overlaps the other blocks' backward)")
     syncs, measured_layout = _plan_buckets(model, whatif, notes)
-    if whatif.fused_backward:
-        syncs = [replace(s, ready_fraction=1.0) for s in syncs]
-        notes.append("compiled model: its backward is one graph, so every bucket starts after all of it "
-                     "(no overlap of communication with backward)")
     comm = model.comm
     alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us
     scale = _comm_scale(model)
@@ -258,8 +257,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
         chain += [g.op(f"r{r}.forward", "FW", r, dev, t.forward_us / acc),
                   g.op(f"r{r}.loss", "FW", r, dev, t.loss_us / acc)]
         recompute_us = t.forward_us / acc * (segments_rc - 1) / segments_rc if segments_rc > 1 else 0.0
-        if measured_layout and acc == 1 and not recompute_us and not whatif.fused_backward \
-                and not whatif.ready_groups and t.bucket_ready_order \
+        if measured_layout and acc == 1 and not recompute_us and not whatif.ready_groups and t.bucket_ready_order \
                 and len(t.backward_segments_us) == len(t.bucket_ready_order) + 1:
             order = t.bucket_ready_order
             segments = t.backward_segments_us
