@@ -203,3 +203,31 @@ def test_dpro_optimize_on_a_real_run(mlp_run, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "optimize", mlp_run, "--memory-budget",
                            "1MiB"], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "exceeds the budget" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_symmetric_replay_of_identical_ranks_equals_the_full_replay(channels):
+    from dprorun.replay.whatif import WhatIf, replay_once, representative, synthesize
+    from dprorun.synth import resnet50_job_model
+
+    model = resnet50_job_model(8, bandwidth_gbit=10.0)
+    model.channels = channels
+    whatifs = [WhatIf(), WhatIf(bucket_mb=2.0), WhatIf(bucket_mb=50.0, partitions=3), WhatIf(world_size=16),
+               WhatIf(bandwidth_gbit=1.0, bucket_mb=5.0, accumulation_steps=2)]
+    for whatif in whatifs:
+        full, _ = replay_once(model, whatif)
+        sym, report = replay_once(representative(model), whatif, symmetric=True)
+        assert sym == pytest.approx(full, rel=1e-9), whatif
+        assert report["path"]  # a critical path of the one built rank
+        world = whatif.world_size or model.world_size
+        assert synthesize(representative(model), whatif, [], symmetric=True).size * world == \
+            pytest.approx(synthesize(model, whatif, []).size, rel=0.01)
+
+
+def test_the_search_at_16_ranks_compares_candidates_on_symmetric_replays():
+    from dprorun.synth import resnet50_job_model
+
+    strategy = optimize(resnet50_job_model(16, bandwidth_gbit=10.0))
+    assert strategy.search["symmetric_replays"] is True
+    assert "warning" not in strategy.search
+    assert strategy.predicted_ms < strategy.baseline_ms  # both from full replays

@@ -180,8 +180,14 @@ def _comm_scale(model: JobModel) -> float:
     return sum(m for m, _ in pairs) / sum(x for _, x in pairs) if pairs else 1.0
 
 
-def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[Sample] = None) -> ReplayGraph:
-    """The replay graph for `whatif`, with the durations of one measured iteration (`sample`) or the medians."""
+def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[Sample] = None,
+               symmetric: bool = False) -> ReplayGraph:
+    """The replay graph for `whatif`, with the durations of one measured iteration (`sample`) or the medians.
+
+    symmetric: identical ranks (dPRO's symmetry speed-up). Only rank 0 is built, with the first measured rank's
+    durations, and each ring step's receive is rank 0's own send of that step: with identical ranks the left
+    neighbour's send ends at the same moment. Same iteration time as the full graph of identical ranks, with
+    1/N of the ops."""
     templates = sample.templates if sample is not None else model.templates
     if whatif.forward_scale != 1.0 or whatif.backward_scale != 1.0:
         fs, bs = whatif.forward_scale, whatif.backward_scale
@@ -241,13 +247,14 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
         return scale * (step_latency + nbytes / (world * bandwidth)), scale * step_latency
 
     measured_ranks = sorted(templates)
+    built = 1 if symmetric else world  # ranks instantiated in the graph
     if world > len(measured_ranks):
         notes.append(f"{world} ranks synthesised from the {len(measured_ranks)} measured ranks' templates "
                      "(round-robin); compute contention between ranks on one host is not modelled")
     g = GraphBuilder()
     ins: dict[tuple[int, str, int], int] = {}
     outs: dict[tuple[int, str], int] = {}
-    for r in range(world):
+    for r in range(built):
         t = templates[measured_ranks[r % len(measured_ranks)]]
         dev = f"rank{r}.compute"
         chain = []
@@ -285,14 +292,14 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
         for p in range(parts):
             piece = s.nbytes / parts
             if whatif.baseline == "daydream":
-                for r in range(world):
+                for r in range(built):
                     op = g.op(f"r{r}.comm.{s.key}.p{p}", "COMM", r, f"rank{r}.comm", piece / bandwidth,
                               capacity=model.channels)
                     g.edge(ins[(r, s.key, p)], op)
                     g.edge(op, outs[(r, s.key)])
                 continue
             if world == 1:
-                for r in range(world):
+                for r in range(built):
                     g.edge(ins[(r, s.key, p)], outs[(r, s.key)])
                 continue
             steps = 2 * (world - 1)
@@ -300,10 +307,10 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
             modelled = not (use_measured and measured)
             duration, latency = step_parts(piece) if modelled else (measured / steps, 0.0)
             split = modelled and model.channels > 1
-            previous = {r: [ins[(r, s.key, p)]] for r in range(world)}
+            previous = {r: [ins[(r, s.key, p)]] for r in range(built)}
             for step in range(steps):
                 sends = {}
-                for r in range(world):
+                for r in range(built):
                     link = f"{r}->{(r + 1) % world}"
                     if split:
                         # a step's latency runs on one of the backend's channels (several collectives can be in
@@ -319,19 +326,20 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                         sends[r] = g.op(f"r{r}.send.{s.key}.p{p}.s{step}", "COMM", r, f"link{link}", duration,
                                         capacity=model.channels)
                 current = {}
-                for r in range(world):
-                    left = (r - 1) % world
+                for r in range(built):
+                    left = r if symmetric else (r - 1) % world
                     recv = g.op(f"r{r}.recv.{s.key}.p{p}.s{step}", "VIRTUAL", r, None, 0.0)
                     g.edge(sends[left], recv)
                     current[r] = [sends[r], recv]
-                for r in range(world):
+                for r in range(built):
                     for u in previous[r]:
                         g.edge(u, sends[r])
                 previous = current
-            for r in range(world):
+            for r in range(built):
                 for u in previous[r]:
                     g.edge(u, outs[(r, s.key)])
-    return g.build({"world_size": world, "buckets": len(syncs), "partitions": whatif.partitions})
+    return g.build({"world_size": world, "buckets": len(syncs), "partitions": whatif.partitions,
+                    "symmetric": symmetric})
 
 
 def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
@@ -367,12 +375,20 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
         engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes)
 
 
-def replay_once(model: JobModel, whatif: WhatIf) -> tuple[float, dict]:
+def replay_once(model: JobModel, whatif: WhatIf, symmetric: bool = False) -> tuple[float, dict]:
     """One replay of the median durations (the optimizer's fast evaluation): iteration time in µs and the
-    critical-path report."""
-    graph = synthesize(model, whatif, [])
+    critical-path report. symmetric: identical ranks, one built (see `synthesize`; pair it with
+    `representative`)."""
+    graph = synthesize(model, whatif, [], symmetric=symmetric)
     result = replay(graph)
     return result.iteration_time_us, critical_path_report(graph, result)
+
+
+def representative(model: JobModel) -> JobModel:
+    """The model with every rank alike: the measured rank with the longest iteration stands for all (a
+    synchronous job runs at its slowest rank's pace), for symmetric replays."""
+    slowest = max(model.templates, key=lambda r: model.templates[r].measured_iteration_us)
+    return replace(model, templates={slowest: model.templates[slowest]}, samples=[])
 
 
 def sync_time_us(model: JobModel, nbytes: int, world: Optional[int] = None, partitions: int = 1) -> float:
