@@ -151,6 +151,16 @@ def test_no_comm_hook_keeps_ddp_builtin_path(tmp_path):
     assert events["spans"]  # phases are still recorded
 
 
+def test_the_comm_hook_goes_in_with_the_window_not_before(tmp_path):
+    """Until the window starts DDP keeps its built-in all-reduce (the averaging fused into its bucket copy): a
+    job whose window never comes runs without any Python comm hook."""
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "1000000", "-q", "python",
+                           os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "6"], tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = json.loads((tmp_path / "run" / "rank_0" / "events.json").read_text())
+    assert events["trackers"][0]["timed_buckets"] is False and events["comm"] == []
+
+
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
 def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path, signame):
     """SIGTERM (exit 143) and Ctrl-C / SIGINT (exit 130): forwarded, ranks stopped, traces kept."""

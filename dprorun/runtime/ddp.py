@@ -3,8 +3,8 @@
 Patched into the class when torch.nn.parallel.distributed is imported:
   - __init__: attaches a DDPTracker to every DDP module the script (or Lightning / HF Trainer) builds;
   - register_comm_hook: wraps a user's comm hook with bucket timing instead of replacing it.
-Without a user hook the tracker registers torch's own allreduce_hook (default semantics) wrapped with timing at
-the first forward. During the profiling window the tracker records per bucket: enqueue time (the hook is called
+Without a user hook the tracker registers its own all-reduce hook (DDP's default semantics) wrapped with timing
+at the first forward of the profiling window (DDP's built-in path runs until then). During the profiling window the tracker records per bucket: enqueue time (the hook is called
 when the bucket is ready), and completion (the future's callback); the gloo/NCCL transmission span itself comes
 from the profiler's trace, so queueing and transmission are separated by the reader.
 """
@@ -104,15 +104,16 @@ class DDPTracker:
     # ---- forward / backward ------------------------------------------------------------------------------
     def _pre_forward(self, module, inputs):
         session = self.session
-        if not self.hook_decided and not self.user_hook and not self.builtin_hook:
-            session.guard("registering the DDP comm hook", self._register_default_hook)
         import torch
 
-        if not (torch.is_grad_enabled() and module.training):
+        training = torch.is_grad_enabled() and module.training
+        if training and self.primary and self.prev_forward_synced:
+            session.begin_iteration()
+        if not self.hook_decided and not self.user_hook and not self.builtin_hook and self._hook_due():
+            session.guard("registering the DDP comm hook", self._register_default_hook)
+        if not training:
             return None
         if self.primary:
-            if self.prev_forward_synced:
-                session.begin_iteration()
             self.prev_forward_synced = bool(getattr(module, "require_backward_grad_sync", True))
             if 1 <= session.iteration <= STEADY_MEMORY_ITERATIONS and session.phase == "warmup":
                 session.guard("reading memory at forward start", self._memory_at_forward_start, module)
@@ -199,6 +200,14 @@ class DDPTracker:
 
         if dist.get_world_size() > 1:
             self.ring = RingAllreduce(self.session, self.index)
+
+    def _hook_due(self) -> bool:
+        """Our comm hook goes in when the profiling window starts (or at the first forward when the strategy
+        partitions buckets, which needs it): until then DDP keeps its built-in all-reduce, which fuses the
+        averaging into its copy into the bucket. A Python hook cannot be taken out again, so the iterations after
+        the window keep it (`--no-comm-hook` avoids it altogether)."""
+        strategy = self.session.strategy
+        return self.session.phase == "active" or (strategy is not None and bool(strategy.partitions))
 
     def _register_default_hook(self) -> None:
         self.hook_decided = True
