@@ -393,7 +393,8 @@ def representative(model: JobModel) -> JobModel:
 
 def sync_time_us(model: JobModel, nbytes: int, world: Optional[int] = None, partitions: int = 1) -> float:
     """Partial replay: the time to synchronise one tensor of `nbytes` over `world` ranks split into
-    `partitions` pieces, with nothing else in the graph (the optimizer's t_sync(s, k))."""
+    `partitions` pieces, with nothing else in the graph (the optimizer's t_sync(s, k)). Every rank is alike
+    here, so only rank 0 is built and each step receives what rank 0 itself sends (see `synthesize`)."""
     world = world or model.world_size
     if world <= 1:
         return 0.0
@@ -403,29 +404,21 @@ def sync_time_us(model: JobModel, nbytes: int, world: Optional[int] = None, part
     wire = scale * nbytes / partitions / (world * model.comm.bandwidth_bytes_per_us)
     if model.channels == 1:  # one collective at a time: latency and bytes on the link, in order
         wire, latency = wire + latency, 0.0
-    starts = [g.op(f"r{r}.In", "VIRTUAL", r, None, 0.0) for r in range(world)]
-    ends = [g.op(f"r{r}.Out", "VIRTUAL", r, None, 0.0) for r in range(world)]
+    start = g.op("r0.In", "VIRTUAL", 0, None, 0.0)
+    end = g.op("r0.Out", "VIRTUAL", 0, None, 0.0)
     for p in range(partitions):
-        previous = {r: [starts[r]] for r in range(world)}
+        previous = [start]
         for s in range(2 * (world - 1)):
-            sends = {}
-            for r in range(world):
-                lat = g.op(f"r{r}.latency.p{p}.s{s}", "COMM", r, f"channel{r}", latency, capacity=model.channels)
-                for u in previous[r]:
-                    g.edge(u, lat)
-                previous[r] = [lat]
-                sends[r] = g.op(f"r{r}.send.p{p}.s{s}", "COMM", r, f"link{r}", wire)
-            current = {}
-            for r in range(world):
-                recv = g.op(f"r{r}.recv.p{p}.s{s}", "VIRTUAL", r, None, 0.0)
-                g.edge(sends[(r - 1) % world], recv)
-                current[r] = [sends[r], recv]
-                for u in previous[r]:
-                    g.edge(u, sends[r])
-            previous = current
-        for r in range(world):
-            for u in previous[r]:
-                g.edge(u, ends[r])
+            lat = g.op(f"r0.latency.p{p}.s{s}", "COMM", 0, "channel0", latency, capacity=model.channels)
+            for u in previous:
+                g.edge(u, lat)
+            send = g.op(f"r0.send.p{p}.s{s}", "COMM", 0, "link0", wire)
+            g.edge(lat, send)
+            recv = g.op(f"r0.recv.p{p}.s{s}", "VIRTUAL", 0, None, 0.0)
+            g.edge(send, recv)  # what the left neighbour sends in this step, at the same moment
+            previous = [send, recv]
+        for u in previous:
+            g.edge(u, end)
     return replay(g.build(), use_fast=False).iteration_time_us
 
 
