@@ -7,6 +7,7 @@ semantics: only to split the cost), and the C++ builtin ALLREDUCE hook.
 
 usage: python -m torch.distributed.run --standalone --nproc-per-node=2 benchmarks/comm_hook_cost.py
        [--example mlp_many_layers] [--bucket-mb 1] [--batch-size 128] [--rounds 6] [--steps 40]
+       [--variants builtin,dprorun] [--switch-intervals 0.0005]  (also run each variant with that GIL interval)
 """
 from __future__ import annotations
 
@@ -58,7 +59,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--variants", default="builtin,none,dprorun,torch_hook,no_division,cpp_hook")
+    parser.add_argument("--switch-intervals", default="",
+                        help="comma-separated sys.setswitchinterval values (s) to run every variant under too")
     args = parser.parse_args()
+    intervals = [sys.getswitchinterval()] + [float(x) for x in args.switch_intervals.split(",") if x]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     example = importlib.import_module(args.example)
@@ -66,14 +71,18 @@ def main() -> None:
     inputs, targets = example.make_batch(args.batch_size, generator)
     loss_fn = nn.CrossEntropyLoss()
     variants = {}
-    for name in ("builtin", "none", "dprorun", "torch_hook", "no_division", "cpp_hook"):
+    for name in args.variants.split(","):
         torch.manual_seed(0)
         model = example.build() if hasattr(example, "build") else example.Classifier()
         ddp = wrap(name, model, args.bucket_mb)
         variants[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
-    times: dict[str, list[float]] = {name: [] for name in variants}
+    labels = {(name, iv): name if iv == intervals[0] else f"{name}@{iv * 1e3:g}ms"
+              for iv in intervals for name in variants}
+    times: dict[str, list[float]] = {label: [] for label in labels.values()}
     for _ in range(args.rounds):
-        for name, (ddp, optimizer) in variants.items():
+        for (name, interval), label in labels.items():
+            ddp, optimizer = variants[name]
+            sys.setswitchinterval(interval)
             dist.barrier()
             steps = []
             for _ in range(args.steps):
@@ -82,15 +91,16 @@ def main() -> None:
                 loss_fn(ddp(inputs), targets).backward()
                 optimizer.step()
                 steps.append(time.perf_counter() - start)
-            times[name].append(1e3 * statistics.median(steps[5:]))
+            times[label].append(1e3 * statistics.median(steps[5:]))
     if rank == 0:
-        base = statistics.median(times["builtin"])
-        print(f"{'variant':12} {'median ms':>10} {'vs builtin':>10}  per round")
-        for name, values in times.items():
-            print(f"{name:12} {statistics.median(values):10.2f} {100 * (statistics.median(values) / base - 1):+9.1f}%  "
+        base = statistics.median(times[next(iter(times))])
+        print(f"{'variant':18} {'median ms':>10} {'vs first':>9}  per round")
+        for label, values in times.items():
+            print(f"{label:18} {statistics.median(values):10.2f} {100 * (statistics.median(values) / base - 1):+8.1f}%  "
                   f"{[round(v, 1) for v in values]}")
-        print(f"dprorun's comm hook vs DDP's built-in all-reduce: "
-              f"{100 * (statistics.median(times['dprorun']) / base - 1):+.1f} %")
+        if "dprorun" in times and "builtin" in times:
+            print(f"dprorun's comm hook vs DDP's built-in all-reduce: "
+                  f"{100 * (statistics.median(times['dprorun']) / statistics.median(times['builtin']) - 1):+.1f} %")
     dist.destroy_process_group()
 
 
