@@ -214,14 +214,37 @@ def test_symmetric_replay_of_identical_ranks_equals_the_full_replay(channels):
     model.channels = channels
     whatifs = [WhatIf(), WhatIf(bucket_mb=2.0), WhatIf(bucket_mb=50.0, partitions=3), WhatIf(world_size=16),
                WhatIf(bandwidth_gbit=1.0, bucket_mb=5.0, accumulation_steps=2)]
+    from dprorun.replay.engine import replay
+
     for whatif in whatifs:
-        full, _ = replay_once(model, whatif)
+        full_graph = synthesize(model, whatif, [], fold=False)
+        full = replay(full_graph).iteration_time_us
         sym, report = replay_once(representative(model), whatif, symmetric=True)
         assert sym == pytest.approx(full, rel=1e-9), whatif
+        assert replay_once(model, whatif)[0] == pytest.approx(full, rel=1e-9)  # folded by itself: one template
         assert report["path"]  # a critical path of the one built rank
         world = whatif.world_size or model.world_size
         assert synthesize(representative(model), whatif, [], symmetric=True).size * world == \
-            pytest.approx(synthesize(model, whatif, []).size, rel=0.01)
+            pytest.approx(full_graph.size, rel=0.01)
+
+
+def test_a_ring_of_repeating_ranks_is_folded_exactly(mlp_run):
+    """N ranks synthesised from m measured ones (round-robin) repeat every m ranks around the ring: with N a
+    multiple of m only m are built, and every prediction equals the full graph's."""
+    from dprorun.replay.engine import replay
+    from dprorun.replay.template import build_job_model
+    from dprorun.replay.whatif import WhatIf, synthesize
+    from dprorun.trace.rundir import load_run
+
+    model = build_job_model(load_run(str(mlp_run[0])))
+    assert len(model.templates) == 2
+    for whatif in (WhatIf(world_size=4), WhatIf(world_size=8, bucket_mb=0.5), WhatIf(world_size=6, partitions=2),
+                   WhatIf(world_size=3)):
+        for sample in [None] + model.samples[:2]:
+            folded = synthesize(model, whatif, [], sample)
+            full = synthesize(model, whatif, [], sample, fold=False)
+            assert folded.meta["ranks_built"] == (2 if whatif.world_size % 2 == 0 else whatif.world_size)
+            assert replay(folded).iteration_time_us == pytest.approx(replay(full).iteration_time_us, rel=1e-9)
 
 
 def test_the_search_at_16_ranks_compares_candidates_on_symmetric_replays():

@@ -181,13 +181,15 @@ def _comm_scale(model: JobModel) -> float:
 
 
 def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[Sample] = None,
-               symmetric: bool = False) -> ReplayGraph:
+               symmetric: bool = False, fold: bool = True) -> ReplayGraph:
     """The replay graph for `whatif`, with the durations of one measured iteration (`sample`) or the medians.
 
-    symmetric: identical ranks (dPRO's symmetry speed-up). Only rank 0 is built, with the first measured rank's
-    durations, and each ring step's receive is rank 0's own send of that step: with identical ranks the left
-    neighbour's send ends at the same moment. Same iteration time as the full graph of identical ranks, with
-    1/N of the ops."""
+    Symmetry (dPRO's speed-up): a ring whose ranks repeat every m ranks behaves the same at rank r and r + m, so
+    only m ranks are built and rank 0 receives from rank m-1 (with identical ranks, m = 1: rank 0 receives its
+    own send of the step, which its left neighbour sends at the same moment). The iteration time is the full
+    graph's, with m/N of the ops. Used by itself when N synthesised ranks cycle through the m measured ones and
+    N is a multiple of m (`fold=False` builds every rank anyway); `symmetric` forces m = 1 (every rank as the
+    first measured one)."""
     templates = sample.templates if sample is not None else model.templates
     if whatif.forward_scale != 1.0 or whatif.backward_scale != 1.0:
         fs, bs = whatif.forward_scale, whatif.backward_scale
@@ -247,7 +249,9 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
         return scale * (step_latency + nbytes / (world * bandwidth)), scale * step_latency
 
     measured_ranks = sorted(templates)
-    built = 1 if symmetric else world  # ranks instantiated in the graph
+    period = 1 if symmetric else len(measured_ranks)
+    folds = symmetric or (fold and world > period and world % period == 0)
+    built = period if folds else world  # ranks instantiated in the graph
     if world > len(measured_ranks):
         notes.append(f"{world} ranks synthesised from the {len(measured_ranks)} measured ranks' templates "
                      "(round-robin); compute contention between ranks on one host is not modelled")
@@ -327,7 +331,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                                         capacity=model.channels)
                 current = {}
                 for r in range(built):
-                    left = r if symmetric else (r - 1) % world
+                    left = (r - 1) % built  # built < world: the ring's repeating part (see above)
                     recv = g.op(f"r{r}.recv.{s.key}.p{p}.s{step}", "VIRTUAL", r, None, 0.0)
                     g.edge(sends[left], recv)
                     current[r] = [sends[r], recv]
@@ -339,7 +343,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                 for u in previous[r]:
                     g.edge(u, outs[(r, s.key)])
     return g.build({"world_size": world, "buckets": len(syncs), "partitions": whatif.partitions,
-                    "symmetric": symmetric})
+                    "ranks_built": built})
 
 
 def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
