@@ -364,6 +364,10 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
     if whatif.is_identity():
         notes.append("the job as it ran: measured buckets and transmission times, profiled iterations without "
                      "torch.profiler")
+    if graph.meta["ranks_built"] < graph.meta["world_size"]:
+        notes.append(f"the ring of {graph.meta['world_size']} ranks repeats every {graph.meta['ranks_built']} ranks (they "
+                     f"cycle through the measured ones): {graph.meta['ranks_built']} built, exactly equivalent; "
+                     "utilisation and critical path are shown for those")
     if len(runs) > 1:
         notes.append(f"median of {len(runs)} replays, one per measured iteration (p10-p90 "
                      f"{np.percentile(times, 10) / 1000:.2f}-{np.percentile(times, 90) / 1000:.2f} ms)")
