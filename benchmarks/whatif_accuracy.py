@@ -4,7 +4,10 @@ For each example: profile under dprorun with DDP's bucket_cap_mb = --profile-mb,
 each --predict-mb with `dpro replay --bucket-mb X`, and measure plain torchrun runs at X. --reps interleaved
 rounds, medians reported. Also world size: profile at 2 ranks and predict --np-targets (on this 2-core
 machine 3+ ranks oversubscribe the cores: the measured runs then include contention the replay does not model,
-which the table shows).
+which the table shows). Each round also measures the profiled setting itself with torchrun and replays it with no
+what-if, so the table shows the predicted change (what-if / as run) beside the measured one: a ratio from one
+profile and from launches of the same round, which cancels what both sides share (this machine's speed that
+minute, the hooks' cost in the profiled window).
 
 usage: python benchmarks/whatif_accuracy.py [--examples ...] [--profile-mb 25] [--predict-mb 1,100] [--reps 3]
 """
@@ -53,27 +56,39 @@ def main() -> None:
     args = parser.parse_args()
     targets = [("bucket_mb", float(x)) for x in args.predict_mb.split(",") if x] + \
               [("np", int(x)) for x in args.np_targets.split(",") if x]
-    print(f"{'example':18} {'what-if':>14} {'measured':>9} {'predicted':>9} {'err':>7}")
-    bucket_errors = []
+    as_run = ("as_run", args.profile_mb)
+    print(f"{'example':18} {'what-if':>14} {'measured':>9} {'predicted':>9} {'err':>7} {'meas. change':>12} "
+          f"{'pred. change':>12} {'diff':>7}")
+    bucket_errors, change_errors = [], []
     for example in args.examples.split(","):
-        measured = {t: [] for t in targets}
-        predicted = {t: [] for t in targets}
+        measured = {t: [] for t in targets + [as_run]}
+        predicted = {t: [] for t in targets + [as_run]}
         for _ in range(args.reps):
-            queries = [["--bucket-mb", str(v)] if k == "bucket_mb" else ["--np", str(v)] for k, v in targets]
-            for t, value in zip(targets, predictions(example, args.profile_mb, args.steps, queries)):
+            queries = [["--bucket-mb", str(v)] if k == "bucket_mb" else ["--np", str(v)] for k, v in targets] + [[]]
+            for t, value in zip(targets + [as_run], predictions(example, args.profile_mb, args.steps, queries)):
                 predicted[t].append(value)
-            for kind, value in targets:
+            for kind, value in targets + [as_run]:
                 measured[(kind, value)].append(measure(example, value if kind == "bucket_mb" else args.profile_mb,
                                                        value if kind == "np" else 2, args.steps))
+        base_m, base_p = statistics.median(measured[as_run]), statistics.median(predicted[as_run])
+        print(f"{example:18} {f'as run {args.profile_mb:g} MB':>14} {base_m:9.2f} {base_p:9.2f} "
+              f"{100 * (base_p / base_m - 1):+6.1f}%", flush=True)
         for t in targets:
             m, p = statistics.median(measured[t]), statistics.median(predicted[t])
             err = 100 * (p / m - 1)
+            # the change the what-if makes, per round (same profile, same round's launches), then the median
+            changes_m = [100 * (a / b - 1) for a, b in zip(measured[t], measured[as_run])]
+            changes_p = [100 * (a / b - 1) for a, b in zip(predicted[t], predicted[as_run])]
+            cm, cp = statistics.median(changes_m), statistics.median(changes_p)
             if t[0] == "bucket_mb":
                 bucket_errors.append(abs(err))
+                change_errors.append(abs(cp - cm))
             label = f"{t[1]:g} MB buckets" if t[0] == "bucket_mb" else f"np {t[1]}"
-            print(f"{example:18} {label:>14} {m:9.2f} {p:9.2f} {err:+6.1f}%", flush=True)
+            print(f"{example:18} {label:>14} {m:9.2f} {p:9.2f} {err:+6.1f}% {cm:+11.1f}% {cp:+11.1f}% "
+                  f"{cp - cm:+6.1f}", flush=True)
     print(f"bucket-size what-if |error| (profiled at {args.profile_mb:g} MB): median "
-          f"{statistics.median(bucket_errors):.1f} %, max {max(bucket_errors):.1f} %")
+          f"{statistics.median(bucket_errors):.1f} %, max {max(bucket_errors):.1f} %; predicted vs measured change: "
+          f"median {statistics.median(change_errors):.1f}, max {max(change_errors):.1f} points")
 
 
 if __name__ == "__main__":
