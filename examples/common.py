@@ -97,4 +97,7 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
     if rank == 0:
         print(f"world size {world}, {args.steps} steps, loss {loss.item():.4f}, "
               f"median iteration time: {statistics.median(tail) * 1000:.3f} ms", flush=True)
+    # leave together: a rank that tears its process group down while the other still talks to it has, now and
+    # then, aborted at exit ("terminate called without an active exception") on this machine
+    dist.barrier()
     dist.destroy_process_group()
