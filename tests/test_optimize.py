@@ -219,12 +219,12 @@ def test_symmetric_replay_of_identical_ranks_equals_the_full_replay(channels):
     for whatif in whatifs:
         full_graph = synthesize(model, whatif, [], fold=False)
         full = replay(full_graph).iteration_time_us
-        sym, report = replay_once(representative(model), whatif, symmetric=True)
+        sym, report = replay_once(representative(model), whatif)
         assert sym == pytest.approx(full, rel=1e-9), whatif
         assert replay_once(model, whatif)[0] == pytest.approx(full, rel=1e-9)  # folded by itself: one template
         assert report["path"]  # a critical path of the one built rank
         world = whatif.world_size or model.world_size
-        assert synthesize(representative(model), whatif, [], symmetric=True).size * world == \
+        assert synthesize(representative(model), whatif, []).size * world == \
             pytest.approx(full_graph.size, rel=0.01)
 
 

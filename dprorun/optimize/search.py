@@ -131,7 +131,7 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
     def evaluate(strategy: Strategy) -> tuple[float, dict]:
         key = _key(strategy)
         if key not in cache:
-            cache[key] = replay_once(search_model, whatif_for(strategy, model), symmetric=symmetric)
+            cache[key] = replay_once(search_model, whatif_for(strategy, model))
         return cache[key]
 
     def evaluate_full(strategy: Strategy) -> float:

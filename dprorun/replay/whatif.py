@@ -181,15 +181,15 @@ def _comm_scale(model: JobModel) -> float:
 
 
 def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[Sample] = None,
-               symmetric: bool = False, fold: bool = True) -> ReplayGraph:
+               fold: bool = True) -> ReplayGraph:
     """The replay graph for `whatif`, with the durations of one measured iteration (`sample`) or the medians.
 
     Symmetry (dPRO's speed-up): a ring whose ranks repeat every m ranks behaves the same at rank r and r + m, so
     only m ranks are built and rank 0 receives from rank m-1 (with identical ranks, m = 1: rank 0 receives its
     own send of the step, which its left neighbour sends at the same moment). The iteration time is the full
     graph's, with m/N of the ops. Used by itself when N synthesised ranks cycle through the m measured ones and
-    N is a multiple of m (`fold=False` builds every rank anyway); `symmetric` forces m = 1 (every rank as the
-    first measured one)."""
+    N is a multiple of m (`fold=False` builds every rank anyway). A model with one template (`representative`)
+    is the identical-ranks case: one rank built."""
     templates = sample.templates if sample is not None else model.templates
     if whatif.forward_scale != 1.0 or whatif.backward_scale != 1.0:
         fs, bs = whatif.forward_scale, whatif.backward_scale
@@ -249,8 +249,8 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
         return scale * (step_latency + nbytes / (world * bandwidth)), scale * step_latency
 
     measured_ranks = sorted(templates)
-    period = 1 if symmetric else len(measured_ranks)
-    folds = symmetric or (fold and world > period and world % period == 0)
+    period = len(measured_ranks)
+    folds = fold and world > period and world % period == 0
     built = period if folds else world  # ranks instantiated in the graph
     if world > len(measured_ranks):
         notes.append(f"{world} ranks synthesised from the {len(measured_ranks)} measured ranks' templates "
@@ -383,18 +383,17 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
         engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes)
 
 
-def replay_once(model: JobModel, whatif: WhatIf, symmetric: bool = False) -> tuple[float, dict]:
+def replay_once(model: JobModel, whatif: WhatIf) -> tuple[float, dict]:
     """One replay of the median durations (the optimizer's fast evaluation): iteration time in µs and the
-    critical-path report. symmetric: identical ranks, one built (see `synthesize`; pair it with
-    `representative`)."""
-    graph = synthesize(model, whatif, [], symmetric=symmetric)
+    critical-path report."""
+    graph = synthesize(model, whatif, [])
     result = replay(graph)
     return result.iteration_time_us, critical_path_report(graph, result)
 
 
 def representative(model: JobModel) -> JobModel:
     """The model with every rank alike: the measured rank with the longest iteration stands for all (a
-    synchronous job runs at its slowest rank's pace), for symmetric replays."""
+    synchronous job runs at its slowest rank's pace): its replay builds a single rank (see `synthesize`)."""
     slowest = max(model.templates, key=lambda r: model.templates[r].measured_iteration_us)
     return replace(model, templates={slowest: model.templates[slowest]}, samples=[])
 
