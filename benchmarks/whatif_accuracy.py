@@ -9,7 +9,12 @@ what-if, so the table shows the predicted change (what-if / as run) beside the m
 profile and from launches of the same round, which cancels what both sides share (this machine's speed that
 minute, the hooks' cost in the profiled window).
 
+With --net 1gbit every launch (profile and measurements) runs in a fresh network namespace whose loopback is
+a 1 Gbit/s tbf link (scripts/with-netns-1gbit; needs root): communication then goes over a network rather than
+being CPU copies that compete with the backward on these 2 cores.
+
 usage: python benchmarks/whatif_accuracy.py [--examples ...] [--profile-mb 25] [--predict-mb 1,100] [--reps 3]
+       [--net loopback|1gbit]
 """
 import argparse
 import json
@@ -21,11 +26,16 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NETNS = os.path.join(REPO, "scripts", "with-netns-1gbit")
 
 
-def measure(example: str, bucket_mb: float, nproc: int, steps: int) -> float:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps), "--bucket-mb", str(bucket_mb)]
+def wrap(net: str, cmd: list[str]) -> list[str]:
+    return [NETNS, "--"] + cmd if net == "1gbit" else cmd
+
+
+def measure(example: str, bucket_mb: float, nproc: int, steps: int, net: str) -> float:
+    cmd = wrap(net, [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps), "--bucket-mb", str(bucket_mb)])
     for attempt in (1, 2):  # a launch that failed (seen: an abort at exit after the result was printed) is retried
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
         found = re.search(r"median iteration time: ([0-9.]+) ms", out.stdout)
@@ -36,13 +46,13 @@ def measure(example: str, bucket_mb: float, nproc: int, steps: int) -> float:
     raise SystemExit("torchrun failed twice")
 
 
-def predictions(example: str, bucket_mb: float, steps: int, queries: list[list[str]]) -> list[float]:
+def predictions(example: str, bucket_mb: float, steps: int, queries: list[list[str]], net: str) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        subprocess.run([sys.executable, "-m", "dprorun.cli", "-np", "2", "--run-dir", run_dir, "-q", "--warmup",
+        subprocess.run(wrap(net, [sys.executable, "-m", "dprorun.cli", "-np", "2", "--run-dir", run_dir, "-q", "--warmup",
                         str(steps // 4), "--active", str(steps - steps // 4 - 4), "--clean", "2", "python",
                         os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps), "--bucket-mb",
-                        str(bucket_mb)], capture_output=True, text=True, check=True, cwd=REPO, timeout=900)
+                        str(bucket_mb)]), capture_output=True, text=True, check=True, cwd=REPO, timeout=900)
         out = []
         for query in queries:
             res = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *query],
@@ -59,10 +69,14 @@ def main() -> None:
     parser.add_argument("--np-targets", default="3")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--net", choices=("loopback", "1gbit"), default="loopback")
     args = parser.parse_args()
+    if args.net == "1gbit" and os.geteuid() != 0:
+        raise SystemExit("--net 1gbit needs root (a network namespace with a tbf qdisc)")
     targets = [("bucket_mb", float(x)) for x in args.predict_mb.split(",") if x] + \
               [("np", int(x)) for x in args.np_targets.split(",") if x]
     as_run = ("as_run", args.profile_mb)
+    print(f"network: {args.net}, {args.reps} rounds, profiled at {args.profile_mb:g} MB buckets")
     print(f"{'example':18} {'what-if':>14} {'measured':>9} {'predicted':>9} {'err':>7} {'meas. change':>12} "
           f"{'pred. change':>12} {'diff':>7}")
     bucket_errors, change_errors = [], []
@@ -71,11 +85,12 @@ def main() -> None:
         predicted = {t: [] for t in targets + [as_run]}
         for _ in range(args.reps):
             queries = [["--bucket-mb", str(v)] if k == "bucket_mb" else ["--np", str(v)] for k, v in targets] + [[]]
-            for t, value in zip(targets + [as_run], predictions(example, args.profile_mb, args.steps, queries)):
+            values = predictions(example, args.profile_mb, args.steps, queries, args.net)
+            for t, value in zip(targets + [as_run], values):
                 predicted[t].append(value)
             for kind, value in targets + [as_run]:
                 measured[(kind, value)].append(measure(example, value if kind == "bucket_mb" else args.profile_mb,
-                                                       value if kind == "np" else 2, args.steps))
+                                                       value if kind == "np" else 2, args.steps, args.net))
         base_m, base_p = statistics.median(measured[as_run]), statistics.median(predicted[as_run])
         print(f"{example:18} {f'as run {args.profile_mb:g} MB':>14} {base_m:9.2f} {base_p:9.2f} "
               f"{100 * (base_p / base_m - 1):+6.1f}%", flush=True)

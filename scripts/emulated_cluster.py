@@ -95,6 +95,7 @@ class EmulatedCluster:
     ssh: bool = False  # an sshd on every host (port 22 of its address), for engines that reach hosts by ssh
     private_dir: str = ""  # a path that gets a private tmpfs on every host but host 0 (a disk of its own)
     tag: str = field(default_factory=lambda: f"d{os.getpid() % 100000}")
+    cpu_period_us: int = CPU_PERIOD_US  # the quota's period: a throttled host waits up to (1 - cpus) x period
     ssh_identity: str = ""  # the client key sshd accepts (set when ssh=True)
     _made_ns: list[str] = field(default_factory=list)
     _made_cgroups: list[str] = field(default_factory=list)
@@ -212,12 +213,13 @@ class EmulatedCluster:
 
     def _make_cgroup(self, k: int) -> str:
         v1 = "/sys/fs/cgroup/cpu"
-        quota_us = max(1000, int(self.cpus_per_host * CPU_PERIOD_US))
+        period_us = self.cpu_period_us
+        quota_us = max(1000, int(self.cpus_per_host * period_us))
         if os.path.isfile(os.path.join(v1, "cpu.cfs_quota_us")):
             path = os.path.join(v1, f"{self.tag}h{k}")
             os.makedirs(path, exist_ok=True)
             with open(os.path.join(path, "cpu.cfs_period_us"), "w") as f:
-                f.write(str(CPU_PERIOD_US))
+                f.write(str(period_us))
             with open(os.path.join(path, "cpu.cfs_quota_us"), "w") as f:
                 f.write(str(quota_us))
             return path
@@ -225,7 +227,7 @@ class EmulatedCluster:
         path = os.path.join(v2, f"{self.tag}h{k}")
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "cpu.max"), "w") as f:
-            f.write(f"{quota_us} {CPU_PERIOD_US}")
+            f.write(f"{quota_us} {period_us}")
         return path
 
     def run(self, command: list[str], timeout_s: float, env: dict[str, str] | None = None) -> list[HostResult]:
