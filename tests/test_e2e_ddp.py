@@ -137,6 +137,12 @@ def test_memory_parts_calibration_and_probes_are_recorded(mlp_run):
     calibration = run.ranks[0].meta["calibration"]
     assert [size for size, _ in calibration] == [1 << 12, 1 << 16, 1 << 20, 1 << 22]
     assert all(t > 0 for _, t in calibration)
+    transport_cpu = run.ranks[0].meta["calibration_transport_cpu"]
+    assert [size for size, _ in transport_cpu] == [size for size, _ in calibration]
+    assert all(c >= 0 for _, c in transport_cpu)
+    cpu = run.ranks[0].meta["cpu"]  # 2 ranks on this host; torchrun-style launch: one compute thread each
+    assert cpu["local_ranks"] == 2 and cpu["cores"] > 0 and cpu["compute_threads"] >= 1
+    assert cpu["spare_cores"] == round(cpu["cores_per_rank"] - cpu["compute_threads"], 3)
     probes = run.ranks[0].clock["probes"]
     assert len(probes) == 40 and all(p[2] == "origin" for p in probes)
 

@@ -185,3 +185,33 @@ def test_horovod_fusion_what_if_groups_by_cycle_and_threshold():
     no_fusion = predict(model, WhatIf(horovod_fusion_mb=0, horovod_cycle_ms=1.5)).predicted_iteration_time_ms
     fused = predict(model, WhatIf(horovod_fusion_mb=2, horovod_cycle_ms=1.5)).predicted_iteration_time_ms
     assert fused < no_fusion  # fewer syncs: fewer step latencies
+
+
+def test_a_transport_on_the_compute_cores_is_named_in_what_if_predictions(mlp_run):
+    """CPU transport (its calibration all-reduce keeps it busy) + no spare core -> the what-if says the replay's
+    separate communication devices do not hold; a network-bound transport or spare cores -> no caution."""
+    from dprorun.replay.template import build_job_model, transport_on_compute_cores
+
+    run_dir, _ = mlp_run
+    run = load_run(str(run_dir))
+
+    def set_case(spare: float, cpu_share: float) -> None:
+        for trace in run.ranks.values():
+            trace.meta["cpu"] = {"cores": 2.0, "local_ranks": 2, "cores_per_rank": 1.0 + spare, "compute_threads": 1,
+                                 "spare_cores": spare}
+            trace.meta["calibration"] = [[1 << 12, 300.0], [1 << 22, 4000.0]]
+            trace.meta["calibration_transport_cpu"] = [[1 << 12, 290.0], [1 << 22, 4000.0 * cpu_share]]
+
+    set_case(0.0, 0.6)  # loopback on 2 cores: gloo copies and reduces on the cores the backward uses
+    assert transport_on_compute_cores(run)["shares_cores"]
+    model = build_job_model(run)
+    assert any("caution: the transport runs on the cores" in n for n in predict(model, WhatIf(bucket_mb=1)).notes)
+    assert not any("caution" in n for n in predict(model).notes)  # the job as it ran is what was measured
+    assert predict(model, WhatIf(bucket_mb=1)).comm_model["transport"]["transport_cpu_share"] == 0.6
+    set_case(0.0, 0.04)  # a shaped network: the transport mostly waits (the small all-reduce does not decide)
+    assert not transport_on_compute_cores(run)["shares_cores"]
+    set_case(3.0, 0.6)  # cores to spare
+    assert not transport_on_compute_cores(run)["shares_cores"]
+    for trace in run.ranks.values():  # a run that did not record it
+        trace.meta.pop("cpu")
+    assert transport_on_compute_cores(run) is None

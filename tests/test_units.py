@@ -218,3 +218,26 @@ def test_fusion_blocks_and_the_per_block_compiled_call_leave_the_model_as_it_was
     assert all("forward" not in net.encoder.layers[k].__dict__ for k in range(3))  # the class's forward again
     net(x)
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("layout, expected", [
+    ("v1", 0.45),  # cgroup v1 cpu controller: cfs_quota_us / cfs_period_us (the emulated cluster's hosts)
+    ("v2", 1.5),  # cgroup v2: cpu.max "quota period"
+    ("v2max", None),  # no limit
+    ("none", None),  # unreadable -> None, never an error
+])
+def test_cgroup_cpu_quota_is_read_from_v1_and_v2(tmp_path, layout, expected):
+    from dprorun.runtime.cpubudget import _cgroup_quota_cores
+
+    proc = tmp_path / "cgroup"
+    root = tmp_path / "fs"
+    if layout == "v1":
+        proc.write_text("12:pids:/x\n4:cpu:/emu/h0\n0::/ignored\n")
+        (root / "cpu" / "emu" / "h0").mkdir(parents=True)
+        (root / "cpu" / "emu" / "h0" / "cpu.cfs_quota_us").write_text("4500\n")
+        (root / "cpu" / "emu" / "h0" / "cpu.cfs_period_us").write_text("10000\n")
+    elif layout.startswith("v2"):
+        proc.write_text("0::/job.slice\n")
+        (root / "job.slice").mkdir(parents=True)
+        (root / "job.slice" / "cpu.max").write_text("max 100000\n" if layout == "v2max" else "150000 100000\n")
+    assert _cgroup_quota_cores(str(proc), str(root)) == expected

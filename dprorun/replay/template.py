@@ -110,6 +110,8 @@ class JobModel:
         return [g for g in groups if g]
 
     notes: list[str] = field(default_factory=list)
+    # whether a CPU transport takes its CPU from the computation (see transport_on_compute_cores); None: unknown
+    transport: Optional[dict] = None
     framework: str = "ddp"  # "horovod": tensors are fused at run time by Horovod's cycle/threshold
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
 
@@ -293,6 +295,7 @@ def build_job_model(run: RunTrace) -> JobModel:
     model = JobModel(world, templates, buckets, dict(first.param_bytes), fractions, comm,
                      first.meta.get("bucket_cap_mb"), channels=channels, samples=samples, network=network,
                      compute_variants=dict(first.meta.get("compute_variants") or {}))
+    model.transport = transport_on_compute_cores(run)
     if any(t.get("framework") == "horovod" for t in first.meta.get("trackers", [])):
         model.framework = "horovod"
         model.horovod_knobs = horovod_knobs_as_run(run.manifest.get("horovod_args") or [])
@@ -305,6 +308,39 @@ def build_job_model(run: RunTrace) -> JobModel:
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
     return model
+
+
+TRANSPORT_CPU_SHARE = 0.3  # transport CPU per second of all-reduce above which the transport is CPU work
+
+
+def transport_on_compute_cores(run) -> Optional[dict]:
+    """Does communication take its CPU from the computation? True for a CPU transport (gloo on CPU tensors:
+    the calibration's largest all-reduce keeps the transport's threads busy >= TRANSPORT_CPU_SHARE of its time)
+    on ranks with no core to spare (cores per rank - torch's compute threads < 1). The replay gives
+    communication devices of its own, so there it over-rates overlap and under-rates extra collectives.
+    None when the run did not record it (older runs, Horovod without the DDP tracker)."""
+    budgets, shares, devices = [], [], set()
+    for trace in run.ranks.values():
+        cpu = trace.meta.get("cpu") or {}
+        if "spare_cores" in cpu:
+            budgets.append(cpu)
+        wall = {int(b): t for b, t in trace.meta.get("calibration", [])}
+        rows = [(int(b), c) for b, c in trace.meta.get("calibration_transport_cpu", []) if wall.get(int(b), 0) > 0]
+        if rows:  # the largest all-reduce: bytes dominate it, not the per-call costs every transport has
+            nbytes, cpu_us = max(rows)
+            shares.append(cpu_us / wall[nbytes])
+        devices.update(op.device.split(":")[0] for op in trace.ops if op.kind.value == "COMM")
+    if not budgets or not shares:
+        return None
+    spare = min(float(b["spare_cores"]) for b in budgets)
+    share = float(np.median(shares))
+    on_gpu = "cuda" in devices or any(t.get("backend") == "nccl" for tr in run.ranks.values()
+                                      for t in tr.meta.get("trackers", []))
+    shares_cores = (not on_gpu) and spare < 1.0 and share >= TRANSPORT_CPU_SHARE
+    worst = min(budgets, key=lambda b: float(b["spare_cores"]))
+    return {"shares_cores": shares_cores, "transport_cpu_share": round(share, 3), "spare_cores": spare,
+            "cores_per_rank": worst.get("cores_per_rank"), "compute_threads": worst.get("compute_threads"),
+            "local_ranks": worst.get("local_ranks")}
 
 
 HOROVOD_DEFAULT_FUSION_BYTES = 128 * 1024 * 1024  # horovod 0.28 (common/operations.cc)

@@ -364,6 +364,12 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
     if whatif.is_identity():
         notes.append("the job as it ran: measured buckets and transmission times, profiled iterations without "
                      "torch.profiler")
+    elif model.transport and model.transport["shares_cores"] and _changes_communication(whatif):
+        t = model.transport
+        notes.append(f"caution: the transport runs on the cores the ranks compute on ({t['cores_per_rank']:g} "
+                     f"core(s) per rank, {t['compute_threads']} compute thread(s); its all-reduces kept it busy "
+                     f"{100 * t['transport_cpu_share']:.0f} % of their time), while the replay gives communication "
+                     "devices of its own: more collectives cost more and overlap gains less than predicted here")
     if graph.meta["ranks_built"] < graph.meta["world_size"]:
         notes.append(f"the ring of {graph.meta['world_size']} ranks repeats every {graph.meta['ranks_built']} ranks (they "
                      f"cycle through the measured ones): {graph.meta['ranks_built']} built, exactly equivalent; "
@@ -378,9 +384,16 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
         measured_iteration_time_ms=round(float(measured), 4) if whatif.is_identity() else None,
         critical_path={k: v for k, v in path.items() if k != "path"},
         device_utilisation={k: round(v, 4) for k, v in sorted(utilisation.items())[:64]},
-        comm_model=model.comm.to_json(), replay_ops=graph.size,
+        comm_model=dict(model.comm.to_json(), transport=model.transport), replay_ops=graph.size,
         replay_time_s=round(sum(r.replay_time_s for r, _ in runs), 4),
         engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes)
+
+
+def _changes_communication(whatif: WhatIf) -> bool:
+    return (whatif.world_size is not None or whatif.bucket_mb is not None or whatif.buckets is not None
+            or whatif.partitions != 1 or bool(whatif.bucket_partitions) or whatif.horovod_fusion_mb is not None
+            or whatif.horovod_cycle_ms is not None or whatif.ready_groups is not None
+            or whatif.accumulation_steps != 1)
 
 
 def replay_once(model: JobModel, whatif: WhatIf) -> tuple[float, dict]:

@@ -11,6 +11,7 @@ import time
 from datetime import timedelta
 
 from dprorun.fsutil import atomic_write_bytes, make_private_dir
+from dprorun.runtime.cpubudget import cpu_budget
 from dprorun.runtime.packing import BundleError, pack_files, unpack_files
 from dprorun.runtime.session import RankSession, warn
 
@@ -54,6 +55,10 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     except Exception as exc:  # alignment falls back to trace-only evidence
         session.warnings.append(f"clock probes failed: {exc}")
     try:
+        session.cpu_budget = cpu_budget()
+    except Exception as exc:  # informative only
+        session.warnings.append(f"CPU budget unreadable: {exc}")
+    try:
         session.calibration = calibrate_allreduce(session)
     except Exception as exc:  # the cost model then relies on the trace alone
         session.warnings.append(f"all-reduce calibration failed: {exc}")
@@ -65,9 +70,11 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
 CALIBRATION_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
 
 
-def calibrate_allreduce(session: RankSession, reps: int = 3) -> list[list[float]]:
+def calibrate_allreduce(session: RankSession, reps: int = 5) -> list[list[float]]:
     """A few timed all-reduces of several sizes over the job's own process group (CPU tensors where the job
-    is on gloo, the GPU where it is on NCCL): [[bytes, median µs], ...] for the comm cost model."""
+    is on gloo, the GPU where it is on NCCL): [[bytes, median µs, median transport CPU µs], ...] for the comm
+    cost model. Transport CPU is the CPU time the process's other threads (gloo's workers and socket loop)
+    spent during the call: this process's CPU time minus the calling thread's."""
     import statistics
 
     import torch
@@ -77,15 +84,17 @@ def calibrate_allreduce(session: RankSession, reps: int = 3) -> list[list[float]
     rows = []
     for nbytes in CALIBRATION_SIZES:
         tensor = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-        times = []
+        times, transport_cpu = [], []
         for _ in range(reps):
             dist.barrier()
-            start = time.perf_counter()
+            start, process_cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
             dist.all_reduce(tensor)
             if device == "cuda":
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - start) * 1e6)
-        rows.append([nbytes, statistics.median(times)])
+            others_cpu = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)
+            transport_cpu.append(max(0.0, others_cpu) * 1e6)
+        rows.append([nbytes, statistics.median(times), statistics.median(transport_cpu)])
     return rows
 
 

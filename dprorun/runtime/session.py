@@ -72,6 +72,7 @@ class RankSession:
         self.gathered = False
         self.disturbed_iterations: list[int] = []
         self.calibration: list[list[float]] = []
+        self.cpu_budget: dict = {}  # runtime/cpubudget.py, recorded at the end of the window
         self.on_window_end: list[Callable[[], None]] = []
         from dprorun.runtime import apply
 
@@ -338,6 +339,7 @@ class RankSession:
             "p2p": self.p2p,
             "clock_probes": self.probes,
             "calibration": self.calibration,
+            "cpu": self.cpu_budget,
             "buckets": [dict(ddp=k[0], index=k[1], **v) for k, v in sorted(self.buckets.items())],
             "params": {str(k): v for k, v in self.params.items()},
             "memory": self.memory,

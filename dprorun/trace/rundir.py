@@ -91,8 +91,11 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     trace.grad_ready = [(int(i), str(n), float(t)) for i, n, t in doc["grad_ready"] if i in profiled]
     trace.clock["probes"] = [p for p in doc.get("clock_probes", []) if isinstance(p, list) and len(p) == 5]
     trace.meta["comm_detail"] = doc.get("comm_detail", "bucket")
-    trace.meta["calibration"] = [[int(b), float(t)] for b, t in doc.get("calibration", [])
-                                 if isinstance(b, (int, float)) and isinstance(t, (int, float))]
+    rows = [row for row in doc.get("calibration", []) if isinstance(row, list) and len(row) >= 2
+            and all(isinstance(x, (int, float)) for x in row)]
+    trace.meta["calibration"] = [[int(row[0]), float(row[1])] for row in rows]
+    trace.meta["calibration_transport_cpu"] = [[int(row[0]), float(row[2])] for row in rows if len(row) >= 3]
+    trace.meta["cpu"] = dict(doc.get("cpu") or {})
     first_send = _add_p2p(trace, doc, profiled)
     _add_comm(trace, doc, kineto, profiled, first_send)
     if kineto is not None:

@@ -1,0 +1,75 @@
+"""How much CPU a rank has and how much of it its computation uses: the cores this process may run on (its
+affinity, capped by a cgroup CPU quota), the ranks of the job on this host, and torch's intra-op threads.
+
+The replay gives communication its own devices. That holds for a network or a GPU transport; on a CPU job whose
+ranks keep every core busy computing, gloo's threads (copies, reductions, socket handling) take their CPU from
+the backward instead. `cpu_budget()` records what is needed to tell the two apart; calibration adds how much
+CPU the transport itself burns per all-reduce.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+
+def _cgroup_quota_cores(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[float]:
+    """The CPU quota of this process's cgroup in cores (cgroup v2 cpu.max or v1 cfs_quota/period); None when
+    unlimited or unreadable."""
+    try:
+        with open(proc_cgroup) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        path = path.lstrip("/")
+        if controllers == "":  # v2 unified hierarchy
+            for base in (root, os.path.join(root, "unified")):
+                try:
+                    with open(os.path.join(base, path, "cpu.max")) as handle:
+                        quota, period = handle.read().split()[:2]
+                except (OSError, ValueError):
+                    continue
+                if quota != "max" and float(period) > 0:
+                    return float(quota) / float(period)
+        elif "cpu" in controllers.split(","):
+            base = os.path.join(root, controllers)
+            if not os.path.isdir(base):
+                base = os.path.join(root, "cpu")
+            try:
+                with open(os.path.join(base, path, "cpu.cfs_quota_us")) as handle:
+                    quota_us = float(handle.read().strip())
+                with open(os.path.join(base, path, "cpu.cfs_period_us")) as handle:
+                    period_us = float(handle.read().strip())
+            except (OSError, ValueError):
+                continue
+            if quota_us > 0 and period_us > 0:
+                return quota_us / period_us
+    return None
+
+
+def cpu_budget() -> dict:
+    """{"cores": CPUs this process may use, "local_ranks": ranks of the job on this host, "cores_per_rank",
+    "compute_threads": torch's intra-op threads, "spare_cores": cores_per_rank - compute_threads}."""
+    try:
+        cores = float(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        cores = float(os.cpu_count() or 1)
+    quota = _cgroup_quota_cores()
+    if quota is not None:
+        cores = min(cores, quota)
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+                             or os.environ.get("HOROVOD_LOCAL_SIZE") or 1))
+    try:
+        import torch
+
+        threads = int(torch.get_num_threads())
+    except Exception:  # torch absent (a Horovod/TF job): assume one computing thread
+        threads = 1
+    per_rank = cores / local_ranks
+    return {"cores": round(cores, 3), "cgroup_quota_cores": quota, "local_ranks": local_ranks,
+            "cores_per_rank": round(per_rank, 3), "compute_threads": threads,
+            "spare_cores": round(per_rank - threads, 3)}
