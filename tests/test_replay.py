@@ -199,13 +199,17 @@ def test_a_transport_on_the_compute_cores_is_named_in_what_if_predictions(mlp_ru
         for trace in run.ranks.values():
             trace.meta["cpu"] = {"cores": 2.0, "local_ranks": 2, "cores_per_rank": 1.0 + spare, "compute_threads": 1,
                                  "spare_cores": spare}
-            trace.meta["calibration"] = [[1 << 12, 300.0], [1 << 22, 4000.0]]
-            trace.meta["calibration_transport_cpu"] = [[1 << 12, 290.0], [1 << 22, 4000.0 * cpu_share]]
+            trace.meta["calibration"] = [[1 << 12, 300.0], [1 << 20, 700.0], [1 << 22, 4000.0]]
+            trace.meta["calibration_transport_cpu"] = [[1 << 12, 290.0], [1 << 20, 400.0],
+                                                       [1 << 22, 4000.0 * cpu_share]]
+            trace.meta["calibration_under_compute"] = [[1 << 20, 7000.0]]
 
     set_case(0.0, 0.6)  # loopback on 2 cores: gloo copies and reduces on the cores the backward uses
     assert transport_on_compute_cores(run)["shares_cores"]
     model = build_job_model(run)
-    assert any("caution: the transport runs on the cores" in n for n in predict(model, WhatIf(bucket_mb=1)).notes)
+    caution = [n for n in predict(model, WhatIf(bucket_mb=1)).notes if "caution: the transport runs on the cores" in n]
+    assert caution and "a 1 MiB all-reduce took 7.0 ms beside compute vs 0.7 ms idle" in caution[0]
+    assert any("caution" in n for n in predict(model, WhatIf(world_size=4)).notes)
     assert not any("caution" in n for n in predict(model).notes)  # the job as it ran is what was measured
     assert predict(model, WhatIf(bucket_mb=1)).comm_model["transport"]["transport_cpu_share"] == 0.6
     set_case(0.0, 0.04)  # a shaped network: the transport mostly waits (the small all-reduce does not decide)

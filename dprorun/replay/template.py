@@ -338,9 +338,21 @@ def transport_on_compute_cores(run) -> Optional[dict]:
                                       for t in tr.meta.get("trackers", []))
     shares_cores = (not on_gpu) and spare < 1.0 and share >= TRANSPORT_CPU_SHARE
     worst = min(budgets, key=lambda b: float(b["spare_cores"]))
+    idle = {b: t for b, t in _rank_median_rows(run, "calibration")}
+    beside = [[b, round(idle[b], 1), round(t, 1)] for b, t in _rank_median_rows(run, "calibration_under_compute")
+              if b in idle]
     return {"shares_cores": shares_cores, "transport_cpu_share": round(share, 3), "spare_cores": spare,
             "cores_per_rank": worst.get("cores_per_rank"), "compute_threads": worst.get("compute_threads"),
-            "local_ranks": worst.get("local_ranks")}
+            "local_ranks": worst.get("local_ranks"), "allreduce_idle_vs_beside_compute_us": beside}
+
+
+def _rank_median_rows(run, key: str) -> list[list[float]]:
+    """[[bytes, median µs over the ranks], ...] of a per-rank calibration table in trace meta."""
+    by_size: dict[int, list[float]] = {}
+    for trace in run.ranks.values():
+        for row in trace.meta.get(key, []):
+            by_size.setdefault(int(row[0]), []).append(float(row[1]))
+    return [[b, _median(v)] for b, v in sorted(by_size.items())]
 
 
 HOROVOD_DEFAULT_FUSION_BYTES = 128 * 1024 * 1024  # horovod 0.28 (common/operations.cc)

@@ -366,10 +366,14 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
                      "torch.profiler")
     elif model.transport and model.transport["shares_cores"] and _changes_communication(whatif):
         t = model.transport
+        beside = [row for row in t.get("allreduce_idle_vs_beside_compute_us") or [] if row[0] == 1 << 20]
+        slowed = (f"; a 1 MiB all-reduce took {beside[0][2] / 1000:.1f} ms beside compute vs "
+                  f"{beside[0][1] / 1000:.1f} ms idle") if beside else ""
         notes.append(f"caution: the transport runs on the cores the ranks compute on ({t['cores_per_rank']:g} "
                      f"core(s) per rank, {t['compute_threads']} compute thread(s); its all-reduces kept it busy "
-                     f"{100 * t['transport_cpu_share']:.0f} % of their time), while the replay gives communication "
-                     "devices of its own: more collectives cost more and overlap gains less than predicted here")
+                     f"{100 * t['transport_cpu_share']:.0f} % of their time{slowed}), while the replay gives "
+                     "communication devices of its own: more collectives cost more and overlap gains less than "
+                     "predicted here")
     if graph.meta["ranks_built"] < graph.meta["world_size"]:
         notes.append(f"the ring of {graph.meta['world_size']} ranks repeats every {graph.meta['ranks_built']} ranks (they "
                      f"cycle through the measured ones): {graph.meta['ranks_built']} built, exactly equivalent; "

@@ -60,6 +60,7 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         session.warnings.append(f"CPU budget unreadable: {exc}")
     try:
         session.calibration = calibrate_allreduce(session)
+        session.calibration_under_compute = calibrate_under_compute(session)
     except Exception as exc:  # the cost model then relies on the trace alone
         session.warnings.append(f"all-reduce calibration failed: {exc}")
     session.write_events()
@@ -95,6 +96,35 @@ def calibrate_allreduce(session: RankSession, reps: int = 5) -> list[list[float]
             others_cpu = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)
             transport_cpu.append(max(0.0, others_cpu) * 1e6)
         rows.append([nbytes, statistics.median(times), statistics.median(transport_cpu)])
+    return rows
+
+
+def calibrate_under_compute(session: RankSession, reps: int = 5) -> list[list[float]]:
+    """The same all-reduces while every rank computes (a CPU transport only; the GPU's are not on the cores):
+    each rank starts one asynchronously and runs small matrix products until it completes, as a backward does
+    around the collectives it overlaps. [[bytes, median µs], ...]: what a collective costs when its threads
+    must wait for cores the computation holds (the replay's contention model, replay/template.py)."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return []
+    operand = torch.randn(128, 128)
+    rows = []
+    for nbytes in CALIBRATION_SIZES[1:]:
+        tensor = torch.zeros(nbytes // 4, dtype=torch.float32)
+        times = []
+        for _ in range(reps):
+            dist.barrier()
+            start = time.perf_counter()
+            work = dist.all_reduce(tensor, async_op=True)
+            while not work.is_completed():
+                operand = torch.tanh(operand @ operand * 1e-2)
+            work.wait()
+            times.append((time.perf_counter() - start) * 1e6)
+        rows.append([nbytes, statistics.median(times)])
     return rows
 
 

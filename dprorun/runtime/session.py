@@ -72,6 +72,7 @@ class RankSession:
         self.gathered = False
         self.disturbed_iterations: list[int] = []
         self.calibration: list[list[float]] = []
+        self.calibration_under_compute: list[list[float]] = []
         self.cpu_budget: dict = {}  # runtime/cpubudget.py, recorded at the end of the window
         self.on_window_end: list[Callable[[], None]] = []
         from dprorun.runtime import apply
@@ -339,6 +340,7 @@ class RankSession:
             "p2p": self.p2p,
             "clock_probes": self.probes,
             "calibration": self.calibration,
+            "calibration_under_compute": self.calibration_under_compute,
             "cpu": self.cpu_budget,
             "buckets": [dict(ddp=k[0], index=k[1], **v) for k, v in sorted(self.buckets.items())],
             "params": {str(k): v for k, v in self.params.items()},

@@ -96,6 +96,9 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     trace.meta["calibration"] = [[int(row[0]), float(row[1])] for row in rows]
     trace.meta["calibration_transport_cpu"] = [[int(row[0]), float(row[2])] for row in rows if len(row) >= 3]
     trace.meta["cpu"] = dict(doc.get("cpu") or {})
+    trace.meta["calibration_under_compute"] = [
+        [int(row[0]), float(row[1])] for row in doc.get("calibration_under_compute", [])
+        if isinstance(row, list) and len(row) >= 2 and all(isinstance(x, (int, float)) for x in row[:2])]
     first_send = _add_p2p(trace, doc, profiled)
     _add_comm(trace, doc, kineto, profiled, first_send)
     if kineto is not None:
