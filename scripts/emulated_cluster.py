@@ -101,6 +101,7 @@ class EmulatedCluster:
     _made_cgroups: list[str] = field(default_factory=list)
     _daemons: list = field(default_factory=list)
     _ssh_dir: str = ""
+    _cgroup_kind: str = ""  # "v1" or "v2", set when the hosts' cgroups are made
 
     def host_ns(self, k: int) -> str:
         return f"{self.tag}h{k}"
@@ -115,7 +116,18 @@ class EmulatedCluster:
         """argv run on host k: its network namespace (whose /etc/hosts names every host) and its own hostname
         (a UTS namespace), so that name lookups give the host's own address as on a real cluster."""
         return ["ip", "netns", "exec", self.host_ns(k), "unshare", "--uts", "sh", "-c",
-                f'hostname {self.hostname(k)} && exec "$@"', "sh", *argv]
+                f'hostname {self.hostname(k)} && {self._cgroup_mount_sh()}exec "$@"', "sh", *argv]
+
+    def _cgroup_mount_sh(self) -> str:
+        """`ip netns exec` mounts a fresh /sys, which hides the cgroup hierarchy: mount it again inside the host's
+        private mount namespace, so a process there sees its CPU quota as on a real machine or container
+        (dprorun's runtime/cpubudget.py reads it). Best effort."""
+        if self._cgroup_kind == "v1":
+            return ("{ mount -t tmpfs cgroup /sys/fs/cgroup && mkdir -p /sys/fs/cgroup/cpu && "
+                    "mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu; } 2>/dev/null; ")
+        if self._cgroup_kind == "v2":
+            return "mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null; "
+        return ""
 
     def __enter__(self) -> "EmulatedCluster":
         if os.geteuid() != 0:
@@ -222,12 +234,14 @@ class EmulatedCluster:
                 f.write(str(period_us))
             with open(os.path.join(path, "cpu.cfs_quota_us"), "w") as f:
                 f.write(str(quota_us))
+            self._cgroup_kind = "v1"
             return path
         v2 = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
         path = os.path.join(v2, f"{self.tag}h{k}")
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "cpu.max"), "w") as f:
             f.write(f"{quota_us} {period_us}")
+        self._cgroup_kind = "v2"
         return path
 
     def run(self, command: list[str], timeout_s: float, env: dict[str, str] | None = None) -> list[HostResult]:

@@ -53,6 +53,10 @@ def test_two_hosts_gather_into_node0_and_dry_run_predicts_four(tmp_path):
     assert prediction["world_size"] == 4 and prediction["predicted_iteration_time_ms"] > 0
     assert prediction["comm_model"]["collective_us"] >= 0 and prediction["comm_model"]["alpha_us"] > 0
     assert "predicted iteration time" in results[0].stdout or "predicted_iteration_time_ms" in results[0].stdout
+    # each host sees its own CPU quota (0.9 of a core), as a rank on a real machine or container would
+    for node, rank in ((node0, 0), (node0, 1)):
+        cpu = json.loads((node / f"rank_{rank}" / "events.json").read_text())["cpu"]
+        assert cpu["cgroup_quota_cores"] == pytest.approx(0.9) and cpu["cores_per_rank"] == pytest.approx(0.9)
 
 
 def _horovod_multihost_unavailable() -> str:
