@@ -91,7 +91,9 @@ def parse_bandwidth(text: str) -> float:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from dprorun.optimize.search import compiled_ready_groups
     from dprorun.replay.template import build_job_model
-    from dprorun.replay.whatif import WhatIf, predict
+    from dprorun.fsutil import atomic_write_json
+    from dprorun.replay.engine import chrome_trace, execution_graph
+    from dprorun.replay.whatif import WhatIf, predict_replayed
 
     run, alignment = load_aligned(args.run_dir)
     model = build_job_model(run)
@@ -113,7 +115,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                     baseline=args.baseline, forward_scale=forward_scale, backward_scale=backward_scale,
                     ready_groups=compiled_ready_groups(model, "compiled" if args.compile else "compiled_blocks"
                                                        if args.compile_blocks else None, model.fusion_blocks()))
-    prediction = predict(model, whatif)
+    prediction, graph, result = predict_replayed(model, whatif)
+    for path, build in ((args.exec_graph, execution_graph), (args.chrome_trace, chrome_trace)):
+        if path:
+            atomic_write_json(path, build(graph, result))
+            print(f"wrote {path}", file=sys.stderr)
     doc = prediction.to_json()
     doc["alignment"] = {"method": alignment.method, "approximate": alignment.approximate}
     if args.json:
@@ -265,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="torch.compile of each of the model's blocks, at the ratios measured by --measure-variants")
     rp.add_argument("--bf16", action="store_true", help="bf16 autocast, at its measured ratios (--measure-variants)")
     rp.add_argument("--baseline", choices=("dpro", "daydream"), default="dpro")
+    rp.add_argument("--exec-graph", metavar="FILE", help="write the execution graph (ops as replayed, DFG and "
+                    "same-device ordering edges, the critical path) as JSON")
+    rp.add_argument("--chrome-trace", metavar="FILE", help="write the replayed iteration as a Chrome trace "
+                    "(a process per rank, a thread per device; open in Perfetto)")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=_cmd_replay)
     op = sub.add_parser("optimize", help="search the fastest strategy (tensor fusion/partition, memory passes)")

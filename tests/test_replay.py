@@ -54,6 +54,38 @@ def test_device_with_two_channels():
     assert result.iteration_time_us == 10.0 and sorted(result.start_us[ops]) == [0, 0, 5, 5]
 
 
+def test_execution_graph_and_chrome_trace_of_a_replay():
+    from dprorun.replay.engine import chrome_trace, execution_graph
+
+    g = GraphBuilder()
+    a = g.op("a", "FW", 0, "gpu0", 10)
+    b = g.op("b", "BW", 0, "gpu0", 5)
+    c = g.op("c", "COMM", 0, "link0", 7)
+    d = g.op("d", "UPDATE", 0, "gpu0", 1)
+    virtual = g.op("in", "VIRTUAL", 0, None, 0)
+    two = [g.op(f"ch{k}", "COMM", 1, "gloo", 4, capacity=2) for k in range(3)]
+    g.chain([a, b, d])
+    g.edge(a, c)
+    g.edge(c, d)
+    g.edge(a, virtual)
+    graph = g.build()
+    result = replay(graph)
+    doc = execution_graph(graph, result)
+    ops = {o["id"]: o for o in doc["ops"]}
+    assert ops[a]["critical"] and ops[c]["critical"] and not ops[b]["critical"]
+    for u, v, kind in doc["edges"]:  # every edge, DFG or device order, is respected by the replayed times
+        assert ops[u]["end_us"] <= ops[v]["start_us"] + 1e-9, (u, v, kind)
+    device_edges = {(u, v) for u, v, kind in doc["edges"] if kind == "device"}
+    assert (a, b) in device_edges and (b, d) in device_edges  # gpu0's order
+    assert (two[0], two[2]) in device_edges or (two[1], two[2]) in device_edges  # 2 slots: the third waits
+    assert len([1 for u, v, k in doc["edges"] if k == "dfg"]) == 5
+    trace = chrome_trace(graph, result)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == graph.size - 1  # the virtual op has no device
+    lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert {"gpu0", "link0", "gloo [0]", "gloo [1]"} <= lanes
+
+
 def test_cycle_is_reported():
     g = GraphBuilder()
     a, b = g.op("a", "FW", 0, "x", 1), g.op("b", "FW", 0, "x", 1)
@@ -141,7 +173,7 @@ def test_whatif_directions():
         predict(JobModel(**{**model.__dict__, "param_ready_fraction": {}}), WhatIf(bucket_mb=1))
 
 
-def test_dpro_replay_cli_on_a_real_run(mlp_run):
+def test_dpro_replay_cli_on_a_real_run(mlp_run, tmp_path):
     run_dir, _ = mlp_run
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
                          capture_output=True, text=True, cwd=REPO, timeout=180)
@@ -151,10 +183,18 @@ def test_dpro_replay_cli_on_a_real_run(mlp_run):
     assert 0.5 < doc["predicted_iteration_time_ms"] / doc["measured_iteration_time_ms"] < 2.0  # sanity only
     assert doc["critical_path"]["top"] and doc["world_size"] == 2
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--np", "16",
-                          "--bandwidth", "10Gbit", "--bucket-mb", "5", "--partitions", "2"],
+                          "--bandwidth", "10Gbit", "--bucket-mb", "5", "--partitions", "2",
+                          "--exec-graph", str(tmp_path / "exec.json"), "--chrome-trace", str(tmp_path / "trace.json")],
                          capture_output=True, text=True, cwd=REPO, timeout=180)
     assert out.returncode == 0, out.stderr
     assert "predicted iteration time:" in out.stdout and "16 ranks" in out.stdout
+    predicted_ms = float(out.stdout.split("predicted iteration time:")[1].split()[0])
+    graph = json.loads((tmp_path / "exec.json").read_text())
+    # the replay of the median iteration (with an even count the prediction averages the middle two)
+    assert abs(graph["iteration_time_us"] / 1000 - predicted_ms) < 0.1 * predicted_ms
+    assert graph["critical_path"] and any(kind == "device" for _, _, kind in graph["edges"])
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert any(e["ph"] == "X" and e["args"]["critical_path"] for e in trace["traceEvents"])
 
 
 def test_partial_replay_of_one_tensor_sync():

@@ -229,3 +229,66 @@ def critical_path_report(graph: ReplayGraph, result: ReplayResult, top: int = 20
     ranked = sorted(rows, key=lambda r: -r["time_on_path_ms"])[:top]
     return {"length": len(rows), "share_pct": {k: round(100 * v / total, 2) for k, v in share.items()},
             "top": ranked, "path": rows}
+
+
+def execution_graph(graph: ReplayGraph, result: ReplayResult) -> dict:
+    """The execution graph of a replay: every op as it ran (device, start, end, on the critical path or not) and
+    its edges, the DFG's ("dfg") plus the same-device ordering the replay imposed ("device": each op after the
+    one that ran before it on the same slot of its device; a device with k slots is split back into k lanes,
+    each op on the lane that freed up last before it started)."""
+    on_path = set(result.critical_path)
+    ops = []
+    for i in range(graph.size):
+        d = int(graph.devices[i])
+        ops.append({"id": i, "name": graph.names[i], "rank": int(graph.ranks[i]), "kind": KIND_NAMES[graph.kinds[i]],
+                    "device": graph.device_names[d] if d >= 0 else None,
+                    "start_us": round(float(result.start_us[i]), 3), "end_us": round(float(result.end_us[i]), 3),
+                    "critical": i in on_path})
+    edges = [[int(u), int(graph.indices[e]), "dfg"] for u in range(graph.size)
+             for e in range(graph.indptr[u], graph.indptr[u + 1])]
+    placed = graph.devices >= 0
+    for d in range(len(graph.device_names)):
+        members = np.flatnonzero(placed & (graph.devices == d))
+        order = members[np.lexsort((result.end_us[members], result.start_us[members]))]
+        lanes: list[tuple[float, int]] = []  # (free from, last op) per slot
+        for op in order:
+            start = float(result.start_us[op])
+            free = [k for k, (until, _) in enumerate(lanes) if until <= start + 1e-6]
+            if free:
+                k = max(free, key=lambda j: lanes[j][0])
+                edges.append([int(lanes[k][1]), int(op), "device"])
+                lanes[k] = (float(result.end_us[op]), int(op))
+            else:
+                lanes.append((float(result.end_us[op]), int(op)))
+    return {"iteration_time_us": result.iteration_time_us, "ops": ops, "edges": edges,
+            "critical_path": [int(i) for i in result.critical_path]}
+
+
+def chrome_trace(graph: ReplayGraph, result: ReplayResult) -> dict:
+    """The replayed iteration as a Chrome trace (chrome://tracing, Perfetto): a process per rank, a thread per
+    device (a device with several slots gets one thread per slot), ops on the critical path marked in args."""
+    on_path = set(result.critical_path)
+    events, threads = [], {}
+    lanes: dict[int, list[float]] = {}
+    for op in np.lexsort((result.end_us, result.start_us)):
+        d = int(graph.devices[op])
+        rank = int(graph.ranks[op])
+        if d < 0:
+            continue
+        busy = lanes.setdefault(d, [])
+        start = float(result.start_us[op])
+        slot = next((k for k, until in enumerate(busy) if until <= start + 1e-6), len(busy))
+        if slot == len(busy):
+            busy.append(0.0)
+        busy[slot] = float(result.end_us[op])
+        name = graph.device_names[d] + (f" [{slot}]" if graph.device_capacity[d] > 1 else "")
+        tid = threads.setdefault((rank, name), len(threads) + 1)
+        events.append({"name": graph.names[op], "cat": KIND_NAMES[graph.kinds[op]], "ph": "X", "pid": rank,
+                       "tid": tid, "ts": start, "dur": float(result.end_us[op]) - start,
+                       "args": {"critical_path": int(op) in on_path}})
+    for (rank, name), tid in threads.items():
+        events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": name}})
+    for rank in sorted({r for r, _ in threads}):
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                       "args": {"name": f"rank {rank} (replayed)"}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

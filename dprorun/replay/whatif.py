@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from dprorun.replay.engine import GraphBuilder, ReplayGraph, critical_path_report, replay
+from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, critical_path_report, replay
 from dprorun.replay.template import JobModel, Sample, build_job_model, ddp_buckets, horovod_knobs_as_run
 
 MB = 1 << 20
@@ -349,6 +349,13 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
 def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
     """Replay every measured iteration (each with its own durations) and report the median prediction: the
     slowest rank differs from iteration to iteration, which a replay of averaged durations misses."""
+    return predict_replayed(model, whatif)[0]
+
+
+def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[Prediction, ReplayGraph, ReplayResult]:
+    """`predict`, plus the graph and the replay whose critical path the prediction reports (the median
+    iteration's; with an even count of iterations the predicted time averages the middle two): for the
+    execution graph and the replayed timeline (engine.execution_graph, engine.chrome_trace)."""
     whatif = whatif or WhatIf()
     notes = list(model.notes)
     samples = model.samples or [None]
@@ -382,7 +389,7 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
         notes.append(f"median of {len(runs)} replays, one per measured iteration (p10-p90 "
                      f"{np.percentile(times, 10) / 1000:.2f}-{np.percentile(times, 90) / 1000:.2f} ms)")
     utilisation = result.device_utilisation()
-    return Prediction(
+    return (Prediction(
         predicted_iteration_time_ms=round(float(np.median(times)) / 1000, 4),
         world_size=graph.meta["world_size"], buckets=graph.meta["buckets"], baseline=whatif.baseline,
         measured_iteration_time_ms=round(float(measured), 4) if whatif.is_identity() else None,
@@ -390,7 +397,8 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
         device_utilisation={k: round(v, 4) for k, v in sorted(utilisation.items())[:64]},
         comm_model=dict(model.comm.to_json(), transport=model.transport), replay_ops=graph.size,
         replay_time_s=round(sum(r.replay_time_s for r, _ in runs), 4),
-        engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes)
+        engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes),
+        graph, result)
 
 
 def _changes_communication(whatif: WhatIf) -> bool:
