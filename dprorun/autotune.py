@@ -135,6 +135,8 @@ def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
     if not job.quiet:
         for line in strategy.summary_lines():
             print(f"dprorun autotune:   {line.strip()}")
+        if "comm_passes" in strategy.search:
+            print(f"dprorun autotune:   communication passes {strategy.search['comm_passes']}")
     if strategy.is_default() or not strategy.decisions:
         record("deciding", keep=False, reason="the job's own settings are already the best found",
                tuning_seconds=round(time.monotonic() - started, 2))

@@ -156,7 +156,8 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * (1024 if match.group(3) or power else 1000) ** power)
 
 
-def optimize_run(run_dir: str, memory_budget_bytes: Optional[int] = None, allow_bf16: bool = False):
+def optimize_run(run_dir: str, memory_budget_bytes: Optional[int] = None, allow_bf16: bool = False,
+                 comm_passes: Optional[bool] = None):
     """Search a strategy for the run in `run_dir` (aligned first); returns (strategy, run)."""
     from dprorun.memory import run_memory
     from dprorun.optimize import MemoryModel, optimize
@@ -165,7 +166,8 @@ def optimize_run(run_dir: str, memory_budget_bytes: Optional[int] = None, allow_
 
     run, _ = load_aligned(run_dir)
     model = build_job_model(run)
-    strategy = optimize(model, MemoryModel(run_memory(run)), memory_budget_bytes, allow_bf16=allow_bf16)
+    strategy = optimize(model, MemoryModel(run_memory(run)), memory_budget_bytes, allow_bf16=allow_bf16,
+                        comm_passes=comm_passes)
     strategy.source_run = os.path.abspath(run_dir)
     strategy.search["as_run_replay_ms"] = predict(model).predicted_iteration_time_ms
     return strategy, run
@@ -176,7 +178,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from dprorun.strategy import save_strategy, strategy_json
 
     try:
-        strategy, _ = optimize_run(args.run_dir, args.memory_budget, args.allow_bf16)
+        strategy, _ = optimize_run(args.run_dir, args.memory_budget, args.allow_bf16,
+                                   {"auto": None, "on": True, "off": False}[args.comm_passes])
     except BudgetError as exc:
         print(f"dpro: error: {exc}", file=sys.stderr)
         return 3
@@ -188,6 +191,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     for line in strategy.summary_lines():
         print(line)
     search = strategy.search
+    if "comm_passes" in search:
+        print(f"communication passes {search['comm_passes']}")
     print(f"search: {search['evaluations']} replays in {search['seconds']:.2f} s; strategy written to {out}")
     return 0
 
@@ -282,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--memory-budget", type=parse_bytes, default=None, help="per-rank peak memory, e.g. 8GiB")
     op.add_argument("--allow-bf16", action="store_true",
                     help="let the search choose bf16 autocast (it changes the training's numerics)")
+    op.add_argument("--comm-passes", choices=("auto", "on", "off"), default="auto",
+                    help="tensor fusion / partition: auto leaves them out where the job's CPU transport shares the "
+                    "cores its ranks compute on (the replay does not model that cost)")
     op.add_argument("-o", "--output", default=None, help="strategy file (default RUN_DIR/strategy.json)")
     op.add_argument("--json", action="store_true", help="print the strategy as JSON")
     op.set_defaults(func=_cmd_optimize)

@@ -11,6 +11,7 @@ from dprorun.optimize import BudgetError, MemoryModel, optimize
 from dprorun.optimize.passes import best_partitions
 from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate
 from dprorun.strategy import Decision, Strategy, load_strategy, save_strategy
+from dprorun.trace.rundir import load_run
 
 MiB = 1 << 20
 
@@ -234,7 +235,6 @@ def test_a_ring_of_repeating_ranks_is_folded_exactly(mlp_run):
     from dprorun.replay.engine import replay
     from dprorun.replay.template import build_job_model
     from dprorun.replay.whatif import WhatIf, synthesize
-    from dprorun.trace.rundir import load_run
 
     model = build_job_model(load_run(str(mlp_run[0])))
     assert len(model.templates) == 2
@@ -254,3 +254,20 @@ def test_the_search_at_16_ranks_compares_candidates_on_symmetric_replays():
     assert strategy.search["symmetric_replays"] is True
     assert "warning" not in strategy.search
     assert strategy.predicted_ms < strategy.baseline_ms  # both from full replays
+
+
+def test_communication_passes_stay_out_where_the_transport_shares_the_compute_cores(mlp_run):
+    """A CPU transport on busy cores (loopback, every core computing): the replay does not price its cost, so
+    the search leaves the bucket layout alone unless asked; with a separate transport it searches as before."""
+    from dprorun.replay.template import build_job_model
+
+    model = build_job_model(load_run(str(mlp_run[0])))
+    model.transport = {"shares_cores": True, "transport_cpu_share": 0.55}
+    kept = optimize(model)
+    assert not any(d.pass_name in ("tensor_fusion", "tensor_partition") for d in kept.decisions)
+    assert kept.search["comm_passes"].startswith("off: the job's transport is CPU work")
+    forced = optimize(model, comm_passes=True)
+    model.transport = {"shares_cores": False, "transport_cpu_share": 0.04}
+    auto = optimize(model)
+    assert "comm_passes" not in auto.search and "comm_passes" not in forced.search
+    assert [d.choice for d in auto.decisions] == [d.choice for d in forced.decisions]

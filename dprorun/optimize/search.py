@@ -56,6 +56,9 @@ class MemoryModel:
         return max(peaks) if peaks else None
 
 
+COMM_PASSES = ("tensor_fusion", "tensor_partition")  # the passes that change communication
+
+
 def ready_order(model: JobModel) -> list[str]:
     return sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
 
@@ -114,10 +117,13 @@ def _key(strategy: Strategy) -> str:
 
 def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budget_bytes: Optional[int] = None,
              caps_mb=DEFAULT_CAPS_MB, max_rounds: int = 40, patience: int = 5, min_gain: float = 0.002,
-             time_limit_s: float = 120.0, allow_bf16: bool = False) -> Strategy:
+             time_limit_s: float = 120.0, allow_bf16: bool = False, comm_passes: Optional[bool] = None) -> Strategy:
     """The fastest strategy found for `model` (and under the memory budget when one is given). bf16 autocast
     changes the training's numerics, so it is only searched when `allow_bf16`; otherwise a measured bf16 gain
-    is left as a recommendation in `strategy.search`."""
+    is left as a recommendation in `strategy.search`. `comm_passes` (tensor fusion, tensor partition): None
+    decides from the job: off where its CPU transport shares the cores the ranks compute on
+    (`JobModel.transport`), whose cost the replay does not model (it would mostly propose smaller buckets for
+    overlap that such a transport does not deliver)."""
     if not model.param_ready_fraction:
         raise ValueError("the optimizer needs per-parameter gradient-ready times (profile without "
                          "--no-param-hooks)")
@@ -166,9 +172,12 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
         current = accept(cand, evaluate(current)[0], t, f"peak {peak / 2**20:.1f} -> {cand_peak / 2**20:.1f} MiB, "
                          f"budget {memory_budget_bytes / 2**20:.1f} MiB")
 
+    shares_cores = bool(model.transport and model.transport.get("shares_cores"))
+    if comm_passes is None:
+        comm_passes = not shares_cores
     best_t, _ = evaluate(current)
     seed_best = None
-    for cap in caps_mb:
+    for cap in caps_mb if comm_passes else ():
         cand = Candidate("tensor_fusion", "", _with(current, buckets=ddp_grouping(model, cap), partitions={}))
         t, _ = evaluate(cand.strategy)
         if t < best_t * (1 - min_gain):
@@ -189,7 +198,7 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
         order = ("tensor_partition", "tensor_fusion", "op_fusion", "mixed_precision") if comm_bound else \
             ("op_fusion", "mixed_precision", "tensor_fusion", "tensor_partition")
         scored = [(evaluate(c.strategy)[0], c) for name in order if allow_bf16 or name != "mixed_precision"
-                  for c in CRITICAL_PATH_PASSES[name](ctx)]
+                  if comm_passes or name not in COMM_PASSES for c in CRITICAL_PATH_PASSES[name](ctx)]
         if not scored:
             break
         new_t, cand = min(scored, key=lambda s: s[0])
@@ -228,6 +237,12 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
                       "buckets_after": len(current.buckets) if current.buckets else len(measured)}
     if recommendations:
         current.search["recommendations"] = recommendations
+    if not comm_passes:
+        current.search["comm_passes"] = (
+            "off: the job's transport is CPU work on the cores its ranks compute on (its all-reduces kept it busy "
+            f"{100 * model.transport['transport_cpu_share']:.0f} % of their time), where more collectives cost more "
+            "and overlap gains less than the replay predicts; bucket layout and partitions left as they are "
+            "(force with --comm-passes on)" if shares_cores else "off (asked)")
     if symmetric and final_full > baseline_us:
         current.search["warning"] = (f"the symmetric search's choice replays slower in full ({final_full / 1000:.2f} "
                                      f"vs {baseline_us / 1000:.2f} ms): the ranks differ more than symmetry assumes")
