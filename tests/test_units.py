@@ -241,3 +241,19 @@ def test_cgroup_cpu_quota_is_read_from_v1_and_v2(tmp_path, layout, expected):
         (root / "job.slice").mkdir(parents=True)
         (root / "job.slice" / "cpu.max").write_text("max 100000\n" if layout == "v2max" else "150000 100000\n")
     assert _cgroup_quota_cores(str(proc), str(root)) == expected
+
+
+@pytest.mark.parametrize("budget, warned", [
+    ({"compute_threads": 2, "cores_per_rank": 0.45, "cgroup_quota_cores": 0.45, "cores": 0.45, "local_ranks": 1}, True),
+    ({"compute_threads": 16, "cores_per_rank": 8.0, "cgroup_quota_cores": None, "cores": 16.0, "local_ranks": 2}, True),
+    ({"compute_threads": 1, "cores_per_rank": 1.0, "cgroup_quota_cores": None, "cores": 2.0, "local_ranks": 2}, False),
+    ({"compute_threads": 8, "cores_per_rank": 8.0, "cgroup_quota_cores": None, "cores": 16.0, "local_ranks": 2}, False),
+    ({}, False),  # not recorded
+])
+def test_torch_threads_beyond_the_ranks_cores_are_named(budget, warned):
+    from dprorun.runtime.cpubudget import oversubscription_warning
+
+    message = oversubscription_warning(budget)
+    assert bool(message) == warned
+    if warned:
+        assert f"{budget['compute_threads']} threads" in message and "OMP_NUM_THREADS" in message

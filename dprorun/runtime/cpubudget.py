@@ -73,3 +73,20 @@ def cpu_budget() -> dict:
     return {"cores": round(cores, 3), "cgroup_quota_cores": quota, "local_ranks": local_ranks,
             "cores_per_rank": round(per_rank, 3), "compute_threads": threads,
             "spare_cores": round(per_rank - threads, 3)}
+
+
+def oversubscription_warning(budget: dict) -> str:
+    """A warning when torch computes with clearly more threads than the rank has cores (a container's CPU
+    quota that torch does not read, or several ranks per host without OMP_NUM_THREADS): the threads then wait
+    for each other and the profile measures that. Empty when it does not apply."""
+    try:
+        threads, per_rank = int(budget["compute_threads"]), float(budget["cores_per_rank"])
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if threads <= max(1.0, per_rank) * 1.5:
+        return ""
+    where = f"cgroup quota {budget['cgroup_quota_cores']:g} cores" if budget.get("cgroup_quota_cores") else \
+        f"{budget.get('cores', '?'):g} cores"
+    return (f"torch computes with {threads} threads on {per_rank:g} core(s) per rank ({where}, "
+            f"{budget.get('local_ranks', 1)} rank(s) on this host): set OMP_NUM_THREADS or torch.set_num_threads "
+            f"to about {max(1, int(per_rank))}")

@@ -11,7 +11,7 @@ import time
 from datetime import timedelta
 
 from dprorun.fsutil import atomic_write_bytes, make_private_dir
-from dprorun.runtime.cpubudget import cpu_budget
+from dprorun.runtime.cpubudget import cpu_budget, oversubscription_warning
 from dprorun.runtime.packing import BundleError, pack_files, unpack_files
 from dprorun.runtime.session import RankSession, warn
 
@@ -56,6 +56,11 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         session.warnings.append(f"clock probes failed: {exc}")
     try:
         session.cpu_budget = cpu_budget()
+        oversubscribed = oversubscription_warning(session.cpu_budget)
+        if oversubscribed:
+            session.warnings.append(oversubscribed)
+            if session.local_rank == 0:
+                warn(oversubscribed)
     except Exception as exc:  # informative only
         session.warnings.append(f"CPU budget unreadable: {exc}")
     try:
