@@ -146,6 +146,11 @@ def build_report(run_dir: str, whatif_time_budget_s: float = 60.0, max_whatif_op
                               "critical_path": prediction.critical_path, "comm_model": prediction.comm_model}
         data["replayed_timeline"] = _replayed_timeline(model)
         data["whatif"] = _whatif_curves(model, whatif_time_budget_s, max_whatif_ops)
+        if model.transport and model.transport.get("shares_cores"):
+            data["notes"].append(
+                "the what-if curves assume communication runs beside compute; this job's transport is CPU work "
+                f"on the cores its ranks compute on (busy {100 * model.transport['transport_cpu_share']:.0f} % of "
+                "its all-reduces' time), so curves that add collectives or overlap are optimistic here")
     except ValueError as exc:  # nothing replayable (e.g. no complete profiled iteration): say so on the page
         data["notes"].append(f"no replay: {exc}")
     for name in ("strategy.json", "autotune.json"):

@@ -34,6 +34,9 @@ def test_report_data_from_a_real_run(report):
     assert sorted(sizes) == [2, 4, 8, 16, 32, 64, 128] and not whatif["skipped"]
     assert sizes[16] > sizes[2]  # more ring steps
     assert data["samples"] and data["summary"]["memory"]
+    transport = data["prediction"]["comm_model"]["transport"]  # recorded by every run now
+    assert transport is not None
+    assert transport["shares_cores"] == any("assume communication runs beside compute" in n for n in data["notes"])
 
 
 def test_report_page_is_self_contained(report):
