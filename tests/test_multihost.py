@@ -51,7 +51,11 @@ def test_two_hosts_gather_into_node0_and_dry_run_predicts_four(tmp_path):
 
     prediction = json.loads((node0 / "prediction.json").read_text())
     assert prediction["world_size"] == 4 and prediction["predicted_iteration_time_ms"] > 0
-    assert prediction["comm_model"]["collective_us"] >= 0 and prediction["comm_model"]["alpha_us"] > 0
+    # alpha is the probes' message latency, capped by the fitted intercept (0 when the fit's intercept is)
+    assert prediction["comm_model"]["collective_us"] >= 0 and prediction["comm_model"]["alpha_us"] >= 0
+    assert prediction["comm_model"]["bandwidth_gbit_s"] > 0
+    probes = json.loads((node0 / "rank_0" / "events.json").read_text())["clock_probes"]
+    assert len(probes) == 40  # rank 0 ping-ponged with rank 1 across the link: the message latency is measured
     assert "predicted iteration time" in results[0].stdout or "predicted_iteration_time_ms" in results[0].stdout
     # each host sees its own CPU quota (0.9 of a core), as a rank on a real machine or container would
     for node, rank in ((node0, 0), (node0, 1)):
