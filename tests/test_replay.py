@@ -13,8 +13,8 @@ from dprorun.replay.whatif import WhatIf, predict
 from dprorun.trace.rundir import load_run
 
 
-def test_chain_and_parallel_devices():
-    g = GraphBuilder()
+def _forward_backward_sync_update(g: GraphBuilder) -> tuple[int, int, int, int]:
+    """a(10) -> b(5) -> d(1) on gpu0, with c(7) on link0 after a and before d."""
     a = g.op("a", "FW", 0, "gpu0", 10)
     b = g.op("b", "BW", 0, "gpu0", 5)
     c = g.op("c", "COMM", 0, "link0", 7)
@@ -22,6 +22,12 @@ def test_chain_and_parallel_devices():
     g.chain([a, b, d])
     g.edge(a, c)
     g.edge(c, d)
+    return a, b, c, d
+
+
+def test_chain_and_parallel_devices():
+    g = GraphBuilder()
+    a, b, c, d = _forward_backward_sync_update(g)
     result = replay(g.build())
     assert result.iteration_time_us == 18.0  # a(10) -> c(7) overlaps b(5) -> d(1)
     assert result.critical_path == [a, c, d]
@@ -58,15 +64,9 @@ def test_execution_graph_and_chrome_trace_of_a_replay():
     from dprorun.replay.engine import chrome_trace, execution_graph
 
     g = GraphBuilder()
-    a = g.op("a", "FW", 0, "gpu0", 10)
-    b = g.op("b", "BW", 0, "gpu0", 5)
-    c = g.op("c", "COMM", 0, "link0", 7)
-    d = g.op("d", "UPDATE", 0, "gpu0", 1)
+    a, b, c, d = _forward_backward_sync_update(g)
     virtual = g.op("in", "VIRTUAL", 0, None, 0)
     two = [g.op(f"ch{k}", "COMM", 1, "gloo", 4, capacity=2) for k in range(3)]
-    g.chain([a, b, d])
-    g.edge(a, c)
-    g.edge(c, d)
     g.edge(a, virtual)
     graph = g.build()
     result = replay(graph)
