@@ -89,10 +89,10 @@ def parse_bandwidth(text: str) -> float:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from dprorun.optimize.search import compiled_ready_groups
-    from dprorun.replay.template import build_job_model
     from dprorun.fsutil import atomic_write_json
+    from dprorun.optimize.search import compiled_ready_groups
     from dprorun.replay.engine import chrome_trace, execution_graph
+    from dprorun.replay.template import build_job_model
     from dprorun.replay.whatif import WhatIf, predict_replayed
 
     run, alignment = load_aligned(args.run_dir)
