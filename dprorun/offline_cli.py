@@ -136,6 +136,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
           f"communication {share['communication']:.1f} %, queueing {share['queueing']:.1f} %")
     for row in prediction.critical_path["top"][:10]:
         print(f"  {row['time_on_path_ms']:9.3f} ms  {row['kind']:7} rank {row['rank']:<3} {row['op']}")
+    busiest = sorted(prediction.device_utilisation.items(), key=lambda kv: -kv[1])[:6]
+    print("device utilisation: " + ", ".join(f"{name} {100 * share:.0f} %" for name, share in busiest))
     model = prediction.comm_model
     comm = prediction.comm_model
     print(f"comm model: {comm['collective_us']:.1f} us per collective + {comm['alpha_us']:.1f} us per ring step + "
