@@ -242,7 +242,7 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
             "off: the job's transport is CPU work on the cores its ranks compute on (its all-reduces kept it busy "
             f"{100 * model.transport['transport_cpu_share']:.0f} % of their time), where more collectives cost more "
             "and overlap gains less than the replay predicts; bucket layout and partitions left as they are "
-            "(force with --comm-passes on)" if shares_cores else "off (asked)")
+            "(`dpro optimize --comm-passes on` forces them)" if shares_cores else "off (asked)")
     if symmetric and final_full > baseline_us:
         current.search["warning"] = (f"the symmetric search's choice replays slower in full ({final_full / 1000:.2f} "
                                      f"vs {baseline_us / 1000:.2f} ms): the ranks differ more than symmetry assumes")
