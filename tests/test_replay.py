@@ -257,6 +257,14 @@ def test_a_transport_on_the_compute_cores_is_named_in_what_if_predictions(mlp_ru
     assert not transport_on_compute_cores(run)["shares_cores"]
     set_case(3.0, 0.6)  # cores to spare
     assert not transport_on_compute_cores(run)["shares_cores"]
+    set_case(0.0, 0.6)  # the same numbers on NCCL: the transport is the GPU's, not the cores'
+    trackers = {r: list(t.meta.get("trackers", [])) for r, t in run.ranks.items()}
+    for trace in run.ranks.values():
+        trace.meta["trackers"] = [dict(t, backend="nccl") for t in trace.meta.get("trackers", [])] or \
+            [{"framework": "ddp", "backend": "nccl"}]
+    assert not transport_on_compute_cores(run)["shares_cores"]
+    for r, trace in run.ranks.items():
+        trace.meta["trackers"] = trackers[r]
     for trace in run.ranks.values():  # a run that did not record it
         trace.meta.pop("cpu")
     assert transport_on_compute_cores(run) is None
