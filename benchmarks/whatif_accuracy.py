@@ -46,19 +46,24 @@ def measure(example: str, bucket_mb: float, nproc: int, steps: int, net: str) ->
     raise SystemExit("torchrun failed twice")
 
 
-def predictions(example: str, bucket_mb: float, steps: int, queries: list[list[str]], net: str) -> list[float]:
+def predictions(example: str, bucket_mb: float, steps: int, queries: list[list[str]],
+                net: str) -> tuple[list[float], bool]:
+    """The predicted iteration times for `queries` from one profile, and whether that profile's transport shares
+    the cores its ranks compute on (the replay flags it: its what-ifs are outside the model's assumptions)."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
         subprocess.run(wrap(net, [sys.executable, "-m", "dprorun.cli", "-np", "2", "--run-dir", run_dir, "-q", "--warmup",
                         str(steps // 4), "--active", str(steps - steps // 4 - 4), "--clean", "2", "python",
                         os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps), "--bucket-mb",
                         str(bucket_mb)]), capture_output=True, text=True, check=True, cwd=REPO, timeout=900)
-        out = []
+        out, shares_cores = [], False
         for query in queries:
             res = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *query],
                                  capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
-            out.append(json.loads(res.stdout)["predicted_iteration_time_ms"])
-        return out
+            doc = json.loads(res.stdout)
+            out.append(doc["predicted_iteration_time_ms"])
+            shares_cores = bool((doc["comm_model"].get("transport") or {}).get("shares_cores"))
+        return out, shares_cores
 
 
 def main() -> None:
@@ -83,9 +88,11 @@ def main() -> None:
     for example in args.examples.split(","):
         measured = {t: [] for t in targets + [as_run]}
         predicted = {t: [] for t in targets + [as_run]}
+        flagged = 0
         for _ in range(args.reps):
             queries = [["--bucket-mb", str(v)] if k == "bucket_mb" else ["--np", str(v)] for k, v in targets] + [[]]
-            values = predictions(example, args.profile_mb, args.steps, queries, args.net)
+            values, shares_cores = predictions(example, args.profile_mb, args.steps, queries, args.net)
+            flagged += shares_cores
             for t, value in zip(targets + [as_run], values):
                 predicted[t].append(value)
             for kind, value in targets + [as_run]:
@@ -93,7 +100,8 @@ def main() -> None:
                                                        value if kind == "np" else 2, args.steps, args.net))
         base_m, base_p = statistics.median(measured[as_run]), statistics.median(predicted[as_run])
         print(f"{example:18} {f'as run {args.profile_mb:g} MB':>14} {base_m:9.2f} {base_p:9.2f} "
-              f"{100 * (base_p / base_m - 1):+6.1f}%", flush=True)
+              f"{100 * (base_p / base_m - 1):+6.1f}%   (transport on the compute cores in {flagged} of "
+              f"{args.reps} profiles)", flush=True)
         for t in targets:
             m, p = statistics.median(measured[t]), statistics.median(predicted[t])
             err = 100 * (p / m - 1)
