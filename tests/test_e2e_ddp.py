@@ -142,6 +142,7 @@ def test_memory_parts_calibration_and_probes_are_recorded(mlp_run):
     assert all(c >= 0 for _, c in transport_cpu)
     under_compute = run.ranks[0].meta["calibration_under_compute"]  # gloo: the same all-reduces beside compute
     assert [size for size, _ in under_compute] == [1 << 16, 1 << 20] and all(t > 0 for _, t in under_compute)
+    assert [t["backend"] for t in run.ranks[0].meta["trackers"]] == ["gloo"]  # read while the group existed
     cpu = run.ranks[0].meta["cpu"]  # 2 ranks on this host; torchrun-style launch: one compute thread each
     assert cpu["local_ranks"] == 2 and cpu["cores"] > 0 and cpu["compute_threads"] >= 1
     assert cpu["spare_cores"] == round(cpu["cores_per_rank"] - cpu["compute_threads"], 3)

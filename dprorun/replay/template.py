@@ -319,7 +319,7 @@ def transport_on_compute_cores(run) -> Optional[dict]:
     on ranks with no core to spare (cores per rank - torch's compute threads < 1). The replay gives
     communication devices of its own, so there it over-rates overlap and under-rates extra collectives.
     None when the run did not record it (older runs, Horovod without the DDP tracker)."""
-    budgets, shares, devices = [], [], set()
+    budgets, shares = [], []
     for trace in run.ranks.values():
         cpu = trace.meta.get("cpu") or {}
         if "spare_cores" in cpu:
@@ -329,13 +329,11 @@ def transport_on_compute_cores(run) -> Optional[dict]:
         if rows:  # the largest all-reduce: bytes dominate it, not the per-call costs every transport has
             nbytes, cpu_us = max(rows)
             shares.append(cpu_us / wall[nbytes])
-        devices.update(op.device.split(":")[0] for op in trace.ops if op.kind.value == "COMM")
     if not budgets or not shares:
         return None
     spare = min(float(b["spare_cores"]) for b in budgets)
     share = float(np.median(shares))
-    on_gpu = "cuda" in devices or any(t.get("backend") == "nccl" for tr in run.ranks.values()
-                                      for t in tr.meta.get("trackers", []))
+    on_gpu = any(t.get("backend") == "nccl" for tr in run.ranks.values() for t in tr.meta.get("trackers", []))
     shares_cores = (not on_gpu) and spare < 1.0 and share >= TRANSPORT_CPU_SHARE
     worst = min(budgets, key=lambda b: float(b["spare_cores"]))
     idle = {b: t for b, t in _rank_median_rows(run, "calibration")}

@@ -382,8 +382,9 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[
                      "communication devices of its own: more collectives cost more and overlap gains less than "
                      "predicted here")
     if graph.meta["ranks_built"] < graph.meta["world_size"]:
-        notes.append(f"the ring of {graph.meta['world_size']} ranks repeats every {graph.meta['ranks_built']} ranks (they "
-                     f"cycle through the measured ones): {graph.meta['ranks_built']} built, exactly equivalent; "
+        built = graph.meta["ranks_built"]
+        notes.append(f"the ring of {graph.meta['world_size']} ranks repeats every {built} ranks (they cycle "
+                     f"through the measured ones): {built} built, exactly equivalent; "
                      "utilisation and critical path are shown for those")
     if len(runs) > 1:
         notes.append(f"median of {len(runs)} replays, one per measured iteration (p10-p90 "

@@ -4,9 +4,10 @@ Patched into the class when torch.nn.parallel.distributed is imported:
   - __init__: attaches a DDPTracker to every DDP module the script (or Lightning / HF Trainer) builds;
   - register_comm_hook: wraps a user's comm hook with bucket timing instead of replacing it.
 Without a user hook the tracker registers its own all-reduce hook (DDP's default semantics) wrapped with timing
-at the first forward of the profiling window (DDP's built-in path runs until then). During the profiling window the tracker records per bucket: enqueue time (the hook is called
-when the bucket is ready), and completion (the future's callback); the gloo/NCCL transmission span itself comes
-from the profiler's trace, so queueing and transmission are separated by the reader.
+at the first forward of the profiling window (DDP's built-in path runs until then). During the profiling window
+the tracker records per bucket: enqueue time (the hook is called when the bucket is ready), and completion (the
+future's callback); the gloo/NCCL transmission span itself comes from the profiler's trace, so queueing and
+transmission are separated by the reader.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class DDPTracker:
         self.hook_registered = False
         self.hook_decided = False
         self.prev_forward_synced = True
+        self.backend = _backend_name(ddp)  # now: at the job's end its process group may be gone ("unknown")
         self.param_names: dict[int, str] = {}
         order, nbytes = [], {}
         for name, param in ddp.module.named_parameters():
@@ -99,7 +101,7 @@ class DDPTracker:
     def describe(self) -> dict:
         return {"ddp": self.index, "user_comm_hook": self.user_hook, "builtin_comm_hook": self.builtin_hook,
                 "timed_buckets": self.hook_registered or self.user_hook,
-                "backend": _backend_name(self.ddp)}
+                "backend": self.backend}
 
     # ---- forward / backward ------------------------------------------------------------------------------
     def _pre_forward(self, module, inputs):
