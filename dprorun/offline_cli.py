@@ -241,6 +241,73 @@ def _cmd_import_horovod(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_stage_scale(text: str) -> dict[str, float]:
+    """"PUSH=0.5,PULL=0.5" -> {"PUSH": 0.5, "PULL": 0.5}"""
+    out: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        stage, sep, value = item.partition("=")
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = -1.0
+        if not sep or not stage or factor <= 0:
+            raise argparse.ArgumentTypeError(f"expected STAGE=FACTOR[,STAGE=FACTOR...] with FACTOR > 0, got {item!r}")
+        out[stage.strip().upper()] = factor
+    return out
+
+
+def _cmd_import_byteps(args: argparse.Namespace) -> int:
+    from dprorun.replay.pipeline import pipeline_summary
+    from dprorun.trace.byteps import read_byteps_comm
+    from dprorun.trace.model import RunTrace
+
+    traces = [read_byteps_comm(path, rank=k) for k, path in enumerate(args.comm_json)]
+    docs = [pipeline_summary(bt, args.stage_scale) for bt in traces]
+    if args.output:
+        from dprorun.timeline import write_timeline
+
+        run = RunTrace(run_dir=os.path.dirname(os.path.abspath(args.comm_json[0])),
+                       manifest={"world_size": len(traces), "source": "byteps comm.json"},
+                       ranks={bt.trace.rank: bt.trace for bt in traces})
+        written = write_timeline(run, args.output)
+        for doc in docs:
+            doc["chrome_trace"] = written
+    if args.json:
+        print(json.dumps(docs if len(docs) > 1 else docs[0], indent=2))
+        return 0
+    for doc in docs:
+        print(f"{doc['path']}: {doc['role']} GPU, {doc['tensors']} tensor(s), "
+              f"{sum(doc['partitions'].values())} partitions, {doc['steps']} steps"
+              + (" (file cut short: complete events only)" if doc["truncated"] else ""))
+        print(f"  {'stage':<22} {'service ms':>10} {'queued ms':>10} {'% of step':>9}   (per step, medians; "
+              "queued: summed over partitions)")
+        for row in doc["stages"]:
+            print(f"  {row['stage']:<22} {row['service_ms']:10.2f} {row['waiting_ms']:10.2f} "
+                  f"{row['busy_pct_of_step']:9.1f}")
+        print(f"  bottleneck stage: {doc['bottleneck']}")
+        for note in doc["notes"]:
+            print(f"  note: {note}")
+        loo = doc["leave_one_out_error_pct"]
+        print(f"  sync time per step: measured median {_median_of(doc['measured_sync_ms']):.2f} ms; replayed from "
+              f"the other steps' medians: median {_median_of(doc['predicted_sync_ms']):.2f} ms "
+              f"(per-step error median {loo['median']:.2f} %, max {loo['max']:.2f} %)")
+        if "whatif" in doc:
+            w = doc["whatif"]
+            scale = ", ".join(f"{k} x{v:g}" for k, v in w["stage_scale"].items())
+            print(f"  what-if ({scale}): {w['as_run_sync_ms']:.2f} -> {w['predicted_sync_ms']:.2f} ms")
+            for note in w["notes"]:
+                print(f"  note: {note}")
+    if args.output:
+        print(f"wrote {docs[0]['chrome_trace']['events']} events to {args.output}")
+    return 0
+
+
+def _median_of(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpro", description="Analyse a dprorun run directory.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -305,6 +372,14 @@ def build_parser() -> argparse.ArgumentParser:
     hv.add_argument("-o", "--output", default=None, help="also write it as a Chrome trace in dprorun's model")
     hv.add_argument("--json", action="store_true")
     hv.set_defaults(func=_cmd_import_horovod)
+    bp = sub.add_parser("import-byteps", help="read BytePS comm.json files (BYTEPS_TRACE_ON=1): per-stage service "
+                        "and queueing, and a replay of the partition pipeline (with stage what-ifs)")
+    bp.add_argument("comm_json", nargs="+", help="comm.json (or .json.gz), one per GPU")
+    bp.add_argument("--stage-scale", type=parse_stage_scale, default=None, metavar="STAGE=F[,...]",
+                    help="what-if: multiply these stages' service times, e.g. PUSH=0.5,PULL=0.5")
+    bp.add_argument("-o", "--output", default=None, help="also write them as a Chrome trace in dprorun's model")
+    bp.add_argument("--json", action="store_true")
+    bp.set_defaults(func=_cmd_import_byteps)
     return parser
 
 

@@ -1,0 +1,202 @@
+"""Replay of a staged, partitioned synchronisation (BytePS): every partition of every tensor passes through a
+chain of stages, and each stage is one device that serves partitions one at a time in the order they reach it.
+
+From the recorded spans (entry into a stage's queue -> completion) each op's service time is what the stage
+itself spent on it: end - max(entry, the stage's previous completion); the rest of its span is waiting. The
+replay graph of a step: per partition, its entry delay (when BytePS took it up, from the tensor's start),
+then its stages in order, with the measured hand-off between two stages (a loop thread picking it up; on a
+non-root GPU also the wait for the root's PUSH/PULL, which that file does not show) as a delay that takes no
+device. Replaying with the step's own times reproduces it; replaying with the other steps' medians predicts
+it (`predict_steps`), and scaling a stage's service times answers what-ifs (e.g. PUSH and PULL x 0.5 for a
+network twice as fast).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, critical_path_report, replay
+from dprorun.trace.byteps import BytePSTrace
+from dprorun.trace.model import Op, OpKind
+
+
+@dataclass
+class ChainTimes:
+    """One step's measured times, per (tensor, partition): entry delay, and per stage (in order) the service
+    time and the hand-off delay before it."""
+
+    entry_us: dict[tuple[str, int], float]
+    stages: dict[tuple[str, int], list[tuple[str, float, float, str]]]  # (stage, service, handoff, op kind)
+    waiting_us: dict[str, float]  # per stage: time partitions spent queued in it
+    span_us: float  # the step's measured synchronisation span
+
+
+@dataclass
+class PipelinePrediction:
+    step: int
+    predicted_us: float
+    measured_us: float
+    stage_busy_us: dict[str, float]
+    critical_path: dict
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> float:
+        return self.predicted_us / self.measured_us - 1.0 if self.measured_us else 0.0
+
+
+def step_times(bt: BytePSTrace, step: int) -> ChainTimes:
+    """Service, waiting and hand-off times of one step, from its recorded spans."""
+    ops = [op for op in bt.trace.ops if op.iteration == step]
+    if not ops:
+        raise ValueError(f"{bt.path}: step {step} has no stage events")
+    service: dict[int, float] = {}
+    waiting: dict[str, float] = {}
+    by_stage: dict[str, list[int]] = {}
+    for k, op in enumerate(ops):
+        by_stage.setdefault(op.phase, []).append(k)
+    for stage, members in by_stage.items():
+        free = -np.inf
+        for k in sorted(members, key=lambda k: (ops[k].start_us, ops[k].end_us)):
+            begin = max(ops[k].start_us, free)
+            service[k] = max(0.0, ops[k].end_us - begin)
+            waiting[stage] = waiting.get(stage, 0.0) + max(0.0, min(begin, ops[k].end_us) - ops[k].start_us)
+            free = max(free, ops[k].end_us)
+    chains: dict[tuple[str, int], list[int]] = {}
+    for k, op in enumerate(ops):
+        chains.setdefault((op.tensor, op.chunk), []).append(k)
+    starts = {t: a for (t, s), (a, _) in bt.sync_spans.items() if s == step}
+    entry, stages = {}, {}
+    for key, members in chains.items():
+        members.sort(key=lambda k: (ops[k].start_us, ops[k].end_us))
+        origin = starts.get(key[0], ops[members[0]].start_us)
+        entry[key] = max(0.0, ops[members[0]].start_us - origin)
+        rows, previous_end = [], None
+        for k in members:
+            handoff = 0.0 if previous_end is None else max(0.0, ops[k].start_us - previous_end)
+            rows.append((ops[k].phase.upper(), service[k], handoff, ops[k].kind.value))
+            previous_end = ops[k].end_us
+        stages[key] = rows
+    span = next((end - start for i, start, end in bt.trace.iterations if i == step), 0.0)
+    return ChainTimes(entry, stages, waiting, span)
+
+
+def median_times(samples: list[ChainTimes]) -> ChainTimes:
+    """Per partition and stage, the median over steps with the same chain of stages."""
+    keys = set.intersection(*(set(s.stages) for s in samples))
+    entry, stages = {}, {}
+    for key in keys:
+        chains = [s.stages[key] for s in samples]
+        layout = [tuple(r[0] for r in c) for c in chains]
+        common = max(set(layout), key=layout.count)
+        same = [c for c, l in zip(chains, layout) if l == common]
+        entry[key] = float(np.median([s.entry_us[key] for s in samples]))
+        stages[key] = [(stage, float(np.median([c[i][1] for c in same])), float(np.median([c[i][2] for c in same])),
+                        same[0][i][3]) for i, stage in enumerate(common)]
+    waiting = {k: float(np.median([s.waiting_us.get(k, 0.0) for s in samples]))
+               for k in set().union(*(s.waiting_us for s in samples))}
+    return ChainTimes(entry, stages, waiting, float(np.median([s.span_us for s in samples])))
+
+
+def pipeline_graph(times: ChainTimes, stage_scale: Optional[dict[str, float]] = None,
+                   rank: int = 0) -> ReplayGraph:
+    """The replay graph of one step: per partition, entry delay -> (hand-off -> stage) x stages."""
+    scale = {k.upper(): v for k, v in (stage_scale or {}).items()}
+    builder = GraphBuilder()
+    # partitions reach BytePS in entry order; build them in that order so ties replay as recorded
+    for key in sorted(times.stages, key=lambda k: (times.entry_us[k], k[1])):
+        tensor, partition = key
+        previous = builder.op(f"enter.{tensor}.p{partition}", "VIRTUAL", rank, None, times.entry_us[key])
+        for stage, service, handoff, kind in times.stages[key]:
+            if handoff > 0:
+                wait = builder.op(f"handoff.{stage}.{tensor}.p{partition}", "VIRTUAL", rank, None, handoff)
+                builder.edge(previous, wait)
+                previous = wait
+            node = builder.op(f"{stage}.{tensor}.p{partition}", "QUEUE" if kind == OpKind.QUEUE.value else "COMM",
+                              rank, f"byteps.{stage.lower()}", service * scale.get(stage, 1.0))
+            builder.edge(previous, node)
+            previous = node
+    return builder.build({"source": "byteps pipeline"})
+
+
+def _prediction(step: int, times: ChainTimes, measured_us: float, stage_scale: Optional[dict[str, float]],
+                notes: list[str]) -> PipelinePrediction:
+    graph = pipeline_graph(times, stage_scale)
+    result: ReplayResult = replay(graph)
+    return PipelinePrediction(step, result.iteration_time_us, measured_us, dict(result.device_busy_us),
+                              critical_path_report(graph, result, top=10), list(notes))
+
+
+def predict_steps(bt: BytePSTrace, stage_scale: Optional[dict[str, float]] = None) -> list[PipelinePrediction]:
+    """Each step predicted from the medians of the other steps (leave one out), replayed as a pipeline."""
+    per_step = {s: step_times(bt, s) for s in range(bt.steps)
+                if any(op.iteration == s for op in bt.trace.ops)}
+    if len(per_step) < 2:
+        raise ValueError(f"{bt.path}: {len(per_step)} complete step(s); predicting a step needs at least 2")
+    notes = []
+    if bt.role == "worker" and stage_scale and any(k.upper() in ("PUSH", "PULL") for k in stage_scale):
+        notes.append("this GPU's file has no PUSH/PULL (the root GPU of its host does them): scaling them "
+                     "changes nothing here; replay the root's comm.json")
+    if bt.role == "root" and stage_scale and any(k.upper() == "PULL" for k in stage_scale):
+        notes.append("a PULL's recorded service includes the server waiting for every worker's PUSH: scaling "
+                     "PULL scales that wait too")
+    out = []
+    for step, own in per_step.items():
+        others = median_times([t for s, t in per_step.items() if s != step])
+        out.append(_prediction(step, others, own.span_us, stage_scale, notes))
+    return out
+
+
+def reconstruct_step(bt: BytePSTrace, step: int) -> PipelinePrediction:
+    """Replay a step with its own measured times (the model reproducing what it was built from)."""
+    own = step_times(bt, step)
+    return _prediction(step, own, own.span_us, None, [])
+
+
+def pipeline_summary(bt: BytePSTrace, stage_scale: Optional[dict[str, float]] = None) -> dict:
+    """Per stage: service and waiting per step (medians over steps), its share of the step; the steps'
+    measured sync times and their leave-one-out replayed predictions (and with `stage_scale`, the what-if)."""
+    per_step = [step_times(bt, s) for s in range(bt.steps) if any(op.iteration == s for op in bt.trace.ops)]
+    typical = median_times(per_step)
+    service: dict[str, list[float]] = {}
+    for t in per_step:
+        totals: dict[str, float] = {}
+        for rows in t.stages.values():
+            for stage, busy, _, _ in rows:
+                totals[stage] = totals.get(stage, 0.0) + busy
+        for stage, busy in totals.items():
+            service.setdefault(stage, []).append(busy)
+    span = typical.span_us or 1.0
+    stages = []
+    for stage in bt.stages:
+        busy = float(np.median(service.get(stage, [0.0])))
+        stages.append({"stage": stage, "service_ms": round(busy / 1000, 3),
+                       "waiting_ms": round(typical.waiting_us.get(stage.lower(), 0.0) / 1000, 3),
+                       "busy_pct_of_step": round(100 * busy / span, 1)})
+    as_run = predict_steps(bt)
+    errors = [abs(p.error) for p in as_run]
+    share = as_run[0].critical_path["share_pct"]
+    notes = []
+    if bt.role == "worker":
+        notes.append(f"{share.get('virtual', 0.0):.0f} % of the replayed critical path is entry and hand-off delay: "
+                     "on a non-root GPU mostly the wait for the root GPU's PUSH/PULL, which only the root's "
+                     "comm.json shows")
+    if bt.truncated:
+        notes.append("the file was cut short: the last step may be incomplete")
+    doc = {"path": bt.path, "role": bt.role, "tensors": len(bt.tensors), "partitions": bt.partitions,
+           "steps": bt.steps, "truncated": bt.truncated, "stages": stages,
+           "bottleneck": max(stages, key=lambda s: s["service_ms"])["stage"] if stages else None,
+           "measured_sync_ms": [round(p.measured_us / 1000, 3) for p in as_run],
+           "predicted_sync_ms": [round(p.predicted_us / 1000, 3) for p in as_run],
+           "leave_one_out_error_pct": {"median": round(100 * float(np.median(errors)), 2),
+                                       "max": round(100 * float(max(errors)), 2)},
+           "critical_path_share_pct": share, "notes": notes}
+    if stage_scale:
+        whatif = predict_steps(bt, stage_scale)
+        doc["whatif"] = {"stage_scale": dict(stage_scale),
+                         "predicted_sync_ms": round(float(np.median([p.predicted_us for p in whatif])) / 1000, 3),
+                         "as_run_sync_ms": round(float(np.median([p.predicted_us for p in as_run])) / 1000, 3),
+                         "notes": whatif[0].notes}
+    return doc

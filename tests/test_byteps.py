@@ -1,0 +1,215 @@
+"""BytePS: comm.json reader, the partition-pipeline replay, `dpro import-byteps` and the bpslaunch drop-in.
+
+Recorded files (../shared/fixtures/byteps, real BytePS traces) are used where present; constructed files with
+known queueing cover the rest (BytePS cannot be built here: it needs CUDA), and a stand-in `bpslaunch` that
+writes a comm.json exercises the drop-in's plumbing (environment, run directory, exit codes)."""
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from dprorun.fsutil import TraceError
+from dprorun.replay.pipeline import pipeline_summary, predict_steps, reconstruct_step, step_times
+from dprorun.trace.byteps import read_byteps_comm
+from dprorun.trace.model import OpKind
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "byteps")
+needs_fixtures = pytest.mark.skipif(not os.path.isdir(FIXTURES),
+                                    reason=f"recorded BytePS traces not present ({FIXTURES})")
+PID = "Comm.byteps.Gradient.w"
+
+
+def constructed_events(steps: int = 3, partitions: int = 4, reduce_us: float = 100.0, push_us: float = 400.0,
+                       step_gap_us: float = 5000.0) -> list[dict]:
+    """A root GPU's trace: per step every partition enters REDUCE at once (so partition k waits k x reduce_us),
+    then PUSH (one at a time), PULL (fixed 50 µs after its PUSH) and BROADCAST (20 µs)."""
+    events = []
+    t0 = 1_600_000_000_000_000.0
+    for step in range(steps):
+        base = t0 + step * step_gap_us
+        jitter = 10.0 * step  # steps differ a little, as real ones do
+        push_free = base
+        last_end = base
+        for p in range(partitions):
+            r_start, r_end = base + 10.0, base + 10.0 + (p + 1) * (reduce_us + jitter)
+            push_start = r_end + 5.0
+            push_begin = max(push_start, push_free)
+            push_end = push_begin + push_us
+            push_free = push_end
+            pull_end = push_end + 50.0
+            b_start, b_end = pull_end + 2.0, pull_end + 22.0
+            for stage, a, b in (("REDUCE", r_start, r_end), ("PUSH", push_start, push_end),
+                                ("PULL", push_end, pull_end), ("BROADCAST", b_start, b_end)):
+                events.append({"ph": "X", "pid": PID, "tid": str(p), "name": f"{PID}.{stage}", "ts": a,
+                               "dur": b - a, "cat": "Comm", "args": {"name": PID}})
+            last_end = max(last_end, b_end)
+        events.append({"ph": "X", "pid": PID, "tid": "total", "name": PID, "ts": base, "dur": last_end - base,
+                       "cat": "Comm", "args": {"name": PID}})
+    return events
+
+
+def write_comm(path: str, events: list[dict]) -> str:
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f, indent=4)
+    return path
+
+
+def test_constructed_trace_separates_queueing_from_service(tmp_path):
+    bt = read_byteps_comm(write_comm(str(tmp_path / "comm.json"), constructed_events()))
+    assert bt.role == "root" and bt.steps == 3 and bt.partitions == {"byteps.Gradient.w": 4}
+    assert bt.stages == ["REDUCE", "PUSH", "PULL", "BROADCAST"]
+    assert all(op.iteration in (0, 1, 2) and op.source == "byteps" for op in bt.trace.ops)
+    assert {op.chunk for op in bt.trace.ops} == {0, 1, 2, 3}
+    times = step_times(bt, 0)
+    reduce = [times.stages[("byteps.Gradient.w", p)][0] for p in range(4)]
+    assert [r[0] for r in reduce] == ["REDUCE"] * 4
+    assert [round(r[1]) for r in reduce] == [100, 100, 100, 100]  # service: one partition's work
+    assert round(times.waiting_us["reduce"]) == 100 + 200 + 300  # partition k queued k x 100 µs
+    pushes = [times.stages[("byteps.Gradient.w", p)][1][1] for p in range(4)]
+    assert [round(x) for x in pushes] == [400] * 4
+
+
+def test_replay_reproduces_a_step_and_predicts_the_others(tmp_path):
+    bt = read_byteps_comm(write_comm(str(tmp_path / "comm.json"), constructed_events()))
+    for step in range(3):
+        again = reconstruct_step(bt, step)
+        assert abs(again.error) < 1e-6, (step, again.predicted_us, again.measured_us)
+    predictions = predict_steps(bt)
+    assert len(predictions) == 3 and all(abs(p.error) < 0.02 for p in predictions)
+    faster = predict_steps(bt, {"PUSH": 0.5})
+    assert all(f.predicted_us < p.predicted_us for f, p in zip(faster, predictions))
+    # 4 pushes of 400 µs back to back dominate: halving them saves close to 4 x 200 µs
+    saved = predictions[0].predicted_us - faster[0].predicted_us
+    assert 600 < saved <= 800
+
+
+def test_cut_short_file_keeps_complete_events_and_bad_files_are_named(tmp_path):
+    path = write_comm(str(tmp_path / "comm.json"), constructed_events())
+    text = open(path).read()
+    cut = tmp_path / "cut.json"
+    cut.write_text(text[: int(len(text) * 0.7)])
+    bt = read_byteps_comm(str(cut))
+    assert bt.truncated and 0 < len(bt.trace.ops) < 3 * 4 * 4
+    (tmp_path / "empty.json").write_text('{"traceEvents": [')
+    with pytest.raises(TraceError, match="no complete event"):
+        read_byteps_comm(str(tmp_path / "empty.json"))
+    (tmp_path / "other.json").write_text('[{"ph": "X"}]')
+    with pytest.raises(TraceError, match="not a BytePS comm.json"):
+        read_byteps_comm(str(tmp_path / "other.json"))
+    with pytest.raises(TraceError, match="cannot be read"):
+        read_byteps_comm(str(tmp_path / "missing.json"))
+
+
+@needs_fixtures
+def test_recorded_worker_and_root_traces():
+    worker = read_byteps_comm(os.path.join(FIXTURES, "comm.json.gz"))
+    root = read_byteps_comm(os.path.join(FIXTURES, "comm3.json.gz"))
+    assert worker.role == "worker" and root.role == "root"
+    assert worker.steps == root.steps == 11
+    assert worker.partitions == root.partitions == {"byteps.Whole.Gradient": 60}
+    assert len(worker.trace.ops) == 7 * 60 * 11 and len(root.trace.ops) == 6 * 60 * 11
+    assert all(op.iteration >= 0 for op in root.trace.ops)
+    assert {op.kind for op in worker.trace.ops if op.phase.startswith("coordinate")} == {OpKind.QUEUE}
+    for bt in (worker, root):
+        assert abs(reconstruct_step(bt, 4).error) < 0.005
+    summary = pipeline_summary(root, {"PUSH": 0.5, "PULL": 0.5})
+    assert summary["bottleneck"] == "PULL"
+    # each step predicted from the other ten steps' medians (measured: max 4.8 %)
+    assert summary["leave_one_out_error_pct"]["max"] < 8.0
+    assert summary["whatif"]["predicted_sync_ms"] < 0.7 * summary["whatif"]["as_run_sync_ms"]
+    unchanged = pipeline_summary(worker, {"PUSH": 0.5})
+    assert unchanged["whatif"]["predicted_sync_ms"] == unchanged["whatif"]["as_run_sync_ms"]
+    assert any("root" in note for note in unchanged["whatif"]["notes"])
+
+
+def test_dpro_import_byteps_command(tmp_path):
+    path = write_comm(str(tmp_path / "comm.json"), constructed_events())
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-byteps", path, "--stage-scale",
+                          "PUSH=0.5", "-o", str(tmp_path / "trace.json")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "bottleneck stage: PUSH" in out.stdout and "what-if (PUSH x0.5)" in out.stdout
+    assert json.load(open(tmp_path / "trace.json"))["traceEvents"]
+    js = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-byteps", path, "--json"],
+                        capture_output=True, text=True)
+    assert json.loads(js.stdout)["role"] == "root"
+    bad = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-byteps", path, "--stage-scale",
+                          "PUSH=-1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "FACTOR > 0" in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-byteps",
+                              str(tmp_path / "nope.json")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "nope.json: cannot be read" in missing.stderr
+
+
+FAKE_BPSLAUNCH = """#!{python}
+# stand-in for BytePS's bpslaunch: records its environment, writes GPU 0's comm.json, exits FAKE_RC
+import json, os, shutil, sys
+with open(os.environ["FAKE_LOG"], "w") as f:
+    json.dump({{"argv": sys.argv[1:], "env": {{k: v for k, v in os.environ.items() if k.startswith("BYTEPS_")}}}}, f)
+if os.environ.get("BYTEPS_TRACE_ON") == "1" and os.environ.get("FAKE_WRITE", "1") == "1":
+    target = os.path.join(os.environ["BYTEPS_TRACE_DIR"], "0")
+    os.makedirs(target, exist_ok=True)
+    shutil.copyfile(os.environ["FAKE_COMM"], os.path.join(target, "comm.json"))
+sys.exit(int(os.environ.get("FAKE_RC", "0")))
+"""
+
+
+@pytest.fixture
+def fake_bpslaunch(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "bpslaunch"
+    exe.write_text(FAKE_BPSLAUNCH.format(python=sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    comm = write_comm(str(tmp_path / "source_comm.json"), constructed_events())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BYTEPS_", "DMLC_", "DPRO_"))}
+    env.update({"PATH": os.path.join(REPO, "launchers") + os.pathsep + str(bindir) + os.pathsep + env["PATH"],
+                "FAKE_LOG": str(tmp_path / "log.json"), "FAKE_COMM": comm, "DMLC_ROLE": "worker"})
+    return env
+
+
+def _shim(args, env, cwd):
+    return subprocess.run([sys.executable, os.path.join(REPO, "launchers", "bpslaunch"), *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_bpslaunch_dropin_traces_a_worker_and_keeps_exit_codes(tmp_path, fake_bpslaunch):
+    env = dict(fake_bpslaunch, DPRO_RUN_DIR=str(tmp_path / "run"))
+    proc = _shim(["python3", "train.py"], env, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    seen = json.load(open(tmp_path / "log.json"))
+    assert seen["argv"] == ["python3", "train.py"]
+    assert seen["env"]["BYTEPS_TRACE_ON"] == "1"
+    assert seen["env"]["BYTEPS_TRACE_DIR"] == str(tmp_path / "run" / "byteps")
+    assert (seen["env"]["BYTEPS_TRACE_START_STEP"], seen["env"]["BYTEPS_TRACE_END_STEP"]) == ("10", "20")
+    assert os.path.isfile(tmp_path / "run" / "byteps" / "0" / "comm.json")
+    assert "bottleneck stage: PUSH" in proc.stdout
+    manifest = json.load(open(tmp_path / "run" / "manifest.json"))
+    assert manifest["exit_code"] == 0 and manifest["framework"] == "byteps"
+
+    # a failing job: its exit code comes back and what it wrote is kept; the user's trace settings win
+    own = tmp_path / "own_traces"
+    env = dict(fake_bpslaunch, DPRO_RUN_DIR=str(tmp_path / "run2"), FAKE_RC="3", BYTEPS_TRACE_DIR=str(own),
+               BYTEPS_TRACE_END_STEP="7")
+    proc = _shim(["python3", "train.py"], env, str(tmp_path))
+    assert proc.returncode == 3
+    seen = json.load(open(tmp_path / "log.json"))
+    assert seen["env"]["BYTEPS_TRACE_DIR"] == str(own) and seen["env"]["BYTEPS_TRACE_END_STEP"] == "7"
+    assert os.path.isfile(own / "0" / "comm.json") and os.path.isfile(tmp_path / "run2" / "byteps" / "0" / "comm.json")
+    assert json.load(open(tmp_path / "run2" / "manifest.json"))["exit_code"] == 3
+
+
+def test_bpslaunch_dropin_without_traces_servers_and_no_bytePS(tmp_path, fake_bpslaunch):
+    env = dict(fake_bpslaunch, DPRO_RUN_DIR=str(tmp_path / "run"), FAKE_WRITE="0")
+    proc = _shim(["python3", "train.py"], env, str(tmp_path))
+    assert proc.returncode == 0 and "no BytePS comm.json was written" in proc.stderr
+    server = dict(fake_bpslaunch, DMLC_ROLE="server", DPRO_RUN_DIR=str(tmp_path / "server_run"))
+    proc = _shim([], server, str(tmp_path))
+    assert proc.returncode == 0 and "BYTEPS_TRACE_ON" not in json.load(open(tmp_path / "log.json"))["env"]
+    assert not os.path.exists(tmp_path / "server_run")
+    alone = dict(fake_bpslaunch, PATH=os.path.join(REPO, "launchers") + os.pathsep + "/usr/bin:/bin")
+    proc = _shim(["python3", "train.py"], alone, str(tmp_path))
+    assert proc.returncode == 2 and "bpslaunch was not found" in proc.stderr
