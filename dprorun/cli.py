@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--run-dir", default="", help="run directory (default dpro_runs/<job-id>)")
     prof.add_argument("--job-id", default="", help="job id (default: time + random suffix)")
     prof.add_argument("--warmup", type=int, default=None, help="iterations before the profiled window (5)")
-    prof.add_argument("--active", type=int, default=None, help="profiled iterations (10)")
+    prof.add_argument("--active", type=int, default=None, help="profiled iterations (15)")
     prof.add_argument("--clean", type=int, default=None,
                       help="iterations timed after the window without the profiler (5)")
     prof.add_argument("--no-kineto", action="store_true", help="do not run torch.profiler in the window")

@@ -20,7 +20,9 @@ class ProfileConfig:
     run_dir: str = ""
     job_id: str = ""
     warmup: int = 5  # iterations before the profiled window
-    active: int = 10  # profiled iterations
+    # profiled iterations: 15 leaves 11 without the profiler (its 3, and the one its export disturbs, are left
+    # out) for the replay's per-iteration statistics, which want >= 10
+    active: int = 15
     clean: int = 5  # iterations after the window timed without the profiler (overhead-free reference)
     kineto: bool = True  # run torch.profiler during the window
     kineto_iters: int = 3  # the profiler runs for the first N active iterations only (it costs 10-30 %)
