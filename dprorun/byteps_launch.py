@@ -34,13 +34,13 @@ class BytePSLaunch:
     env: dict[str, str] = field(default_factory=dict)  # what dprorun adds to the job's environment
 
 
-def find_real_bpslaunch(skip_dir: str, path: Optional[str] = None) -> Optional[str]:
-    """The first `bpslaunch` on PATH that is not dprorun's shim (DPRO_REAL_BPSLAUNCH wins)."""
-    explicit = os.environ.get("DPRO_REAL_BPSLAUNCH")
+def find_real_bpslaunch(skip_dir: str, environ: dict[str, str]) -> Optional[str]:
+    """The first `bpslaunch` on the environment's PATH that is not dprorun's shim (DPRO_REAL_BPSLAUNCH wins)."""
+    explicit = environ.get("DPRO_REAL_BPSLAUNCH")
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
     skip = os.path.realpath(skip_dir)
-    for entry in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
+    for entry in environ.get("PATH", "").split(os.pathsep):
         if not entry or os.path.realpath(entry) == skip:
             continue
         candidate = os.path.join(entry, "bpslaunch")
@@ -50,7 +50,7 @@ def find_real_bpslaunch(skip_dir: str, path: Optional[str] = None) -> Optional[s
 
 
 def plan(command: Sequence[str], environ: dict[str, str], shim_dir: str) -> BytePSLaunch:
-    real = find_real_bpslaunch(shim_dir, environ.get("PATH"))
+    real = find_real_bpslaunch(shim_dir, environ)
     if real is None:
         raise RuntimeError("BytePS's bpslaunch was not found on PATH (install BytePS, or set DPRO_REAL_BPSLAUNCH "
                            "to its path)")

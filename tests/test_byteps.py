@@ -102,6 +102,9 @@ def test_cut_short_file_keeps_complete_events_and_bad_files_are_named(tmp_path):
         read_byteps_comm(str(tmp_path / "other.json"))
     with pytest.raises(TraceError, match="cannot be read"):
         read_byteps_comm(str(tmp_path / "missing.json"))
+    one_step = read_byteps_comm(write_comm(str(tmp_path / "one.json"), constructed_events(steps=1)))
+    with pytest.raises(ValueError, match="needs at least 2"):
+        predict_steps(one_step)
 
 
 @needs_fixtures
@@ -213,3 +216,6 @@ def test_bpslaunch_dropin_without_traces_servers_and_no_bytePS(tmp_path, fake_bp
     alone = dict(fake_bpslaunch, PATH=os.path.join(REPO, "launchers") + os.pathsep + "/usr/bin:/bin")
     proc = _shim(["python3", "train.py"], alone, str(tmp_path))
     assert proc.returncode == 2 and "bpslaunch was not found" in proc.stderr
+    named = dict(alone, DPRO_REAL_BPSLAUNCH=str(tmp_path / "bin" / "bpslaunch"), DPRO_RUN_DIR=str(tmp_path / "r3"))
+    proc = _shim(["python3", "train.py"], named, str(tmp_path))
+    assert proc.returncode == 0 and os.path.isfile(tmp_path / "r3" / "byteps" / "0" / "comm.json")
