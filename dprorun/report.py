@@ -175,7 +175,8 @@ def _variant_rows(variants: dict) -> list[list]:
         if "error" in v:
             rows.append([name, None, None, None, None, v["error"]])
             continue
-        ratio = (lambda key: round(v[key] / eager[key], 3) if eager.get(key) else None)
+        def ratio(key: str, v: dict = v) -> Optional[float]:
+            return round(v[key] / eager[key], 3) if eager.get(key) else None
         rows.append([name, v["forward_us"] / 1000, v["backward_us"] / 1000, ratio("forward_us"),
                      ratio("backward_us"), v.get("first_call_s")])
     return rows

@@ -19,7 +19,7 @@ import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, critical_path_report, replay
 from dprorun.trace.byteps import BytePSTrace
-from dprorun.trace.model import Op, OpKind
+from dprorun.trace.model import OpKind
 
 
 @dataclass
@@ -91,7 +91,7 @@ def median_times(samples: list[ChainTimes]) -> ChainTimes:
         chains = [s.stages[key] for s in samples]
         layout = [tuple(r[0] for r in c) for c in chains]
         common = max(set(layout), key=layout.count)
-        same = [c for c, l in zip(chains, layout) if l == common]
+        same = [c for c, stages_of in zip(chains, layout) if stages_of == common]
         entry[key] = float(np.median([s.entry_us[key] for s in samples]))
         stages[key] = [(stage, float(np.median([c[i][1] for c in same])), float(np.median([c[i][2] for c in same])),
                         same[0][i][3]) for i, stage in enumerate(common)]
