@@ -217,11 +217,14 @@ def test_horovod_fusion_what_if_groups_by_cycle_and_threshold():
     model = _toy_model()  # 8 tensors of 1 MiB, ready at 0, 1/8, ..., 7/8 of a 6 ms backward
     model.framework = "horovod"
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
+    model.horovod_negotiation_us = 100.0
     responses = horovod_fusion(model, threshold_bytes=2 << 20, cycle_us=1500.0)
-    assert [group for group, _ in responses] == [order[0:2], order[2:4], order[4:6], order[6:8]]
-    assert [round(f, 3) for _, f in responses] == [0.25, 0.5, 0.75, 1.0]
+    assert [group for group, _, _ in responses] == [order[0:2], order[2:4], order[4:6], order[6:8]]
+    assert [round(f, 3) for _, f, _ in responses] == [0.25, 0.5, 0.75, 1.0]
+    assert [d for _, _, d in responses] == [100.0] * 4  # cycles end within the backward: negotiation only
     one_cycle = horovod_fusion(model, threshold_bytes=64 << 20, cycle_us=10_000.0)
-    assert [group for group, _ in one_cycle] == [order] and one_cycle[0][1] == 1.0
+    assert [group for group, _, _ in one_cycle] == [order] and one_cycle[0][1] == 1.0
+    assert one_cycle[0][2] == pytest.approx(100.0 + 10_000.0 - 6_000.0)  # the cycle outlasts the backward
     assert len(horovod_fusion(model, threshold_bytes=0, cycle_us=1500.0)) == 8  # fusion off
     no_fusion = predict(model, WhatIf(horovod_fusion_mb=0, horovod_cycle_ms=1.5)).predicted_iteration_time_ms
     fused = predict(model, WhatIf(horovod_fusion_mb=2, horovod_cycle_ms=1.5)).predicted_iteration_time_ms

@@ -114,6 +114,7 @@ class JobModel:
     transport: Optional[dict] = None
     framework: str = "ddp"  # "horovod": tensors are fused at run time by Horovod's cycle/threshold
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
+    horovod_negotiation_us: float = 0.0  # per background-loop cycle: the ranks agreeing on what is ready
 
 
 @dataclass
@@ -299,12 +300,9 @@ def build_job_model(run: RunTrace) -> JobModel:
     if any(t.get("framework") == "horovod" for t in first.meta.get("trackers", [])):
         model.framework = "horovod"
         model.horovod_knobs = horovod_knobs_as_run(run.manifest.get("horovod_args") or [])
-        timeline_points = _horovod_timeline_points(run.run_dir)
-        if timeline_points:
-            fitted = fit_comm_model(timeline_points, world, [])
-            if fitted.source == "trace":
-                fitted.source = "horovod timeline (fused responses)"
-                model.comm = fitted
+        fitted = horovod_comm_model(calibration, _horovod_timeline_points(run.run_dir), world, model.horovod_knobs[1])
+        if fitted is not None:
+            model.comm, model.horovod_negotiation_us = fitted
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
     return model
@@ -388,6 +386,29 @@ def _horovod_timeline_points(run_dir: str) -> list[tuple[int, float]]:
         if op.phase == "transmit" and op.iteration >= 1 and op.name.startswith(("GLOO_ALLREDUCE", "NCCL_ALLREDUCE")):
             groups.setdefault((op.iteration, op.txn_id), []).append(op)
     return [(sum(o.nbytes for o in ops), ops[0].dur_us) for ops in groups.values() if ops[0].dur_us > 0]
+
+
+def horovod_comm_model(calibration: list, timeline_points: list, world: int,
+                       cycle_us: float) -> Optional[tuple[CommModel, float]]:
+    """Horovod's costs: (per-response model, negotiation per cycle µs). From the calibration (one
+    `hvd.allreduce` per call, ranks lined up) when it fits a line, else from the timeline's fused responses.
+    A calibration call's latency (the line's intercept) holds half a cycle on average (waiting for the
+    background loop's next cycle, which the fusion replay puts in by itself: a response starts at the end of
+    the cycle that picked it up), one negotiation round and one response's all-reduce; the two rounds are
+    small-message collectives over the same transport and get half each. The bandwidth is the line's slope."""
+    if len(calibration) >= 2:
+        fitted = fit_comm_model([tuple(p[:2]) for p in calibration], world, [])
+        if fitted.source == "trace":
+            steps = 2 * max(world - 1, 1)
+            rounds = max(0.0, fitted.alpha_us * steps - cycle_us / 2)
+            return (CommModel(rounds / 2 / steps, fitted.bandwidth_bytes_per_us,
+                              "horovod calibration (one response per call)", fitted.points), rounds / 2)
+    if timeline_points:
+        fitted = fit_comm_model(timeline_points, world, [])
+        if fitted.source == "trace":
+            fitted.source = "horovod timeline (fused responses)"
+            return fitted, 0.0
+    return None
 
 
 def comm_channels(run: RunTrace) -> int:

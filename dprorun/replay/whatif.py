@@ -85,33 +85,39 @@ class _Sync:
     nbytes: int
     ready_fraction: float
     measured_us: Optional[float]
+    delay_us: float = 0.0  # after its ready point, before it can start (Horovod: cycle negotiation)
 
 
-def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> list[tuple[list[str], float]]:
+def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> list[tuple[list[str], float, float]]:
     """Horovod's tensor fusion, as its background loop does it: every `cycle_us` the tensors that became ready
-    since the last cycle are fused, in ready order, into responses of at most `threshold_bytes`. Returns each
-    response's tensors and its ready fraction of the backward pass (the end of the cycle that picked it up,
-    capped at the end of backward)."""
+    since the last cycle are negotiated (one round among the ranks per cycle) and fused, in ready order, into
+    responses of at most `threshold_bytes`. Returns each response's tensors, its ready fraction of the backward
+    pass (the end of the cycle that picked it up, capped at the end of backward) and the delay after that
+    point before it can start: the cycle's negotiation (`JobModel.horovod_negotiation_us`) plus the part of the
+    cycle that runs past the end of backward."""
     backward = float(np.median([t.backward_us for t in model.templates.values()])) or 1.0
+    negotiation = model.horovod_negotiation_us
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
-    responses: list[tuple[list[str], float]] = []
+    responses: list[tuple[list[str], float, float]] = []
     current: list[str] = []
     size = 0.0
-    current_cycle, current_end = None, 1.0
+    current_cycle, current_end, current_delay = None, 1.0, negotiation
     for name in order:
         ready_us = model.param_ready_fraction[name] * backward
         cycle = int(ready_us // cycle_us) + 1 if cycle_us > 0 else ready_us
         nbytes = model.param_bytes.get(name, 0)
         if current and (cycle != current_cycle or threshold_bytes <= 0 or size + nbytes > threshold_bytes):
-            responses.append((current, current_end))
+            responses.append((current, current_end, current_delay))
             current, size = [], 0.0
         if not current:
             current_cycle = cycle
-            current_end = min(1.0, (cycle * cycle_us if cycle_us > 0 else ready_us) / backward)
+            cycle_end_us = cycle * cycle_us if cycle_us > 0 else ready_us
+            current_end = min(1.0, cycle_end_us / backward)
+            current_delay = negotiation + max(0.0, cycle_end_us - backward)
         current.append(name)
         size += nbytes
     if current:
-        responses.append((current, current_end))
+        responses.append((current, current_end, current_delay))
     return responses
 
 
@@ -125,9 +131,10 @@ def _plan_buckets(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[li
             cycle = whatif.horovod_cycle_ms * 1000.0
         responses = horovod_fusion(model, threshold, cycle)
         notes.append(f"Horovod fusion at {threshold / MB:g} MB, cycle {cycle / 1000:g} ms: {len(responses)} responses "
-                     "per step (cycles aligned with the start of backward)")
-        return [_Sync(f"bucket{k}", sum(model.param_bytes[p] for p in group), fraction, None)
-                for k, (group, fraction) in enumerate(responses)], False
+                     f"per step (cycles aligned with the start of backward; {model.horovod_negotiation_us:.0f} µs of "
+                     "negotiation per cycle)")
+        return [_Sync(f"bucket{k}", sum(model.param_bytes[p] for p in group), fraction, None, delay)
+                for k, (group, fraction, delay) in enumerate(responses)], False
     if whatif.buckets is None and whatif.bucket_mb is None:
         fractions = model.param_ready_fraction
         return [_Sync(b.key, b.nbytes, max((fractions[p] for p in b.params if p in fractions), default=0.0),
@@ -171,9 +178,9 @@ def _comm_scale(model: JobModel) -> float:
     weigh most): carries what the fit misses (contention, the backend's own overheads) into modelled what-ifs.
     A median of per-bucket ratios let a small bucket that rode the link's idle burst (tbf refills its 256 KB
     bucket during the forward pass) set the rate: the 0.25 MB what-if was 1.7 % faster than with totals.
-    Horovod runs: 1 (their model is fitted on the timeline's own transmissions, while the per-tensor records
+    Horovod runs: 1 (their model is fitted on Horovod's own calls or its timeline, while the per-tensor records
     close in submission order and overstate them)."""
-    if model.framework == "horovod" and model.comm.source.startswith("horovod timeline"):
+    if model.framework == "horovod" and model.comm.source.startswith("horovod"):
         return 1.0
     pairs = [(b.transmit_us, model.comm.allreduce_us(b.nbytes, model.world_size)) for b in model.buckets]
     pairs = [(measured, modelled) for measured, modelled in pairs if measured > 0 and modelled > 0]
@@ -205,6 +212,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                      f"{len(whatif.ready_groups)} compiled blocks: a block's gradients are ready at the end of its "
                      "backward graph (communication still overlaps the other blocks' backward)")
     syncs, measured_layout = _plan_buckets(model, whatif, notes)
+    delays = {s.key: s.delay_us for s in syncs if s.delay_us > 0}
     comm = model.comm
     alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us
     scale = _comm_scale(model)
@@ -282,7 +290,8 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
             chain.append(g.op(f"r{r}.backward.seg{k}", "BW", r, dev, seg))
             if k < len(order):
                 for p in range(whatif.pieces(order[k])):
-                    ins[(r, order[k], p)] = g.op(f"r{r}.In.{order[k]}.p{p}", "VIRTUAL", r, None, 0.0)
+                    ins[(r, order[k], p)] = g.op(f"r{r}.In.{order[k]}.p{p}", "VIRTUAL", r, None,
+                                                 delays.get(order[k], 0.0))
                     g.edge(chain[-1], ins[(r, order[k], p)])
         finalize = g.op(f"r{r}.finalize", "BW", r, dev, t.finalize_us)
         update = g.op(f"r{r}.update", "UPDATE", r, dev, t.update_us)

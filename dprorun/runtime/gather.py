@@ -45,8 +45,14 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         print("[dprorun] window done: clock probes, calibration and gathering the traces", file=sys.stderr,
               flush=True)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        horovod = horovod_running()
+        if horovod:
+            try:
+                session.calibration = calibrate_horovod(session)
+            except Exception as exc:  # the cost model then relies on Horovod's timeline
+                session.warnings.append(f"Horovod all-reduce calibration failed: {exc}")
         session.write_events()
-        if horovod_running():
+        if horovod:
             gather_horovod_to_rank0(session)
         return
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -97,6 +103,33 @@ def calibrate_allreduce(session: RankSession, reps: int = 5) -> list[list[float]
             dist.all_reduce(tensor)
             if device == "cuda":
                 torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e6)
+            others_cpu = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)
+            transport_cpu.append(max(0.0, others_cpu) * 1e6)
+        rows.append([nbytes, statistics.median(times), statistics.median(transport_cpu)])
+    return rows
+
+
+def calibrate_horovod(session: RankSession, reps: int = 5) -> list[list[float]]:
+    """Horovod jobs: timed `hvd.allreduce` calls of the calibration sizes, each after an all-reduce of one float
+    that lines the ranks up, so each call is one response of its own (negotiation, the wait for the background
+    loop's next cycle, the transport): [[bytes, median µs, median transport CPU µs], ...] as for
+    torch.distributed jobs. The cost model takes Horovod's bandwidth and per-response latency from it; the
+    timeline's fused responses, timed while the ranks compute, include waiting for the other rank."""
+    import statistics
+    import sys
+
+    import torch
+
+    hvd = sys.modules["horovod.torch"]
+    rows = []
+    for nbytes in CALIBRATION_SIZES:
+        tensor = torch.zeros(nbytes // 4, dtype=torch.float32)
+        times, transport_cpu = [], []
+        for k in range(reps):
+            hvd.allreduce(torch.zeros(1), name=f"dprorun.calibration.barrier.{nbytes}.{k}")
+            start, process_cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
+            hvd.allreduce(tensor, name=f"dprorun.calibration.{nbytes}", op=hvd.Sum)
             times.append((time.perf_counter() - start) * 1e6)
             others_cpu = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)
             transport_cpu.append(max(0.0, others_cpu) * 1e6)
