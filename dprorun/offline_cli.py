@@ -394,6 +394,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as exc:  # a question the run cannot answer (e.g. re-bucketing without grad times)
         print(f"dpro: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the output went into `head` or the like, which stopped reading: end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        return 141  # 128 + SIGPIPE, as a process the signal ended
 
 
 if __name__ == "__main__":
