@@ -244,11 +244,14 @@ class EmulatedCluster:
         self._cgroup_kind = "v2"
         return path
 
-    def run(self, command: list[str], timeout_s: float, env: dict[str, str] | None = None) -> list[HostResult]:
-        """Run `command` (with {node_rank} {nnodes} {master_addr} {addr} placeholders) on every host at once;
-        wait at most timeout_s, then kill every host's process group (status 124)."""
+    def run(self, command: list[str], timeout_s: float, env: dict[str, str] | None = None,
+            hosts: list[int] | None = None) -> list[HostResult]:
+        """Run `command` (with {node_rank} {nnodes} {master_addr} {addr} placeholders) on every host at once (or
+        on `hosts` only, e.g. [0] for a launcher that reaches the others itself, by ssh); wait at most
+        timeout_s, then kill every host's process group (status 124)."""
         procs = []
-        for k in range(self.hosts):
+        chosen = list(range(self.hosts)) if hosts is None else list(hosts)
+        for k in chosen:
             fill = {"node_rank": k, "nnodes": self.hosts, "master_addr": self.addr(0), "addr": self.addr(k)}
             argv = [part.format(**fill) for part in command]
             host_env = dict(os.environ if env is None else env)
@@ -261,7 +264,7 @@ class EmulatedCluster:
         deadline = time.monotonic() + timeout_s
         results = []
         try:
-            for k, proc in enumerate(procs):
+            for k, proc in zip(chosen, procs):
                 try:
                     out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
                     code = proc.returncode

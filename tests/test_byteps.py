@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from dprorun.fsutil import TraceError
 from dprorun.replay.pipeline import pipeline_summary, predict_steps, reconstruct_step, step_times
@@ -105,6 +106,32 @@ def test_cut_short_file_keeps_complete_events_and_bad_files_are_named(tmp_path):
     one_step = read_byteps_comm(write_comm(str(tmp_path / "one.json"), constructed_events(steps=1)))
     with pytest.raises(ValueError, match="needs at least 2"):
         predict_steps(one_step)
+
+
+GOOD = json.dumps({"traceEvents": constructed_events(steps=3, partitions=2)})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(min_value=0, max_value=len(GOOD)), st.lists(st.tuples(st.integers(0, len(GOOD) - 1),
+                                                                         st.integers(0, 255)), max_size=6))
+def test_damaged_comm_json_is_read_or_refused_by_name(tmp_path_factory, cut, flips):
+    """Cut short anywhere and with bytes changed: a BytePSTrace, or a TraceError naming the file; the replay of
+    what was read answers or says why it cannot (ValueError), never anything else."""
+    data = bytearray(GOOD[:cut].encode())
+    for at, value in flips:
+        if at < len(data):
+            data[at] = value
+    path = tmp_path_factory.mktemp("damaged") / "comm.json"
+    path.write_bytes(bytes(data))
+    try:
+        bt = read_byteps_comm(str(path))
+    except TraceError as exc:
+        assert str(path) in str(exc)
+        return
+    try:
+        pipeline_summary(bt, {"PUSH": 0.5})
+    except ValueError as exc:
+        assert "step" in str(exc)
 
 
 @needs_fixtures

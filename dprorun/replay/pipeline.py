@@ -129,12 +129,20 @@ def _prediction(step: int, times: ChainTimes, measured_us: float, stage_scale: O
                               critical_path_report(graph, result, top=10), list(notes))
 
 
+def steps_with_events(bt: BytePSTrace) -> dict[int, ChainTimes]:
+    """Every step that has stage events, with its times; at least 2 (a ValueError says why not)."""
+    present = {op.iteration for op in bt.trace.ops if op.iteration >= 0}
+    per_step = {s: step_times(bt, s) for s in sorted(present)}
+    if len(per_step) < 2:
+        why = "" if bt.sync_spans else " (no per-step \"total\" span: the steps cannot be told apart)"
+        raise ValueError(f"{bt.path}: {len(per_step)} step(s) with stage events{why}; predicting a step needs at "
+                         "least 2")
+    return per_step
+
+
 def predict_steps(bt: BytePSTrace, stage_scale: Optional[dict[str, float]] = None) -> list[PipelinePrediction]:
     """Each step predicted from the medians of the other steps (leave one out), replayed as a pipeline."""
-    per_step = {s: step_times(bt, s) for s in range(bt.steps)
-                if any(op.iteration == s for op in bt.trace.ops)}
-    if len(per_step) < 2:
-        raise ValueError(f"{bt.path}: {len(per_step)} complete step(s); predicting a step needs at least 2")
+    per_step = steps_with_events(bt)
     notes = []
     if bt.role == "worker" and stage_scale and any(k.upper() in ("PUSH", "PULL") for k in stage_scale):
         notes.append("this GPU's file has no PUSH/PULL (the root GPU of its host does them): scaling them "
@@ -158,7 +166,7 @@ def reconstruct_step(bt: BytePSTrace, step: int) -> PipelinePrediction:
 def pipeline_summary(bt: BytePSTrace, stage_scale: Optional[dict[str, float]] = None) -> dict:
     """Per stage: service and waiting per step (medians over steps), its share of the step; the steps'
     measured sync times and their leave-one-out replayed predictions (and with `stage_scale`, the what-if)."""
-    per_step = [step_times(bt, s) for s in range(bt.steps) if any(op.iteration == s for op in bt.trace.ops)]
+    per_step = list(steps_with_events(bt).values())
     typical = median_times(per_step)
     service: dict[str, list[float]] = {}
     for t in per_step:

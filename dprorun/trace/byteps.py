@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import math
 from dataclasses import dataclass, field
 
 from dprorun.fsutil import TraceError
@@ -99,6 +100,10 @@ def _load_events(path: str) -> tuple[list[dict], bool]:
     return events, True
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _stage_of(event: dict) -> tuple[str, str]:
     """(tensor, stage) of an event; stage "" for the tensor's "total" span."""
     pid, name = str(event.get("pid", "")), str(event.get("name", ""))
@@ -116,11 +121,12 @@ def read_byteps_comm(path: str, rank: int = 0, host: str = "") -> BytePSTrace:
     totals: dict[str, list[tuple[float, float]]] = {}
     staged: list[tuple[str, str, int, float, float]] = []
     for e in events:
-        if e.get("ph") != "X" or "ts" not in e:
-            continue
+        ts, dur = e.get("ts"), e.get("dur", 0.0)
+        if e.get("ph") != "X" or not _is_number(ts) or not _is_number(dur):
+            continue  # not a complete event with numeric times (metadata, or a damaged record)
         tensor, stage = _stage_of(e)
-        start = float(e["ts"])
-        end = start + float(e.get("dur", 0.0))
+        start = float(ts)
+        end = start + max(0.0, float(dur))
         if not stage:
             totals.setdefault(tensor, []).append((start, end))
             continue
