@@ -226,6 +226,10 @@ def test_horovod_fusion_what_if_groups_by_cycle_and_threshold():
     assert [group for group, _, _ in one_cycle] == [order] and one_cycle[0][1] == 1.0
     assert one_cycle[0][2] == pytest.approx(100.0 + 10_000.0 - 6_000.0)  # the cycle outlasts the backward
     assert len(horovod_fusion(model, threshold_bytes=0, cycle_us=1500.0)) == 8  # fusion off
+    model.horovod_knobs = (64 << 20, 10_000.0)
+    scaled = predict(model, WhatIf(world_size=4))  # modelled: priced as the responses Horovod's knobs make
+    assert scaled.buckets == 1 and any("Horovod fusion at 64 MB" in note for note in scaled.notes)
+    assert predict(model, WhatIf(world_size=4, baseline="daydream")).buckets == 2  # one op per measured sync
     no_fusion = predict(model, WhatIf(horovod_fusion_mb=0, horovod_cycle_ms=1.5)).predicted_iteration_time_ms
     fused = predict(model, WhatIf(horovod_fusion_mb=2, horovod_cycle_ms=1.5)).predicted_iteration_time_ms
     assert fused < no_fusion  # fewer syncs: fewer step latencies

@@ -121,9 +121,19 @@ def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> 
     return responses
 
 
+def _horovod_modelled(model: JobModel, whatif: WhatIf) -> bool:
+    """A Horovod what-if that models its communication (world size, bandwidth, latency): Horovod fuses the
+    tensors into responses at run time, so they are priced as the responses its knobs as run would make, not as
+    one collective per tensor (the measured layout; Daydream's baseline keeps one op per tensor by definition)."""
+    return whatif.baseline != "daydream" and (
+        (whatif.world_size is not None and whatif.world_size != model.world_size) or whatif.bandwidth_gbit is not None
+        or whatif.bandwidth_scale != 1.0 or whatif.latency_us is not None)
+
+
 def _plan_buckets(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[_Sync], bool]:
     """Bucket layout for the prediction; True when it is the measured one."""
-    if model.framework == "horovod" and (whatif.horovod_fusion_mb is not None or whatif.horovod_cycle_ms is not None):
+    if model.framework == "horovod" and (whatif.horovod_fusion_mb is not None or whatif.horovod_cycle_ms is not None
+                                         or _horovod_modelled(model, whatif)):
         threshold, cycle = model.horovod_knobs or horovod_knobs_as_run([])
         if whatif.horovod_fusion_mb is not None:
             threshold = whatif.horovod_fusion_mb * MB
