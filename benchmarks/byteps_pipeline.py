@@ -2,8 +2,10 @@
 
 Reads real BytePS comm.json files (default: ../shared/fixtures/byteps/*.json.gz, recorded by BytePS, not by this
 project), takes every stage's service time per partition as the median over the other steps, replays the
-step's partition pipeline (one device per stage) and compares with the step's recorded "total" span. Also the
-time per read and replay, and a what-if (--stage-scale, default PUSH and PULL at half their service time).
+step's partition pipeline (one device per stage) and compares with the step's recorded "total" span; with one
+root GPU's file among several of one machine, also the machine's step with the GPUs replayed together (the
+others wait for the root's PULLs). Also the time per read and replay, and a what-if (--stage-scale, default
+PUSH and PULL at half their service time).
 
 usage: python benchmarks/byteps_pipeline.py [FILE ...] [--stage-scale PUSH=0.5,PULL=0.5]
 """
@@ -14,7 +16,7 @@ import statistics
 import time
 
 from dprorun.offline_cli import parse_stage_scale
-from dprorun.replay.pipeline import predict_steps
+from dprorun.replay.pipeline import predict_machine_steps, predict_steps
 from dprorun.trace.byteps import read_byteps_comm
 
 DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared",
@@ -48,6 +50,21 @@ def main() -> None:
               f"{statistics.median(p.predicted_us for p in predictions) / 1000:.2f} | "
               f"{statistics.median(errors):.2f} % | {max(errors):.2f} % | "
               f"{statistics.median(p.predicted_us for p in whatif) / 1000:.2f} | {read_s:.2f} | {replay_ms:.1f} |")
+    traces = [read_byteps_comm(path, rank=k) for k, path in enumerate(files)]
+    if len(traces) > 1 and sum(bt.role == "root" for bt in traces) == 1:  # one machine's GPUs: replayed together
+        root = next(bt for bt in traces if bt.role == "root")
+        others = [bt for bt in traces if bt is not root]
+        started = time.perf_counter()
+        predictions = predict_machine_steps(root, others)
+        replay_ms = 1000 * (time.perf_counter() - started) / len(predictions)
+        whatif = predict_machine_steps(root, others, args.stage_scale)
+        errors = [abs(p.error) * 100 for p in predictions]
+        all_errors += errors
+        print(f"| all {len(traces)} (one machine) | root + {len(others)} | {sum(root.partitions.values())} | "
+              f"{len(predictions)} | {statistics.median(p.measured_us for p in predictions) / 1000:.2f} | "
+              f"{statistics.median(p.predicted_us for p in predictions) / 1000:.2f} | "
+              f"{statistics.median(errors):.2f} % | {max(errors):.2f} % | "
+              f"{statistics.median(p.predicted_us for p in whatif) / 1000:.2f} | | {replay_ms:.1f} |")
     print(f"per-step sync time predicted from the other steps: |error| median {statistics.median(all_errors):.2f} %, "
           f"max {max(all_errors):.2f} % over {len(all_errors)} steps")
 

@@ -257,12 +257,18 @@ def parse_stage_scale(text: str) -> dict[str, float]:
 
 
 def _cmd_import_byteps(args: argparse.Namespace) -> int:
-    from dprorun.replay.pipeline import pipeline_summary
+    from dprorun.replay.pipeline import machine_summary, pipeline_summary
     from dprorun.trace.byteps import read_byteps_comm
     from dprorun.trace.model import RunTrace
 
     traces = [read_byteps_comm(path, rank=k) for k, path in enumerate(args.comm_json)]
     docs = [pipeline_summary(bt, args.stage_scale) for bt in traces]
+    machine = None
+    if len(traces) > 1:
+        try:
+            machine = machine_summary(traces, args.stage_scale)
+        except ValueError as exc:  # not one machine's files: each file stands alone
+            machine = {"error": str(exc)}
     if args.output:
         from dprorun.timeline import write_timeline
 
@@ -273,7 +279,7 @@ def _cmd_import_byteps(args: argparse.Namespace) -> int:
         for doc in docs:
             doc["chrome_trace"] = written
     if args.json:
-        print(json.dumps(docs if len(docs) > 1 else docs[0], indent=2))
+        print(json.dumps({"gpus": docs, "machine": machine} if len(docs) > 1 else docs[0], indent=2))
         return 0
     for doc in docs:
         print(f"{doc['path']}: {doc['role']} GPU, {doc['tensors']} tensor(s), "
@@ -297,6 +303,19 @@ def _cmd_import_byteps(args: argparse.Namespace) -> int:
             print(f"  what-if ({scale}): {w['as_run_sync_ms']:.2f} -> {w['predicted_sync_ms']:.2f} ms")
             for note in w["notes"]:
                 print(f"  note: {note}")
+    if machine is not None and "error" in machine:
+        print(f"the files together: {machine['error']}")
+    elif machine is not None:
+        loo = machine["leave_one_out_error_pct"]
+        print(f"the {machine['gpus']} GPUs together (one machine; the others wait for the root's PULLs: "
+              f"{'/'.join(str(n) for n in machine['linked_partitions'])} partitions linked): sync time per step "
+              f"measured median {_median_of(machine['measured_sync_ms']):.2f} ms, replayed "
+              f"{_median_of(machine['predicted_sync_ms']):.2f} ms (per-step error median {loo['median']:.2f} %, "
+              f"max {loo['max']:.2f} %)")
+        if "whatif" in machine:
+            w = machine["whatif"]
+            scale = ", ".join(f"{k} x{v:g}" for k, v in w["stage_scale"].items())
+            print(f"  what-if ({scale}): {w['as_run_sync_ms']:.2f} -> {w['predicted_sync_ms']:.2f} ms")
     if args.output:
         print(f"wrote {docs[0]['chrome_trace']['events']} events to {args.output}")
     return 0

@@ -53,6 +53,23 @@ def constructed_events(steps: int = 3, partitions: int = 4, reduce_us: float = 1
     return events
 
 
+def constructed_worker_events(root_events: list[dict], lag_us: float = 50.0) -> list[dict]:
+    """A non-root GPU of the same machine and steps: REDUCE with the root, then COPYH2D starting lag_us after
+    the root's PULL of the same partition ends (what it waits for), then BROADCAST."""
+    events = []
+    pulls = sorted((e for e in root_events if e["name"].endswith(".PULL")), key=lambda e: e["ts"])
+    reduces = sorted((e for e in root_events if e["name"].endswith(".REDUCE")), key=lambda e: e["ts"])
+    for pull, red in zip(pulls, reduces):
+        start = pull["ts"] + pull["dur"] + lag_us
+        for stage, a, b in (("REDUCE", red["ts"], red["ts"] + red["dur"]), ("COPYH2D", start, start + 15.0),
+                            ("BROADCAST", start + 17.0, start + 37.0)):
+            events.append({"ph": "X", "pid": PID, "tid": pull["tid"], "name": f"{PID}.{stage}", "ts": a,
+                           "dur": b - a, "cat": "Comm", "args": {"name": PID}})
+    for total in (e for e in root_events if e["tid"] == "total"):
+        events.append(dict(total, dur=total["dur"] + lag_us + 15.0))  # ends with its last BROADCAST
+    return events
+
+
 def write_comm(path: str, events: list[dict]) -> str:
     with open(path, "w") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f, indent=4)
@@ -86,6 +103,31 @@ def test_replay_reproduces_a_step_and_predicts_the_others(tmp_path):
     # 4 pushes of 400 µs back to back dominate: halving them saves close to 4 x 200 µs
     saved = predictions[0].predicted_us - faster[0].predicted_us
     assert 600 < saved <= 800
+
+
+def test_one_machines_gpus_replayed_together(tmp_path):
+    """A non-root GPU waits for the root's PULL of each partition: the machine replay links them, reproduces the
+    machine's step, and a faster network reaches the non-root GPU's end too."""
+    from dprorun.replay.pipeline import machine_graph, machine_step_times, machine_summary, predict_machine_steps
+    from dprorun.replay.engine import replay
+
+    root_events = constructed_events()
+    root = read_byteps_comm(write_comm(str(tmp_path / "root.json"), root_events), rank=0)
+    worker = read_byteps_comm(write_comm(str(tmp_path / "worker.json"), constructed_worker_events(root_events)),
+                              rank=1)
+    assert (root.role, worker.role) == ("root", "worker")
+    gpus = machine_step_times(root, [worker], 1)
+    assert {key: mark for key, mark in gpus[1].after_root.items()} == {
+        ("byteps.Gradient.w", p): ("COPYH2D", pytest.approx(50.0)) for p in range(4)}
+    assert replay(machine_graph(gpus)).iteration_time_us == pytest.approx(gpus[0].span_us, abs=1.0)
+    as_run = predict_machine_steps(root, [worker])
+    faster = predict_machine_steps(root, [worker], {"PUSH": 0.5})
+    assert all(abs(p.error) < 0.02 for p in as_run)
+    assert all(f.predicted_us < p.predicted_us - 600 for f, p in zip(faster, as_run))
+    doc = machine_summary([worker, root], {"PUSH": 0.5})
+    assert doc["linked_partitions"] == [4] and doc["whatif"]["predicted_sync_ms"] < doc["whatif"]["as_run_sync_ms"]
+    with pytest.raises(ValueError, match="exactly one root"):
+        machine_summary([worker, worker])
 
 
 def test_cut_short_file_keeps_complete_events_and_bad_files_are_named(tmp_path):
@@ -151,6 +193,12 @@ def test_recorded_worker_and_root_traces():
     # each step predicted from the other ten steps' medians (measured: max 4.8 %)
     assert summary["leave_one_out_error_pct"]["max"] < 8.0
     assert summary["whatif"]["predicted_sync_ms"] < 0.7 * summary["whatif"]["as_run_sync_ms"]
+    from dprorun.replay.pipeline import machine_summary
+
+    machine = machine_summary([worker, root], {"PUSH": 0.5, "PULL": 0.5})  # two GPUs of one machine, one job
+    assert machine["linked_partitions"] == [60]  # every partition of the non-root GPU waits for a root PULL
+    assert machine["leave_one_out_error_pct"]["max"] < 8.0  # measured: 4.75 %
+    assert machine["whatif"]["predicted_sync_ms"] < 0.7 * machine["whatif"]["as_run_sync_ms"]
     unchanged = pipeline_summary(worker, {"PUSH": 0.5})
     assert unchanged["whatif"]["predicted_sync_ms"] == unchanged["whatif"]["as_run_sync_ms"]
     assert any("root" in note for note in unchanged["whatif"]["notes"])
@@ -162,6 +210,7 @@ def test_dpro_import_byteps_command(tmp_path):
                           "PUSH=0.5", "-o", str(tmp_path / "trace.json")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "bottleneck stage: PUSH" in out.stdout and "what-if (PUSH x0.5)" in out.stdout
+    assert "the files together" not in out.stdout  # one file: no machine replay
     assert json.load(open(tmp_path / "trace.json"))["traceEvents"]
     js = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-byteps", path, "--json"],
                         capture_output=True, text=True)

@@ -31,6 +31,10 @@ class ChainTimes:
     stages: dict[tuple[str, int], list[tuple[str, float, float, str]]]  # (stage, service, handoff, op kind)
     waiting_us: dict[str, float]  # per stage: time partitions spent queued in it
     span_us: float  # the step's measured synchronisation span
+    spans: dict[tuple[str, int], list[tuple[float, float]]] = field(default_factory=dict)  # absolute, per stage
+    # machine replay: (tensor, partition) -> (stage on this GPU that waits for the root GPU's PULL of the same
+    # partition, the measured delay from that PULL's end to the stage's start)
+    after_root: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,8 +51,9 @@ class PipelinePrediction:
         return self.predicted_us / self.measured_us - 1.0 if self.measured_us else 0.0
 
 
-def step_times(bt: BytePSTrace, step: int) -> ChainTimes:
-    """Service, waiting and hand-off times of one step, from its recorded spans."""
+def step_times(bt: BytePSTrace, step: int, origin_us: Optional[float] = None) -> ChainTimes:
+    """Service, waiting and hand-off times of one step, from its recorded spans; entry delays count from the
+    tensor's own start in the step, or from `origin_us` (several GPUs of one machine on their common clock)."""
     ops = [op for op in bt.trace.ops if op.iteration == step]
     if not ops:
         raise ValueError(f"{bt.path}: step {step} has no stage events")
@@ -68,10 +73,10 @@ def step_times(bt: BytePSTrace, step: int) -> ChainTimes:
     for k, op in enumerate(ops):
         chains.setdefault((op.tensor, op.chunk), []).append(k)
     starts = {t: a for (t, s), (a, _) in bt.sync_spans.items() if s == step}
-    entry, stages = {}, {}
+    entry, stages, spans = {}, {}, {}
     for key, members in chains.items():
         members.sort(key=lambda k: (ops[k].start_us, ops[k].end_us))
-        origin = starts.get(key[0], ops[members[0]].start_us)
+        origin = origin_us if origin_us is not None else starts.get(key[0], ops[members[0]].start_us)
         entry[key] = max(0.0, ops[members[0]].start_us - origin)
         rows, previous_end = [], None
         for k in members:
@@ -79,8 +84,9 @@ def step_times(bt: BytePSTrace, step: int) -> ChainTimes:
             rows.append((ops[k].phase.upper(), service[k], handoff, ops[k].kind.value))
             previous_end = ops[k].end_us
         stages[key] = rows
+        spans[key] = [(ops[k].start_us, ops[k].end_us) for k in members]
     span = next((end - start for i, start, end in bt.trace.iterations if i == step), 0.0)
-    return ChainTimes(entry, stages, waiting, span)
+    return ChainTimes(entry, stages, waiting, span, spans)
 
 
 def median_times(samples: list[ChainTimes]) -> ChainTimes:
@@ -97,28 +103,56 @@ def median_times(samples: list[ChainTimes]) -> ChainTimes:
                         same[0][i][3]) for i, stage in enumerate(common)]
     waiting = {k: float(np.median([s.waiting_us.get(k, 0.0) for s in samples]))
                for k in set().union(*(s.waiting_us for s in samples))}
-    return ChainTimes(entry, stages, waiting, float(np.median([s.span_us for s in samples])))
+    after_root = {}
+    for key in keys:
+        marks = [s.after_root[key] for s in samples if key in s.after_root]
+        if marks:
+            after_root[key] = (marks[0][0], float(np.median([m[1] for m in marks])))
+    return ChainTimes(entry, stages, waiting, float(np.median([s.span_us for s in samples])),
+                      after_root=after_root)
 
 
 def pipeline_graph(times: ChainTimes, stage_scale: Optional[dict[str, float]] = None,
                    rank: int = 0) -> ReplayGraph:
     """The replay graph of one step: per partition, entry delay -> (hand-off -> stage) x stages."""
+    return machine_graph([times], stage_scale)
+
+
+def machine_graph(gpus: list[ChainTimes], stage_scale: Optional[dict[str, float]] = None) -> ReplayGraph:
+    """One step of one machine's GPUs (the first is the root, which pushes and pulls): each GPU's partition
+    chains on its own stage devices; a stage listed in `after_root` also waits for the root's PULL of the same
+    partition (plus the measured delay after it) instead of its measured hand-off."""
     scale = {k.upper(): v for k, v in (stage_scale or {}).items()}
     builder = GraphBuilder()
-    # partitions reach BytePS in entry order; build them in that order so ties replay as recorded
-    for key in sorted(times.stages, key=lambda k: (times.entry_us[k], k[1])):
-        tensor, partition = key
-        previous = builder.op(f"enter.{tensor}.p{partition}", "VIRTUAL", rank, None, times.entry_us[key])
-        for stage, service, handoff, kind in times.stages[key]:
-            if handoff > 0:
-                wait = builder.op(f"handoff.{stage}.{tensor}.p{partition}", "VIRTUAL", rank, None, handoff)
-                builder.edge(previous, wait)
-                previous = wait
-            node = builder.op(f"{stage}.{tensor}.p{partition}", "QUEUE" if kind == OpKind.QUEUE.value else "COMM",
-                              rank, f"byteps.{stage.lower()}", service * scale.get(stage, 1.0))
-            builder.edge(previous, node)
-            previous = node
-    return builder.build({"source": "byteps pipeline"})
+    pulls: dict[tuple[str, int], int] = {}
+    for rank, times in enumerate(gpus):
+        # partitions reach BytePS in entry order; build them in that order so ties replay as recorded
+        for key in sorted(times.stages, key=lambda k: (times.entry_us[k], k[1])):
+            tensor, partition = key
+            label = f"{tensor}.p{partition}" + (f".gpu{rank}" if len(gpus) > 1 else "")
+            previous = builder.op(f"enter.{label}", "VIRTUAL", rank, None, times.entry_us[key])
+            waits_for = times.after_root.get(key)
+            for stage, service, handoff, kind in times.stages[key]:
+                remote = waits_for is not None and waits_for[0] == stage and key in pulls
+                if remote:
+                    wait = builder.op(f"after_root.{stage}.{label}", "VIRTUAL", rank, None, waits_for[1])
+                    builder.edge(pulls[key], wait)
+                    node_inputs = [previous, wait]
+                elif handoff > 0:
+                    wait = builder.op(f"handoff.{stage}.{label}", "VIRTUAL", rank, None, handoff)
+                    builder.edge(previous, wait)
+                    node_inputs = [wait]
+                else:
+                    node_inputs = [previous]
+                node = builder.op(f"{stage}.{label}", "QUEUE" if kind == OpKind.QUEUE.value else "COMM", rank,
+                                  f"gpu{rank}.byteps.{stage.lower()}" if len(gpus) > 1 else f"byteps.{stage.lower()}",
+                                  service * scale.get(stage, 1.0))
+                for u in node_inputs:
+                    builder.edge(u, node)
+                previous = node
+                if rank == 0 and stage == "PULL":
+                    pulls[key] = node
+    return builder.build({"source": "byteps pipeline", "gpus": len(gpus)})
 
 
 def _prediction(step: int, times: ChainTimes, measured_us: float, stage_scale: Optional[dict[str, float]],
@@ -161,6 +195,55 @@ def reconstruct_step(bt: BytePSTrace, step: int) -> PipelinePrediction:
     """Replay a step with its own measured times (the model reproducing what it was built from)."""
     own = step_times(bt, step)
     return _prediction(step, own, own.span_us, None, [])
+
+
+def machine_step_times(root: BytePSTrace, others: list[BytePSTrace], step: int) -> list[ChainTimes]:
+    """One step of one machine's GPUs on their common clock (the root's file first): entry delays from the
+    step's earliest start, and on every other GPU the first stage that starts after the root's PULL of the same
+    partition has ended, with the delay between the two (`ChainTimes.after_root`). The first ChainTimes's
+    `span_us` is the machine's step: first start to last end over the GPUs."""
+    spans = []
+    for bt in (root, *others):
+        span = next(((a, b) for i, a, b in bt.trace.iterations if i == step), None)
+        if span is None:
+            raise ValueError(f"{bt.path}: no step {step}")
+        spans.append(span)
+    origin = min(a for a, _ in spans)
+    gpus = [step_times(bt, step, origin) for bt in (root, *others)]
+    for times in gpus[1:]:
+        for key, rows in times.stages.items():
+            root_rows = gpus[0].stages.get(key, [])
+            pull_end = next((b for (stage, *_), (_, b) in zip(root_rows, gpus[0].spans.get(key, [])) if stage == "PULL"),
+                            None)
+            if pull_end is None:
+                continue
+            for (stage, *_), (a, _) in zip(rows, times.spans[key]):
+                if a >= pull_end:
+                    times.after_root[key] = (stage, a - pull_end)
+                    break
+    gpus[0].span_us = max(b for _, b in spans) - origin
+    return gpus
+
+
+def predict_machine_steps(root: BytePSTrace, others: list[BytePSTrace],
+                          stage_scale: Optional[dict[str, float]] = None) -> list[PipelinePrediction]:
+    """Each step of the machine (its GPUs' files together) predicted from the other steps' medians."""
+    if root.role != "root":
+        raise ValueError(f"{root.path}: not the root GPU's file (it has no PUSH/PULL)")
+    steps = sorted(set.intersection(*({op.iteration for op in bt.trace.ops if op.iteration >= 0}
+                                      for bt in (root, *others))))
+    if len(steps) < 2:
+        raise ValueError(f"{len(steps)} step(s) common to the files; predicting a step needs at least 2")
+    per_step = {s: machine_step_times(root, others, s) for s in steps}
+    out = []
+    for step, own in per_step.items():
+        rest = [per_step[s] for s in steps if s != step]
+        typical = [median_times([gpus[g] for gpus in rest]) for g in range(len(own))]
+        graph = machine_graph(typical, stage_scale)
+        result = replay(graph)
+        out.append(PipelinePrediction(step, result.iteration_time_us, own[0].span_us, dict(result.device_busy_us),
+                                      critical_path_report(graph, result, top=10), []))
+    return out
 
 
 def pipeline_summary(bt: BytePSTrace, stage_scale: Optional[dict[str, float]] = None) -> dict:
@@ -207,4 +290,27 @@ def pipeline_summary(bt: BytePSTrace, stage_scale: Optional[dict[str, float]] = 
                          "predicted_sync_ms": round(float(np.median([p.predicted_us for p in whatif])) / 1000, 3),
                          "as_run_sync_ms": round(float(np.median([p.predicted_us for p in as_run])) / 1000, 3),
                          "notes": whatif[0].notes}
+    return doc
+
+
+def machine_summary(traces: list[BytePSTrace], stage_scale: Optional[dict[str, float]] = None) -> dict:
+    """The GPUs of one machine replayed together (exactly one root file): each step predicted from the other
+    steps, and the what-if, for the machine's whole step (the non-root GPUs wait for the root's PULLs)."""
+    roots = [bt for bt in traces if bt.role == "root"]
+    if len(roots) != 1:
+        raise ValueError(f"a machine replay needs exactly one root GPU's file (with PUSH/PULL), got {len(roots)}")
+    others = [bt for bt in traces if bt is not roots[0]]
+    as_run = predict_machine_steps(roots[0], others)
+    linked = [len(gpus.after_root) for gpus in machine_step_times(roots[0], others, as_run[0].step)[1:]]
+    errors = [abs(p.error) for p in as_run]
+    doc = {"gpus": len(traces), "root": roots[0].path, "linked_partitions": linked,
+           "measured_sync_ms": [round(p.measured_us / 1000, 3) for p in as_run],
+           "predicted_sync_ms": [round(p.predicted_us / 1000, 3) for p in as_run],
+           "leave_one_out_error_pct": {"median": round(100 * float(np.median(errors)), 2),
+                                       "max": round(100 * float(max(errors)), 2)}}
+    if stage_scale:
+        whatif = predict_machine_steps(roots[0], others, stage_scale)
+        doc["whatif"] = {"stage_scale": dict(stage_scale),
+                         "predicted_sync_ms": round(float(np.median([p.predicted_us for p in whatif])) / 1000, 3),
+                         "as_run_sync_ms": round(float(np.median([p.predicted_us for p in as_run])) / 1000, 3)}
     return doc
