@@ -34,8 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--launcher", choices=("elastic", "torchrun"), default="elastic",
                      help="elastic: torch.distributed.elastic in this process (default); torchrun: hand the "
                           "launch to the torchrun CLI")
-    job.add_argument("--backend", choices=("ddp", "horovod"), default="ddp",
-                     help="framework of the job: ddp (torch.distributed) or horovod (run through horovodrun)")
+    job.add_argument("--backend", choices=("ddp", "horovod", "byteps"), default="ddp",
+                     help="framework of the job: ddp (torch.distributed), horovod (run through horovodrun) or "
+                          "byteps (run through bpslaunch, one per machine and role, with BytePS's tracing)")
     hvd = parser.add_argument_group("horovod (with --backend horovod)")
     hvd.add_argument("--fusion-threshold-mb", type=float, default=None, help="horovodrun --fusion-threshold-mb")
     hvd.add_argument("--cycle-time-ms", type=float, default=None, help="horovodrun --cycle-time-ms")
@@ -234,9 +235,33 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
     return job
 
 
+def run_byteps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """--backend byteps: BytePS starts its processes itself (bpslaunch per machine and role, DMLC_* variables), so
+    dprorun hands the command to bpslaunch with tracing on (dprorun/byteps_launch.py); launch options do not
+    apply."""
+    from dprorun.byteps_launch import run
+
+    command = [c for c in args.command]
+    if command and command[0] == "--":
+        command = command[1:]
+    given = [flag for flag, on in (("-np", args.nproc != 1), ("--nnodes", args.nnodes != 1), ("--hosts", args.hosts),
+                                   ("--dry-run", args.dry_run), ("--autotune", args.autotune),
+                                   ("--strategy", args.strategy)) if on]
+    if given:
+        parser.error(f"{', '.join(given)}: not with --backend byteps (bpslaunch runs once per machine and role, "
+                     "as set by DMLC_ROLE, DMLC_NUM_WORKER, ...); give the training command and --run-dir")
+    environ = dict(os.environ)
+    if args.run_dir:
+        environ["DPRO_RUN_DIR"] = os.path.abspath(args.run_dir)
+    launchers = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launchers")
+    return run(command, shim_dir=launchers, environ=environ)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.backend == "byteps":
+        return run_byteps(args, parser)
     try:
         job = job_from_args(args)
     except (ValueError, argparse.ArgumentTypeError) as exc:

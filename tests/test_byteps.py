@@ -246,7 +246,8 @@ def fake_bpslaunch(tmp_path):
     comm = write_comm(str(tmp_path / "source_comm.json"), constructed_events())
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BYTEPS_", "DMLC_", "DPRO_"))}
     env.update({"PATH": os.path.join(REPO, "launchers") + os.pathsep + str(bindir) + os.pathsep + env["PATH"],
-                "FAKE_LOG": str(tmp_path / "log.json"), "FAKE_COMM": comm, "DMLC_ROLE": "worker"})
+                "FAKE_LOG": str(tmp_path / "log.json"), "FAKE_COMM": comm, "DMLC_ROLE": "worker",
+                "PYTHONPATH": os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))})  # this tree's dprorun
     return env
 
 
@@ -295,3 +296,16 @@ def test_bpslaunch_dropin_without_traces_servers_and_no_bytePS(tmp_path, fake_bp
     named = dict(alone, DPRO_REAL_BPSLAUNCH=str(tmp_path / "bin" / "bpslaunch"), DPRO_RUN_DIR=str(tmp_path / "r3"))
     proc = _shim(["python3", "train.py"], named, str(tmp_path))
     assert proc.returncode == 0 and os.path.isfile(tmp_path / "r3" / "byteps" / "0" / "comm.json")
+
+
+def test_dprorun_backend_byteps(tmp_path, fake_bpslaunch):
+    proc = subprocess.run([sys.executable, "-m", "dprorun.cli", "--backend", "byteps", "--run-dir",
+                           str(tmp_path / "run"), "python3", "train.py"], env=fake_bpslaunch, cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert os.path.isfile(tmp_path / "run" / "byteps" / "0" / "comm.json") and "bottleneck stage" in proc.stdout
+    assert json.load(open(tmp_path / "log.json"))["argv"] == ["python3", "train.py"]
+    refused = subprocess.run([sys.executable, "-m", "dprorun.cli", "--backend", "byteps", "-np", "4", "--autotune",
+                              "python3", "train.py"], env=fake_bpslaunch, cwd=str(tmp_path), capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "-np, --autotune: not with --backend byteps" in refused.stderr
