@@ -6,14 +6,14 @@ environment; there is nothing to gather across machines, so each worker machine 
 On a worker, BYTEPS_TRACE_ON=1 makes every local GPU write $BYTEPS_TRACE_DIR/<local rank>/comm.json once it
 reaches BYTEPS_TRACE_END_STEP; dprorun sets the directory inside the run directory (a directory the user chose
 is kept and its traces copied in) and a default window (steps 10-20) unless the user set one. Servers and the
-scheduler run unchanged. The job's exit code is returned as is; traces written before a failure are kept.
+scheduler run unchanged. The job's exit code is returned as is (128 + the signal when SIGINT/SIGTERM stopped it:
+they are passed on to bpslaunch); traces written before a failure or a stop are kept.
 """
 from __future__ import annotations
 
 import glob
 import os
 import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -92,8 +92,11 @@ def run(command: Sequence[str], shim_dir: str, environ: Optional[dict[str, str]]
     except RuntimeError as exc:
         print(f"bpslaunch (dprorun): error: {exc}", file=sys.stderr)
         return 2
+    from dprorun.launch import call_forwarding_signals
+
     if launch.role != "worker":  # servers and the scheduler: BytePS as is
-        return subprocess.call([launch.real_launcher, *launch.command], env=environ)
+        code, signum, _ = call_forwarding_signals([launch.real_launcher, *launch.command], environ)
+        return 128 + signum if signum is not None else code
     os.makedirs(launch.run_dir, exist_ok=True)
     started = time.time()
     manifest = {"framework": "byteps", "role": launch.role, "command": launch.command,
@@ -102,7 +105,10 @@ def run(command: Sequence[str], shim_dir: str, environ: Optional[dict[str, str]]
     print(f"[dprorun] BytePS worker: tracing steps {environ.get('BYTEPS_TRACE_START_STEP') or launch.env.get('BYTEPS_TRACE_START_STEP')}"
           f"-{environ.get('BYTEPS_TRACE_END_STEP') or launch.env.get('BYTEPS_TRACE_END_STEP')}, run directory "
           f"{launch.run_dir}", file=sys.stderr)
-    code = subprocess.call([launch.real_launcher, *launch.command], env={**environ, **launch.env})
+    code, signum, _ = call_forwarding_signals([launch.real_launcher, *launch.command], {**environ, **launch.env})
+    if signum is not None:  # SIGINT/SIGTERM went to bpslaunch too; what the GPUs wrote is still collected
+        code = 128 + signum
+        print(f"[dprorun] interrupted by signal {signum}; collecting what was written", file=sys.stderr)
     traces = collect(launch, environ)
     manifest.update({"exit_code": code, "ended": time.time(), "traces": traces})
     atomic_write_json(os.path.join(launch.run_dir, "manifest.json"), manifest, indent=2)

@@ -380,10 +380,10 @@ def _launch_horovod(job: JobConfig) -> LaunchResult:
     return _run_engine(cmd, job, "horovodrun")
 
 
-def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
-    """Run a launcher CLI as a child with the hooks' environment; forward SIGINT/SIGTERM; --timeout stops it."""
-    env = dict(os.environ)
-    env.update(rank_environment(job))
+def call_forwarding_signals(cmd: list[str], env: dict[str, str],
+                            timeout_s: Optional[float] = None) -> tuple[int, Optional[int], bool]:
+    """Run an engine's CLI as a child; SIGINT/SIGTERM sent to dprorun go to it as well (it stops its ranks);
+    `timeout_s` stops it. Returns (exit code, the signal forwarded or None, whether the timeout fired)."""
     proc = subprocess.Popen(cmd, env=env)
     forwarded = {}
 
@@ -393,15 +393,23 @@ def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with _Watchdog(job.timeout_s) as watchdog:
+        with _Watchdog(timeout_s) as watchdog:
             code = proc.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if watchdog.fired:
+    return code, forwarded.get("signal"), watchdog.fired
+
+
+def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
+    """Run a launcher CLI as a child with the hooks' environment; forward SIGINT/SIGTERM; --timeout stops it."""
+    env = dict(os.environ)
+    env.update(rank_environment(job))
+    code, signum, timed_out = call_forwarding_signals(cmd, env, job.timeout_s)
+    if timed_out:
         return LaunchResult(124, f"timed out after {job.timeout_s:g} s (--timeout); all ranks stopped")
-    if "signal" in forwarded:
-        return LaunchResult(128 + forwarded["signal"], f"interrupted by {_signal_name(forwarded['signal'])}")
+    if signum is not None:
+        return LaunchResult(128 + signum, f"interrupted by {_signal_name(signum)}")
     if code != 0:
         return LaunchResult(code if code > 0 else 128 - code, f"{engine} exited with code {code} "
                             "(its output above names the failing rank)")

@@ -232,6 +232,11 @@ if os.environ.get("BYTEPS_TRACE_ON") == "1" and os.environ.get("FAKE_WRITE", "1"
     target = os.path.join(os.environ["BYTEPS_TRACE_DIR"], "0")
     os.makedirs(target, exist_ok=True)
     shutil.copyfile(os.environ["FAKE_COMM"], os.path.join(target, "comm.json"))
+if os.environ.get("FAKE_SLEEP"):  # a job still running: stopped by the signal dprorun passes on
+    import signal, time
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    open(os.environ["FAKE_SLEEP"], "w").close()
+    time.sleep(60)
 sys.exit(int(os.environ.get("FAKE_RC", "0")))
 """
 
@@ -309,3 +314,23 @@ def test_dprorun_backend_byteps(tmp_path, fake_bpslaunch):
                               "python3", "train.py"], env=fake_bpslaunch, cwd=str(tmp_path), capture_output=True,
                              text=True, timeout=60)
     assert refused.returncode == 2 and "-np, --autotune: not with --backend byteps" in refused.stderr
+
+
+def test_bpslaunch_dropin_passes_sigterm_on_and_keeps_the_traces(tmp_path, fake_bpslaunch):
+    import signal
+    import time
+
+    started = tmp_path / "started"
+    env = dict(fake_bpslaunch, DPRO_RUN_DIR=str(tmp_path / "run"), FAKE_SLEEP=str(started))
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "launchers", "bpslaunch"), "python3", "train.py"],
+                            env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists()
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - began < 30
+    assert "interrupted by signal" in err and os.path.isfile(tmp_path / "run" / "byteps" / "0" / "comm.json")
+    assert json.load(open(tmp_path / "run" / "manifest.json"))["exit_code"] == 143
