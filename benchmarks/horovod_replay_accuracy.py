@@ -26,11 +26,11 @@ def wrap(net: str, cmd: list[str]) -> list[str]:
     return [NETNS, "--"] + cmd if net == "1gbit" else cmd
 
 
-def measured_ms(net: str, steps: int, batch: int, knobs: tuple = ()) -> float:
+def measured_ms(net: str, steps: int, batch: int, knobs: tuple = (), model: str = "mlp") -> float:
     """A plain horovodrun run's median iteration time; `knobs`: extra horovodrun flags (fusion, cycle)."""
     out = subprocess.run(wrap(net, ["horovodrun", "-np", "2", "--gloo", *knobs, sys.executable, EXAMPLE, "--steps",
-                                    str(steps), "--batch-size", str(batch)]), capture_output=True, text=True,
-                         check=True, timeout=900, cwd=REPO)
+                                    str(steps), "--batch-size", str(batch), "--model", model]),
+                         capture_output=True, text=True, check=True, timeout=900, cwd=REPO)
     return float(re.search(r"median iteration time: ([0-9.]+) ms", out.stdout).group(1))
 
 

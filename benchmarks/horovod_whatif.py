@@ -3,6 +3,7 @@ times with `dpro replay --horovod-fusion-mb T --horovod-cycle-ms C`, and measure
 --fusion-threshold-mb T --cycle-time-ms C`, interleaved --reps times (medians).
 
 usage: OMP_NUM_THREADS=1 [sudo] python benchmarks/horovod_whatif.py [--nets loopback,1gbit] [--reps 3]
+       [--model mlp|transformer|resnet] [--batch-size 32]
 (OMP_NUM_THREADS=1 as in benchmarks/horovod_replay_accuracy.py; 1gbit needs root for its network namespace.)
 Columns: measured and predicted ms, error, and the change against the default knobs, measured and predicted
 (each side against its own default row). Last line: median and max |error| over the what-if rows.
@@ -37,12 +38,13 @@ def knob_args(fusion, cycle, prefix: str) -> list[str]:
     return out
 
 
-def predictions(net: str, steps: int, batch: int) -> list[float]:
+def predictions(net: str, steps: int, batch: int, model: str) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
         subprocess.run(wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "horovod", "-np", "2", "-q",
                                   "--run-dir", run_dir, "python", EXAMPLE, "--steps", str(steps), "--batch-size",
-                                  str(batch)]), capture_output=True, text=True, check=True, timeout=900, cwd=REPO,
+                                  str(batch), "--model", model]), capture_output=True, text=True, check=True,
+                       timeout=900, cwd=REPO,
                        env=dict(os.environ, DPRO_REPORT="0"))
         out = []
         for fusion, cycle in SETTINGS:
@@ -59,6 +61,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--model", choices=("mlp", "transformer", "resnet"), default="mlp",
+                        help="examples/horovod_mlp.py --model")
     args = parser.parse_args()
     nets = args.nets.split(",")
     if "1gbit" in nets and os.geteuid() != 0:
@@ -71,10 +75,11 @@ def main() -> None:
         measured = [[] for _ in SETTINGS]
         predicted = [[] for _ in SETTINGS]
         for _ in range(args.reps):
-            for k, p in enumerate(predictions(net, args.steps, args.batch_size)):
+            for k, p in enumerate(predictions(net, args.steps, args.batch_size, args.model)):
                 predicted[k].append(p)
             for k, (fusion, cycle) in enumerate(SETTINGS):
-                measured[k].append(measured_ms(net, args.steps, args.batch_size, tuple(knob_args(fusion, cycle, ""))))
+                measured[k].append(measured_ms(net, args.steps, args.batch_size, tuple(knob_args(fusion, cycle, "")),
+                                               args.model))
         m = [statistics.median(v) for v in measured]
         p = [statistics.median(v) for v in predicted]
         for k, (fusion, cycle) in enumerate(SETTINGS):

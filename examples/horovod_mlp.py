@@ -2,9 +2,11 @@
 
 Runs unchanged under `horovodrun -np 2 --gloo python examples/horovod_mlp.py` and
 `dprorun --backend horovod -np 2 python examples/horovod_mlp.py`; rank 0 prints the median step time of the
-second half of the run (or of its last --report-last steps).
+second half of the run (or of its last --report-last steps). `--model transformer` or `--model resnet` trains
+the DDP examples' Transformer encoder or small ResNet instead (same builders and batches, under Horovod).
 """
 import argparse
+import importlib
 import statistics
 import time
 
@@ -21,13 +23,23 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=24)
     parser.add_argument("--report-last", type=int, default=0,
                         help="median over the last N steps (default: the second half), e.g. after autotuning")
+    parser.add_argument("--model", choices=("mlp", "transformer", "resnet"), default="mlp")
     args = parser.parse_args()
     hvd.init()
     torch.manual_seed(0)
-    layers = [nn.Linear(64, args.width), nn.ReLU()]
-    for _ in range(args.depth):
-        layers += [nn.Linear(args.width, args.width), nn.ReLU()]
-    model = nn.Sequential(*layers, nn.Linear(args.width, 10))
+    if args.model == "mlp":
+        layers = [nn.Linear(64, args.width), nn.ReLU()]
+        for _ in range(args.depth):
+            layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+        model = nn.Sequential(*layers, nn.Linear(args.width, 10))
+
+        def make_batch(batch_size, generator):
+            return (torch.randn(batch_size, 64, generator=generator),
+                    torch.randint(0, 10, (batch_size,), generator=generator))
+    else:  # the DDP examples' model and batches (this file's directory is on sys.path when run as a script)
+        example = importlib.import_module(f"{args.model}_small")
+        model = example.Classifier() if args.model == "transformer" else example.build()
+        make_batch = example.make_batch
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                          named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -37,8 +49,7 @@ def main() -> None:
     times = []
     for _ in range(args.steps):
         start = time.perf_counter()
-        inputs = torch.randn(args.batch_size, 64, generator=generator)
-        targets = torch.randint(0, 10, (args.batch_size,), generator=generator)
+        inputs, targets = make_batch(args.batch_size, generator)
         optimizer.zero_grad()
         loss = loss_fn(model(inputs), targets)
         loss.backward()

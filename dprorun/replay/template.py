@@ -388,19 +388,27 @@ def _horovod_timeline_points(run_dir: str) -> list[tuple[int, float]]:
     return [(sum(o.nbytes for o in ops), ops[0].dur_us) for ops in groups.values() if ops[0].dur_us > 0]
 
 
+SMALL_CALL_BYTES = 1 << 16  # calibration calls this small are latency, not bandwidth
+
+
 def horovod_comm_model(calibration: list, timeline_points: list, world: int,
                        cycle_us: float) -> Optional[tuple[CommModel, float]]:
     """Horovod's costs: (per-response model, negotiation per cycle µs). From the calibration (one
     `hvd.allreduce` per call, ranks lined up) when it fits a line, else from the timeline's fused responses.
-    A calibration call's latency (the line's intercept) holds half a cycle on average (waiting for the
-    background loop's next cycle, which the fusion replay puts in by itself: a response starts at the end of
-    the cycle that picked it up), one negotiation round and one response's all-reduce; the two rounds are
-    small-message collectives over the same transport and get half each. The bandwidth is the line's slope."""
+    The bandwidth is the line's slope. A call's latency is read off the small calls (<= 64 KiB: their time
+    less their bytes at that bandwidth, the lower of them; the line's intercept is set by the large calls and
+    came out 0 on a 1 Gbit/s link where a 4 KiB call took 0.9 ms). It holds half a cycle on average (waiting
+    for the background loop's next cycle, which the fusion replay puts in by itself: a response starts at the
+    end of the cycle that picked it up), one negotiation round and one response's all-reduce; the two rounds
+    are small-message collectives over the same transport and get half each."""
     if len(calibration) >= 2:
         fitted = fit_comm_model([tuple(p[:2]) for p in calibration], world, [])
         if fitted.source == "trace":
             steps = 2 * max(world - 1, 1)
-            rounds = max(0.0, fitted.alpha_us * steps - cycle_us / 2)
+            per_byte = steps / (max(world, 2) * fitted.bandwidth_bytes_per_us)
+            small = [t - size * per_byte for size, t, *_ in calibration if size <= SMALL_CALL_BYTES]
+            latency = min(small) if small else fitted.alpha_us * steps
+            rounds = max(0.0, latency - cycle_us / 2)
             return (CommModel(rounds / 2 / steps, fitted.bandwidth_bytes_per_us,
                               "horovod calibration (one response per call)", fitted.points), rounds / 2)
     if timeline_points:
