@@ -1,7 +1,7 @@
 """Horovod's own knobs as a search: fusion threshold x cycle time, each candidate replayed with Horovod's
 cycle/threshold fusion (`WhatIf.horovod_fusion_mb/horovod_cycle_ms`), ranked by predicted iteration time.
 
-With its cost model calibrated on Horovod's own calls the fusion model is within 7 % on a 1 Gbit/s network but
+With its cost model calibrated on Horovod's own calls the fusion model is within 7.5 % on a 1 Gbit/s network but
 20-40 % high where the transport is CPU work on the ranks' cores (benchmarks/RESULTS.md), so the ranking is
 used to choose which few candidates deserve a real trial window (dprorun --autotune --backend horovod runs
 the top ones and keeps the fastest measured, if it beats the job's own settings), not to decide alone.
