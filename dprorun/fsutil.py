@@ -81,3 +81,22 @@ def read_json(path: str) -> Any:
         ends_early = exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated")
         where = "truncated" if ends_early or text.count("{") > text.count("}") else "corrupted"
         raise TraceError(path, f"{where} JSON at byte {exc.pos}: {exc.msg}") from None
+
+
+def complete_json_objects(text: str, pos: int) -> list[dict]:
+    """The complete JSON objects of a list whose text starts at `pos` (just past its "["), up to its "]" or to
+    where the text was cut short (a trace file a killed job left half-written)."""
+    import json
+
+    decoder, objects = json.JSONDecoder(), []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return objects
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return objects
+        if isinstance(obj, dict):
+            objects.append(obj)

@@ -298,11 +298,7 @@ def _cmd_import_byteps(args: argparse.Namespace) -> int:
               f"the other steps' medians: median {_median_of(doc['predicted_sync_ms']):.2f} ms "
               f"(per-step error median {loo['median']:.2f} %, max {loo['max']:.2f} %)")
         if "whatif" in doc:
-            w = doc["whatif"]
-            scale = ", ".join(f"{k} x{v:g}" for k, v in w["stage_scale"].items())
-            print(f"  what-if ({scale}): {w['as_run_sync_ms']:.2f} -> {w['predicted_sync_ms']:.2f} ms")
-            for note in w["notes"]:
-                print(f"  note: {note}")
+            _print_stage_whatif(doc["whatif"])
     if machine is not None and "error" in machine:
         print(f"the files together: {machine['error']}")
     elif machine is not None:
@@ -313,12 +309,17 @@ def _cmd_import_byteps(args: argparse.Namespace) -> int:
               f"{_median_of(machine['predicted_sync_ms']):.2f} ms (per-step error median {loo['median']:.2f} %, "
               f"max {loo['max']:.2f} %)")
         if "whatif" in machine:
-            w = machine["whatif"]
-            scale = ", ".join(f"{k} x{v:g}" for k, v in w["stage_scale"].items())
-            print(f"  what-if ({scale}): {w['as_run_sync_ms']:.2f} -> {w['predicted_sync_ms']:.2f} ms")
+            _print_stage_whatif(machine["whatif"])
     if args.output:
         print(f"wrote {docs[0]['chrome_trace']['events']} events to {args.output}")
     return 0
+
+
+def _print_stage_whatif(whatif: dict) -> None:
+    scale = ", ".join(f"{k} x{v:g}" for k, v in whatif["stage_scale"].items())
+    print(f"  what-if ({scale}): {whatif['as_run_sync_ms']:.2f} -> {whatif['predicted_sync_ms']:.2f} ms")
+    for note in whatif.get("notes", []):
+        print(f"  note: {note}")
 
 
 def _median_of(values: list[float]) -> float:

@@ -31,7 +31,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from dprorun.fsutil import TraceError
+from dprorun.fsutil import TraceError, complete_json_objects
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace
 
 # the order a partition passes through BytePS's stages (a root GPU's file; a non-root one skips PUSH/PULL)
@@ -83,18 +83,7 @@ def _load_events(path: str) -> tuple[list[dict], bool]:
     start = text.find("[", key) if key >= 0 else -1
     if start < 0:
         raise TraceError(path, "not a BytePS comm.json (no traceEvents list)")
-    decoder, events, pos = json.JSONDecoder(), [], start + 1  # cut short: every complete event
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text) or text[pos] == "]":
-            break
-        try:
-            obj, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            break
-        if isinstance(obj, dict):
-            events.append(obj)
+    events = complete_json_objects(text, start + 1)  # cut short: every complete event
     if not events:
         raise TraceError(path, "truncated or corrupted BytePS comm.json: no complete event")
     return events, True

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from dprorun.fsutil import TraceError
+from dprorun.fsutil import TraceError, complete_json_objects
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "uint8": 1,
@@ -65,18 +65,7 @@ def _load_events(path: str) -> tuple[list[dict], bool]:
         return events, False
     except json.JSONDecodeError:
         pass
-    decoder, events, pos = json.JSONDecoder(), [], 1  # cut short: take every complete object
-    while True:
-        while pos < len(stripped) and stripped[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(stripped) or stripped[pos] == "]":
-            break
-        try:
-            obj, pos = decoder.raw_decode(stripped, pos)
-        except json.JSONDecodeError:
-            break
-        if isinstance(obj, dict):
-            events.append(obj)
+    events = complete_json_objects(stripped, 1)  # cut short: take every complete object
     if not events:
         raise TraceError(path, "truncated or corrupted Horovod timeline: no complete event")
     return events, True
