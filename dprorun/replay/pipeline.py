@@ -8,7 +8,8 @@ then its stages in order, with the measured hand-off between two stages (a loop 
 non-root GPU also the wait for the root's PUSH/PULL, which that file does not show) as a delay that takes no
 device. Replaying with the step's own times reproduces it; replaying with the other steps' medians predicts
 it (`predict_steps`), and scaling a stage's service times answers what-ifs (e.g. PUSH and PULL x 0.5 for a
-network twice as fast).
+network twice as fast). Several GPUs of one machine replay together (`predict_machine_steps`): a non-root
+GPU's stage that follows the gap waits for the root's PULL of the same partition instead.
 """
 from __future__ import annotations
 
@@ -112,15 +113,9 @@ def median_times(samples: list[ChainTimes]) -> ChainTimes:
                       after_root=after_root)
 
 
-def pipeline_graph(times: ChainTimes, stage_scale: Optional[dict[str, float]] = None,
-                   rank: int = 0) -> ReplayGraph:
-    """The replay graph of one step: per partition, entry delay -> (hand-off -> stage) x stages."""
-    return machine_graph([times], stage_scale)
-
-
 def machine_graph(gpus: list[ChainTimes], stage_scale: Optional[dict[str, float]] = None) -> ReplayGraph:
-    """One step of one machine's GPUs (the first is the root, which pushes and pulls): each GPU's partition
-    chains on its own stage devices; a stage listed in `after_root` also waits for the root's PULL of the same
+    """The replay graph of one step of one GPU, or of one machine's GPUs (the first is the root, which pushes
+    and pulls): per partition, entry delay -> (hand-off -> stage) x stages, on the GPU's own stage devices; a stage listed in `after_root` also waits for the root's PULL of the same
     partition (plus the measured delay after it) instead of its measured hand-off."""
     scale = {k.upper(): v for k, v in (stage_scale or {}).items()}
     builder = GraphBuilder()
@@ -157,7 +152,7 @@ def machine_graph(gpus: list[ChainTimes], stage_scale: Optional[dict[str, float]
 
 def _prediction(step: int, times: ChainTimes, measured_us: float, stage_scale: Optional[dict[str, float]],
                 notes: list[str]) -> PipelinePrediction:
-    graph = pipeline_graph(times, stage_scale)
+    graph = machine_graph([times], stage_scale)
     result: ReplayResult = replay(graph)
     return PipelinePrediction(step, result.iteration_time_us, measured_us, dict(result.device_busy_us),
                               critical_path_report(graph, result, top=10), list(notes))
