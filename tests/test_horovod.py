@@ -119,10 +119,20 @@ def test_dprorun_backend_horovod_and_the_horovodrun_drop_in(tmp_path):
         assert {op.kind.value for op in trace.ops if op.stream == "phase"} >= {"FW", "BW", "UPDATE"}
         assert any(op.source == "kineto" for op in trace.ops) and trace.grad_ready
     assert all(row["iteration_time_ms"] for row in summary["ranks"])
+    # the cost model's calibration: Horovod's own all-reduces of 4 KiB-4 MiB, timed at the end of the window
+    from dprorun.replay.template import build_job_model
+
+    assert [row[0] for row in run.ranks[0].meta["calibration"]] == [1 << 12, 1 << 16, 1 << 20, 1 << 22]
+    model = build_job_model(run)
+    assert model.comm.source.startswith("horovod calibration") and model.comm.bandwidth_bytes_per_us > 0
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout)["predicted_iteration_time_ms"] > 0
+    fused = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json", "--np", "4"],
+                           capture_output=True, text=True, timeout=300, cwd=REPO)
+    doc = json.loads(fused.stdout)  # a world-size what-if prices Horovod's fused responses, not 52 collectives
+    assert doc["buckets"] < 52 and any("Horovod fusion at 128 MB" in note for note in doc["notes"])
     copy = tmp_path / "copy.json"
     env = dict(os.environ, DPRO_RUN_DIR=str(tmp_path / "run2"))
     proc = subprocess.run([sys.executable, os.path.join(REPO, "launchers", "horovodrun"), "-np", "2", "--gloo",
