@@ -23,6 +23,18 @@ DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
                        "fixtures", "byteps")
 
 
+def row(name: str, role: str, partitions: int, predictions: list, whatif: list, read_s: str,
+        replay_ms: float) -> list[float]:
+    """Print one table row; returns its per-step |errors| (%)."""
+    errors = [abs(p.error) * 100 for p in predictions]
+    print(f"| {name} | {role} | {partitions} | {len(predictions)} | "
+          f"{statistics.median(p.measured_us for p in predictions) / 1000:.2f} | "
+          f"{statistics.median(p.predicted_us for p in predictions) / 1000:.2f} | "
+          f"{statistics.median(errors):.2f} % | {max(errors):.2f} % | "
+          f"{statistics.median(p.predicted_us for p in whatif) / 1000:.2f} | {read_s} | {replay_ms:.1f} |")
+    return errors
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*")
@@ -42,14 +54,8 @@ def main() -> None:
         started = time.perf_counter()
         predictions = predict_steps(bt)
         replay_ms = 1000 * (time.perf_counter() - started) / len(predictions)
-        whatif = predict_steps(bt, args.stage_scale)
-        errors = [abs(p.error) * 100 for p in predictions]
-        all_errors += errors
-        print(f"| {os.path.basename(path)} | {bt.role} | {sum(bt.partitions.values())} | {len(predictions)} | "
-              f"{statistics.median(p.measured_us for p in predictions) / 1000:.2f} | "
-              f"{statistics.median(p.predicted_us for p in predictions) / 1000:.2f} | "
-              f"{statistics.median(errors):.2f} % | {max(errors):.2f} % | "
-              f"{statistics.median(p.predicted_us for p in whatif) / 1000:.2f} | {read_s:.2f} | {replay_ms:.1f} |")
+        all_errors += row(os.path.basename(path), bt.role, sum(bt.partitions.values()), predictions,
+                          predict_steps(bt, args.stage_scale), f"{read_s:.2f}", replay_ms)
     traces = [read_byteps_comm(path, rank=k) for k, path in enumerate(files)]
     if len(traces) > 1 and sum(bt.role == "root" for bt in traces) == 1:  # one machine's GPUs: replayed together
         root = next(bt for bt in traces if bt.role == "root")
@@ -57,14 +63,8 @@ def main() -> None:
         started = time.perf_counter()
         predictions = predict_machine_steps(root, others)
         replay_ms = 1000 * (time.perf_counter() - started) / len(predictions)
-        whatif = predict_machine_steps(root, others, args.stage_scale)
-        errors = [abs(p.error) * 100 for p in predictions]
-        all_errors += errors
-        print(f"| all {len(traces)} (one machine) | root + {len(others)} | {sum(root.partitions.values())} | "
-              f"{len(predictions)} | {statistics.median(p.measured_us for p in predictions) / 1000:.2f} | "
-              f"{statistics.median(p.predicted_us for p in predictions) / 1000:.2f} | "
-              f"{statistics.median(errors):.2f} % | {max(errors):.2f} % | "
-              f"{statistics.median(p.predicted_us for p in whatif) / 1000:.2f} | | {replay_ms:.1f} |")
+        all_errors += row(f"all {len(traces)} (one machine)", f"root + {len(others)}", sum(root.partitions.values()),
+                          predictions, predict_machine_steps(root, others, args.stage_scale), "", replay_ms)
     print(f"per-step sync time predicted from the other steps: |error| median {statistics.median(all_errors):.2f} %, "
           f"max {max(all_errors):.2f} % over {len(all_errors)} steps")
 

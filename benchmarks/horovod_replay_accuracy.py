@@ -51,17 +51,28 @@ def predicted_ms(net: str, steps: int, batch: int) -> tuple[float, float]:
         return doc["predicted_iteration_time_ms"], doc["measured_iteration_time_ms"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def common_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every Horovod benchmark takes."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--nets", default="loopback,1gbit")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
-    args = parser.parse_args()
-    nets = args.nets.split(",")
+    return parser
+
+
+def usable_nets(spec: str) -> list[str]:
+    """--nets, without the 1 Gbit namespace when not root (it needs `ip netns`)."""
+    nets = spec.split(",")
     if "1gbit" in nets and os.geteuid() != 0:
         print("note: not root, the 1 Gbit network namespace is skipped")
         nets = [n for n in nets if n != "1gbit"]
+    return nets
+
+
+def main() -> None:
+    args = common_parser(__doc__).parse_args()
+    nets = usable_nets(args.nets)
     print(f"{'net':8} {'horovodrun ms':>13} {'dPRO ms':>8} {'error':>7} {'own run ms':>10}  readings")
     errors = []
     for net in nets:

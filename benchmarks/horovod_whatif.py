@@ -10,7 +10,6 @@ Columns: measured and predicted ms, error, and the change against the default kn
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -18,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from horovod_replay_accuracy import EXAMPLE, REPO, measured_ms, wrap
+from horovod_replay_accuracy import EXAMPLE, REPO, common_parser, measured_ms, usable_nets, wrap
 
 SETTINGS = [(None, None), (4.0, 5.0), (1.0, 1.0), (0.0, None), (64.0, 10.0)]  # (fusion MB, cycle ms); None: default
 
@@ -56,18 +55,11 @@ def predictions(net: str, steps: int, batch: int, model: str) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nets", default="loopback,1gbit")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser = common_parser(__doc__)
     parser.add_argument("--model", choices=("mlp", "transformer", "resnet"), default="mlp",
                         help="examples/horovod_mlp.py --model")
     args = parser.parse_args()
-    nets = args.nets.split(",")
-    if "1gbit" in nets and os.geteuid() != 0:
-        print("note: not root, the 1 Gbit network namespace is skipped")
-        nets = [n for n in nets if n != "1gbit"]
+    nets = usable_nets(args.nets)
     print("| network | knobs | measured ms | predicted ms | error | change measured | change predicted |")
     print("|---|---|---|---|---|---|---|")
     errors = []
