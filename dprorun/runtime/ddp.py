@@ -395,3 +395,28 @@ def patch_ddp_class(session: RankSession) -> None:
     DDP.__init__ = __init__
     DDP.register_comm_hook = register_comm_hook
     DDP._register_builtin_comm_hook = _register_builtin_comm_hook
+    _patch_group_teardown(session)
+
+
+def _patch_group_teardown(session: RankSession) -> None:
+    """`destroy_process_group()` of the default group first runs the end-of-window work that is still due
+    (clock probes, calibration, gather, clean exchange): a script that ends inside the window or the clean
+    iterations would otherwise leave no group for it."""
+    import sys
+
+    c10d = sys.modules["torch.distributed.distributed_c10d"]
+    original = c10d.destroy_process_group
+    if getattr(original, "_dpro_patched", False):
+        return
+
+    @functools.wraps(original)
+    def destroy_process_group(group=None):
+        if group is None or group is c10d.GroupMember.WORLD:
+            session.guard("the end-of-window work before the group's teardown", session.before_group_teardown)
+        return original(group)
+
+    destroy_process_group._dpro_patched = True
+    c10d.destroy_process_group = destroy_process_group
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and getattr(distributed, "destroy_process_group", None) is original:
+        distributed.destroy_process_group = destroy_process_group

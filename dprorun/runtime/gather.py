@@ -7,10 +7,11 @@ dedicated gloo group that only this job's ranks are members of, and rank 0 write
 from __future__ import annotations
 
 import os
+import sys
 import time
 from datetime import timedelta
 
-from dprorun.fsutil import atomic_write_bytes, make_private_dir
+from dprorun.fsutil import atomic_write_bytes, atomic_write_json, make_private_dir
 from dprorun.runtime.cpubudget import cpu_budget, oversubscription_warning
 from dprorun.runtime.packing import BundleError, pack_files, unpack_files
 from dprorun.runtime.session import RankSession, warn
@@ -37,8 +38,6 @@ PROBE_ROUNDS = 40
 
 def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     """At the end of the window, on every rank: clock probes, events written, traces gathered to rank 0."""
-    import sys
-
     import torch.distributed as dist
 
     if session.rank == 0:
@@ -76,7 +75,7 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         session.warnings.append(f"all-reduce calibration failed: {exc}")
     session.write_events()
     gather_to_rank0(session, group)
-    dist.destroy_process_group(group)
+    session.window_group = group  # released after the clean iterations (exchange_clean_starts)
 
 
 CALIBRATION_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
@@ -117,7 +116,6 @@ def calibrate_horovod(session: RankSession, reps: int = 5) -> list[list[float]]:
     torch.distributed jobs. The cost model takes Horovod's bandwidth and per-response latency from it; the
     timeline's fused responses, timed while the ranks compute, include waiting for the other rank."""
     import statistics
-    import sys
 
     import torch
 
@@ -210,6 +208,7 @@ def gather_to_rank0(session: RankSession, group) -> None:
     payload = _own_bundle(session) if remote else b""
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64), group=group)
+    session.remote_ranks = [src for src in range(world) if int(sizes[src].item()) > 0]
     if rank == 0:
         for src in range(1, world):
             size = int(sizes[src].item())
@@ -289,7 +288,6 @@ def _own_bundle(session: RankSession) -> bytes:
 
 def horovod_running() -> bool:
     """A Horovod job with more than one rank (its collectives are the gather channel then)."""
-    import sys
 
     hvd = sys.modules.get("horovod.torch")
     try:
@@ -302,7 +300,6 @@ def gather_horovod_to_rank0(session: RankSession) -> None:
     """Horovod jobs (no torch.distributed): the same locality test and bundles over Horovod's own collectives:
     a broadcast for the token, an allgather of host names, and an alltoall whose splits send each remote rank's
     bundle to rank 0 only (every rank also sends itself one byte, so that no tensor is empty)."""
-    import sys
 
     import torch
 
@@ -331,8 +328,50 @@ def gather_horovod_to_rank0(session: RankSession) -> None:
         for src, count in enumerate(int(n) for n in received_splits.tolist()):
             if src != 0 and count > 0:
                 _write_bundle(session, src, host_names[src], blob[offset:offset + count])
+                session.remote_ranks.append(src)
             offset += count
     session.gathered_hosts = host_names
+
+
+def exchange_clean_starts(session: RankSession, complete: bool) -> None:
+    """After the clean iterations (or when the script tears down its group inside them): every rank's clean
+    iteration start times go to rank 0, which writes clean.json for the ranks whose files are on another disk
+    (the others wrote their own). One small fixed-size all-gather over the window's gloo group (Horovod's own
+    allgather in Horovod jobs); the group is released afterwards."""
+    import math
+
+    import torch
+
+    from dprorun.runtime.session import CLEAN_FILE
+
+    own = session.clean_document(complete=complete)
+    width = session.cfg.clean + 2  # C+1 start times and the complete flag
+    row = torch.full((width,), math.nan, dtype=torch.float64)
+    starts = own["iteration_starts_us"][: width - 1]
+    if starts:
+        row[: len(starts)] = torch.tensor(starts, dtype=torch.float64)
+    row[width - 1] = 1.0 if complete else 0.0
+    group = session.window_group
+    session.window_group = None
+    if group is not None:
+        import torch.distributed as dist
+
+        rows = [torch.empty(width, dtype=torch.float64) for _ in range(dist.get_world_size())]
+        dist.all_gather(rows, row, group=group)
+        dist.destroy_process_group(group)
+    elif horovod_running():
+        hvd = sys.modules["horovod.torch"]
+        gathered = hvd.allgather(row.unsqueeze(0), name="dprorun.clean.starts")
+        rows = [gathered[r] for r in range(gathered.shape[0])]
+    else:
+        return
+    if session.rank != 0:
+        return
+    for src in session.remote_ranks:
+        values = [float(x) for x in rows[src][: width - 1].tolist() if not math.isnan(x)]
+        doc = session.clean_document(rank=src, starts=values, complete=bool(rows[src][width - 1].item() > 0.5))
+        target = make_private_dir(os.path.join(session.cfg.run_dir, f"rank_{src}"))
+        atomic_write_json(os.path.join(target, CLEAN_FILE), doc)
 
 
 def _write_bundle(session: RankSession, src: int, host: str, blob: bytes) -> None:

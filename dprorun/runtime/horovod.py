@@ -181,3 +181,23 @@ def patch_horovod(session: RankSession) -> None:
     cls._allreduce_grad_async = _allreduce_grad_async
     cls.step = step
     module.synchronize = synchronize
+    _patch_shutdown(session)
+
+
+def _patch_shutdown(session: RankSession) -> None:
+    """`hvd.shutdown()` first runs the end-of-window work still due, as destroy_process_group does for DDP."""
+    mpi_ops = sys.modules.get("horovod.torch.mpi_ops")
+    if mpi_ops is None or getattr(mpi_ops.shutdown, "_dpro_patched", False):
+        return
+    original = mpi_ops.shutdown
+
+    @functools.wraps(original)
+    def shutdown(*args, **kwargs):
+        session.guard("the end-of-window work before Horovod's shutdown", session.before_group_teardown)
+        return original(*args, **kwargs)
+
+    shutdown._dpro_patched = True
+    for name in ("horovod.torch.mpi_ops", "horovod.torch"):
+        target = sys.modules.get(name)
+        if target is not None and getattr(target, "shutdown", None) is original:
+            target.shutdown = shutdown

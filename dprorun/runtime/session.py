@@ -7,10 +7,16 @@ Phases, counted in training iterations seen by the primary DistributedDataParall
                         hooks: op-level compute and transmission spans cost 10-30 % per iteration, so they
                         are sampled, not kept on
   clean   [W+K, W+K+C)  iteration start times only: the job's own speed without any profiling
-Writing the profiler trace (at W+P) and the events (at W+K) pauses the rank inside one iteration; those
-iterations are listed as disturbed and left out of every statistic.
-  done                  files written, traces gathered to rank 0's node; the hooks step aside
-A failure anywhere in here disables the session with a warning; it never raises into the training script.
+Writing the profiler trace (at W+P) and the end-of-window work at W+K (events written, clock probes,
+calibration, traces gathered to rank 0's node) pause the rank inside one iteration; those iterations are listed
+as disturbed and left out of every statistic. Nothing of dprorun's runs in the clean iterations after that:
+the samplers are stopped and no file is written until they are over.
+  done                  at W+K+C: the clean iterations' start times written (clean.json; rank 0 writes those of
+                        ranks on other hosts, sent over the window's group); the hooks step aside
+The end-of-window work runs before the script can tear its process group down: a script that ends (calls
+`destroy_process_group`) inside the window or the clean iterations triggers what is still due right there; a
+job that ends without that records why the work did not run. A failure anywhere in here disables the session
+with a warning; it never raises into the training script.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ from dprorun.config import ProfileConfig
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 
 EVENTS_FILE = "events.json"
+CLEAN_FILE = "clean.json"
+CLEAN_SCHEMA = "dprorun-clean"
 KINETO_FILE = "kineto_trace.json"
 SAMPLES_FILE = "samples.json"
 MAX_ITERATION_TIMESTAMPS = 100_000
@@ -69,12 +77,13 @@ class RankSession:
         self.monotonic_at_start_ns = time.monotonic_ns()
         self.lock = threading.Lock()
         self.sampler = None
-        self.gathered = False
         self.disturbed_iterations: list[int] = []
         self.calibration: list[list[float]] = []
         self.calibration_under_compute: list[list[float]] = []
         self.cpu_budget: dict = {}  # runtime/cpubudget.py, recorded at the end of the window
-        self.on_window_end: list[Callable[[], None]] = []
+        self.window_group = None  # the gloo group of the end-of-window work, kept for the clean exchange
+        self.remote_ranks: list[int] = []  # rank 0: ranks whose files came over the network (other disks)
+        self.window_work_done = False  # probes, calibration and gather ran (or were attempted)
         from dprorun.runtime import apply
 
         self.strategy, problem = apply.load()  # the optimizer's strategy this job runs with, if any
@@ -130,8 +139,7 @@ class RankSession:
             self.guard("starting the profiling window", self._start_window)
         elif self.iteration == cfg.warmup + cfg.active and self.phase == "active":
             self.disturbed_iterations.append(self.iteration)
-            self.guard("closing the profiling window", self._stop_window, True)
-            self.phase = "clean"
+            self._close_window_and_gather()
         elif self.phase == "active" and self.iteration == cfg.warmup + cfg.kineto_iters:
             # end of the detailed tier: profiler and per-parameter hooks off, the cheap hooks stay
             for tracker in self.trackers:
@@ -140,8 +148,32 @@ class RankSession:
                 self.disturbed_iterations.append(self.iteration)
                 self.guard("stopping the profiler", self._stop_profiler, True)
         if self.iteration == cfg.warmup + cfg.active + cfg.clean and self.phase == "clean":
-            self.phase = "done"
-            self.guard("gathering traces", self._finish)
+            self.guard("writing the clean iterations", self._finish_clean, True)
+            if cfg.dry_run:  # every rank is here at the same iteration: leave together, cleanly
+                print(f"[dprorun] dry run: rank {self.rank} stops after the profiling window", file=sys.stderr,
+                      flush=True)
+                raise SystemExit(0)
+
+    def _close_window_and_gather(self) -> None:
+        """End of the active iterations: window closed, then the end-of-window work; the clean ones follow."""
+        self.guard("closing the profiling window", self._stop_window, True)
+        self.phase = "clean"
+        self.guard("gathering traces", self._finish_window)
+
+    def before_group_teardown(self) -> None:
+        """The script is destroying its default process group (or shutting Horovod down): whatever end-of-window
+        work is still due runs now, while the ranks can still talk (they all call this at the same point)."""
+        if self.disabled and not self.window_work_done and self.phase in ("warmup", "done"):
+            return
+        if self.phase == "warmup":
+            return  # the window never started: nothing recorded to probe or gather
+        if self.phase == "active":
+            self.warnings.append(f"the script tore its process group down at iteration {self.iteration}, inside "
+                                 f"the profiling window (iterations {self.cfg.warmup}-"
+                                 f"{self.cfg.warmup + self.cfg.active - 1}): the window was closed there")
+            self._close_window_and_gather()
+        if self.phase == "clean":
+            self.guard("writing the clean iterations", self._finish_clean, True)
 
     def mark(self, name: str, start_us: float, end_us: float, iteration: Optional[int] = None) -> None:
         self.spans.append([self.iteration if iteration is None else iteration, name, start_us, end_us])
@@ -361,36 +393,64 @@ class RankSession:
         if self.sampler is not None:
             atomic_write_json(os.path.join(self.rank_dir, SAMPLES_FILE), self.sampler.export())
 
-    def _finish(self) -> None:
-        """Probe clock offsets, write the events, ship remote ranks' files to rank 0's node."""
+    def _finish_window(self) -> None:
+        """Stop the samplers, probe clock offsets, calibrate, write the events, ship remote ranks' files to rank
+        0's node; rank 0 then times model variants if asked. All before the clean iterations."""
         from dprorun.runtime.gather import finish_job_window
 
-        if not self.gathered:
-            self.gathered = True
-            finish_job_window(self)
-        for callback in self.on_window_end:
-            callback()
+        if self.window_work_done:
+            return
+        self.window_work_done = True
+        if self.sampler is not None:
+            self.sampler.stop()
+        finish_job_window(self)
         if self.cfg.measure_variants and self.rank == 0:
             tracker = next((t for t in self.trackers if hasattr(t, "ddp")), None)
             if tracker is not None:
                 from dprorun.runtime.variants import measure_and_write
 
                 self.guard("measuring compute variants", measure_and_write, self, tracker)
-        if self.cfg.dry_run:  # every rank is here at the same iteration: leave together, cleanly
-            print(f"[dprorun] dry run: rank {self.rank} stops after the profiling window", file=sys.stderr,
-                  flush=True)
-            if self.sampler is not None:
-                self.sampler.stop()
-            raise SystemExit(0)
+
+    def clean_document(self, rank: Optional[int] = None, starts: Optional[list[float]] = None,
+                       complete: bool = True) -> dict:
+        """clean.json: the start times of iterations W+K.. (the clean ones and the boundary after them)."""
+        first = self.cfg.warmup + self.cfg.active
+        own = [float(t) for t in self.iteration_starts[first:first + self.cfg.clean + 1]]
+        return {"schema": CLEAN_SCHEMA, "version": 1, "rank": self.rank if rank is None else rank,
+                "first_iteration": first, "iteration_starts_us": own if starts is None else starts,
+                "complete": complete}
+
+    def _finish_clean(self, exchange: bool) -> None:
+        """After the clean iterations: write their start times, and (exchange) send them to rank 0 for the
+        ranks whose files live on another disk; then the window's group is released."""
+        if self.phase == "done":
+            return
+        self.phase = "done"
+        complete = len(self.iteration_starts) > self.cfg.warmup + self.cfg.active + self.cfg.clean
+        make_private_dir(self.rank_dir)
+        atomic_write_json(os.path.join(self.rank_dir, CLEAN_FILE), self.clean_document(complete=complete))
+        if exchange and self.window_work_done:
+            from dprorun.runtime.gather import exchange_clean_starts
+
+            exchange_clean_starts(self, complete)
 
     def at_exit(self) -> None:
-        """Keep whatever was recorded: close the window if the job ended inside it and write the files."""
+        """Keep whatever was recorded: close the window if the job ended inside it and write the files. No
+        collective here (the other ranks may be gone): what needed one and did not run is recorded as such."""
         if self.phase == "active" or (self.disabled and self.profiler is not None):
             self._stop_window(write=True)
             self.phase = "clean"
+        if not self.window_work_done and self.iteration >= self.cfg.warmup and not self.disabled:
+            self.warnings.append(
+                f"the job ended at iteration {self.iteration} before the end of the profiling window "
+                f"(iteration {self.cfg.warmup + self.cfg.active}) without tearing its process group down: "
+                "no clock probes, calibration or gather ran (offsets rest on the traces alone; ranks on other "
+                "hosts kept their files)")
         try:
             if self.iteration >= 0 or self.trackers:
                 self.write_events()
+            if self.phase == "clean":
+                self._finish_clean(exchange=False)
         except Exception as exc:
             warn(f"could not write the trace at exit: {exc}")
         if self.sampler is not None:

@@ -66,6 +66,7 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
                   "kineto_iterations": [i for i in window.get("kineto_iterations", [])
                                         if i in trace.profiled_iterations],
                   "disturbed_iterations": sorted(disturbed),
+                  "clean_status": doc.get("clean_status", "missing"),
                   "window": window, "phase": doc.get("phase"), "disabled": doc.get("disabled", False),
                   "trackers": doc.get("trackers", []), "versions": doc.get("versions", {}),
                   "comm_unfinished": doc.get("comm_unfinished", 0), "pid": doc.get("pid")}
@@ -210,6 +211,32 @@ def _add_kineto_compute(trace: RankTrace, kineto: KinetoTrace, profiled: set) ->
         trace.ops.append(op)
 
 
+CLEAN_SCHEMA = "dprorun-clean"
+
+
+def _merge_clean_starts(doc: dict, path: str) -> None:
+    """clean.json (written after the clean iterations, which follow the events' writing) extends the events'
+    iteration start times from its first iteration on. Its absence is recorded: the clean reference is then
+    whatever the events hold."""
+    window = doc["window"]
+    first = int(window.get("warmup", 0)) + int(window.get("active", 0))
+    if not os.path.exists(path):
+        doc["clean_status"] = "missing"
+        return
+    clean = read_json(path)
+    _require(isinstance(clean, dict) and clean.get("schema") == CLEAN_SCHEMA, path, "not a dprorun clean file")
+    _require(clean.get("rank") == doc["rank"], path, f"records rank {clean.get('rank')!r}, not {doc['rank']}")
+    try:
+        starts = [float(x) for x in clean.get("iteration_starts_us", [])]
+        begin = int(clean.get("first_iteration", first))
+    except (TypeError, ValueError):
+        raise TraceError(path, "non-numeric timestamp in a record") from None
+    own = [float(x) for x in doc["iteration_starts_us"]]
+    if starts and begin <= len(own):
+        doc["iteration_starts_us"] = own[:begin] + starts
+    doc["clean_status"] = "complete" if clean.get("complete") else "cut short (the job ended inside them)"
+
+
 def load_rank(rank_dir: str, expected_rank: Optional[int] = None) -> RankTrace:
     events_path = os.path.join(rank_dir, "events.json")
     doc = load_events(events_path)
@@ -225,6 +252,7 @@ def load_rank(rank_dir: str, expected_rank: Optional[int] = None) -> RankTrace:
         samples = read_json(samples_path)
         if not isinstance(samples, dict):
             raise TraceError(samples_path, "not a JSON object")
+    _merge_clean_starts(doc, os.path.join(rank_dir, "clean.json"))
     trace = rank_from_events(doc, kineto, samples)
     variants_path = os.path.join(rank_dir, "variants.json")
     if os.path.exists(variants_path):
