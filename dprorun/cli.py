@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 from dprorun.fsutil import TraceError
 from dprorun.config import JobConfig, ProfileConfig
+from dprorun.scheduler_env import SchedulerEnv, detect_scheduler, horovod_plan
 
 USAGE_EXAMPLE = "dprorun -np 2 python examples/mlp_many_layers.py --steps 30"
 
@@ -24,10 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
     job = parser.add_argument_group("job")
     job.add_argument("-np", "--nproc-per-node", dest="nproc", type=int, default=1,
                      help="ranks on this node (default 1)")
-    job.add_argument("--nnodes", type=int, default=1, help="number of nodes (torchrun-style multi-node)")
-    job.add_argument("--node-rank", type=int, default=0, help="this node's index (0 owns the run directory)")
-    job.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
-    job.add_argument("--master-port", type=int, default=None, help="port on node 0 (default: a free port)")
+    # --nnodes, --node-rank, --master-addr, --master-port: None when left out, then SLURM's or a PyTorchJob's values
+    job.add_argument("--nnodes", type=int, default=None,
+                     help="number of nodes (torchrun-style multi-node; default 1, or SLURM's / a PyTorchJob's)")
+    job.add_argument("--node-rank", type=int, default=None,
+                     help="this node's index (0 owns the run directory; default 0, or the scheduler's)")
+    job.add_argument("--master-addr", default=None,
+                     help="address of node 0 (default 127.0.0.1, or the scheduler's)")
+    job.add_argument("--master-port", type=int, default=None,
+                     help="port on node 0 (default: a free port, or the scheduler's)")
     job.add_argument("--hosts", default="",
                      help="host1:slots,host2:slots; run the same command on every host and each finds its "
                           "node rank here (sets --nnodes, --node-rank, --master-addr, -np)")
@@ -57,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--warmup", type=int, default=None, help="iterations before the profiled window (5)")
     prof.add_argument("--active", type=int, default=None, help="profiled iterations (15)")
     prof.add_argument("--clean", type=int, default=None,
-                      help="iterations timed after the window without the profiler (5)")
+                      help="iterations timed after the window without the profiler (10)")
     prof.add_argument("--no-kineto", action="store_true", help="do not run torch.profiler in the window")
     prof.add_argument("--kineto-iters", type=int, default=None,
                       help="run torch.profiler for the first N active iterations only (3)")
@@ -158,12 +164,41 @@ def horovod_knob_args(threshold_mb: Optional[float], cycle_ms: Optional[float]) 
     return out
 
 
+LAUNCH_DEFAULTS = (("nnodes", "--nnodes", 1), ("node_rank", "--node-rank", 0),
+                   ("master_addr", "--master-addr", "127.0.0.1"), ("master_port", "--master-port", None))
+
+
+def apply_scheduler(args: argparse.Namespace) -> Optional[SchedulerEnv]:
+    """Under SLURM or a Kubernetes PyTorchJob (dprorun/scheduler_env.py) the launch flags left out take the
+    scheduler's values (explicit flags win; --hosts turns detection off), then torchrun's defaults. Horovod gets the
+    job's nodes as --hosts. Says on stderr what was taken."""
+    scheduler = None if args.hosts else detect_scheduler(os.environ)
+    if scheduler is not None:
+        given = [flag for attr, flag, _ in LAUNCH_DEFAULTS if getattr(args, attr) is not None]
+        line = scheduler.description
+        if args.backend == "horovod":
+            hosts, line = horovod_plan(scheduler)
+            args.hosts = ",".join(f"{host}:{args.nproc}" for host in hosts)  # then as --hosts: horovodrun -H
+        for attr, _, _ in LAUNCH_DEFAULTS:
+            if getattr(args, attr) is None:
+                setattr(args, attr, getattr(scheduler, attr))
+        print(f"dprorun: {line}" + (f" ({', '.join(given)} given: the flags win)" if given else ""),
+              file=sys.stderr, flush=True)
+    for attr, _, default in LAUNCH_DEFAULTS:
+        if getattr(args, attr) is None:
+            setattr(args, attr, default)
+    if not args.hosts and args.nnodes >= 1 and not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"node rank {args.node_rank} is outside 0..{args.nnodes - 1} (--nnodes {args.nnodes})")
+    return scheduler
+
+
 def job_from_args(args: argparse.Namespace) -> JobConfig:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise ValueError(f"no training command given; example: {USAGE_EXAMPLE}")
+    scheduler = apply_scheduler(args)
     if args.nproc < 1 or args.nnodes < 1:
         raise ValueError("-np and --nnodes must be at least 1")
     predict_np = None
@@ -224,7 +259,7 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         from dprorun.offline_cli import parse_bandwidth
 
         job.predict_bandwidth_gbit = parse_bandwidth(args.bandwidth)
-    job_id = args.job_id or job.profile.job_id
+    job_id = args.job_id or job.profile.job_id or (scheduler.job_id if scheduler else None)
     if not job_id and job.nnodes > 1:  # every node must name the job alike, as torchrun's --rdzv-id does
         job_id = f"job-{job.master_addr}-{job.master_port}".replace(":", "_")
     job_id = job_id or (time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
@@ -244,7 +279,8 @@ def run_byteps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     command = [c for c in args.command]
     if command and command[0] == "--":
         command = command[1:]
-    given = [flag for flag, on in (("-np", args.nproc != 1), ("--nnodes", args.nnodes != 1), ("--hosts", args.hosts),
+    given = [flag for flag, on in (("-np", args.nproc != 1), ("--nnodes", args.nnodes not in (None, 1)),
+                                   ("--hosts", args.hosts),
                                    ("--dry-run", args.dry_run), ("--autotune", args.autotune),
                                    ("--strategy", args.strategy)) if on]
     if given:
