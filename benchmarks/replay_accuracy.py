@@ -23,7 +23,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETNS = os.path.join(REPO, "scripts", "with-netns-1gbit")
-STEPS = {"mlp_many_layers": 80, "resnet_small": 64, "transformer_small": 48}
+STEPS = {"mlp_many_layers": 80, "resnet_small": 64, "transformer_small": 48, "embedding_adam": 64}
 
 
 def wrap(net: str, cmd: list[str]) -> list[str]:
@@ -71,7 +71,7 @@ def profiled(example: str, bucket_mb: float, net: str, steps: int, whatifs: list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", default="mlp_many_layers,resnet_small,transformer_small")
+    parser.add_argument("--examples", default="mlp_many_layers,resnet_small,transformer_small,embedding_adam")
     parser.add_argument("--buckets", default="1,25")
     parser.add_argument("--nets", default="loopback,1gbit")
     parser.add_argument("--reps", type=int, default=3, help="interleaved measured/profiled pairs per config")

@@ -16,7 +16,7 @@ import argparse
 import statistics
 import time
 
-from dprorun.offline_cli import load_aligned
+from dprorun.analysis import RunAnalysis
 from dprorun.replay.engine import replay
 from dprorun.replay.template import build_job_model
 from dprorun.replay.whatif import WhatIf, predict, replay_once, representative, synthesize
@@ -33,7 +33,7 @@ def main() -> None:
     folded_diffs, sym_diffs, rank_agree, cases = [], [], 0, 0
     models = {}
     for run_dir in args.run_dirs:
-        run, _ = load_aligned(run_dir)
+        run = RunAnalysis(run_dir).aligned_run
         model = models[run_dir] = build_job_model(run)
         for world in (int(w) for w in args.worlds.split(",")):
             full_by_cap, sym_by_cap = [], []

@@ -203,12 +203,10 @@ def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
 
 def _horovod_candidates(run_dir: str) -> list:
     """Horovod runs: the best (fusion threshold, cycle time) settings by replay, for real trials."""
-    from dprorun.offline_cli import load_aligned
+    from dprorun.analysis import RunAnalysis
     from dprorun.optimize.horovod import rank_horovod_knobs
-    from dprorun.replay.template import build_job_model
 
-    run, _ = load_aligned(run_dir)
-    candidates = rank_horovod_knobs(build_job_model(run))
+    candidates = rank_horovod_knobs(RunAnalysis(run_dir).model)
     for candidate in candidates:
         candidate.source_run = os.path.abspath(run_dir)
     return candidates

@@ -23,7 +23,7 @@ class ProfileConfig:
     # profiled iterations: 15 leaves 11 without the profiler (its 3, and the one its export disturbs, are left
     # out) for the replay's per-iteration statistics, which want >= 10
     active: int = 15
-    clean: int = 5  # iterations after the window timed without the profiler (overhead-free reference)
+    clean: int = 10  # iterations after the window timed without the profiler (the run's own reference; 5 scattered too widely to judge by)
     kineto: bool = True  # run torch.profiler during the window
     kineto_iters: int = 3  # the profiler runs for the first N active iterations only (it costs 10-30 %)
     record_shapes: bool = False  # costs 6-25 % per profiled iteration on small CPU models

@@ -6,6 +6,7 @@ import os
 import sys
 from typing import Optional
 
+from dprorun.analysis import RunAnalysis
 from dprorun.config import JobConfig
 from dprorun.fsutil import atomic_write_json
 from dprorun.launch import LaunchResult, write_manifest
@@ -19,32 +20,34 @@ def rank_folders(run_dir: str) -> dict[int, str]:
     return dict(sorted(found.items()))
 
 
-def _align_at_job_end(run_dir: str) -> dict:
+def _align_at_job_end(analysis: RunAnalysis) -> dict:
     """Clock alignment right after the job; a failure is reported, never fatal (the traces stay on disk)."""
     try:
-        from dprorun.align import align
-        from dprorun.trace.rundir import load_run
-
-        alignment = align(load_run(run_dir)).to_json()
-        atomic_write_json(os.path.join(run_dir, "alignment.json"), alignment, indent=2)
-        return alignment
+        return analysis.alignment.to_json()
     except Exception as exc:
         print(f"dprorun: warning: clock alignment failed: {exc}", file=sys.stderr)
         return {"error": str(exc)}
 
 
-def _print_prediction(job: JobConfig, summary: dict) -> int:
-    """--dry-run: the replayer's prediction for the requested world size (and bandwidth)."""
-    from dprorun.align import apply_alignment, align
-    from dprorun.replay.template import build_job_model
-    from dprorun.replay.whatif import WhatIf, predict
-    from dprorun.trace.rundir import load_run
+def _self_check_at_job_end(analysis: RunAnalysis) -> Optional[dict]:
+    """The replay of the job as it ran against the run's clean iterations (None where nothing replays)."""
+    try:
+        return analysis.prediction.self_check
+    except Exception as exc:  # nothing replayable: the report says why
+        print(f"dprorun: warning: no replay of the job as it ran: {exc}", file=sys.stderr)
+        return None
 
-    run = load_run(job.run_dir)
-    apply_alignment(run, align(run))
+
+def _print_prediction(job: JobConfig, summary: dict, analysis: RunAnalysis) -> int:
+    """--dry-run: the replayer's prediction for the requested world size (and bandwidth)."""
+    from dprorun.replay.whatif import WhatIf, predict
+
     whatif = WhatIf(world_size=job.predict_np if job.predict_np != job.world_size else None,
                     bandwidth_gbit=job.predict_bandwidth_gbit)
-    prediction = predict(build_job_model(run), whatif)
+    model = analysis.model
+    prediction = analysis.prediction if whatif.is_identity() else predict(model, whatif)
+    if prediction.self_check is None:  # a what-if: the check of the job as it ran comes with it
+        prediction.self_check = analysis.prediction.self_check
     doc = prediction.to_json()
     atomic_write_json(os.path.join(job.run_dir, "prediction.json"), doc, indent=2)
     if job.json_summary:
@@ -55,8 +58,13 @@ def _print_prediction(job: JobConfig, summary: dict) -> int:
         return 0
     share = prediction.critical_path["share_pct"]
     print(f"profiled {job.world_size} ranks: measured iteration time {summary.get('iteration_time_ms')} ms")
+    low, high = prediction.spread_ms or (None, None)
     print(f"predicted iteration time: {prediction.predicted_iteration_time_ms:.3f} ms "
-          f"(for {prediction.world_size} ranks)")
+          f"(for {prediction.world_size} ranks" + (f"; p10-p90 {low:.3f}-{high:.3f} ms" if low is not None else "")
+          + ")")
+    check = prediction.self_check
+    if check and check["message"] not in prediction.notes:
+        print(check["message"] if check["status"] != "disagrees" else f"note: {check['message']}")
     print(f"critical path: compute {share['compute']:.1f} %, communication {share['communication']:.1f} %, "
           f"queueing {share['queueing']:.1f} %")
     for row in prediction.critical_path["top"][:5]:
@@ -73,7 +81,7 @@ def _progress(job: JobConfig, what: str) -> None:
         print(f"dprorun: {what} ...", file=sys.stderr, flush=True)
 
 
-def _write_report(job: JobConfig) -> None:
+def _write_report(analysis: RunAnalysis) -> None:
     """report.html at job end (what-if curves bounded to a few seconds; `dpro report` draws them all); a failure
     is a warning only."""
     if os.environ.get("DPRO_REPORT", "1") == "0":
@@ -81,7 +89,7 @@ def _write_report(job: JobConfig) -> None:
     try:
         from dprorun.report import write_report
 
-        write_report(job.run_dir, whatif_time_budget_s=5.0, max_whatif_ops=300_000)  # job end: seconds at most
+        write_report(analysis, whatif_time_budget_s=5.0, max_whatif_ops=300_000)  # job end: seconds at most
     except Exception as exc:
         print(f"dprorun: warning: no report.html: {type(exc).__name__}: {exc}", file=sys.stderr)
 
@@ -138,16 +146,25 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
                               indent=2)
             if not job.quiet:
                 print(_horovod_line(horovod))
+        if result.exit_code == 0 and not with_events and job.node_rank == 0 and job.backend != "byteps":
+            from dprorun.runtime.session import SUPPORTED_WRAPPERS
+
+            print(f"dprorun: nothing was profiled: no rank built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
+                  "FSDP, hand-written all-reduce loops and jobs without a distributed wrapper run unprofiled "
+                  "(rank 0's log says what it saw)", file=sys.stderr)
         if result.exit_code == 0 and not job.quiet:
             print(f"dprorun: run directory {job.run_dir}")
         return result.exit_code
+    analysis = RunAnalysis(job.run_dir)  # read once, aligned once, replayed once for everything below
     try:  # summary.json and alignment.json are written whatever is printed
-        from dprorun.summary import format_summary, summarize_run
+        from dprorun.summary import format_summary
 
         _progress(job, f"reading the traces of {len(with_events)} ranks")
-        summary = summarize_run(job.run_dir)
+        summary = dict(analysis.summary)
         _progress(job, "aligning clocks (cvxpy)")
-        summary["alignment"] = _align_at_job_end(job.run_dir)
+        summary["alignment"] = _align_at_job_end(analysis)
+        _progress(job, "replaying the job as it ran")
+        summary["self_check"] = _self_check_at_job_end(analysis)
         summary["backend"] = job.backend
         if horovod is not None:
             summary["horovod"] = horovod
@@ -155,19 +172,14 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     except Exception as exc:  # the job's outcome stands; only the summary is missing
         print(f"dprorun: warning: could not summarise the run: {exc}", file=sys.stderr)
         return result.exit_code
-    _progress(job, "replaying and writing report.html")
-    _write_report(job)
+    _progress(job, "writing report.html")
+    _write_report(analysis)
     if job.profile.dry_run and result.exit_code == 0:
-        return _print_prediction(job, summary)
+        return _print_prediction(job, summary, analysis)
     if job.json_summary:
         print(json.dumps(summary, indent=2))
     elif not job.quiet:
         print(format_summary(summary))
-        alignment = summary["alignment"]
-        if alignment.get("offsets_us"):
-            offsets = ", ".join(f"{r}: {v:+.1f}" for r, v in alignment["offsets_us"].items())
-            print(f"clock offsets (us, {alignment['method']}"
-                  + (", approximate" if alignment.get("approximate") else "") + f"): {offsets}")
         if horovod is not None:
             print(_horovod_line(horovod))
         print(f"dprorun: run directory {job.run_dir}")

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from dprorun.analysis import RunAnalysis
 from dprorun.fsutil import TraceError
 
 
@@ -22,16 +23,9 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def load_aligned(run_dir: str):
-    """Load a run and put every rank on the reference clock (alignment.json is rewritten)."""
-    from dprorun.align import align, apply_alignment
-    from dprorun.fsutil import atomic_write_json
-    from dprorun.trace.rundir import load_run
-
-    run = load_run(run_dir)
-    alignment = align(run)
-    atomic_write_json(os.path.join(run_dir, "alignment.json"), alignment.to_json(), indent=2)
-    apply_alignment(run, alignment)
-    return run, alignment
+    """The run on the reference clock and its alignment (read and solved once; alignment.json rewritten)."""
+    analysis = RunAnalysis(run_dir)
+    return analysis.aligned_run, analysis.alignment
 
 
 def _cmd_align(args: argparse.Namespace) -> int:
@@ -45,7 +39,9 @@ def _cmd_align(args: argparse.Namespace) -> int:
     for rank, offset in doc["offsets_us"].items():
         interval = doc["probe_intervals_us"].get(rank)
         probe = f"   probe interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else ""
-        print(f"  rank {rank}: {offset:+.1f} us{probe}")
+        width = doc["uncertainty_us"].get(rank)
+        known = "unbounded" if width is None else f"{width:.1f} us"
+        print(f"  rank {rank}: {offset:+.1f} us   uncertainty {known}{probe}")
     print(f"causality violations: {alignment.violations_before} before, {alignment.violations_after} after "
           f"alignment (of {alignment.pairs_checked} cross-rank dependencies)")
     for warning in alignment.warnings:
@@ -121,13 +117,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             atomic_write_json(path, build(graph, result))
             print(f"wrote {path}", file=sys.stderr)
     doc = prediction.to_json()
-    doc["alignment"] = {"method": alignment.method, "approximate": alignment.approximate}
+    doc["alignment"] = {"method": alignment.method, "approximate": alignment.approximate,
+                        "max_uncertainty_us": alignment.max_uncertainty_us()}
     if args.json:
         print(json.dumps(doc, indent=2, default=float))
         return 0
-    print(f"predicted iteration time: {prediction.predicted_iteration_time_ms:.3f} ms "
+    spread = (f", p10-p90 {prediction.spread_ms[0]:.3f}-{prediction.spread_ms[1]:.3f}" if prediction.spread_ms
+              else "")
+    print(f"predicted iteration time: {prediction.predicted_iteration_time_ms:.3f} ms{spread} "
           f"({prediction.world_size} ranks, {prediction.buckets} buckets, {prediction.baseline} replay of "
           f"{prediction.replay_ops} ops in {prediction.replay_time_s * 1000:.1f} ms)")
+    if prediction.self_check is not None and prediction.self_check["status"] == "agrees":
+        print(prediction.self_check["message"])
     if prediction.measured_iteration_time_ms is not None:
         error = 100 * (prediction.predicted_iteration_time_ms / prediction.measured_iteration_time_ms - 1)
         print(f"measured iteration time:  {prediction.measured_iteration_time_ms:.3f} ms ({error:+.1f} %)")
@@ -202,7 +203,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from dprorun.report import format_report, write_report
 
-    path, data = write_report(args.run_dir, args.output)
+    path, data = write_report(RunAnalysis(args.run_dir), args.output)
     if args.json:
         print(json.dumps(data, indent=2, default=float))
         return 0

@@ -1,12 +1,12 @@
 """The run report: one self-contained HTML page (no network needed to open it), a rich terminal summary, and the
 same data as JSON.
 
-`build_report(run_dir) -> dict` collects, from the aligned run: the job and per-rank breakdown, one measured
+`build_report(analysis) -> dict` collects, from the run's one analysis (dprorun/analysis.py: read and aligned once): the job and per-rank breakdown, one measured
 iteration of every rank on the reference clock, the replayed iteration with its critical path, the top
 critical-path ops, what-if curves (iteration time vs world size, bandwidth, bucket size; each a replay of the
 median iteration, bounded in time), the optimizer's strategy and autotune's measured before/after when the run
 directory has them, peak memory per rank, and the host/GPU samples. `render_html(data)` draws it with inline
-SVG and script (zoom: mouse wheel / drag on the timelines). `write_report(run_dir)` writes RUN_DIR/report.html.
+SVG and script (zoom: mouse wheel / drag on the timelines). `write_report(analysis)` writes RUN_DIR/report.html.
 """
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ import html
 import json
 import os
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from dprorun.fsutil import atomic_write_bytes, read_json
 from dprorun.trace.model import OpKind, RunTrace
+
+if TYPE_CHECKING:
+    from dprorun.analysis import RunAnalysis
 
 WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128)
 BANDWIDTHS_GBIT = (1, 2.5, 10, 25, 100)
@@ -122,28 +125,28 @@ def _samples(run: RunTrace) -> list[dict]:
     return series
 
 
-def build_report(run_dir: str, whatif_time_budget_s: float = 60.0, max_whatif_ops: int = MAX_WHATIF_OPS) -> dict:
-    from dprorun.align import align, apply_alignment
-    from dprorun.replay.template import build_job_model
-    from dprorun.replay.whatif import predict
-    from dprorun.summary import summarize
-    from dprorun.trace.rundir import load_run
-
-    run = load_run(run_dir)
-    summary = summarize(run)
-    alignment = align(run)
-    apply_alignment(run, alignment)
+def build_report(analysis: "RunAnalysis", whatif_time_budget_s: float = 60.0,
+                 max_whatif_ops: int = MAX_WHATIF_OPS) -> dict:
+    run_dir = analysis.run_dir
+    summary = analysis.summary
+    alignment = analysis.alignment
+    run = analysis.aligned_run
     data: dict = {"run_dir": os.path.abspath(run_dir), "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "summary": summary, "alignment": {"method": alignment.method,
                                                     "approximate": alignment.approximate,
-                                                    "offsets_us": alignment.offsets_us},
+                                                    "offsets_us": alignment.offsets_us,
+                                                    "uncertainty_us": alignment.to_json()["uncertainty_us"],
+                                                    "warnings": alignment.warnings},
                   "measured_timeline": _measured_timeline(run), "samples": _samples(run), "notes": []}
     try:
-        model = build_job_model(run)
-        prediction = predict(model)
+        model = analysis.model
+        prediction = analysis.prediction
         data["prediction"] = {"predicted_iteration_time_ms": prediction.predicted_iteration_time_ms,
                               "measured_iteration_time_ms": prediction.measured_iteration_time_ms,
+                              "spread_ms": prediction.spread_ms, "self_check": prediction.self_check,
                               "critical_path": prediction.critical_path, "comm_model": prediction.comm_model}
+        if prediction.self_check and prediction.self_check["status"] != "agrees":
+            data["notes"].append(prediction.self_check["message"])
         data["replayed_timeline"] = _replayed_timeline(model)
         data["whatif"] = _whatif_curves(model, whatif_time_budget_s, max_whatif_ops)
         if model.transport and model.transport.get("shares_cores"):
@@ -359,10 +362,10 @@ def render_html(data: dict) -> str:
             f"<script>{_SCRIPT}</script></body></html>")
 
 
-def write_report(run_dir: str, output: Optional[str] = None, whatif_time_budget_s: float = 60.0,
+def write_report(analysis: "RunAnalysis", output: Optional[str] = None, whatif_time_budget_s: float = 60.0,
                  max_whatif_ops: int = MAX_WHATIF_OPS) -> tuple[str, dict]:
-    data = build_report(run_dir, whatif_time_budget_s, max_whatif_ops)
-    path = output or os.path.join(run_dir, "report.html")
+    data = build_report(analysis, whatif_time_budget_s, max_whatif_ops)
+    path = output or os.path.join(analysis.run_dir, "report.html")
     atomic_write_bytes(path, render_html(data).encode())
     return path, data
 

@@ -155,6 +155,23 @@ def summarize_run(run_dir: str) -> dict:
     return summarize(load_run(run_dir))
 
 
+def _alignment_lines(alignment: dict) -> list[str]:
+    """Clock offsets with each rank's uncertainty, and the alignment's warnings (a summary made at job end)."""
+    if not alignment.get("offsets_us"):
+        return []
+    widths = alignment.get("uncertainty_us") or {}
+
+    def offset(rank: str, value: float) -> str:
+        width = widths.get(rank, 0.0)
+        return f"{rank}: {value:+.1f}" + ("" if width == 0.0 else " (unbounded)" if width is None
+                                         else f" (±{width / 2:.0f})")
+
+    lines = [f"clock offsets (us, {alignment['method']}" + (", approximate" if alignment.get("approximate") else "")
+             + "): " + ", ".join(offset(r, v) for r, v in alignment["offsets_us"].items())]
+    lines += [f"alignment: {warning}" for warning in alignment.get("warnings", [])]
+    return lines
+
+
 def format_summary(summary: dict) -> str:
     from rich.console import Console
     from rich.table import Table
@@ -189,6 +206,10 @@ def format_summary(summary: dict) -> str:
             lines.append(f"rank {row['rank']} peak memory ({row['device']}): estimated "
                          f"{row['estimated_peak_bytes'] / 2 ** 20:.1f} MiB, measured "
                          f"{row['measured_peak_bytes'] / 2 ** 20:.1f} MiB ({row['error_pct']:+.1f} %)")
+    lines += _alignment_lines(summary.get("alignment") or {})
+    check = summary.get("self_check")
+    if check:
+        lines.append(check["message"])
     if summary["missing_ranks"]:
         lines.append(f"missing: no trace for ranks {summary['missing_ranks']}")
     for row in summary["ranks"]:

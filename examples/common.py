@@ -22,6 +22,8 @@ def parse_args(description: str, **defaults) -> argparse.Namespace:
     parser.add_argument("--bucket-mb", type=float, default=None,
                         help="DDP bucket_cap_mb (default: DDP's own, 25 MB with a 1 MiB first bucket)")
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--optimizer", choices=("sgd", "adam", "adagrad"), default=defaults.get("optimizer", "sgd"),
+                        help="sgd (momentum 0.9), adam or adagrad (per-parameter state)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend (auto: nccl with a GPU, gloo without)")
@@ -58,6 +60,14 @@ def accumulation_steps() -> int:
     return max(1, int(strategy.accumulation_steps)) if strategy is not None else 1
 
 
+def make_optimizer(params, args: argparse.Namespace) -> torch.optim.Optimizer:
+    if args.optimizer == "adam":
+        return torch.optim.Adam(params, lr=args.lr)
+    if args.optimizer == "adagrad":
+        return torch.optim.Adagrad(params, lr=args.lr)
+    return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+
+
 def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace) -> None:
     """Synthetic-data training loop; rank 0 prints the median step time of the second half of the run."""
     rank, world, device = init_distributed(args.backend)
@@ -68,7 +78,7 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
     model = model.to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
               bucket_cap_mb=args.bucket_mb)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], args)
     generator = torch.Generator().manual_seed(args.seed + rank)
     step_times = []
     for step in range(args.steps):

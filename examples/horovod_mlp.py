@@ -3,7 +3,9 @@
 Runs unchanged under `horovodrun -np 2 --gloo python examples/horovod_mlp.py` and
 `dprorun --backend horovod -np 2 python examples/horovod_mlp.py`; rank 0 prints the median step time of the
 second half of the run (or of its last --report-last steps). `--model transformer` or `--model resnet` trains
-the DDP examples' Transformer encoder or small ResNet instead (same builders and batches, under Horovod).
+the DDP examples' Transformer encoder or small ResNet instead (same builders and batches, under Horovod);
+`--model convhead` a small conv trunk (two 3x3 convolutions) under a large linear head (16,384 -> 256 -> 10,
+4.2 M parameters in the head, batch 16 at 32x32): one big tensor late in backward, a shape none of the others have.
 """
 import argparse
 import importlib
@@ -23,7 +25,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=24)
     parser.add_argument("--report-last", type=int, default=0,
                         help="median over the last N steps (default: the second half), e.g. after autotuning")
-    parser.add_argument("--model", choices=("mlp", "transformer", "resnet"), default="mlp")
+    parser.add_argument("--model", choices=("mlp", "transformer", "resnet", "convhead"), default="mlp")
     args = parser.parse_args()
     hvd.init()
     torch.manual_seed(0)
@@ -35,6 +37,14 @@ def main() -> None:
 
         def make_batch(batch_size, generator):
             return (torch.randn(batch_size, 64, generator=generator),
+                    torch.randint(0, 10, (batch_size,), generator=generator))
+    elif args.model == "convhead":
+        model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+                              nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 16 * 16, 256), nn.ReLU(),
+                              nn.Linear(256, 10))
+
+        def make_batch(batch_size, generator):
+            return (torch.randn(batch_size, 3, 32, 32, generator=generator),
                     torch.randint(0, 10, (batch_size,), generator=generator))
     else:  # the DDP examples' model and batches (this file's directory is on sys.path when run as a script)
         example = importlib.import_module(f"{args.model}_small")

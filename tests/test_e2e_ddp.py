@@ -226,3 +226,31 @@ def test_launcher_torchrun_and_the_torchrun_shim(tmp_path):
                                    DPRO_CLEAN="1", PYTHONPATH=REPO))
     assert shim.returncode == 0, shim.stderr[-2000:]
     assert sorted(load_run(str(tmp_path / "b")).ranks) == [0, 1]
+
+
+FSDP_SCRIPT = """
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("gloo")
+model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.Adam(model.parameters())
+for _ in range(4):
+    opt.zero_grad()
+    model(torch.randn(8, 64)).sum().backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_a_job_with_nothing_to_profile_says_so(tmp_path):
+    """FSDP2 (no DDP, no Horovod optimizer): the job runs as under torchrun, and the end says nothing was
+    profiled, what is supported, and rank 0 says what it saw."""
+    script = tmp_path / "fsdp.py"
+    script.write_text(FSDP_SCRIPT)
+    proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nothing was profiled" in proc.stderr and "DistributedDataParallel" in proc.stderr
+    assert "it saw FSDP" in proc.stderr

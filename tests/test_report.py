@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from dprorun.analysis import RunAnalysis
 from dprorun.report import write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -17,7 +18,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 @pytest.fixture(scope="module")
 def report(mlp_run, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("report") / "report.html")
-    path, data = write_report(str(mlp_run[0]), out)
+    path, data = write_report(RunAnalysis(str(mlp_run[0])), out)
     return path, data
 
 

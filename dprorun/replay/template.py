@@ -112,6 +112,10 @@ class JobModel:
     notes: list[str] = field(default_factory=list)
     # whether a CPU transport takes its CPU from the computation (see transport_on_compute_cores); None: unknown
     transport: Optional[dict] = None
+    # the run's own reference: per clean iteration (no profiling, nothing of dprorun's running), the median
+    # over ranks of its duration; and per unprofiled window iteration likewise (what the replay is built from)
+    clean_iterations_us: list[float] = field(default_factory=list)
+    window_iterations_us: list[float] = field(default_factory=list)
     framework: str = "ddp"  # "horovod": tensors are fused at run time by Horovod's cycle/threshold
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
     horovod_negotiation_us: float = 0.0  # per background-loop cycle: the ranks agreeing on what is ready
@@ -297,6 +301,9 @@ def build_job_model(run: RunTrace) -> JobModel:
                      first.meta.get("bucket_cap_mb"), channels=channels, samples=samples, network=network,
                      compute_variants=dict(first.meta.get("compute_variants") or {}))
     model.transport = transport_on_compute_cores(run)
+    model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])
+                                                          for r in ranks})
+    model.window_iterations_us = _median_over_ranks(run, iterations)
     if any(t.get("framework") == "horovod" for t in first.meta.get("trackers", [])):
         model.framework = "horovod"
         model.horovod_knobs = horovod_knobs_as_run(run.manifest.get("horovod_args") or [])
@@ -306,6 +313,18 @@ def build_job_model(run: RunTrace) -> JobModel:
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
     return model
+
+
+def _median_over_ranks(run: RunTrace, chosen: dict[int, list[int]]) -> list[float]:
+    """Per iteration index chosen on every rank: the median over ranks of its duration (µs), in order."""
+    durations: dict[int, list[float]] = {}
+    for r, indices in chosen.items():
+        wanted = set(indices)
+        for i, start, end in run.ranks[r].iterations:
+            if i in wanted:
+                durations.setdefault(i, []).append(end - start)
+    everywhere = [i for i in sorted(durations) if len(durations[i]) == len(chosen)]
+    return [float(np.median(durations[i])) for i in everywhere]
 
 
 TRANSPORT_CPU_SHARE = 0.3  # transport CPU per second of all-reduce above which the transport is CPU work

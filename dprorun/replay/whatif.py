@@ -74,9 +74,69 @@ class Prediction:
     engine: str
     whatif: dict
     notes: list[str] = field(default_factory=list)
+    spread_ms: Optional[list[float]] = None  # p10, p90 over the per-iteration replays
+    self_check: Optional[dict] = None  # the job as it ran: replay vs the run's clean iterations (see self_check)
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+MIN_CLEAN_ITERATIONS = 5
+
+
+def _band_ms(values_us) -> tuple[float, float, float]:
+    """(median, p10, p90) in ms."""
+    values = np.asarray(values_us, dtype=float) / 1000
+    return float(np.median(values)), float(np.percentile(values, 10)), float(np.percentile(values, 90))
+
+
+def self_check(model: JobModel, as_run_replays_us) -> dict:
+    """Compare the replay of the job as it ran with the run's clean iterations (no profiling, nothing of
+    dprorun's running): agree when the medians differ by no more than the wider half p10-p90 band of either
+    (the run's own spread) or 2 %. Where they disagree, say which one the prediction follows (the profiled
+    window: it is what the replay is built from) and why, from the window's own measured iterations."""
+    replay, replay_lo, replay_hi = _band_ms(as_run_replays_us)
+    check = {"replay_ms": round(replay, 3), "replay_p10_p90_ms": [round(replay_lo, 3), round(replay_hi, 3)],
+             "clean_iterations": len(model.clean_iterations_us)}
+    if model.window_iterations_us:
+        check["window_ms"] = round(_band_ms(model.window_iterations_us)[0], 3)
+    if len(model.clean_iterations_us) < MIN_CLEAN_ITERATIONS:
+        check.update(status="unchecked", message=(
+            f"only {len(model.clean_iterations_us)} clean iteration(s) after the window (need "
+            f"{MIN_CLEAN_ITERATIONS}): the replay could not be checked against the job without profiling; "
+            "run more steps, or raise --clean"))
+        return check
+    clean, clean_lo, clean_hi = _band_ms(model.clean_iterations_us)
+    tolerance = max((clean_hi - clean_lo) / 2, (replay_hi - replay_lo) / 2, 0.02 * clean)
+    difference = replay - clean
+    check.update(clean_ms=round(clean, 3), clean_p10_p90_ms=[round(clean_lo, 3), round(clean_hi, 3)],
+                 difference_pct=round(100 * difference / clean, 2), tolerance_ms=round(tolerance, 3))
+    if abs(difference) <= tolerance:
+        check.update(status="agrees", message=(
+            f"self-check: the replay of the job as it ran ({replay:.2f} ms) agrees with the run's "
+            f"{len(model.clean_iterations_us)} clean iterations ({clean:.2f} ms, p10-p90 {clean_lo:.2f}-"
+            f"{clean_hi:.2f})"))
+        return check
+    window = check.get("window_ms")
+    if window is not None and abs(replay - window) <= tolerance:
+        why = (f"the window's own iterations ran at {window:.2f} ms: the job ran at another speed under the hooks "
+               "than without them (their cost, or what else ran on the machine then)")
+    else:
+        why = (f"the replay also misses the window's own iterations ({window:.2f} ms): a modelling error"
+               if window is not None else "the window's iterations were not measured")
+    check.update(status="disagrees", message=(
+        f"warning: the replay of the job as it ran ({replay:.2f} ms) differs from the run's "
+        f"{len(model.clean_iterations_us)} clean iterations ({clean:.2f} ms, p10-p90 {clean_lo:.2f}-{clean_hi:.2f}) "
+        f"by {100 * difference / clean:+.1f} %, more than the run's own spread (±{tolerance:.2f} ms); the "
+        f"prediction follows the profiled window, from which it is built: {why}"))
+    return check
+
+
+def as_run_self_check(model: JobModel) -> dict:
+    """self_check for a caller whose prediction is a what-if: replays the job as it ran first."""
+    samples = model.samples or [None]
+    times = [replay(synthesize(model, WhatIf(), [], sample)).iteration_time_us for sample in samples]
+    return self_check(model, times)
 
 
 @dataclass
@@ -409,6 +469,9 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[
         notes.append(f"median of {len(runs)} replays, one per measured iteration (p10-p90 "
                      f"{np.percentile(times, 10) / 1000:.2f}-{np.percentile(times, 90) / 1000:.2f} ms)")
     utilisation = result.device_utilisation()
+    check = self_check(model, times) if whatif.is_identity() and whatif.baseline != "daydream" else None
+    if check is not None and check["status"] != "agrees":
+        notes.append(check["message"])
     return (Prediction(
         predicted_iteration_time_ms=round(float(np.median(times)) / 1000, 4),
         world_size=graph.meta["world_size"], buckets=graph.meta["buckets"], baseline=whatif.baseline,
@@ -417,7 +480,9 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[
         device_utilisation={k: round(v, 4) for k, v in sorted(utilisation.items())[:64]},
         comm_model=dict(model.comm.to_json(), transport=model.transport), replay_ops=graph.size,
         replay_time_s=round(sum(r.replay_time_s for r, _ in runs), 4),
-        engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes),
+        engine=result.engine, whatif={k: v for k, v in asdict(whatif).items() if k != "buckets"}, notes=notes,
+        spread_ms=[round(float(np.percentile(times, 10)) / 1000, 4), round(float(np.percentile(times, 90)) / 1000, 4)],
+        self_check=check),
         graph, result)
 
 

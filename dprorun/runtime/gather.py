@@ -50,7 +50,7 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
                 session.calibration = calibrate_horovod(session)
             except Exception as exc:  # the cost model then relies on Horovod's timeline
                 session.warnings.append(f"Horovod all-reduce calibration failed: {exc}")
-        session.write_events()
+        _write_events_keeping_step(session)
         if horovod:
             gather_horovod_to_rank0(session)
         return
@@ -73,9 +73,19 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         session.calibration_under_compute = calibrate_under_compute(session)
     except Exception as exc:  # the cost model then relies on the trace alone
         session.warnings.append(f"all-reduce calibration failed: {exc}")
-    session.write_events()
+    _write_events_keeping_step(session)
     gather_to_rank0(session, group)
     session.window_group = group  # released after the clean iterations (exchange_clean_starts)
+
+
+def _write_events_keeping_step(session: RankSession) -> None:
+    """Write the events; a local failure (a full disk) is recorded, not raised: the collectives that follow
+    must run on every rank alike, or the others wait for this one."""
+    try:
+        session.write_events()
+    except OSError as exc:
+        session.warnings.append(f"the events could not be written before the gather: {exc}")
+        warn(session.warnings[-1])
 
 
 CALIBRATION_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)

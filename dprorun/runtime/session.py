@@ -158,15 +158,14 @@ class RankSession:
         """End of the active iterations: window closed, then the end-of-window work; the clean ones follow."""
         self.guard("closing the profiling window", self._stop_window, True)
         self.phase = "clean"
-        self.guard("gathering traces", self._finish_window)
+        if not self.disabled:  # a rank whose profiling failed (e.g. a full disk) stays out, as every rank does then
+            self.guard("gathering traces", self._finish_window)
 
     def before_group_teardown(self) -> None:
         """The script is destroying its default process group (or shutting Horovod down): whatever end-of-window
         work is still due runs now, while the ranks can still talk (they all call this at the same point)."""
-        if self.disabled and not self.window_work_done and self.phase in ("warmup", "done"):
-            return
-        if self.phase == "warmup":
-            return  # the window never started: nothing recorded to probe or gather
+        if self.disabled or self.phase in ("warmup", "done"):
+            return  # profiling off, the window never started, or everything already ran
         if self.phase == "active":
             self.warnings.append(f"the script tore its process group down at iteration {self.iteration}, inside "
                                  f"the profiling window (iterations {self.cfg.warmup}-"
@@ -437,6 +436,8 @@ class RankSession:
     def at_exit(self) -> None:
         """Keep whatever was recorded: close the window if the job ended inside it and write the files. No
         collective here (the other ranks may be gone): what needed one and did not run is recorded as such."""
+        if not self.trackers and self.rank == 0 and not self.disabled:
+            warn(nothing_to_profile())
         if self.phase == "active" or (self.disabled and self.profiler is not None):
             self._stop_window(write=True)
             self.phase = "clean"
@@ -455,6 +456,26 @@ class RankSession:
             warn(f"could not write the trace at exit: {exc}")
         if self.sampler is not None:
             self.sampler.stop()
+
+
+SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or through Lightning, Hugging Face "
+                      "Trainer or Accelerate) and horovod.torch.DistributedOptimizer")
+
+
+def nothing_to_profile() -> str:
+    """What a rank that never met a supported wrapper saw instead: FSDP, a bare process group, or nothing."""
+    seen = []
+    if any(name.startswith(("torch.distributed.fsdp", "torch.distributed._composable.fsdp")) for name in sys.modules):
+        seen.append("FSDP (FullyShardedDataParallel / fully_shard)")
+    distributed = sys.modules.get("torch.distributed")
+    try:
+        if distributed is not None and distributed.is_available() and distributed.is_initialized():
+            seen.append(f"a {distributed.get_backend()} process group of {distributed.get_world_size()} ranks")
+    except Exception:
+        pass
+    found = ("it saw " + ", ".join(seen)) if seen else "no distributed training was seen"
+    return (f"nothing to profile: the job never built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
+            f"{found}. The job ran unprofiled, as under torchrun")
 
 
 def peak_rss_bytes() -> Optional[int]:
