@@ -73,3 +73,44 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     assert drawn["measured"] > 0 and drawn["replayed"] > 0
     assert drawn["world"] >= 3 and drawn["bw"] >= 3 and drawn["bucket"] >= 3 and drawn["samples"] > 0
     assert proc.stdout.count("<rect") > 50 and proc.stdout.count("<polyline") >= 3
+
+
+def test_job_end_analysis_and_dpro_report_read_and_align_once(mlp_run, tmp_path, monkeypatch, capsys):
+    """finalize (summary, alignment, self-check, report.html) and `dpro report` each read the run directory once
+    and solve the alignment once."""
+    import dprorun.align
+    import dprorun.trace.rundir
+    from dprorun.config import JobConfig
+    from dprorun.finalize import finalize_run
+    from dprorun.launch import LaunchResult
+    from dprorun.offline_cli import main as dpro
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(mlp_run[0], run_dir)
+    counts = {"reads": 0, "solves": 0}
+    load_run, align = dprorun.trace.rundir.load_run, dprorun.align.align
+
+    def counted_load(*args, **kwargs):
+        counts["reads"] += 1
+        return load_run(*args, **kwargs)
+
+    def counted_align(*args, **kwargs):
+        counts["solves"] += 1
+        return align(*args, **kwargs)
+
+    monkeypatch.setattr(dprorun.trace.rundir, "load_run", counted_load)
+    monkeypatch.setattr(dprorun.align, "align", counted_align)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    job = JobConfig(command=["python", "x.py"], nproc_per_node=2, run_dir=str(run_dir), quiet=True)
+    job.profile.run_dir = str(run_dir)
+    assert manifest["world_size"] == 2
+    assert finalize_run(job, LaunchResult(0, "all ranks finished")) == 0
+    assert counts == {"reads": 1, "solves": 1}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["self_check"]["status"] in ("agrees", "disagrees", "unchecked")
+    assert "uncertainty_us" in summary["alignment"]
+    counts.update(reads=0, solves=0)
+    assert dpro(["report", str(run_dir), "--json"]) == 0
+    assert counts == {"reads": 1, "solves": 1}
+    data = json.loads(capsys.readouterr().out)
+    assert data["prediction"]["self_check"]["clean_iterations"] >= 0 and len(data["prediction"]["spread_ms"]) == 2
