@@ -39,7 +39,7 @@ def _measured_timeline(run: RunTrace) -> dict:
     iteration = max(common) if common else None
     if iteration is None:
         return {"iteration": None, "ops": []}
-    for rank, trace in sorted(run.ranks.items()):
+    for rank, trace in sorted(run.ranks.items())[:SHOWN_RANKS]:
         for op in trace.ops:
             if op.iteration != iteration or op.kind is OpKind.VIRTUAL:
                 continue
@@ -60,6 +60,10 @@ def _measured_timeline(run: RunTrace) -> dict:
     return {"iteration": iteration, "ops": ops}
 
 
+FOLD_FROM_RANKS = 16  # what-if curves of runs this large replay one representative rank
+SHOWN_RANKS = 16  # timelines on the page show the first ranks of a large run
+
+
 def _replayed_timeline(model) -> dict:
     from dprorun.replay.engine import KIND_NAMES, critical_path_report, replay
     from dprorun.replay.whatif import WhatIf, synthesize
@@ -70,7 +74,7 @@ def _replayed_timeline(model) -> dict:
     ops = []
     for k in range(graph.size):
         kind = KIND_NAMES[graph.kinds[k]]
-        if kind == "VIRTUAL" or result.end_us[k] <= result.start_us[k]:
+        if kind == "VIRTUAL" or result.end_us[k] <= result.start_us[k] or graph.ranks[k] >= SHOWN_RANKS:
             continue
         device = graph.device_names[graph.devices[k]] if graph.devices[k] >= 0 else "-"
         ops.append([int(graph.ranks[k]), device, kind, graph.names[k], round(float(result.start_us[k]) / 1000, 4),
@@ -81,13 +85,18 @@ def _replayed_timeline(model) -> dict:
 
 
 def _whatif_curves(model, time_budget_s: float, max_ops: int = MAX_WHATIF_OPS) -> dict:
-    from dprorun.replay.whatif import WhatIf, replay_once
+    from dprorun.replay.whatif import WhatIf, replay_once, representative
 
     started = time.monotonic()
     buckets = max(1, len(model.buckets))
-    curves: dict = {"world_size": [], "bandwidth_gbit": [], "bucket_mb": [], "skipped": []}
+    curves: dict = {"world_size": [], "bandwidth_gbit": [], "bucket_mb": [], "skipped": [], "folded": False}
+    if len(model.templates) >= FOLD_FROM_RANKS:  # every rank alike: one built rank answers each point
+        model = representative(model)
+        curves["folded"] = True
 
     def point(curve: str, x: float, whatif: WhatIf, ops_estimate: int) -> None:
+        if curves["folded"]:
+            ops_estimate //= max(1, whatif.world_size or model.world_size)
         if ops_estimate > max_ops or time.monotonic() - started > time_budget_s:
             curves["skipped"].append(f"{curve}={x:g}")
             return
@@ -149,6 +158,13 @@ def build_report(analysis: "RunAnalysis", whatif_time_budget_s: float = 60.0,
             data["notes"].append(prediction.self_check["message"])
         data["replayed_timeline"] = _replayed_timeline(model)
         data["whatif"] = _whatif_curves(model, whatif_time_budget_s, max_whatif_ops)
+        if data["whatif"]["folded"]:
+            data["notes"].append(f"what-if curves of this {model.world_size}-rank run replay one representative rank "
+                                 "(the slowest measured one; every rank alike): exact for a symmetric job")
+        if len(run.ranks) > SHOWN_RANKS:
+            data["notes"].append(f"timelines show ranks 0-{SHOWN_RANKS - 1} of {len(run.ranks)} "
+                                 "(dpro timeline exports every rank)")
+        data["notes"] += [p for p in run.problems if p.startswith("large run")]
         if model.transport and model.transport.get("shares_cores"):
             data["notes"].append(
                 "the what-if curves assume communication runs beside compute; this job's transport is CPU work "

@@ -8,6 +8,11 @@ runs, and clock probes are generated with random one-way delays. The true offset
 """
 from __future__ import annotations
 
+import json
+import os
+import random
+import re
+import shutil
 from typing import Optional
 
 import numpy as np
@@ -165,3 +170,89 @@ def resnet50_job_model(world: int, bandwidth_gbit: float = 10.0) -> JobModel:
                      source=f"synthetic {bandwidth_gbit:g} Gbit/s")
     return JobModel(world, {0: template}, [BucketInfo("bucket0", sum(params.values()), names, 0.0)], params,
                     fractions, comm, 25.0)
+
+
+RANKS_PER_HOST = 8
+
+
+def _load(path: str):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _text(path: str) -> str:
+    with open(path) as handle:
+        return handle.read()
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def _dump(doc, path: str) -> None:
+    _write_text(path, json.dumps(doc))
+
+
+def _shift_events(doc: dict, rank: int, world: int, host: str, offset: float, jitter: list[float]) -> dict:
+    doc = json.loads(json.dumps(doc))
+    doc.update(rank=rank, world_size=world, host=host, local_rank=rank % RANKS_PER_HOST)
+
+    def shift(t):
+        return t + offset if isinstance(t, (int, float)) else t
+    doc["iteration_starts_us"] = [t + offset + jitter[i % len(jitter)] for i, t in enumerate(doc["iteration_starts_us"])]
+    doc["spans"] = [[i, n, shift(a), shift(b)] for i, n, a, b in doc["spans"]]
+    doc["comm"] = [row[:3] + [shift(x) for x in row[3:]] for row in doc["comm"]]
+    doc["grad_ready"] = [[i, n, shift(t)] for i, n, t in doc["grad_ready"]]
+    doc["p2p"] = [row[:8] + [shift(row[8]), shift(row[9])] + row[10:] for row in doc.get("p2p", [])]
+    for key in ("start_us", "end_us"):
+        if doc["window"].get(key) is not None:
+            doc["window"][key] += offset
+    return doc
+
+
+def replicate_run_dir(seed: str, world: int, target: str, rng: random.Random) -> dict[int, float]:
+    """An N-rank run directory from a real 2-rank one (for scale benchmarks and tests): rank r is a copy of seed
+    rank r mod 2 with its rank fields renumbered, eight ranks to a host ("node<r // 8>"), every timestamp (events,
+    clean.json, clock probes, the profiler's base time) shifted by its host's clock offset (uniform in +-3 ms,
+    node 0 at 0) plus a per-rank jitter of up to 200 us on iteration starts; rank 0's clock probes extended to
+    every rank. Returns the injected offsets (alignment should find offset[0] - offset[r])."""
+    os.makedirs(target)
+    manifest = _load(os.path.join(seed, "manifest.json"))
+    manifest["world_size"] = world
+    _dump(manifest, os.path.join(target, "manifest.json"))
+    events = {r: _load(os.path.join(seed, f"rank_{r}", "events.json")) for r in (0, 1)}
+    kineto = {r: _text(os.path.join(seed, f"rank_{r}", "kineto_trace.json")) for r in (0, 1)}
+    clean = {r: _load(os.path.join(seed, f"rank_{r}", "clean.json"))
+             for r in (0, 1) if os.path.exists(os.path.join(seed, f"rank_{r}", "clean.json"))}
+    host_offset = {0: 0.0}
+    offsets = {}
+    origin = [p for p in events[0]["clock_probes"] if p[2] == "origin" and p[0] == 1]
+    echo = [p for p in events[1]["clock_probes"] if p[2] == "echo"]
+    for rank in range(world):
+        node = rank // RANKS_PER_HOST
+        offset = host_offset.setdefault(node, rng.uniform(-3000.0, 3000.0))
+        offsets[rank] = offset
+        jitter = [rng.uniform(0.0, 200.0) for _ in range(8)]
+        doc = _shift_events(events[rank % 2], rank, world, f"node{node}", offset, jitter)
+        if rank == 0:
+            doc["clock_probes"] = [[peer, k, "origin", a, b] for peer in range(1, world) for _, k, _, a, b in origin]
+        else:
+            doc["clock_probes"] = [[0, k, "echo", a + offset, b + offset] for _, k, _, a, b in echo]
+        folder = os.path.join(target, f"rank_{rank}")
+        os.makedirs(folder)
+        _dump(doc, os.path.join(folder, "events.json"))
+        text = re.sub(r'"baseTimeNanoseconds"\s*:\s*(\d+)',
+                      lambda m: f'"baseTimeNanoseconds": {int(m.group(1)) + int(offset * 1000)}', kineto[rank % 2],
+                      count=1)
+        text = re.sub(r'"rank"\s*:\s*\d+', f'"rank": {rank}', text, count=1)
+        _write_text(os.path.join(folder, "kineto_trace.json"), text)
+        if rank % 2 in clean:
+            doc_clean = dict(clean[rank % 2], rank=rank,
+                             iteration_starts_us=[t + offset for t in clean[rank % 2]["iteration_starts_us"]])
+            _dump(doc_clean, os.path.join(folder, "clean.json"))
+        for name in ("samples.json",):
+            src = os.path.join(seed, f"rank_{rank % 2}", name)
+            if os.path.exists(src):
+                shutil.copy(src, folder)
+    return offsets

@@ -83,3 +83,22 @@ def test_dpro_cli_on_the_gpu_run(gpu_run_dir, tmp_path):
     events = json.loads(timeline.read_text())["traceEvents"]
     threads = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     assert any(t.startswith("cuda:0/") for t in threads)
+
+
+def test_gpu_check_figures_on_the_recorded_run(gpu_run_dir):
+    """benchmarks/gpu_check.py's own logic (readings and the table's figures) on the recorded GPU run, with a
+    stand-in torchrun median: what a lent GPU would print is computed by the same code."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        from gpu_check import figures, inspect
+    finally:
+        sys.path.pop(0)
+    row = {"config": "recorded", "measured_ms": 10.0}
+    row.update(inspect(gpu_run_dir))
+    fig = figures(row)
+    predicted = row["replay"]["predicted_iteration_time_ms"]
+    assert fig["replay_error_pct"] == pytest.approx(100 * (predicted / 10.0 - 1), abs=0.01)
+    assert fig["gpu_ops"] > 500 and fig["gpu_samples"] >= 5
+    assert abs(fig["memory_error_pct"]) <= 5.0
+    assert fig["self_check"] in ("agrees", "disagrees", "unchecked") and len(fig["spread_ms"]) == 2
+    assert fig["critical_path_top"] and fig["window_vs_torchrun_pct"] is not None

@@ -132,13 +132,6 @@ def self_check(model: JobModel, as_run_replays_us) -> dict:
     return check
 
 
-def as_run_self_check(model: JobModel) -> dict:
-    """self_check for a caller whose prediction is a what-if: replays the job as it ran first."""
-    samples = model.samples or [None]
-    times = [replay(synthesize(model, WhatIf(), [], sample)).iteration_time_us for sample in samples]
-    return self_check(model, times)
-
-
 @dataclass
 class _Sync:
     key: str
@@ -257,6 +250,9 @@ def _comm_scale(model: JobModel) -> float:
     return sum(m for m, _ in pairs) / sum(x for _, x in pairs) if pairs else 1.0
 
 
+COLLAPSE_FROM_RANKS = 64
+
+
 def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[Sample] = None,
                fold: bool = True) -> ReplayGraph:
     """The replay graph for `whatif`, with the durations of one measured iteration (`sample`) or the medians.
@@ -333,6 +329,12 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     if world > len(measured_ranks):
         notes.append(f"{world} ranks synthesised from the {len(measured_ranks)} measured ranks' templates "
                      "(round-robin); compute contention between ranks on one host is not modelled")
+    # a step-level ring has 2(N-1) steps on every rank: N^2 ops; beyond COLLAPSE_FROM_RANKS built ranks each
+    # collective is one op per rank that starts when the last rank is ready (the ring's steps pipeline behind it)
+    collapse = built > COLLAPSE_FROM_RANKS and whatif.baseline != "daydream"
+    if collapse:
+        notes.append(f"{built} ranks built: each collective replayed as one op per rank that starts when every "
+                     f"rank is ready (step-level rings up to {COLLAPSE_FROM_RANKS} ranks: N^2 ops)")
     g = GraphBuilder()
     ins: dict[tuple[int, str, int], int] = {}
     outs: dict[tuple[int, str], int] = {}
@@ -390,6 +392,15 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
             modelled = not (use_measured and measured)
             duration, latency = step_parts(piece) if modelled else (measured / steps, 0.0)
             split = modelled and model.channels > 1
+            if collapse:  # the whole ring as one op per rank, after every rank's ready point
+                join = g.op(f"join.{s.key}.p{p}", "VIRTUAL", 0, None, 0.0)
+                for r in range(built):
+                    g.edge(ins[(r, s.key, p)], join)
+                    op = g.op(f"r{r}.allreduce.{s.key}.p{p}", "COMM", r, f"link{r}->{(r + 1) % world}",
+                              duration * steps, capacity=model.channels)
+                    g.edge(join, op)
+                    g.edge(op, outs[(r, s.key)])
+                continue
             previous = {r: [ins[(r, s.key, p)]] for r in range(built)}
             for step in range(steps):
                 sends = {}
@@ -425,6 +436,23 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                     "ranks_built": built})
 
 
+REPLAY_BUDGET_RANK_ITERATIONS = 2048  # per prediction: ranks x replayed iterations, for large runs
+MIN_REPLAYED_ITERATIONS = 5
+
+
+def replayed_samples(model: JobModel, notes: list[str]) -> list:
+    """The measured iterations a prediction replays: all of them, or on a large run an even subset (at least 5)
+    within REPLAY_BUDGET_RANK_ITERATIONS, said in the notes."""
+    samples = model.samples or [None]
+    keep = max(MIN_REPLAYED_ITERATIONS, REPLAY_BUDGET_RANK_ITERATIONS // max(1, len(model.templates)))
+    if len(samples) <= keep:
+        return samples
+    chosen = [samples[round(k * (len(samples) - 1) / (keep - 1))] for k in range(keep)]
+    notes.append(f"{keep} of the {len(samples)} measured iterations replayed (evenly spaced; a run of "
+                 f"{len(model.templates)} measured ranks)")
+    return chosen
+
+
 def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
     """Replay every measured iteration (each with its own durations) and report the median prediction: the
     slowest rank differs from iteration to iteration, which a replay of averaged durations misses."""
@@ -437,7 +465,7 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[
     execution graph and the replayed timeline (engine.execution_graph, engine.chrome_trace)."""
     whatif = whatif or WhatIf()
     notes = list(model.notes)
-    samples = model.samples or [None]
+    samples = replayed_samples(model, notes)
     runs = []
     for sample in samples:
         graph = synthesize(model, whatif, notes if sample is samples[0] else [], sample)

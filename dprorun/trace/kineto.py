@@ -48,7 +48,9 @@ def name_kind(name: str) -> OpKind:
     return OpKind.FW
 
 
-def read_kineto(path: str, rank: Optional[int] = None) -> KinetoTrace:
+def read_kineto(path: str, rank: Optional[int] = None, detail: bool = True) -> KinetoTrace:
+    """The profiler trace in the trace model; `detail=False` keeps only what the job-level analysis needs from
+    every rank of a large run (collective spans, step marks), not its op-level compute and GPU activity."""
     doc = read_json(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceError(path, "not a PyTorch profiler trace (no traceEvents list)")
@@ -61,7 +63,7 @@ def read_kineto(path: str, rank: Optional[int] = None) -> KinetoTrace:
     for event in events:
         if not isinstance(event.get("ts"), (int, float)) or not isinstance(event.get("dur", 0), (int, float)):
             raise TraceError(path, f"event {event.get('name')!r} has a non-numeric ts/dur")
-    main_tid = _main_thread(doc["traceEvents"], events)
+    main_tid = _main_thread(doc["traceEvents"], events) if detail else None
     trace = KinetoTrace(path, base_us, dist, str(doc.get("host_name", "")), main_tid)
 
     def span(event) -> tuple[float, float]:
@@ -70,7 +72,7 @@ def read_kineto(path: str, rank: Optional[int] = None) -> KinetoTrace:
 
     # compute: top-level CPU ops of the main thread, and of autograd engine threads (backward on GPU jobs)
     by_thread: dict[Any, list] = {}
-    for event in events:
+    for event in events if detail else ():
         if event.get("cat") == "cpu_op":
             by_thread.setdefault(event.get("tid"), []).append(event)
     for tid, thread_events in by_thread.items():
@@ -93,6 +95,8 @@ def read_kineto(path: str, rank: Optional[int] = None) -> KinetoTrace:
     launches: dict[Any, float] = {}
     for event in events:
         cat = event.get("cat")
+        if not detail and cat not in ("user_annotation", "gpu_user_annotation"):
+            continue
         name = str(event.get("name", ""))
         args = event.get("args") or {}
         if cat == "cuda_runtime" and "correlation" in args:
@@ -116,7 +120,8 @@ def read_kineto(path: str, rank: Optional[int] = None) -> KinetoTrace:
                                         end_us=end, source="kineto"))
     trace.collectives.sort(key=lambda op: op.start_us)
     trace.steps.sort()
-    _read_gpu(trace, events, launches, span, rank)
+    if detail:
+        _read_gpu(trace, events, launches, span, rank)
     return trace
 
 

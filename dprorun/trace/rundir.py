@@ -237,7 +237,9 @@ def _merge_clean_starts(doc: dict, path: str) -> None:
     doc["clean_status"] = "complete" if clean.get("complete") else "cut short (the job ended inside them)"
 
 
-def load_rank(rank_dir: str, expected_rank: Optional[int] = None) -> RankTrace:
+def load_rank(rank_dir: str, expected_rank: Optional[int] = None, detail: bool = True) -> RankTrace:
+    """One rank's files in the trace model; `detail=False`: without the profiler's op-level compute and GPU
+    activity (large runs keep those for a few ranks only, see load_run)."""
     events_path = os.path.join(rank_dir, "events.json")
     doc = load_events(events_path)
     if expected_rank is not None and doc["rank"] != expected_rank:
@@ -245,7 +247,7 @@ def load_rank(rank_dir: str, expected_rank: Optional[int] = None) -> RankTrace:
     kineto = None
     kineto_path = os.path.join(rank_dir, "kineto_trace.json")
     if os.path.exists(kineto_path):
-        kineto = read_kineto(kineto_path, rank=doc["rank"])
+        kineto = read_kineto(kineto_path, rank=doc["rank"], detail=detail)
     samples = None
     samples_path = os.path.join(rank_dir, "samples.json")
     if os.path.exists(samples_path):
@@ -267,8 +269,27 @@ def load_rank(rank_dir: str, expected_rank: Optional[int] = None) -> RankTrace:
     return trace
 
 
-def load_run(run_dir: str, strict: bool = False) -> RunTrace:
-    """Load every rank; a missing rank is listed in `missing_ranks` (or an error with strict=True)."""
+DETAIL_RANKS_ALL_UP_TO = 64  # larger runs keep op-level profiler detail for the first DETAIL_RANKS ranks only
+DETAIL_RANKS = 8
+PARALLEL_FROM_RANKS = 32
+
+
+def detail_ranks_for(world: int) -> Optional[set[int]]:
+    """Ranks whose op-level compute the analysis keeps: all of a run up to 64 ranks, else ranks 0-7 (every rank
+    keeps its phases, buckets, collectives and samples)."""
+    return None if world <= DETAIL_RANKS_ALL_UP_TO else set(range(DETAIL_RANKS))
+
+
+def _load_one(task: tuple[str, int, bool]) -> RankTrace:
+    rank_dir, rank, detail = task
+    return load_rank(rank_dir, expected_rank=rank, detail=detail)
+
+
+def load_run(run_dir: str, strict: bool = False, detail_ranks: Optional[set[int]] = None,
+             workers: Optional[int] = None) -> RunTrace:
+    """Load every rank; a missing rank is listed in `missing_ranks` (or an error with strict=True).
+    `detail_ranks`: the ranks whose op-level profiler detail is kept (None: as `detail_ranks_for` says for the
+    run's size). Runs of 32 ranks and more are read by `workers` processes (default: the usable cores)."""
     manifest_path = os.path.join(run_dir, "manifest.json")
     if not os.path.isdir(run_dir):
         raise TraceError(run_dir, "not a directory")
@@ -277,17 +298,23 @@ def load_run(run_dir: str, strict: bool = False) -> RunTrace:
         raise TraceError(manifest_path, "not a dprorun run manifest")
     world = int(manifest.get("world_size", 0))
     run = RunTrace(run_dir=run_dir, manifest=manifest, ranks={})
+    detail = detail_ranks if detail_ranks is not None else detail_ranks_for(world)
+    tasks = []
     for rank in range(world):
         rank_dir = os.path.join(run_dir, f"rank_{rank}")
         if not os.path.exists(os.path.join(rank_dir, "events.json")):
             run.missing_ranks.append(rank)
             continue
-        trace = load_rank(rank_dir, expected_rank=rank)
+        tasks.append((rank_dir, rank, detail is None or rank in detail))
+    for trace in _map_ranks(tasks, workers):
         job = trace.meta.get("job_id")
         if job and manifest.get("job_id") and job != manifest["job_id"]:
-            raise TraceError(os.path.join(rank_dir, "events.json"),
+            raise TraceError(os.path.join(run_dir, f"rank_{trace.rank}", "events.json"),
                              f"belongs to job {job!r}, not to this run's job {manifest['job_id']!r} (mixed runs)")
-        run.ranks[rank] = trace
+        run.ranks[trace.rank] = trace
+    if detail is not None and len(tasks) > len(detail):
+        run.problems.append(f"large run: op-level profiler detail kept for ranks {min(detail)}-{max(detail)} "
+                            f"of {world} (every rank keeps its phases, buckets and collectives)")
     if run.missing_ranks:
         run.problems.append(f"no trace for ranks {run.missing_ranks}")
         if strict:
@@ -295,3 +322,23 @@ def load_run(run_dir: str, strict: bool = False) -> RunTrace:
     if not run.ranks:
         raise TraceError(run_dir, "no rank recorded a trace (rank_<r>/events.json missing for every rank)")
     return run
+
+
+def _map_ranks(tasks: list[tuple[str, int, bool]], workers: Optional[int]) -> list[RankTrace]:
+    """Read the ranks, in worker processes for large runs (reading is CPU-bound JSON parsing)."""
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    import multiprocessing
+
+    # fork only: spawn and forkserver re-run the caller's main module, which a script without a __main__ guard
+    # cannot survive; without fork the ranks are read here, one after the other
+    if workers <= 1 or len(tasks) < PARALLEL_FROM_RANKS or "fork" not in multiprocessing.get_all_start_methods():
+        return [_load_one(task) for task in tasks]
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            return list(pool.map(_load_one, tasks, chunksize=max(1, len(tasks) // (8 * workers))))
+    except (BrokenProcessPool, OSError):  # a worker died (memory, a signal): read them here instead
+        return [_load_one(task) for task in tasks]

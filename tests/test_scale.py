@@ -1,0 +1,58 @@
+"""Large runs: a 72-rank run directory made from a real 2-rank run (dprorun.synth.replicate_run_dir) is read in
+parallel with op-level detail for a few ranks, aligned by the linear program (injected offsets recovered), and
+replayed with collapsed rings and folded what-if curves; on the 2-rank run itself the collapsed ring gives the
+step-level ring's as-run prediction."""
+import random
+
+import pytest
+
+from dprorun.analysis import RunAnalysis
+from dprorun.replay import whatif as replay_whatif
+from dprorun.report import build_report
+from dprorun.synth import replicate_run_dir
+from dprorun.trace import rundir
+
+
+@pytest.fixture(scope="module")
+def large_run(mlp_run, tmp_path_factory):
+    target = str(tmp_path_factory.mktemp("scale") / "run72")
+    offsets = replicate_run_dir(str(mlp_run[0]), 72, target, random.Random(3))
+    return target, offsets
+
+
+def test_large_run_read_aligned_and_reported(large_run):
+    target, offsets = large_run
+    analysis = RunAnalysis(target)
+    run = analysis.run
+    assert sorted(run.ranks) == list(range(72)) and not run.missing_ranks
+    detailed = {r for r, t in run.ranks.items() if any(op.source == "kineto" and op.stream == "main" for op in t.ops)}
+    assert detailed == set(range(rundir.DETAIL_RANKS))
+    assert any(p.startswith("large run") for p in run.problems)
+    assert all(any(op.phase == "transmit" for op in t.ops) for t in run.ranks.values())  # collectives: every rank
+    alignment = analysis.alignment
+    assert alignment.constraint_rows < 72 * 71  # rows grow with ranks x collectives, not with rank pairs
+    for rank, offset in offsets.items():
+        assert abs(alignment.offsets_us[rank] - (offsets[0] - offset)) < 50.0
+    data = build_report(analysis, whatif_time_budget_s=30.0)
+    assert data["whatif"]["folded"] and len(data["whatif"]["world_size"]) >= 3
+    assert {op[0] for op in data["measured_timeline"]["ops"]} <= set(range(16))
+    assert any("one op per rank" in note for note in analysis.prediction.notes)
+
+
+def test_sequential_and_parallel_reads_agree(large_run):
+    target, _ = large_run
+    one = rundir.load_run(target, workers=1)
+    two = rundir.load_run(target, workers=2)
+    assert sorted(one.ranks) == sorted(two.ranks)
+    for rank in (0, 9, 71):
+        assert [(o.name, o.start_us, o.end_us) for o in one.ranks[rank].ops] == \
+               [(o.name, o.start_us, o.end_us) for o in two.ranks[rank].ops]
+
+
+def test_collapsed_ring_gives_the_step_level_as_run_prediction(mlp_run, monkeypatch):
+    model = RunAnalysis(str(mlp_run[0])).model
+    stepwise = replay_whatif.predict(model).predicted_iteration_time_ms
+    monkeypatch.setattr(replay_whatif, "COLLAPSE_FROM_RANKS", 1)
+    collapsed = replay_whatif.predict(model)
+    assert any("one op per rank" in note for note in collapsed.notes)
+    assert collapsed.predicted_iteration_time_ms == pytest.approx(stepwise, rel=0.02)
