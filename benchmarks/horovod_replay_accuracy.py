@@ -34,15 +34,15 @@ def measured_ms(net: str, steps: int, batch: int, knobs: tuple = (), model: str 
     return float(re.search(r"median iteration time: ([0-9.]+) ms", out.stdout).group(1))
 
 
-def predicted_ms(net: str, steps: int, batch: int) -> tuple[float, float]:
+def predicted_ms(net: str, steps: int, batch: int, model: str = "mlp") -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        warmup, clean = steps // 2, 3
+        warmup, clean = steps // 2, 5
         active = steps - warmup - clean - 2
         subprocess.run(wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "horovod", "-np", "2", "-q",
                                   "--run-dir", run_dir, "--warmup", str(warmup), "--active", str(active),
                                   "--kineto-iters", "3", "--clean", str(clean), "python", EXAMPLE, "--steps",
-                                  str(steps), "--batch-size", str(batch)]),
+                                  str(steps), "--batch-size", str(batch), "--model", model]),
                        capture_output=True, text=True, check=True, timeout=900, cwd=REPO,
                        env=dict(os.environ, DPRO_REPORT="0"))
         out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json"],
@@ -58,6 +58,8 @@ def common_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--model", choices=("mlp", "transformer", "resnet", "convhead"), default="mlp",
+                        help="examples/horovod_mlp.py --model")
     return parser
 
 
@@ -78,8 +80,8 @@ def main() -> None:
     for net in nets:
         measured, predicted, own = [], [], []
         for _ in range(args.reps):
-            measured.append(measured_ms(net, args.steps, args.batch_size))
-            p, o = predicted_ms(net, args.steps, args.batch_size)
+            measured.append(measured_ms(net, args.steps, args.batch_size, model=args.model))
+            p, o = predicted_ms(net, args.steps, args.batch_size, model=args.model)
             predicted.append(p)
             own.append(o)
         m, p = statistics.median(measured), statistics.median(predicted)

@@ -56,8 +56,6 @@ def predictions(net: str, steps: int, batch: int, model: str) -> list[float]:
 
 def main() -> None:
     parser = common_parser(__doc__)
-    parser.add_argument("--model", choices=("mlp", "transformer", "resnet"), default="mlp",
-                        help="examples/horovod_mlp.py --model")
     args = parser.parse_args()
     nets = usable_nets(args.nets)
     print("| network | knobs | measured ms | predicted ms | error | change measured | change predicted |")

@@ -43,6 +43,7 @@ warning.
 """
 from __future__ import annotations
 
+import importlib
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -377,7 +378,7 @@ def align(run: RunTrace, time_limit_s: float = 10.0, host_weight: float = 100.0,
         result.uncertainty_us = {reference: 0.0}
         return result
     try:
-        import cvxpy  # noqa: F401
+        importlib.import_module("cvxpy")
     except Exception as exc:  # a broken or partial install must cost accuracy, never the analysis
         fallback = "probe midpoints" if evidence.probes else "the centre of the feasible intervals"
         warnings.append(f"cvxpy cannot be imported ({type(exc).__name__}: {exc}); falling back to {fallback}")

@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from dprorun.fsutil import atomic_write_json
+from dprorun.layout import ALIGNMENT_FILE
 
 if TYPE_CHECKING:
     from dprorun.align import Alignment
     from dprorun.replay.template import JobModel
     from dprorun.replay.whatif import Prediction
     from dprorun.trace.model import RunTrace
-
-ALIGNMENT_FILE = "alignment.json"
 
 
 @dataclass
@@ -85,3 +84,18 @@ class RunAnalysis:
 
             self._prediction = predict(self.model)
         return self._prediction
+
+
+def optimize_run(run_dir: str, memory_budget_bytes: Optional[int] = None, allow_bf16: bool = False,
+                 comm_passes: Optional[bool] = None):
+    """Search a strategy for the run in `run_dir` (read and aligned once); returns (strategy, aligned run)."""
+    from dprorun.memory import run_memory
+    from dprorun.optimize import MemoryModel, optimize
+
+    analysis = RunAnalysis(run_dir)
+    model = analysis.model
+    strategy = optimize(model, MemoryModel(run_memory(analysis.aligned_run)), memory_budget_bytes,
+                        allow_bf16=allow_bf16, comm_passes=comm_passes)
+    strategy.source_run = os.path.abspath(run_dir)
+    strategy.search["as_run_replay_ms"] = analysis.prediction.predicted_iteration_time_ms
+    return strategy, analysis.aligned_run

@@ -53,7 +53,7 @@ def _sub_job(job: JobConfig, run_dir: str, dry_run: bool, strategy_file: Optiona
     sub.profile.job_id = f"{job.profile.job_id}-{os.path.basename(run_dir)}" if dry_run else job.profile.job_id
     sub.strategy_file = strategy_file
     if job.backend == "horovod" and strategy_file:  # Horovod's knobs go to horovodrun, the strategy's win
-        from dprorun.cli import horovod_knob_args
+        from dprorun.config import horovod_knob_args
         from dprorun.strategy import load_strategy
 
         chosen = load_strategy(strategy_file)
@@ -72,7 +72,7 @@ def _quietly(finalize: Callable, job: JobConfig, result) -> int:
 
 def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
     """Drive the phases; `launch` and `finalize` are dprorun.launch.launch and dprorun.finalize.finalize_run."""
-    from dprorun.offline_cli import optimize_run
+    from dprorun.analysis import optimize_run
     from dprorun.optimize import BudgetError
     from dprorun.strategy import save_strategy
 

@@ -10,7 +10,7 @@ import uuid
 from typing import Optional, Sequence
 
 from dprorun.fsutil import TraceError
-from dprorun.config import JobConfig, ProfileConfig
+from dprorun.config import JobConfig, ProfileConfig, horovod_knob_args
 from dprorun.scheduler_env import SchedulerEnv, detect_scheduler, horovod_plan
 
 USAGE_EXAMPLE = "dprorun -np 2 python examples/mlp_many_layers.py --steps 30"
@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof = parser.add_argument_group("profiling")
     prof.add_argument("--run-dir", default="", help="run directory (default dpro_runs/<job-id>)")
     prof.add_argument("--job-id", default="", help="job id (default: time + random suffix)")
+    prof.add_argument("--overwrite", action="store_true",
+                      help="replace a run directory that already holds a run (default: refuse, keeping it)")
     prof.add_argument("--warmup", type=int, default=None, help="iterations before the profiled window (5)")
     prof.add_argument("--active", type=int, default=None, help="profiled iterations (15)")
     prof.add_argument("--clean", type=int, default=None,
@@ -153,15 +155,6 @@ def horovod_arguments(args: argparse.Namespace) -> list[str]:
         threshold = threshold if threshold is not None else strategy.horovod_fusion_threshold_mb
         cycle = cycle if cycle is not None else strategy.horovod_cycle_time_ms
     return horovod_knob_args(threshold, cycle)
-
-
-def horovod_knob_args(threshold_mb: Optional[float], cycle_ms: Optional[float]) -> list[str]:
-    out = []
-    if threshold_mb is not None:
-        out += ["--fusion-threshold-mb", f"{threshold_mb:g}"]
-    if cycle_ms is not None:
-        out += ["--cycle-time-ms", f"{cycle_ms:g}"]
-    return out
 
 
 LAUNCH_DEFAULTS = (("nnodes", "--nnodes", 1), ("node_rank", "--node-rank", 0),
@@ -306,6 +299,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TraceError as exc:
         print(f"dprorun: error: {exc}", file=sys.stderr)
         return 2
+    if job.node_rank == 0:  # node 0 owns the run directory (others may share its filesystem)
+        from dprorun.layout import claim_run_dir
+
+        problem = claim_run_dir(job.run_dir, overwrite=args.overwrite)
+        if problem:
+            print(f"dprorun: error: {problem}", file=sys.stderr)
+            return 2
     from dprorun.launch import launch
     from dprorun.finalize import finalize_run
 

@@ -154,3 +154,13 @@ class JobConfig:
 
 def profile_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(ENV_PREFIX + "ENABLED", "") == "1"
+
+
+def horovod_knob_args(threshold_mb: Optional[float], cycle_ms: Optional[float]) -> list[str]:
+    """horovodrun's flags for a fusion threshold and a cycle time (None: left to horovodrun)."""
+    out = []
+    if threshold_mb is not None:
+        out += ["--fusion-threshold-mb", f"{threshold_mb:g}"]
+    if cycle_ms is not None:
+        out += ["--cycle-time-ms", f"{cycle_ms:g}"]
+    return out

@@ -18,6 +18,11 @@ class TraceError(Exception):
         self.problem = problem
 
 
+class UnanswerableError(ValueError):
+    """A question the run's data cannot answer (e.g. re-bucketing without gradient-ready times): bad input for
+    the command (exit 2), unlike any other ValueError, which is a defect and shows as one."""
+
+
 def free_mb(path: str) -> float:
     """Free space (MB) on the filesystem holding `path` (or its nearest existing parent)."""
     probe = os.path.abspath(path)

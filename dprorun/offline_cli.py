@@ -7,8 +7,9 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from dprorun.analysis import RunAnalysis
-from dprorun.fsutil import TraceError
+from dprorun.analysis import RunAnalysis, optimize_run
+from dprorun.fsutil import TraceError, UnanswerableError
+from dprorun.stats import median
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
@@ -95,7 +96,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     model = build_job_model(run)
     forward_scale = backward_scale = 1.0
     if args.compile and args.compile_blocks:
-        raise ValueError("--compile (the whole model) and --compile-blocks (each block) are alternatives")
+        raise argparse.ArgumentTypeError("--compile (the whole model) and --compile-blocks (each block) are "
+                                         "alternatives")
     for wanted, variant in ((args.compile, "compiled"), (args.compile_blocks, "compiled_blocks"), (args.bf16, "bf16")):
         if not wanted:
             continue
@@ -157,23 +159,6 @@ def parse_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"memory size {text!r}: expected e.g. 8GiB, 512MiB")
     power = " kmgt".index(match.group(2) or " ")
     return int(float(match.group(1)) * (1024 if match.group(3) or power else 1000) ** power)
-
-
-def optimize_run(run_dir: str, memory_budget_bytes: Optional[int] = None, allow_bf16: bool = False,
-                 comm_passes: Optional[bool] = None):
-    """Search a strategy for the run in `run_dir` (aligned first); returns (strategy, run)."""
-    from dprorun.memory import run_memory
-    from dprorun.optimize import MemoryModel, optimize
-    from dprorun.replay.template import build_job_model
-    from dprorun.replay.whatif import predict
-
-    run, _ = load_aligned(run_dir)
-    model = build_job_model(run)
-    strategy = optimize(model, MemoryModel(run_memory(run)), memory_budget_bytes, allow_bf16=allow_bf16,
-                        comm_passes=comm_passes)
-    strategy.source_run = os.path.abspath(run_dir)
-    strategy.search["as_run_replay_ms"] = predict(model).predicted_iteration_time_ms
-    return strategy, run
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
@@ -295,8 +280,8 @@ def _cmd_import_byteps(args: argparse.Namespace) -> int:
         for note in doc["notes"]:
             print(f"  note: {note}")
         loo = doc["leave_one_out_error_pct"]
-        print(f"  sync time per step: measured median {_median_of(doc['measured_sync_ms']):.2f} ms; replayed from "
-              f"the other steps' medians: median {_median_of(doc['predicted_sync_ms']):.2f} ms "
+        print(f"  sync time per step: measured median {median(doc['measured_sync_ms']):.2f} ms; replayed from "
+              f"the other steps' medians: median {median(doc['predicted_sync_ms']):.2f} ms "
               f"(per-step error median {loo['median']:.2f} %, max {loo['max']:.2f} %)")
         if "whatif" in doc:
             _print_stage_whatif(doc["whatif"])
@@ -306,8 +291,8 @@ def _cmd_import_byteps(args: argparse.Namespace) -> int:
         loo = machine["leave_one_out_error_pct"]
         print(f"the {machine['gpus']} GPUs together (one machine; the others wait for the root's PULLs: "
               f"{'/'.join(str(n) for n in machine['linked_partitions'])} partitions linked): sync time per step "
-              f"measured median {_median_of(machine['measured_sync_ms']):.2f} ms, replayed "
-              f"{_median_of(machine['predicted_sync_ms']):.2f} ms (per-step error median {loo['median']:.2f} %, "
+              f"measured median {median(machine['measured_sync_ms']):.2f} ms, replayed "
+              f"{median(machine['predicted_sync_ms']):.2f} ms (per-step error median {loo['median']:.2f} %, "
               f"max {loo['max']:.2f} %)")
         if "whatif" in machine:
             _print_stage_whatif(machine["whatif"])
@@ -321,12 +306,6 @@ def _print_stage_whatif(whatif: dict) -> None:
     print(f"  what-if ({scale}): {whatif['as_run_sync_ms']:.2f} -> {whatif['predicted_sync_ms']:.2f} ms")
     for note in whatif.get("notes", []):
         print(f"  note: {note}")
-
-
-def _median_of(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -412,7 +391,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TraceError as exc:
         print(f"dpro: error: {exc}", file=sys.stderr)
         return 2
-    except ValueError as exc:  # a question the run cannot answer (e.g. re-bucketing without grad times)
+    except (UnanswerableError, argparse.ArgumentTypeError) as exc:  # a question the run cannot answer, bad flags
         print(f"dpro: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the output went into `head` or the like, which stopped reading: end quietly

@@ -9,12 +9,12 @@ Values are medians over the profiled iterations, in milliseconds.
 """
 from __future__ import annotations
 
-import statistics
 from typing import Iterable, Optional
 
 from dprorun.memory import run_memory
 from dprorun.trace.model import OpKind, RankTrace, RunTrace
 from dprorun.trace.rundir import load_run
+from dprorun.stats import median
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
@@ -57,7 +57,8 @@ def overlap_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -
 
 
 def _median_ms(values: list[float]) -> Optional[float]:
-    return round(statistics.median(values) / 1000.0, 3) if values else None
+    value = median(values)
+    return None if value is None else round(value / 1000.0, 3)
 
 
 def rank_breakdown(trace: RankTrace) -> dict:
@@ -126,7 +127,8 @@ def summarize(run: RunTrace) -> dict:
 
     def across(key: str) -> Optional[float]:
         values = [row[key] for row in ranks if row[key] is not None]
-        return round(statistics.median(values), 3) if values else None
+        value = median(values)
+        return None if value is None else round(value, 3)
 
     iteration, clean = across("iteration_time_ms"), across("clean_iteration_time_ms")
     kineto = across("kineto_iteration_time_ms")

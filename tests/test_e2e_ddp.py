@@ -254,3 +254,26 @@ def test_a_job_with_nothing_to_profile_says_so(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "nothing was profiled" in proc.stderr and "DistributedDataParallel" in proc.stderr
     assert "it saw FSDP" in proc.stderr
+
+
+def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):
+    """--run-dir pointing at an earlier (here interrupted) run: refused with exit 2, nothing touched; --overwrite
+    replaces it, and the new manifest is the new run's alone."""
+    run_dir = tmp_path / "run"
+    (run_dir / "rank_0").mkdir(parents=True)
+    old_manifest = json.dumps({"schema": "dprorun-run", "job_id": "old-job", "status": "running",
+                               "started_at": "2026-11-29T10:00:00+0000"})
+    (run_dir / "manifest.json").write_text(old_manifest)
+    (run_dir / "rank_0" / "events.json").write_text("{}")
+    proc, _ = run_dprorun(["-np", "2", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "4"],
+                          run_dir, timeout=60)
+    assert proc.returncode == 2 and "already holds a run (job 'old-job'" in proc.stderr and "--overwrite" in proc.stderr
+    assert (run_dir / "manifest.json").read_text() == old_manifest
+    assert (run_dir / "rank_0" / "events.json").read_text() == "{}"
+    proc, _ = run_dprorun(["--overwrite", "-np", "2", "--warmup", "1", "--active", "2", "--clean", "1", "-q",
+                           "--job-id", "new-job", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"),
+                           "--steps", "6"], run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["job_id"] == "new-job" and manifest["started_at"] != "2026-11-29T10:00:00+0000"
+    assert sorted(load_run(str(run_dir)).ranks) == [0, 1]

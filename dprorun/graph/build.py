@@ -17,6 +17,7 @@ from typing import Optional
 from dprorun.graph.dfg import GlobalDFG
 from dprorun.graph.topology import SyncSpec, join_transactions, ring_allreduce
 from dprorun.trace.model import Op, OpKind, RankTrace, RunTrace
+from dprorun.fsutil import UnanswerableError
 
 COMPUTE_KINDS = (OpKind.FW, OpKind.BW, OpKind.UPDATE, OpKind.IO, OpKind.OTHER)
 
@@ -72,7 +73,7 @@ def build_global_dfg(run: RunTrace, iteration: Optional[int] = None) -> GlobalDF
         kineto = set.intersection(*(set(run.ranks[r].meta.get("kineto_iterations", [])) for r in ranks))
         choices = sorted(common & kineto) or sorted(common)
         if not choices:
-            raise ValueError("no profiled iteration is complete on every rank")
+            raise UnanswerableError("no profiled iteration is complete on every rank")
         iteration = choices[0]
     dfg = GlobalDFG()
     host_of = {r: run.ranks[r].host for r in ranks}

@@ -13,6 +13,7 @@ import time
 from dprorun.replay.template import JobModel
 from dprorun.replay.whatif import MB, WhatIf, replay_once
 from dprorun.strategy import Decision, Strategy
+from dprorun.fsutil import UnanswerableError
 
 THRESHOLDS_MB = (0.0, 1.0, 4.0, 16.0, 64.0, 128.0)
 CYCLES_MS = (0.5, 1.0, 2.5, 5.0, 10.0)
@@ -24,7 +25,7 @@ def rank_horovod_knobs(model: JobModel, thresholds_mb=THRESHOLDS_MB, cycles_ms=C
     baseline is the replay of the knobs the job ran with. Settings within 1 % of the as-run prediction are not
     offered (nothing to gain worth a trial)."""
     if model.framework != "horovod":
-        raise ValueError("Horovod knobs apply to Horovod runs only")
+        raise UnanswerableError("Horovod knobs apply to Horovod runs only")
     started = time.monotonic()
     threshold_bytes, cycle_us = model.horovod_knobs or (128 * MB, 1000.0)
     as_run_mb, as_run_ms = threshold_bytes / MB, cycle_us / 1000.0

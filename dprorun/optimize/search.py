@@ -29,6 +29,7 @@ from dprorun.optimize.passes import (CRITICAL_PATH_PASSES, Candidate, SearchCont
 from dprorun.replay.template import JobModel, ddp_buckets
 from dprorun.replay.whatif import MB, WhatIf, replay_once, representative
 from dprorun.strategy import Decision, Strategy
+from dprorun.fsutil import UnanswerableError
 
 DEFAULT_CAPS_MB = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
 SYMMETRY_MIN_RANKS = 4  # from this world size on, candidates are compared on a one-rank symmetric replay
@@ -125,7 +126,7 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
     (`JobModel.transport`), whose cost the replay does not model (it would mostly propose smaller buckets for
     overlap that such a transport does not deliver)."""
     if not model.param_ready_fraction:
-        raise ValueError("the optimizer needs per-parameter gradient-ready times (profile without "
+        raise UnanswerableError("the optimizer needs per-parameter gradient-ready times (profile without "
                          "--no-param-hooks)")
     started = time.monotonic()
     cache: dict[str, tuple[float, dict]] = {}

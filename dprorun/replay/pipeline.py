@@ -21,6 +21,7 @@ import numpy as np
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, critical_path_report, replay
 from dprorun.trace.byteps import BytePSTrace
 from dprorun.trace.model import OpKind
+from dprorun.fsutil import UnanswerableError
 
 
 @dataclass
@@ -57,7 +58,7 @@ def step_times(bt: BytePSTrace, step: int, origin_us: Optional[float] = None) ->
     tensor's own start in the step, or from `origin_us` (several GPUs of one machine on their common clock)."""
     ops = [op for op in bt.trace.ops if op.iteration == step]
     if not ops:
-        raise ValueError(f"{bt.path}: step {step} has no stage events")
+        raise UnanswerableError(f"{bt.path}: step {step} has no stage events")
     service: dict[int, float] = {}
     waiting: dict[str, float] = {}
     by_stage: dict[str, list[int]] = {}
@@ -164,7 +165,7 @@ def steps_with_events(bt: BytePSTrace) -> dict[int, ChainTimes]:
     per_step = {s: step_times(bt, s) for s in sorted(present)}
     if len(per_step) < 2:
         why = "" if bt.sync_spans else " (no per-step \"total\" span: the steps cannot be told apart)"
-        raise ValueError(f"{bt.path}: {len(per_step)} step(s) with stage events{why}; predicting a step needs at "
+        raise UnanswerableError(f"{bt.path}: {len(per_step)} step(s) with stage events{why}; predicting a step needs at "
                          "least 2")
     return per_step
 
@@ -201,7 +202,7 @@ def machine_step_times(root: BytePSTrace, others: list[BytePSTrace], step: int) 
     for bt in (root, *others):
         span = next(((a, b) for i, a, b in bt.trace.iterations if i == step), None)
         if span is None:
-            raise ValueError(f"{bt.path}: no step {step}")
+            raise UnanswerableError(f"{bt.path}: no step {step}")
         spans.append(span)
     origin = min(a for a, _ in spans)
     gpus = [step_times(bt, step, origin) for bt in (root, *others)]
@@ -224,11 +225,11 @@ def predict_machine_steps(root: BytePSTrace, others: list[BytePSTrace],
                           stage_scale: Optional[dict[str, float]] = None) -> list[PipelinePrediction]:
     """Each step of the machine (its GPUs' files together) predicted from the other steps' medians."""
     if root.role != "root":
-        raise ValueError(f"{root.path}: not the root GPU's file (it has no PUSH/PULL)")
+        raise UnanswerableError(f"{root.path}: not the root GPU's file (it has no PUSH/PULL)")
     steps = sorted(set.intersection(*({op.iteration for op in bt.trace.ops if op.iteration >= 0}
                                       for bt in (root, *others))))
     if len(steps) < 2:
-        raise ValueError(f"{len(steps)} step(s) common to the files; predicting a step needs at least 2")
+        raise UnanswerableError(f"{len(steps)} step(s) common to the files; predicting a step needs at least 2")
     per_step = {s: machine_step_times(root, others, s) for s in steps}
     out = []
     for step, own in per_step.items():
@@ -293,7 +294,7 @@ def machine_summary(traces: list[BytePSTrace], stage_scale: Optional[dict[str, f
     steps, and the what-if, for the machine's whole step (the non-root GPUs wait for the root's PULLs)."""
     roots = [bt for bt in traces if bt.role == "root"]
     if len(roots) != 1:
-        raise ValueError(f"a machine replay needs exactly one root GPU's file (with PUSH/PULL), got {len(roots)}")
+        raise UnanswerableError(f"a machine replay needs exactly one root GPU's file (with PUSH/PULL), got {len(roots)}")
     others = [bt for bt in traces if bt is not roots[0]]
     as_run = predict_machine_steps(roots[0], others)
     linked = [len(gpus.after_root) for gpus in machine_step_times(roots[0], others, as_run[0].step)[1:]]

@@ -16,6 +16,8 @@ from typing import Optional
 
 import numpy as np
 
+from dprorun.fsutil import UnanswerableError
+from dprorun.stats import median
 from dprorun.trace.model import OpKind, RankTrace, RunTrace
 
 
@@ -82,7 +84,7 @@ class JobModel:
     comm: CommModel
     bucket_cap_mb: Optional[float]
     channels: int = 1  # collectives the backend runs at once per rank
-    samples: list["Sample"] = field(default_factory=list)  # one per profiled iteration seen on every rank
+    samples: list["MeasuredIteration"] = field(default_factory=list)  # one per profiled iteration seen on every rank
     # the network alone: the start-of-window calibration (all-reduces with nothing else running); its bandwidth
     # prices the bytes a world-size change adds, while the trace's model keeps what the job itself adds
     network: Optional[CommModel] = None
@@ -122,16 +124,11 @@ class JobModel:
 
 
 @dataclass
-class Sample:
+class MeasuredIteration:
     """One measured iteration: every rank's template and each bucket's transmission time in it."""
 
     templates: dict[int, RankTemplate]
     transmit_us: dict[str, float]
-
-
-def _median(values: list[float], default: float = 0.0) -> float:
-    """Robust average: the median (this noisy 2-core machine has outlier iterations several times typical)."""
-    return float(np.median(values)) if values else default
 
 
 def _iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]:
@@ -167,7 +164,8 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
     per-bucket cost is added back in what-ifs. On a 20 ms loopback MLP step with 7 buckets it was 0.7 ms."""
     ends = {i: e for i, s, e in trace.iterations}
     starts = {i: s for i, s, e in trace.iterations}
-    enqueue_cost = _median([op.args.get("enqueue_cost_us", 0.0) for op in trace.ops if op.args.get("enqueue_cost_us")])
+    enqueue_cost = median([op.args.get("enqueue_cost_us", 0.0) for op in trace.ops if op.args.get("enqueue_cost_us")],
+                          0.0)
     hook_overhead = enqueue_cost if own_comm_hook(trace) else 0.0
     samples: dict[int, RankTemplate] = {}
     transmit: dict[int, dict[str, float]] = {}
@@ -199,14 +197,14 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             transmit[i][key] = max(1.0, c["done"] - max(everyone, slots[k]))
             slots[k] = c["done"]
     if not samples:
-        raise ValueError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans")
+        raise UnanswerableError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans")
     orders = [tuple(t.bucket_ready_order) for t in samples.values()]
     order = max(set(orders), key=orders.count)
     same = [t.backward_segments_us for t in samples.values() if tuple(t.bucket_ready_order) == order]
     values = list(samples.values())
 
     def med(attr: str) -> float:
-        return _median([getattr(t, attr) for t in values])
+        return median([getattr(t, attr) for t in values], 0.0)
 
     template = RankTemplate(rank=trace.rank, forward_us=med("forward_us"), loss_us=med("loss_us"),
                             backward_segments_us=[float(x) for x in np.median(np.array(same), axis=0)],
@@ -284,10 +282,10 @@ def build_job_model(run: RunTrace) -> JobModel:
                 transmit.setdefault(key, []).append(value)
                 per_iteration_tx.setdefault(i, {}).setdefault(key, []).append(value)
     common = sorted(set.intersection(*(set(per_rank_samples[r]) for r in ranks)))
-    samples = [Sample({r: per_rank_samples[r][i] for r in ranks},
+    samples = [MeasuredIteration({r: per_rank_samples[r][i] for r in ranks},
                       {k: float(np.mean(v)) for k, v in per_iteration_tx.get(i, {}).items()}) for i in common]
     first = run.ranks[ranks[0]]
-    buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), _median(transmit.get(f"bucket{b.index}", [])))
+    buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), median(transmit.get(f"bucket{b.index}", []), 0.0))
                for b in first.buckets]
     points = [(b.nbytes, t) for b in buckets for t in transmit.get(b.key, [])]
     calibration = [tuple(p) for p in first.meta.get("calibration", [])]
@@ -367,7 +365,7 @@ def _rank_median_rows(run, key: str) -> list[list[float]]:
     for trace in run.ranks.values():
         for row in trace.meta.get(key, []):
             by_size.setdefault(int(row[0]), []).append(float(row[1]))
-    return [[b, _median(v)] for b, v in sorted(by_size.items())]
+    return [[b, median(v, 0.0)] for b, v in sorted(by_size.items())]
 
 
 HOROVOD_DEFAULT_FUSION_BYTES = 128 * 1024 * 1024  # horovod 0.28 (common/operations.cc)

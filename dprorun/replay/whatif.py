@@ -21,7 +21,8 @@ from typing import Optional
 import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, critical_path_report, replay
-from dprorun.replay.template import JobModel, Sample, build_job_model, ddp_buckets, horovod_knobs_as_run
+from dprorun.replay.template import JobModel, MeasuredIteration, build_job_model, ddp_buckets, horovod_knobs_as_run
+from dprorun.fsutil import UnanswerableError
 
 MB = 1 << 20
 
@@ -203,7 +204,7 @@ def _plan_buckets(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[li
         return [_Sync(b.key, b.nbytes, max((fractions[p] for p in b.params if p in fractions), default=0.0),
                       b.transmit_us) for b in model.buckets], True
     if not model.param_ready_fraction:
-        raise ValueError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
+        raise UnanswerableError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
     if whatif.buckets is not None:
         groups = whatif.buckets
@@ -216,7 +217,7 @@ def _plan_buckets(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[li
     for k, group in enumerate(groups):
         missing = [p for p in group if p not in model.param_ready_fraction]
         if missing:
-            raise ValueError(f"bucket {k}: unknown parameters {missing[:3]}")
+            raise UnanswerableError(f"bucket {k}: unknown parameters {missing[:3]}")
         syncs.append(_Sync(f"bucket{k}", sum(model.param_bytes[p] for p in group),
                            max(model.param_ready_fraction[p] for p in group), None))
     return syncs, False
@@ -253,7 +254,7 @@ def _comm_scale(model: JobModel) -> float:
 COLLAPSE_FROM_RANKS = 64
 
 
-def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[Sample] = None,
+def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[MeasuredIteration] = None,
                fold: bool = True) -> ReplayGraph:
     """The replay graph for `whatif`, with the durations of one measured iteration (`sample`) or the medians.
 

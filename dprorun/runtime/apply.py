@@ -144,14 +144,25 @@ def apply_precision(strategy: Strategy, module, applied: dict[str, Any], warning
     applied["precision"] = f"bf16 autocast on {device_type}"
 
 
+_GROUPS: dict = {}  # DDP's process group (None: the default one) -> the group object, resolved once
+
+
+def resolve_group(process_group):
+    group = _GROUPS.get(id(process_group))
+    if group is None:
+        import torch.distributed as dist
+
+        group = process_group if process_group is not None else dist.group.WORLD
+        _GROUPS[id(process_group)] = group
+    return group
+
+
 def partitioned_allreduce(process_group, bucket, pieces: int):
     """DDP's default semantics (mean over ranks) with the bucket's all-reduce split into `pieces` chunks that
     are all in flight at once; completes when every chunk has."""
     import torch
 
-    from dprorun.runtime.ddp import _resolve_group
-
-    group = _resolve_group(process_group)
+    group = resolve_group(process_group)
     tensor = bucket.buffer()
     tensor.div_(group.size())
     chunks = [c for c in torch.tensor_split(tensor, pieces) if c.numel()]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from dprorun.runtime.apply import resolve_group
 from dprorun.runtime.session import RankSession
 
 MAX_OUTPUT_TENSORS = 64
@@ -289,7 +290,7 @@ def _allreduce_mean(process_group, bucket, record=None, clock=None):
     (benchmarks/RESULTS.md) that is a few % of an iteration for the rest of the job; on GPU it is one small
     kernel. `--no-comm-hook` keeps DDP's built-in path (buckets then timed only by the profiler's spans).
     Dividing after the sum inside the callback instead was measured slower here: the callback holds the GIL."""
-    group = _resolve_group(process_group)
+    group = resolve_group(process_group)
     tensor = bucket.buffer()
     tensor.div_(group.size())
     future = group.allreduce([tensor]).get_future()
@@ -300,19 +301,6 @@ def _allreduce_mean(process_group, bucket, record=None, clock=None):
         return fut.value()[0]
 
     return future.then(finished)
-
-
-_GROUPS: dict = {}
-
-
-def _resolve_group(process_group):
-    group = _GROUPS.get(id(process_group))
-    if group is None:
-        import torch.distributed as dist
-
-        group = process_group if process_group is not None else dist.group.WORLD
-        _GROUPS[id(process_group)] = group
-    return group
 
 
 def allreduce_mean(process_group, bucket):

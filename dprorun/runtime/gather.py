@@ -10,11 +10,16 @@ import os
 import sys
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from dprorun.fsutil import atomic_write_bytes, atomic_write_json, make_private_dir
 from dprorun.runtime.cpubudget import cpu_budget, oversubscription_warning
+from dprorun.layout import CLEAN_FILE, rank_dir
+from dprorun.runtime.log import warn
 from dprorun.runtime.packing import BundleError, pack_files, unpack_files
-from dprorun.runtime.session import RankSession, warn
+
+if TYPE_CHECKING:
+    from dprorun.runtime.session import RankSession
 
 HOST_BYTES = 256
 
@@ -352,8 +357,6 @@ def exchange_clean_starts(session: RankSession, complete: bool) -> None:
 
     import torch
 
-    from dprorun.runtime.session import CLEAN_FILE
-
     own = session.clean_document(complete=complete)
     width = session.cfg.clean + 2  # C+1 start times and the complete flag
     row = torch.full((width,), math.nan, dtype=torch.float64)
@@ -380,7 +383,7 @@ def exchange_clean_starts(session: RankSession, complete: bool) -> None:
     for src in session.remote_ranks:
         values = [float(x) for x in rows[src][: width - 1].tolist() if not math.isnan(x)]
         doc = session.clean_document(rank=src, starts=values, complete=bool(rows[src][width - 1].item() > 0.5))
-        target = make_private_dir(os.path.join(session.cfg.run_dir, f"rank_{src}"))
+        target = make_private_dir(rank_dir(session.cfg.run_dir, src))
         atomic_write_json(os.path.join(target, CLEAN_FILE), doc)
 
 
@@ -390,7 +393,7 @@ def _write_bundle(session: RankSession, src: int, host: str, blob: bytes) -> Non
     except BundleError as exc:
         warn(f"trace bundle from rank {src} ({host}) rejected: {exc}")
         return
-    target = make_private_dir(os.path.join(session.cfg.run_dir, f"rank_{src}"))
+    target = make_private_dir(rank_dir(session.cfg.run_dir, src))
     for name, data in files.items():
         atomic_write_bytes(os.path.join(target, name), data)
     atomic_write_bytes(os.path.join(target, "GATHERED_FROM"), host.encode())

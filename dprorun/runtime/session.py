@@ -30,18 +30,10 @@ from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
+from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, SAMPLES_FILE, rank_dir
+from dprorun.runtime.log import warn
 
-EVENTS_FILE = "events.json"
-CLEAN_FILE = "clean.json"
-CLEAN_SCHEMA = "dprorun-clean"
-KINETO_FILE = "kineto_trace.json"
-SAMPLES_FILE = "samples.json"
 MAX_ITERATION_TIMESTAMPS = 100_000
-
-
-def warn(message: str) -> None:
-    rank = os.environ.get("RANK", "?")
-    print(f"[dprorun rank {rank}] warning: {message}", file=sys.stderr, flush=True)
 
 
 class RankSession:
@@ -53,7 +45,7 @@ class RankSession:
         self.real_host = socket.gethostname()
         self.host = cfg.host_for(rank, self.real_host)
         self.skew_us = cfg.skew_for(rank)
-        self.rank_dir = os.path.join(cfg.run_dir, f"rank_{rank}")
+        self.rank_dir = rank_dir(cfg.run_dir, rank)
         self.phase = "warmup"
         self.disabled = False
         self.iteration = -1
@@ -344,7 +336,7 @@ class RankSession:
     def events_document(self) -> dict:
         cfg = self.cfg
         return {
-            "schema": "dprorun-events",
+            "schema": EVENTS_SCHEMA,
             "version": 1,
             "job_id": cfg.job_id,
             "rank": self.rank,

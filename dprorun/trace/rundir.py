@@ -12,11 +12,12 @@ import os
 from typing import Optional
 
 from dprorun.fsutil import TraceError, read_json
+from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, MANIFEST_FILE, \
+    MANIFEST_SCHEMA, SAMPLES_FILE, rank_dir
 from dprorun.graph.topology import transaction_id
 from dprorun.trace.kineto import KinetoTrace, read_kineto
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
 
-EVENTS_SCHEMA = "dprorun-events"
 SUPPORTED_EVENTS_VERSIONS = (1,)
 SPAN_KINDS = (("forward", OpKind.FW), ("backward", OpKind.BW), ("update", OpKind.UPDATE))
 MATCH_SLACK_US = 50.0  # a span may start this much before our enqueue timestamp
@@ -211,9 +212,6 @@ def _add_kineto_compute(trace: RankTrace, kineto: KinetoTrace, profiled: set) ->
         trace.ops.append(op)
 
 
-CLEAN_SCHEMA = "dprorun-clean"
-
-
 def _merge_clean_starts(doc: dict, path: str) -> None:
     """clean.json (written after the clean iterations, which follow the events' writing) extends the events'
     iteration start times from its first iteration on. Its absence is recorded: the clean reference is then
@@ -237,26 +235,26 @@ def _merge_clean_starts(doc: dict, path: str) -> None:
     doc["clean_status"] = "complete" if clean.get("complete") else "cut short (the job ended inside them)"
 
 
-def load_rank(rank_dir: str, expected_rank: Optional[int] = None, detail: bool = True) -> RankTrace:
+def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = True) -> RankTrace:
     """One rank's files in the trace model; `detail=False`: without the profiler's op-level compute and GPU
     activity (large runs keep those for a few ranks only, see load_run)."""
-    events_path = os.path.join(rank_dir, "events.json")
+    events_path = os.path.join(folder, EVENTS_FILE)
     doc = load_events(events_path)
     if expected_rank is not None and doc["rank"] != expected_rank:
         raise TraceError(events_path, f"records rank {doc['rank']} but lies in the folder of rank {expected_rank}")
     kineto = None
-    kineto_path = os.path.join(rank_dir, "kineto_trace.json")
+    kineto_path = os.path.join(folder, KINETO_FILE)
     if os.path.exists(kineto_path):
         kineto = read_kineto(kineto_path, rank=doc["rank"], detail=detail)
     samples = None
-    samples_path = os.path.join(rank_dir, "samples.json")
+    samples_path = os.path.join(folder, SAMPLES_FILE)
     if os.path.exists(samples_path):
         samples = read_json(samples_path)
         if not isinstance(samples, dict):
             raise TraceError(samples_path, "not a JSON object")
-    _merge_clean_starts(doc, os.path.join(rank_dir, "clean.json"))
+    _merge_clean_starts(doc, os.path.join(folder, CLEAN_FILE))
     trace = rank_from_events(doc, kineto, samples)
-    variants_path = os.path.join(rank_dir, "variants.json")
+    variants_path = os.path.join(folder, "variants.json")
     if os.path.exists(variants_path):
         variants = read_json(variants_path)
         if not isinstance(variants, dict) or not isinstance(variants.get("variants"), dict):
@@ -281,8 +279,8 @@ def detail_ranks_for(world: int) -> Optional[set[int]]:
 
 
 def _load_one(task: tuple[str, int, bool]) -> RankTrace:
-    rank_dir, rank, detail = task
-    return load_rank(rank_dir, expected_rank=rank, detail=detail)
+    folder, rank, detail = task
+    return load_rank(folder, expected_rank=rank, detail=detail)
 
 
 def load_run(run_dir: str, strict: bool = False, detail_ranks: Optional[set[int]] = None,
@@ -290,26 +288,26 @@ def load_run(run_dir: str, strict: bool = False, detail_ranks: Optional[set[int]
     """Load every rank; a missing rank is listed in `missing_ranks` (or an error with strict=True).
     `detail_ranks`: the ranks whose op-level profiler detail is kept (None: as `detail_ranks_for` says for the
     run's size). Runs of 32 ranks and more are read by `workers` processes (default: the usable cores)."""
-    manifest_path = os.path.join(run_dir, "manifest.json")
+    manifest_path = os.path.join(run_dir, MANIFEST_FILE)
     if not os.path.isdir(run_dir):
         raise TraceError(run_dir, "not a directory")
     manifest = read_json(manifest_path)
-    if not isinstance(manifest, dict) or manifest.get("schema") != "dprorun-run":
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
         raise TraceError(manifest_path, "not a dprorun run manifest")
     world = int(manifest.get("world_size", 0))
     run = RunTrace(run_dir=run_dir, manifest=manifest, ranks={})
     detail = detail_ranks if detail_ranks is not None else detail_ranks_for(world)
     tasks = []
     for rank in range(world):
-        rank_dir = os.path.join(run_dir, f"rank_{rank}")
-        if not os.path.exists(os.path.join(rank_dir, "events.json")):
+        folder = rank_dir(run_dir, rank)
+        if not os.path.exists(os.path.join(folder, EVENTS_FILE)):
             run.missing_ranks.append(rank)
             continue
-        tasks.append((rank_dir, rank, detail is None or rank in detail))
+        tasks.append((folder, rank, detail is None or rank in detail))
     for trace in _map_ranks(tasks, workers):
         job = trace.meta.get("job_id")
         if job and manifest.get("job_id") and job != manifest["job_id"]:
-            raise TraceError(os.path.join(run_dir, f"rank_{trace.rank}", "events.json"),
+            raise TraceError(os.path.join(rank_dir(run_dir, trace.rank), EVENTS_FILE),
                              f"belongs to job {job!r}, not to this run's job {manifest['job_id']!r} (mixed runs)")
         run.ranks[trace.rank] = trace
     if detail is not None and len(tasks) > len(detail):

@@ -1,0 +1,56 @@
+"""The run directory's layout: file and schema names that the hooks write and the readers read (one place)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Optional
+
+MANIFEST_FILE = "manifest.json"
+MANIFEST_SCHEMA = "dprorun-run"
+EVENTS_FILE = "events.json"
+EVENTS_SCHEMA = "dprorun-events"
+CLEAN_FILE = "clean.json"
+CLEAN_SCHEMA = "dprorun-clean"
+KINETO_FILE = "kineto_trace.json"
+SAMPLES_FILE = "samples.json"
+ALIGNMENT_FILE = "alignment.json"
+
+
+def rank_dir(run_dir: str, rank: int) -> str:
+    """Where rank `rank`'s files lie in a run directory."""
+    return os.path.join(run_dir, f"rank_{rank}")
+
+
+def holds_a_run(run_dir: str) -> bool:
+    """A manifest or any rank's folder: what a launch (finished, failed or interrupted) leaves behind."""
+    if not os.path.isdir(run_dir):
+        return False
+    return os.path.exists(os.path.join(run_dir, MANIFEST_FILE)) or any(
+        name.startswith("rank_") and name[5:].isdigit() for name in os.listdir(run_dir))
+
+
+def claim_run_dir(run_dir: str, overwrite: bool = False) -> Optional[str]:
+    """Before a launch: a run directory that already holds a run is refused (the message names it and the way
+    out) and kept as it is; with `overwrite`, what that run left is removed first, so that two runs never mix in
+    one directory. Returns the refusal, or None."""
+    if not holds_a_run(run_dir):
+        return None
+    if not overwrite:
+        described = ""
+        try:
+            with open(os.path.join(run_dir, MANIFEST_FILE)) as handle:
+                manifest = json.load(handle)
+            described = (f" (job {manifest.get('job_id')!r}, {manifest.get('status', 'status unknown')}, started "
+                         f"{manifest.get('started_at', '?')})")
+        except (OSError, ValueError, AttributeError):
+            pass
+        return (f"{run_dir} already holds a run{described}; it was left as it is. Choose another --run-dir, or "
+                "pass --overwrite to replace it")
+    for name in os.listdir(run_dir):
+        path = os.path.join(run_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    return None
