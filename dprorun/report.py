@@ -64,6 +64,14 @@ FOLD_FROM_RANKS = 16  # what-if curves of runs this large replay one representat
 SHOWN_RANKS = 16  # timelines on the page show the first ranks of a large run
 
 
+def _uncertainty_kpi(alignment: dict) -> str:
+    widths = [w for w in (alignment.get("uncertainty_us") or {}).values()]
+    if not widths or all(w == 0.0 for w in widths):
+        return ""
+    worst = None if any(w is None for w in widths) else max(widths)
+    return " (±unbounded)" if worst is None else f" (±{worst / 2:.0f} µs)"
+
+
 def _replayed_timeline(model) -> dict:
     from dprorun.replay.engine import KIND_NAMES, critical_path_report, replay
     from dprorun.replay.whatif import WhatIf, synthesize
@@ -305,8 +313,13 @@ def render_html(data: dict) -> str:
              f"<span class=kpi>world size<b>{s.get('world_size')}</b></span>"
              f"<span class=kpi>iteration (measured)<b>{_fmt(s.get('iteration_time_ms'))} ms</b></span>"
              f"<span class=kpi>without profiler<b>{_fmt(s.get('clean_iteration_time_ms'))} ms</b></span>"
-             f"<span class=kpi>replayed<b>{_fmt(pred.get('predicted_iteration_time_ms'))} ms</b></span>"
-             f"<span class=kpi>clock alignment<b>{html.escape(data['alignment']['method'])}</b></span></div>"]
+             f"<span class=kpi>replayed (median of the per-iteration replays)"
+             f"<b>{_fmt(pred.get('predicted_iteration_time_ms'))} ms</b></span>"
+             f"<span class=kpi>clock alignment<b>{html.escape(data['alignment']['method'])}"
+             f"{_uncertainty_kpi(data['alignment'])}</b></span></div>"]
+    check = pred.get("self_check") or {}
+    if check.get("message") and check.get("status") == "agrees":
+        parts.append(f"<p class=note>{html.escape(check['message'])}</p>")
     for note in data.get("notes", []) + (s.get("problems") or []):
         parts.append(f"<p class=note>{html.escape(str(note))}</p>")
     parts.append("<h2>Breakdown per rank (ms, medians over the profiled window)</h2>")
@@ -323,7 +336,8 @@ def render_html(data: dict) -> str:
                  f"<div class=legend>{legend}</div><div id=tl-measured></div>"
                  "<p class=note>mouse wheel: zoom, drag: pan; hover an op for its name and times</p>")
     rt = data.get("replayed_timeline") or {}
-    parts.append(f"<h2>Replayed iteration ({_fmt(rt.get('iteration_ms'))} ms), critical path outlined</h2>"
+    parts.append(f"<h2>Replayed iteration of the median durations ({_fmt(rt.get('iteration_ms'))} ms; the "
+                 f"prediction above is the median of the per-iteration replays), critical path outlined</h2>"
                  f"<div class=legend>{legend}</div><div id=tl-replayed></div>")
     cp = pred.get("critical_path") or {}
     if cp:
