@@ -23,7 +23,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETNS = os.path.join(REPO, "scripts", "with-netns-1gbit")
-STEPS = {"mlp_many_layers": 80, "resnet_small": 64, "transformer_small": 48, "embedding_adam": 64}
+STEPS = {"mlp_many_layers": 80, "resnet_small": 64, "transformer_small": 48, "embedding_adam": 64, "hf_trainer": 40}
 
 
 def wrap(net: str, cmd: list[str]) -> list[str]:

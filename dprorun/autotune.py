@@ -37,10 +37,19 @@ def _phase(job: JobConfig, text: str) -> None:
 
 
 def _measured_ms(run_dir: str) -> Optional[float]:
+    """The phase's measured iteration time, from the summary.json its finalize just wrote (read again only when
+    that is missing)."""
+    from dprorun.fsutil import TraceError, read_json
+
+    try:
+        summary = read_json(os.path.join(run_dir, "summary.json"))
+        if isinstance(summary, dict) and "iteration_time_ms" in summary:
+            return summary["iteration_time_ms"]
+    except TraceError:
+        pass
     from dprorun.summary import summarize_run
 
-    summary = summarize_run(run_dir)
-    return summary.get("iteration_time_ms")
+    return summarize_run(run_dir).get("iteration_time_ms")
 
 
 def _sub_job(job: JobConfig, run_dir: str, dry_run: bool, strategy_file: Optional[str]) -> JobConfig:

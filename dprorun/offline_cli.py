@@ -88,7 +88,7 @@ def parse_bandwidth(text: str) -> float:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from dprorun.fsutil import atomic_write_json
     from dprorun.optimize.search import compiled_ready_groups
-    from dprorun.replay.engine import chrome_trace, execution_graph
+    from dprorun.replay.engine import execution_graph, replay_chrome_trace
     from dprorun.replay.template import build_job_model
     from dprorun.replay.whatif import WhatIf, predict_replayed
 
@@ -114,7 +114,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                     ready_groups=compiled_ready_groups(model, "compiled" if args.compile else "compiled_blocks"
                                                        if args.compile_blocks else None, model.fusion_blocks()))
     prediction, graph, result = predict_replayed(model, whatif)
-    for path, build in ((args.exec_graph, execution_graph), (args.chrome_trace, chrome_trace)):
+    for path, build in ((args.exec_graph, execution_graph), (args.chrome_trace, replay_chrome_trace)):
         if path:
             atomic_write_json(path, build(graph, result))
             print(f"wrote {path}", file=sys.stderr)

@@ -277,3 +277,23 @@ def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["job_id"] == "new-job" and manifest["started_at"] != "2026-11-29T10:00:00+0000"
     assert sorted(load_run(str(run_dir)).ranks) == [0, 1]
+
+
+def test_a_trainer_framework_job_is_profiled(tmp_path):
+    """examples/hf_trainer.py: the Hugging Face Trainer builds DDP itself; the hooks find it, and the run
+    replays like a hand-written DDP job."""
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[test]')")
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "2", "--clean", "5", "-q",
+                           "python", os.path.join(EXAMPLES, "hf_trainer.py"), "--steps", "16", "--seq-len", "32"],
+                          run_dir, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = load_run(str(run_dir))
+    assert sorted(run.ranks) == [0, 1]
+    for trace in run.ranks.values():
+        assert trace.buckets and len(trace.profiled_iterations) >= 4
+        assert any(op.kind is OpKind.BW for op in trace.ops) and any(op.kind is OpKind.COMM for op in trace.ops)
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["predicted_iteration_time_ms"] > 0

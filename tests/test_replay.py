@@ -62,7 +62,7 @@ def test_device_with_two_channels():
 
 
 def test_execution_graph_and_chrome_trace_of_a_replay():
-    from dprorun.replay.engine import chrome_trace, execution_graph
+    from dprorun.replay.engine import execution_graph, replay_chrome_trace
 
     g = GraphBuilder()
     a, b, c, d = _forward_backward_sync_update(g)
@@ -80,7 +80,7 @@ def test_execution_graph_and_chrome_trace_of_a_replay():
     assert (a, b) in device_edges and (b, d) in device_edges  # gpu0's order
     assert (two[0], two[2]) in device_edges or (two[1], two[2]) in device_edges  # 2 slots: the third waits
     assert len([1 for u, v, k in doc["edges"] if k == "dfg"]) == 5
-    trace = chrome_trace(graph, result)
+    trace = replay_chrome_trace(graph, result)
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(spans) == graph.size - 1  # the virtual op has no device
     lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}

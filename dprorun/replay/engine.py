@@ -264,7 +264,7 @@ def execution_graph(graph: ReplayGraph, result: ReplayResult) -> dict:
             "critical_path": [int(i) for i in result.critical_path]}
 
 
-def chrome_trace(graph: ReplayGraph, result: ReplayResult) -> dict:
+def replay_chrome_trace(graph: ReplayGraph, result: ReplayResult) -> dict:
     """The replayed iteration as a Chrome trace (chrome://tracing, Perfetto): a process per rank, a thread per
     device (a device with several slots gets one thread per slot), ops on the critical path marked in args."""
     on_path = set(result.critical_path)

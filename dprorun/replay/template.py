@@ -66,7 +66,12 @@ class CommModel:
 
     def step_us(self, nbytes: float, world: int) -> float:
         """One ring step's share of a collective (its per-collective cost spread over the steps)."""
-        return self.collective_us / (2 * max(world - 1, 1)) + self.alpha_us + nbytes / (world * self.bandwidth_bytes_per_us)
+        return self.step_latency_us(world) + nbytes / (world * self.bandwidth_bytes_per_us)
+
+    def step_latency_us(self, world: int, alpha_us: Optional[float] = None) -> float:
+        """The part of a ring step that is not bytes on the link: the per-collective cost spread over the
+        2(N-1) steps plus one message's latency (`alpha_us` overrides the fitted one: a latency what-if)."""
+        return self.collective_us / (2 * max(world - 1, 1)) + (self.alpha_us if alpha_us is None else alpha_us)
 
     def to_json(self) -> dict:
         return {"alpha_us": round(self.alpha_us, 3), "collective_us": round(self.collective_us, 3),

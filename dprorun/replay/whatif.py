@@ -15,7 +15,7 @@ rank's own comm device, with no cross-rank dependency.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Optional
 
 import numpy as np
@@ -48,13 +48,26 @@ class WhatIf:
     ready_groups: Optional[list[list[str]]] = None
     baseline: str = "dpro"  # or "daydream"
 
+    # the questions that change what is communicated or when (the one place that knows it)
+    COMMUNICATION_FIELDS = frozenset({"world_size", "bucket_mb", "buckets", "partitions", "bucket_partitions",
+                                      "horovod_fusion_mb", "horovod_cycle_ms", "ready_groups",
+                                      "accumulation_steps"})
+
+    def asked(self) -> set[str]:
+        """The fields that ask something (differ from the job as it ran); `baseline` is how, not what."""
+        changed = set()
+        for spec in fields(self):
+            default = spec.default_factory() if spec.default_factory is not MISSING else spec.default
+            value = getattr(self, spec.name)
+            if spec.name != "baseline" and value != default and not (value in (None, {}, []) and not default):
+                changed.add(spec.name)
+        return changed
+
     def is_identity(self) -> bool:
-        return (self.world_size is None and self.bandwidth_gbit is None and self.bandwidth_scale == 1.0
-                and self.latency_us is None and self.bucket_mb is None and self.partitions == 1
-                and self.buckets is None and not self.bucket_partitions and self.accumulation_steps == 1
-                and self.recompute_segments == 0 and self.horovod_fusion_mb is None
-                and self.horovod_cycle_ms is None and self.forward_scale == 1.0 and self.backward_scale == 1.0
-                and not self.ready_groups)
+        return not self.asked()
+
+    def changes_communication(self) -> bool:
+        return bool(self.asked() & self.COMMUNICATION_FIELDS)
 
     def pieces(self, bucket_key: str) -> int:
         return max(1, int(self.bucket_partitions.get(bucket_key, self.partitions)))
@@ -299,7 +312,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                      "of the forward")
 
     steps_per_collective = 2 * max(world - 1, 1)
-    step_latency = comm.collective_us / steps_per_collective + alpha  # per-collective cost spread over the ring
+    step_latency = comm.step_latency_us(world, alpha)
     # a world-size change alone: the collective as measured at the profiled size, plus what the longer ring adds
     # on the network (its messages' latency, its extra bytes at the calibrated bandwidth)
     ring_delta = model.network is not None and world != model.world_size and whatif.latency_us is None \
@@ -463,7 +476,7 @@ def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
 def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[Prediction, ReplayGraph, ReplayResult]:
     """`predict`, plus the graph and the replay whose critical path the prediction reports (the median
     iteration's; with an even count of iterations the predicted time averages the middle two): for the
-    execution graph and the replayed timeline (engine.execution_graph, engine.chrome_trace)."""
+    execution graph and the replayed timeline (engine.execution_graph, engine.replay_chrome_trace)."""
     whatif = whatif or WhatIf()
     notes = list(model.notes)
     samples = replayed_samples(model, notes)
@@ -479,7 +492,7 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[
     if whatif.is_identity():
         notes.append("the job as it ran: measured buckets and transmission times, profiled iterations without "
                      "torch.profiler")
-    elif model.transport and model.transport["shares_cores"] and _changes_communication(whatif):
+    elif model.transport and model.transport["shares_cores"] and whatif.changes_communication():
         t = model.transport
         beside = [row for row in t.get("allreduce_idle_vs_beside_compute_us") or [] if row[0] == 1 << 20]
         slowed = (f"; a 1 MiB all-reduce took {beside[0][2] / 1000:.1f} ms beside compute vs "
@@ -515,13 +528,6 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[
         graph, result)
 
 
-def _changes_communication(whatif: WhatIf) -> bool:
-    return (whatif.world_size is not None or whatif.bucket_mb is not None or whatif.buckets is not None
-            or whatif.partitions != 1 or bool(whatif.bucket_partitions) or whatif.horovod_fusion_mb is not None
-            or whatif.horovod_cycle_ms is not None or whatif.ready_groups is not None
-            or whatif.accumulation_steps != 1)
-
-
 def replay_once(model: JobModel, whatif: WhatIf) -> tuple[float, dict]:
     """One replay of the median durations (the optimizer's fast evaluation): iteration time in µs and the
     critical-path report."""
@@ -546,7 +552,7 @@ def sync_time_us(model: JobModel, nbytes: int, world: Optional[int] = None, part
         return 0.0
     g = GraphBuilder()
     scale = _comm_scale(model)
-    latency = scale * (model.comm.collective_us / (2 * (world - 1)) + model.comm.alpha_us)
+    latency = scale * model.comm.step_latency_us(world)
     wire = scale * nbytes / partitions / (world * model.comm.bandwidth_bytes_per_us)
     if model.channels == 1:  # one collective at a time: latency and bytes on the link, in order
         wire, latency = wire + latency, 0.0
