@@ -371,6 +371,9 @@ def exchange_clean_starts(session: RankSession, complete: bool) -> None:
 
         rows = [torch.empty(width, dtype=torch.float64) for _ in range(dist.get_world_size())]
         dist.all_gather(rows, row, group=group)
+        # every rank past the all-gather before any tears the group down: a gloo pair torn down while the other
+        # side still reads from it has aborted a rank (SIGABRT) on this machine
+        dist.barrier(group=group)
         dist.destroy_process_group(group)
     elif horovod_running():
         hvd = sys.modules["horovod.torch"]
