@@ -1,67 +1,22 @@
-"""The run report: one self-contained HTML page (no network needed to open it), a rich terminal summary, and the
-same data as JSON.
+"""The run report's rendering: one self-contained HTML page (no network needed to open it) and a rich terminal
+summary, of the data dprorun/report_data.py computes (`build_report(analysis) -> dict`, also printed as JSON).
 
-`build_report(analysis) -> dict` collects, from the run's one analysis (dprorun/analysis.py: read and aligned once): the job and per-rank breakdown, one measured
-iteration of every rank on the reference clock, the replayed iteration with its critical path, the top
-critical-path ops, what-if curves (iteration time vs world size, bandwidth, bucket size; each a replay of the
-median iteration, bounded in time), the optimizer's strategy and autotune's measured before/after when the run
-directory has them, peak memory per rank, and the host/GPU samples. `render_html(data)` draws it with inline
-SVG and script (zoom: mouse wheel / drag on the timelines). `write_report(analysis)` writes RUN_DIR/report.html.
+`render_html(data)` draws it with inline SVG and script (zoom: mouse wheel / drag on the timelines);
+`write_report(analysis)` builds the data and writes RUN_DIR/report.html; `format_report(data)` is the terminal
+version.
 """
 from __future__ import annotations
 
 import html
 import json
 import os
-import time
 from typing import TYPE_CHECKING, Optional
 
-from dprorun.fsutil import atomic_write_bytes, read_json
-from dprorun.trace.model import OpKind, RunTrace
+from dprorun.fsutil import atomic_write_bytes
+from dprorun.report_data import MAX_WHATIF_OPS, build_report
 
 if TYPE_CHECKING:
     from dprorun.analysis import RunAnalysis
-
-WORLD_SIZES = (2, 4, 8, 16, 32, 64, 128)
-BANDWIDTHS_GBIT = (1, 2.5, 10, 25, 100)
-BUCKETS_MB = (0.25, 1, 5, 25, 100)
-MAX_WHATIF_OPS = 2_000_000  # a curve point whose replay graph would be larger is skipped (and said so)
-
-
-def _measured_timeline(run: RunTrace) -> dict:
-    """One profiled iteration per rank (the last one without torch.profiler where possible), times in ms from
-    the earliest start, lanes per rank: phases, comm, GPU streams."""
-    rows = []
-    common = None
-    for trace in run.ranks.values():
-        clean = set(trace.unprofiled_window_iterations()) or set(trace.profiled_iterations)
-        common = clean if common is None else common & clean
-    iteration = max(common) if common else None
-    if iteration is None:
-        return {"iteration": None, "ops": []}
-    for rank, trace in sorted(run.ranks.items())[:SHOWN_RANKS]:
-        for op in trace.ops:
-            if op.iteration != iteration or op.kind is OpKind.VIRTUAL:
-                continue
-            if op.stream == "phase":
-                lane = "phases"
-            elif op.kind in (OpKind.COMM, OpKind.QUEUE):
-                lane = "comm"
-            elif op.stream.startswith("cuda:"):
-                lane = op.stream
-            else:
-                continue  # profiler CPU ops are in the Perfetto export (dpro timeline); too many for a page
-            rows.append([rank, lane, op.kind.value, op.name, op.start_us, op.end_us])
-    if not rows:
-        return {"iteration": iteration, "ops": []}
-    origin = min(r[4] for r in rows)
-    ops = [[r[0], r[1], r[2], r[3], round((r[4] - origin) / 1000, 4), round((r[5] - origin) / 1000, 4)]
-           for r in rows]
-    return {"iteration": iteration, "ops": ops}
-
-
-FOLD_FROM_RANKS = 16  # what-if curves of runs this large replay one representative rank
-SHOWN_RANKS = 16  # timelines on the page show the first ranks of a large run
 
 
 def _uncertainty_kpi(alignment: dict) -> str:
@@ -70,128 +25,6 @@ def _uncertainty_kpi(alignment: dict) -> str:
         return ""
     worst = None if any(w is None for w in widths) else max(widths)
     return " (±unbounded)" if worst is None else f" (±{worst / 2:.0f} µs)"
-
-
-def _replayed_timeline(model) -> dict:
-    from dprorun.replay.engine import KIND_NAMES, critical_path_report, replay
-    from dprorun.replay.whatif import WhatIf, synthesize
-
-    graph = synthesize(model, WhatIf(), [])
-    result = replay(graph)
-    critical = set(result.critical_path)
-    ops = []
-    for k in range(graph.size):
-        kind = KIND_NAMES[graph.kinds[k]]
-        if kind == "VIRTUAL" or result.end_us[k] <= result.start_us[k] or graph.ranks[k] >= SHOWN_RANKS:
-            continue
-        device = graph.device_names[graph.devices[k]] if graph.devices[k] >= 0 else "-"
-        ops.append([int(graph.ranks[k]), device, kind, graph.names[k], round(float(result.start_us[k]) / 1000, 4),
-                    round(float(result.end_us[k]) / 1000, 4), k in critical])
-    path = critical_path_report(graph, result, top=15)
-    return {"iteration_ms": round(result.iteration_time_us / 1000, 4), "ops": ops,
-            "critical_path": {k: v for k, v in path.items() if k != "path"}}
-
-
-def _whatif_curves(model, time_budget_s: float, max_ops: int = MAX_WHATIF_OPS) -> dict:
-    from dprorun.replay.whatif import WhatIf, replay_once, representative
-
-    started = time.monotonic()
-    buckets = max(1, len(model.buckets))
-    curves: dict = {"world_size": [], "bandwidth_gbit": [], "bucket_mb": [], "skipped": [], "folded": False}
-    if len(model.templates) >= FOLD_FROM_RANKS:  # every rank alike: one built rank answers each point
-        model = representative(model)
-        curves["folded"] = True
-
-    def point(curve: str, x: float, whatif: WhatIf, ops_estimate: int) -> None:
-        if curves["folded"]:
-            ops_estimate //= max(1, whatif.world_size or model.world_size)
-        if ops_estimate > max_ops or time.monotonic() - started > time_budget_s:
-            curves["skipped"].append(f"{curve}={x:g}")
-            return
-        try:
-            t, _ = replay_once(model, whatif)
-        except ValueError as exc:  # e.g. re-bucketing without gradient-ready times
-            curves["skipped"].append(f"{curve}={x:g} ({exc})")
-            return
-        curves[curve].append([x, round(t / 1000, 4)])
-
-    for n in WORLD_SIZES:
-        point("world_size", n, WhatIf(world_size=n), n * buckets * 2 * 2 * (n - 1) + 10 * n)
-    world = model.world_size
-    for bw in BANDWIDTHS_GBIT:
-        point("bandwidth_gbit", bw, WhatIf(bandwidth_gbit=bw), world * buckets * 4 * max(world - 1, 1))
-    total = sum(model.param_bytes.values())
-    for mb in BUCKETS_MB:
-        n_buckets = max(1, int(total / (mb * (1 << 20))) + 1)
-        point("bucket_mb", mb, WhatIf(bucket_mb=mb), world * n_buckets * 4 * max(world - 1, 1))
-    return curves
-
-
-def _samples(run: RunTrace) -> list[dict]:
-    series = []
-    for rank, trace in sorted(run.ranks.items()):
-        for source in sorted({s.source for s in trace.samples}):
-            points = [s for s in trace.samples if s.source == source]
-            if not points:
-                continue
-            origin = points[0].time_us
-            keys = sorted({k for s in points for k in s.values})
-            for key in keys:
-                values = [[round((s.time_us - origin) / 1e6, 3), s.values[key]] for s in points if key in s.values]
-                series.append({"rank": rank, "source": source, "metric": key, "points": values})
-    return series
-
-
-def build_report(analysis: "RunAnalysis", whatif_time_budget_s: float = 60.0,
-                 max_whatif_ops: int = MAX_WHATIF_OPS) -> dict:
-    run_dir = analysis.run_dir
-    summary = analysis.summary
-    alignment = analysis.alignment
-    run = analysis.aligned_run
-    data: dict = {"run_dir": os.path.abspath(run_dir), "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
-                  "summary": summary, "alignment": {"method": alignment.method,
-                                                    "approximate": alignment.approximate,
-                                                    "offsets_us": alignment.offsets_us,
-                                                    "uncertainty_us": alignment.to_json()["uncertainty_us"],
-                                                    "warnings": alignment.warnings},
-                  "measured_timeline": _measured_timeline(run), "samples": _samples(run), "notes": []}
-    try:
-        model = analysis.model
-        prediction = analysis.prediction
-        data["prediction"] = {"predicted_iteration_time_ms": prediction.predicted_iteration_time_ms,
-                              "measured_iteration_time_ms": prediction.measured_iteration_time_ms,
-                              "spread_ms": prediction.spread_ms, "self_check": prediction.self_check,
-                              "critical_path": prediction.critical_path, "comm_model": prediction.comm_model}
-        if prediction.self_check and prediction.self_check["status"] != "agrees":
-            data["notes"].append(prediction.self_check["message"])
-        data["replayed_timeline"] = _replayed_timeline(model)
-        data["whatif"] = _whatif_curves(model, whatif_time_budget_s, max_whatif_ops)
-        if data["whatif"]["folded"]:
-            data["notes"].append(f"what-if curves of this {model.world_size}-rank run replay one representative rank "
-                                 "(the slowest measured one; every rank alike): exact for a symmetric job")
-        if len(run.ranks) > SHOWN_RANKS:
-            data["notes"].append(f"timelines show ranks 0-{SHOWN_RANKS - 1} of {len(run.ranks)} "
-                                 "(dpro timeline exports every rank)")
-        data["notes"] += [p for p in run.problems if p.startswith("large run")]
-        if model.transport and model.transport.get("shares_cores"):
-            data["notes"].append(
-                "the what-if curves assume communication runs beside compute; this job's transport is CPU work "
-                f"on the cores its ranks compute on (busy {100 * model.transport['transport_cpu_share']:.0f} % of "
-                "its all-reduces' time), so curves that add collectives or overlap are optimistic here")
-    except ValueError as exc:  # nothing replayable (e.g. no complete profiled iteration): say so on the page
-        data["notes"].append(f"no replay: {exc}")
-    for name in ("strategy.json", "autotune.json"):
-        path = os.path.join(run_dir, name)
-        if os.path.exists(path):
-            data[name.split(".")[0]] = read_json(path)
-    variants = next((t.meta.get("compute_variants") for t in run.ranks.values() if t.meta.get("compute_variants")),
-                    None)
-    profiled = os.path.join(run_dir, "autotune", "profile", "rank_0", "variants.json")
-    if not variants and os.path.exists(profiled):  # --autotune: timed in its profiling phase
-        variants = (read_json(profiled) or {}).get("variants")
-    if variants:
-        data["compute_variants"] = variants
-    return data
 
 
 def _variant_rows(variants: dict) -> list[list]:
