@@ -1,4 +1,6 @@
-"""Gather every rank's trace files into the run directory of rank 0's node, over the job's own process group.
+"""The end-of-window work (`finish_job_window`: clock probes (probes.py), calibration (calibration.py), events
+written) and the gather: every rank's trace files into the run directory of rank 0's node, over the job's own
+process group; after the clean iterations, their start times (`exchange_clean_starts`).
 
 No shared filesystem is assumed. Ranks whose host is rank 0's host have already written into the run directory
 (it is on their disk); the others send a bundle (see packing.py: JSON header + bytes, no pickle) over a
@@ -8,15 +10,16 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from dprorun.fsutil import atomic_write_bytes, atomic_write_json, make_private_dir
 from dprorun.runtime.cpubudget import cpu_budget, oversubscription_warning
 from dprorun.layout import CLEAN_FILE, rank_dir
+from dprorun.runtime.calibration import calibrate_allreduce, calibrate_horovod, calibrate_under_compute
 from dprorun.runtime.log import warn
 from dprorun.runtime.packing import BundleError, pack_files, unpack_files
+from dprorun.runtime.probes import probe_clocks
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
@@ -36,9 +39,6 @@ def _host_tensor(host: str):
 def _host_from_tensor(buf) -> str:
     raw = bytes(buf.tolist())
     return raw.rstrip(b"\0").decode(errors="replace")
-
-
-PROBE_ROUNDS = 40
 
 
 def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
@@ -91,121 +91,6 @@ def _write_events_keeping_step(session: RankSession) -> None:
     except OSError as exc:
         session.warnings.append(f"the events could not be written before the gather: {exc}")
         warn(session.warnings[-1])
-
-
-CALIBRATION_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
-
-
-def calibrate_allreduce(session: RankSession, reps: int = 5) -> list[list[float]]:
-    """A few timed all-reduces of several sizes over the job's own process group (CPU tensors where the job
-    is on gloo, the GPU where it is on NCCL): [[bytes, median µs, median transport CPU µs], ...] for the comm
-    cost model. Transport CPU is the CPU time the process's other threads (gloo's workers and socket loop)
-    spent during the call: this process's CPU time minus the calling thread's."""
-    import statistics
-
-    import torch
-    import torch.distributed as dist
-
-    device = "cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"
-    rows = []
-    for nbytes in CALIBRATION_SIZES:
-        tensor = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-        times, transport_cpu = [], []
-        for _ in range(reps):
-            dist.barrier()
-            start, process_cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
-            dist.all_reduce(tensor)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times.append((time.perf_counter() - start) * 1e6)
-            others_cpu = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)
-            transport_cpu.append(max(0.0, others_cpu) * 1e6)
-        rows.append([nbytes, statistics.median(times), statistics.median(transport_cpu)])
-    return rows
-
-
-def calibrate_horovod(session: RankSession, reps: int = 5) -> list[list[float]]:
-    """Horovod jobs: timed `hvd.allreduce` calls of the calibration sizes, each after an all-reduce of one float
-    that lines the ranks up, so each call is one response of its own (negotiation, the wait for the background
-    loop's next cycle, the transport): [[bytes, median µs, median transport CPU µs], ...] as for
-    torch.distributed jobs. The cost model takes Horovod's bandwidth and per-response latency from it; the
-    timeline's fused responses, timed while the ranks compute, include waiting for the other rank."""
-    import statistics
-
-    import torch
-
-    hvd = sys.modules["horovod.torch"]
-    rows = []
-    for nbytes in CALIBRATION_SIZES:
-        tensor = torch.zeros(nbytes // 4, dtype=torch.float32)
-        times, transport_cpu = [], []
-        for k in range(reps):
-            hvd.allreduce(torch.zeros(1), name=f"dprorun.calibration.barrier.{nbytes}.{k}")
-            start, process_cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
-            hvd.allreduce(tensor, name=f"dprorun.calibration.{nbytes}", op=hvd.Sum)
-            times.append((time.perf_counter() - start) * 1e6)
-            others_cpu = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)
-            transport_cpu.append(max(0.0, others_cpu) * 1e6)
-        rows.append([nbytes, statistics.median(times), statistics.median(transport_cpu)])
-    return rows
-
-
-def calibrate_under_compute(session: RankSession, reps: int = 5) -> list[list[float]]:
-    """The same all-reduces while every rank computes (a CPU transport only; the GPU's are not on the cores):
-    each rank starts one asynchronously and runs small matrix products until it completes, as a backward does
-    around the collectives it overlaps. [[bytes, median µs], ...]: what a collective costs when its threads
-    must wait for cores the computation holds (the replay's contention model, replay/template.py)."""
-    import statistics
-
-    import torch
-    import torch.distributed as dist
-
-    if dist.get_backend() == "nccl":
-        return []
-    operand = torch.randn(128, 128)
-    rows = []
-    for nbytes in CALIBRATION_SIZES[1:3]:  # 64 KiB and 1 MiB: the slow-down is per call, not per byte
-        tensor = torch.zeros(nbytes // 4, dtype=torch.float32)
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            start = time.perf_counter()
-            work = dist.all_reduce(tensor, async_op=True)
-            while not work.is_completed():
-                operand = torch.tanh(operand @ operand * 1e-2)
-            work.wait()
-            times.append((time.perf_counter() - start) * 1e6)
-        rows.append([nbytes, statistics.median(times)])
-    return rows
-
-
-def probe_clocks(session: RankSession, group, rounds: int = PROBE_ROUNDS) -> None:
-    """Ping-pong between rank 0 and every other rank; each side keeps its own timestamps (session.now_us,
-    so an injected test skew applies to them as to every other timestamp).
-
-    origin (rank 0): t0 before sending, t3 after the echo arrived; echo (peer): t1 after the ping arrived,
-    t2 before answering. Causality gives t0 - t1 <= offset(peer -> rank 0) <= t3 - t2 for every round.
-    """
-    import torch
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    token = torch.zeros(1)
-    for peer in range(1, world):
-        if rank == 0:
-            for k in range(rounds):
-                t0 = session.now_us()
-                dist.send(token, dst=peer, group=group)
-                dist.recv(token, src=peer, group=group)
-                t3 = session.now_us()
-                session.probes.append([peer, k, "origin", t0, t3])
-        elif rank == peer:
-            for k in range(rounds):
-                dist.recv(token, src=0, group=group)
-                t1 = session.now_us()
-                t2 = session.now_us()
-                dist.send(token, dst=0, group=group)
-                session.probes.append([0, k, "echo", t1, t2])
 
 
 def gather_to_rank0(session: RankSession, group) -> None:

@@ -73,6 +73,11 @@ class RankSession:
         self.calibration: list[list[float]] = []
         self.calibration_under_compute: list[list[float]] = []
         self.cpu_budget: dict = {}  # runtime/cpubudget.py, recorded at the end of the window
+        self.window_start_us: Optional[float] = None
+        self.window_end_us: Optional[float] = None
+        self.window_stopped = False
+        self.kineto_end_iteration = -1  # first iteration after the profiler stopped (-1: it never ran)
+        self.gathered_hosts: list[str] = []  # every rank's host, as the gather saw them
         self.window_group = None  # the gloo group of the end-of-window work, kept for the clean exchange
         self.remote_ranks: list[int] = []  # rank 0: ranks whose files came over the network (other disks)
         self.window_work_done = False  # probes, calibration and gather ran (or were attempted)
@@ -228,9 +233,9 @@ class RankSession:
         self.window_hooks.append(register_optimizer_step_post_hook(post))
 
     def _stop_window(self, write: bool) -> None:
-        if getattr(self, "_window_stopped", False):
+        if self.window_stopped:
             return
-        self._window_stopped = True
+        self.window_stopped = True
         self.window_end_us = self.now_us()
         for handle in self.window_hooks:
             handle.remove()
@@ -348,10 +353,10 @@ class RankSession:
             "disabled": self.disabled,
             "comm_detail": cfg.comm_detail,
             "window": {"warmup": cfg.warmup, "active": cfg.active, "clean": cfg.clean,
-                       "start_us": getattr(self, "window_start_us", None),
-                       "end_us": getattr(self, "window_end_us", None),
+                       "start_us": self.window_start_us,
+                       "end_us": self.window_end_us,
                        "kineto": cfg.kineto and cfg.kineto_iters > 0, "record_shapes": cfg.record_shapes,
-                       "kineto_iterations": list(range(cfg.warmup, getattr(self, "kineto_end_iteration", -1)))},
+                       "kineto_iterations": list(range(cfg.warmup, self.kineto_end_iteration))},
             "disturbed_iterations": self.disturbed_iterations,
             "clock": {"source": "time.time_ns", "wall_start_us": self.wall_start_us,
                       "monotonic_start_ns": self.monotonic_at_start_ns},
