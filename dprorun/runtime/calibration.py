@@ -17,22 +17,35 @@ def calibrate_allreduce(session: RankSession, reps: int = 5) -> list[list[float]
     is on gloo, the GPU where it is on NCCL): [[bytes, median µs, median transport CPU µs], ...] for the comm
     cost model. Transport CPU is the CPU time the process's other threads (gloo's workers and socket loop)
     spent during the call: this process's CPU time minus the calling thread's."""
-    import statistics
-
     import torch
     import torch.distributed as dist
 
     device = "cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"
+
+    def call(tensor) -> None:
+        dist.all_reduce(tensor)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    return _timed_sizes(lambda nbytes, k: dist.barrier(), call, device, reps)
+
+
+def _timed_sizes(line_up, call, device: str, reps: int) -> list[list[float]]:
+    """For every calibration size: `reps` calls of `call(tensor)`, each after `line_up(nbytes, k)`, timed, with
+    the CPU time the process's other threads (the transport) spent meanwhile: this process's CPU time minus the
+    calling thread's. [[bytes, median µs, median transport CPU µs], ...]."""
+    import statistics
+
+    import torch
+
     rows = []
     for nbytes in CALIBRATION_SIZES:
         tensor = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
         times, transport_cpu = [], []
-        for _ in range(reps):
-            dist.barrier()
+        for k in range(reps):
+            line_up(nbytes, k)
             start, process_cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
-            dist.all_reduce(tensor)
-            if device == "cuda":
-                torch.cuda.synchronize()
+            call(tensor)
             times.append((time.perf_counter() - start) * 1e6)
             others_cpu = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)
             transport_cpu.append(max(0.0, others_cpu) * 1e6)
@@ -46,24 +59,17 @@ def calibrate_horovod(session: RankSession, reps: int = 5) -> list[list[float]]:
     loop's next cycle, the transport): [[bytes, median µs, median transport CPU µs], ...] as for
     torch.distributed jobs. The cost model takes Horovod's bandwidth and per-response latency from it; the
     timeline's fused responses, timed while the ranks compute, include waiting for the other rank."""
-    import statistics
-
     import torch
 
     hvd = sys.modules["horovod.torch"]
-    rows = []
-    for nbytes in CALIBRATION_SIZES:
-        tensor = torch.zeros(nbytes // 4, dtype=torch.float32)
-        times, transport_cpu = [], []
-        for k in range(reps):
-            hvd.allreduce(torch.zeros(1), name=f"dprorun.calibration.barrier.{nbytes}.{k}")
-            start, process_cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
-            hvd.allreduce(tensor, name=f"dprorun.calibration.{nbytes}", op=hvd.Sum)
-            times.append((time.perf_counter() - start) * 1e6)
-            others_cpu = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)
-            transport_cpu.append(max(0.0, others_cpu) * 1e6)
-        rows.append([nbytes, statistics.median(times), statistics.median(transport_cpu)])
-    return rows
+
+    def line_up(nbytes: int, k: int) -> None:
+        hvd.allreduce(torch.zeros(1), name=f"dprorun.calibration.barrier.{nbytes}.{k}")
+
+    def call(tensor) -> None:
+        hvd.allreduce(tensor, name=f"dprorun.calibration.{tensor.numel() * 4}", op=hvd.Sum)
+
+    return _timed_sizes(line_up, call, "cpu", reps)
 
 
 def calibrate_under_compute(session: RankSession, reps: int = 5) -> list[list[float]]:
