@@ -54,3 +54,6 @@ def claim_run_dir(run_dir: str, overwrite: bool = False) -> Optional[str]:
         else:
             os.unlink(path)
     return None
+
+# profiler annotation around a submodule's forward (runtime/scopes.py writes it, trace/rundir.py reads it)
+SCOPE_PREFIX = "module:"

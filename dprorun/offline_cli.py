@@ -112,8 +112,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                     horovod_fusion_mb=args.horovod_fusion_mb, horovod_cycle_ms=args.horovod_cycle_ms,
                     baseline=args.baseline, forward_scale=forward_scale, backward_scale=backward_scale,
                     ready_groups=compiled_ready_groups(model, "compiled" if args.compile else "compiled_blocks"
-                                                       if args.compile_blocks else None, model.fusion_blocks()))
-    prediction, graph, result = predict_replayed(model, whatif)
+                                                       if args.compile_blocks else None, model.fusion_blocks()),
+                    op_scale=dict(args.op_scale or []))
+    detail = "coarse" if args.coarse else "ops"
+    prediction, graph, result = predict_replayed(model, whatif, detail)
+    as_run = predict_replayed(model, WhatIf(), detail)[0] if whatif.op_scale else None
     for path, build in ((args.exec_graph, execution_graph), (args.chrome_trace, replay_chrome_trace)):
         if path:
             atomic_write_json(path, build(graph, result))
@@ -121,6 +124,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     doc = prediction.to_json()
     doc["alignment"] = {"method": alignment.method, "approximate": alignment.approximate,
                         "max_uncertainty_us": alignment.max_uncertainty_us()}
+    if as_run is not None:
+        doc["as_run_ms"] = as_run.predicted_iteration_time_ms
     if args.json:
         print(json.dumps(doc, indent=2, default=float))
         return 0
@@ -131,6 +136,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
           f"{prediction.replay_ops} ops in {prediction.replay_time_s * 1000:.1f} ms)")
     if prediction.self_check is not None and prediction.self_check["status"] == "agrees":
         print(prediction.self_check["message"])
+    if as_run is not None:
+        gain = 100 * (1 - prediction.predicted_iteration_time_ms / as_run.predicted_iteration_time_ms)
+        print(f"the job as it ran: {as_run.predicted_iteration_time_ms:.3f} ms; with the scaled ops "
+              f"{prediction.predicted_iteration_time_ms:.3f} ms ({gain:.1f} % faster)")
     if prediction.measured_iteration_time_ms is not None:
         error = 100 * (prediction.predicted_iteration_time_ms / prediction.measured_iteration_time_ms - 1)
         print(f"measured iteration time:  {prediction.measured_iteration_time_ms:.3f} ms ({error:+.1f} %)")
@@ -148,6 +157,19 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     for note in prediction.notes:
         print(f"note: {note}")
     return 0
+
+
+def parse_op_scale(text: str) -> tuple[str, float]:
+    """'aten::linear=0.5' -> ('aten::linear', 0.5)."""
+    pattern, sep, factor = text.rpartition("=")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = -1.0
+    if not sep or not pattern or value < 0:
+        raise argparse.ArgumentTypeError(f"op scale {text!r}: expected PATTERN=FACTOR with FACTOR >= 0, "
+                                         "e.g. aten::linear=0.5")
+    return pattern, value
 
 
 def parse_bytes(text: str) -> int:
@@ -336,6 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--latency-us", type=float, default=None, help="per ring step latency")
     rp.add_argument("--bucket-mb", type=float, default=None, help="regroup gradients into buckets of this size")
     rp.add_argument("--partitions", type=int, default=1, help="split each bucket's sync into k pieces")
+    rp.add_argument("--op-scale", type=parse_op_scale, action="append", metavar="PATTERN=FACTOR",
+                    help="scale the profiled ops whose name, module scope or name@scope matches the glob PATTERN "
+                         "(e.g. 'aten::linear=0.5', 'encoder.layers.3*=0.8', '*Backward0@head=0'); repeatable")
+    rp.add_argument("--coarse", action="store_true",
+                    help="replay the coarsened view (one op per compute phase) instead of the op-level graph")
     rp.add_argument("--horovod-fusion-mb", type=float, default=None,
                     help="Horovod runs: fusion threshold to predict for (0: no fusion)")
     rp.add_argument("--horovod-cycle-ms", type=float, default=None, help="Horovod runs: cycle time to predict for")

@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 
 from dprorun.fsutil import UnanswerableError
+from dprorun.graph.local import OpProfile, op_profile
 from dprorun.stats import median
 from dprorun.trace.model import OpKind, RankTrace, RunTrace
 
@@ -126,6 +127,10 @@ class JobModel:
     framework: str = "ddp"  # "horovod": tensors are fused at run time by Horovod's cycle/threshold
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
     horovod_negotiation_us: float = 0.0  # per background-loop cycle: the ranks agreeing on what is ready
+    # op level: per measured rank the profiled ops of each phase (graph/local.py), and per phase the ratio of its
+    # unprofiled duration to its profiled one (median over ranks): how much the replay scaled the profiler's ops
+    op_profiles: dict[int, OpProfile] = field(default_factory=dict)
+    op_scaling: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -315,7 +320,24 @@ def build_job_model(run: RunTrace) -> JobModel:
             model.comm, model.horovod_negotiation_us = fitted
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
+    model.op_profiles = {r: p for r in ranks if (p := op_profile(run.ranks[r])) is not None}
+    model.op_scaling = _op_scaling(model)
     return model
+
+
+def _op_scaling(model: JobModel) -> dict[str, float]:
+    """Per phase, the median over ranks of (unprofiled duration / profiled duration): the factor the replay
+    applies to the profiler's ops of that phase (below 1: the profiler inflated them)."""
+    unprofiled = {"forward": "forward_us", "loss": "loss_us", "backward": "backward_us", "finalize": "finalize_us",
+                  "update": "update_us", "tail": "tail_us"}
+    ratios: dict[str, list[float]] = {}
+    for r, profile in model.op_profiles.items():
+        template = model.templates.get(r)
+        for phase, attr in unprofiled.items():
+            measured = profile.phases.get(phase)
+            if template is not None and measured is not None and measured.profiled_us > 0:
+                ratios.setdefault(phase, []).append(getattr(template, attr) / measured.profiled_us)
+    return {phase: round(median(values, 1.0), 4) for phase, values in ratios.items()}
 
 
 def _median_over_ranks(run: RunTrace, chosen: dict[int, list[int]]) -> list[float]:

@@ -16,10 +16,12 @@ rank's own comm device, with no cross-rank dependency.
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from fnmatch import fnmatchcase
 from typing import Optional
 
 import numpy as np
 
+from dprorun.graph.local import OpProfile, ProfiledOp
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, critical_path_report, replay
 from dprorun.replay.template import JobModel, MeasuredIteration, build_job_model, ddp_buckets, horovod_knobs_as_run
 from dprorun.fsutil import UnanswerableError
@@ -46,6 +48,8 @@ class WhatIf:
     # compiled regions: each group's gradients become ready together, at its latest (a region's backward is one
     # graph): [every parameter] for a compiled model (no overlap with backward), one group per compiled block
     ready_groups: Optional[list[list[str]]] = None
+    # per-op what-if: profiled ops whose name, module scope or name@scope matches the glob pattern take x factor
+    op_scale: dict[str, float] = field(default_factory=dict)
     baseline: str = "dpro"  # or "daydream"
 
     # the questions that change what is communicated or when (the one place that knows it)
@@ -71,6 +75,15 @@ class WhatIf:
 
     def pieces(self, bucket_key: str) -> int:
         return max(1, int(self.bucket_partitions.get(bucket_key, self.partitions)))
+
+    def op_factor(self, op: ProfiledOp) -> float:
+        """The factor `op_scale` gives a profiled op (the product of every pattern it matches; 1 if none)."""
+        factor = 1.0
+        for pattern, value in self.op_scale.items():
+            if fnmatchcase(op.name, pattern) or (op.scope and fnmatchcase(op.scope, pattern)) \
+                    or fnmatchcase(op.label, pattern):
+                factor *= value
+        return factor
 
 
 @dataclass
@@ -268,7 +281,7 @@ COLLAPSE_FROM_RANKS = 64
 
 
 def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[MeasuredIteration] = None,
-               fold: bool = True) -> ReplayGraph:
+               fold: bool = True, detail: str = "ops") -> ReplayGraph:
     """The replay graph for `whatif`, with the durations of one measured iteration (`sample`) or the medians.
 
     Symmetry (dPRO's speed-up): a ring whose ranks repeat every m ranks behaves the same at rank r and r + m, so
@@ -276,7 +289,14 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     own send of the step, which its left neighbour sends at the same moment). The iteration time is the full
     graph's, with m/N of the ops. Used by itself when N synthesised ranks cycle through the m measured ones and
     N is a multiple of m (`fold=False` builds every rank anyway). A model with one template (`representative`)
-    is the identical-ranks case: one rank built."""
+    is the identical-ranks case: one rank built.
+
+    `detail="ops"`: every compute phase (and backward segment) is expanded into the profiled ops that ran in it
+    (`graph/local.py`), scaled to the phase's unprofiled duration; `"coarse"`: one op per phase (dPRO's
+    coarsened view, what `coarsen()` makes of the op-level graph; the optimizer's search replays it)."""
+    if whatif.op_scale and not any(model.op_profiles.get(r) for r in model.templates):
+        raise UnanswerableError("--op-scale needs the profiler's ops, which this run lacks (no kineto_trace.json, "
+                                "or run without --no-kineto)")
     templates = sample.templates if sample is not None else model.templates
     if whatif.forward_scale != 1.0 or whatif.backward_scale != 1.0:
         fs, bs = whatif.forward_scale, whatif.backward_scale
@@ -352,40 +372,52 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     g = GraphBuilder()
     ins: dict[tuple[int, str, int], int] = {}
     outs: dict[tuple[int, str], int] = {}
+    matched: set[str] = set()
     for r in range(built):
-        t = templates[measured_ranks[r % len(measured_ranks)]]
+        measured_rank = measured_ranks[r % len(measured_ranks)]
+        t = templates[measured_rank]
+        profile = model.op_profiles.get(measured_rank)
         dev = f"rank{r}.compute"
+
+        def phase_ops(name: str, kind: str, phase: str, duration: float, a: float = 0.0, b: float = 1.0) -> list[int]:
+            return _phase_nodes(g, r, dev, name, kind, profile, phase, a, b, duration, whatif, detail, matched)
+
         chain = []
         if acc > 1:  # the first acc-1 micro-batches: forward + backward without synchronisation
             chain.append(g.op(f"r{r}.microbatches", "FW", r, dev,
                               (acc - 1) / acc * (t.forward_us + t.loss_us + t.backward_us)))
-        chain += [g.op(f"r{r}.forward", "FW", r, dev, t.forward_us / acc),
-                  g.op(f"r{r}.loss", "FW", r, dev, t.loss_us / acc)]
+        chain += phase_ops(f"r{r}.forward", "FW", "forward", t.forward_us / acc)
+        chain += phase_ops(f"r{r}.loss", "FW", "loss", t.loss_us / acc)
         recompute_us = t.forward_us / acc * (segments_rc - 1) / segments_rc if segments_rc > 1 else 0.0
         if measured_layout and acc == 1 and not recompute_us and not whatif.ready_groups and t.bucket_ready_order \
                 and len(t.backward_segments_us) == len(t.bucket_ready_order) + 1:
             order = t.bucket_ready_order
             segments = t.backward_segments_us
+            bounds = _measured_cuts(profile, order, segments)
         else:
             order = [s.key for s in sorted(syncs, key=lambda s: s.ready_fraction)]
             compute = max(0.0, t.backward_us - t.enqueue_cost_us * len(model.buckets)) / acc + recompute_us
-            cuts = [0.0] + [s.ready_fraction for s in sorted(syncs, key=lambda s: s.ready_fraction)] + [1.0]
+            bounds = [0.0] + [s.ready_fraction for s in sorted(syncs, key=lambda s: s.ready_fraction)] + [1.0]
             segments = [compute * (b - a) + (t.enqueue_cost_us if k < len(order) else 0.0)
-                        for k, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+                        for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
         for k, seg in enumerate(segments):
-            chain.append(g.op(f"r{r}.backward.seg{k}", "BW", r, dev, seg))
+            chain += phase_ops(f"r{r}.backward.seg{k}", "BW", "backward", seg, bounds[k], bounds[k + 1])
             if k < len(order):
                 for p in range(whatif.pieces(order[k])):
                     ins[(r, order[k], p)] = g.op(f"r{r}.In.{order[k]}.p{p}", "VIRTUAL", r, None,
                                                  delays.get(order[k], 0.0))
                     g.edge(chain[-1], ins[(r, order[k], p)])
-        finalize = g.op(f"r{r}.finalize", "BW", r, dev, t.finalize_us)
-        update = g.op(f"r{r}.update", "UPDATE", r, dev, t.update_us)
-        tail = g.op(f"r{r}.tail", "IO", r, dev, t.tail_us)
-        g.chain(chain + [finalize, update, tail])
+        finalize = phase_ops(f"r{r}.finalize", "BW", "finalize", t.finalize_us)
+        update = phase_ops(f"r{r}.update", "UPDATE", "update", t.update_us)
+        tail = phase_ops(f"r{r}.tail", "IO", "tail", t.tail_us)
+        g.chain(chain + finalize + update + tail)
         for s in syncs:
             outs[(r, s.key)] = g.op(f"r{r}.Out.{s.key}", "VIRTUAL", r, None, 0.0)
-            g.edge(outs[(r, s.key)], finalize)
+            g.edge(outs[(r, s.key)], finalize[0])
+    if whatif.op_scale:
+        missing = [p for p in whatif.op_scale if p not in matched]
+        notes.append(f"op scale {', '.join(f'{p} x{v:g}' for p, v in whatif.op_scale.items())}: "
+                     + (f"no profiled op matches {', '.join(missing)}" if missing else "every pattern matched"))
     for s in syncs:
         parts = whatif.pieces(s.key)
         for p in range(parts):
@@ -450,6 +482,41 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                     "ranks_built": built})
 
 
+def _measured_cuts(profile: Optional[OpProfile], order: list[str], segments: list[float]) -> list[float]:
+    """Backward fractions at which the measured buckets' ready points cut the profiled backward: the profiled
+    iteration's own cuts (so each segment gets the ops that ran before that bucket's hook) when it saw every
+    bucket, else the segments' cumulative shares."""
+    cuts = profile.phases["backward"].cuts if profile is not None and "backward" in profile.phases else {}
+    if not all(key in cuts for key in order):
+        total = sum(segments) or 1.0
+        acc = np.cumsum([0.0] + list(segments)) / total
+        return [float(x) for x in acc[:-1]] + [1.0]
+    bounds = [0.0]
+    for key in order:
+        bounds.append(max(bounds[-1], cuts[key]))
+    return bounds + [1.0]
+
+
+def _phase_nodes(g: GraphBuilder, rank: int, device: str, name: str, kind: str, profile: Optional[OpProfile],
+                 phase: str, a: float, b: float, duration_us: float, whatif: WhatIf, detail: str,
+                 matched: set[str]) -> list[int]:
+    """One compute phase (or the slice [a, b] of it) of one rank in the replay graph: its profiled ops in order,
+    scaled so that they sum to `duration_us` (times any `op_scale` factor), or with `detail="coarse"` one op of
+    that total. A phase the profiler did not see is one op."""
+    pieces = profile.phases[phase].slice(a, b) if profile is not None and phase in profile.phases else []
+    if not pieces:
+        return [g.op(name, kind, rank, device, duration_us)]
+    factors = [whatif.op_factor(op) for op, _ in pieces] if whatif.op_scale else [1.0] * len(pieces)
+    if whatif.op_scale:
+        for op, _ in pieces:
+            matched.update(p for p in whatif.op_scale if fnmatchcase(op.name, p) or fnmatchcase(op.label, p)
+                           or (op.scope and fnmatchcase(op.scope, p)))
+    if detail == "coarse":
+        return [g.op(name, kind, rank, device, duration_us * sum(s * f for (_, s), f in zip(pieces, factors)))]
+    return [g.op(f"{name}:{op.label}", kind, rank, device, duration_us * share * f)
+            for (op, share), f in zip(pieces, factors)]
+
+
 REPLAY_BUDGET_RANK_ITERATIONS = 2048  # per prediction: ranks x replayed iterations, for large runs
 MIN_REPLAYED_ITERATIONS = 5
 
@@ -467,13 +534,14 @@ def replayed_samples(model: JobModel, notes: list[str]) -> list:
     return chosen
 
 
-def predict(model: JobModel, whatif: Optional[WhatIf] = None) -> Prediction:
+def predict(model: JobModel, whatif: Optional[WhatIf] = None, detail: str = "ops") -> Prediction:
     """Replay every measured iteration (each with its own durations) and report the median prediction: the
     slowest rank differs from iteration to iteration, which a replay of averaged durations misses."""
-    return predict_replayed(model, whatif)[0]
+    return predict_replayed(model, whatif, detail)[0]
 
 
-def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[Prediction, ReplayGraph, ReplayResult]:
+def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None,
+                     detail: str = "ops") -> tuple[Prediction, ReplayGraph, ReplayResult]:
     """`predict`, plus the graph and the replay whose critical path the prediction reports (the median
     iteration's; with an even count of iterations the predicted time averages the middle two): for the
     execution graph and the replayed timeline (engine.execution_graph, engine.replay_chrome_trace)."""
@@ -482,13 +550,14 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[
     samples = replayed_samples(model, notes)
     runs = []
     for sample in samples:
-        graph = synthesize(model, whatif, notes if sample is samples[0] else [], sample)
+        graph = synthesize(model, whatif, notes if sample is samples[0] else [], sample, detail=detail)
         runs.append((replay(graph), graph))
     times = np.array([result.iteration_time_us for result, _ in runs])
     chosen = int(np.argsort(times)[len(times) // 2])
     result, graph = runs[chosen]
     path = critical_path_report(graph, result)
     measured = np.median([t.measured_iteration_us for t in model.templates.values()]) / 1000
+    notes.append(_detail_note(model, detail))
     if whatif.is_identity():
         notes.append("the job as it ran: measured buckets and transmission times, profiled iterations without "
                      "torch.profiler")
@@ -528,10 +597,23 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None) -> tuple[
         graph, result)
 
 
-def replay_once(model: JobModel, whatif: WhatIf) -> tuple[float, dict]:
-    """One replay of the median durations (the optimizer's fast evaluation): iteration time in µs and the
-    critical-path report."""
-    graph = synthesize(model, whatif, [])
+def _detail_note(model: JobModel, detail: str) -> str:
+    """What the compute nodes of the replayed graph are."""
+    if not model.op_profiles:
+        return "compute replayed as phases (no profiler ops in this run)"
+    counts = sorted(p.op_count for p in model.op_profiles.values())
+    scaled = ", ".join(f"{phase} x{ratio:.2f}" for phase, ratio in model.op_scaling.items()
+                       if phase in ("forward", "backward", "update"))
+    if detail == "coarse":
+        return f"compute replayed as phases (the coarsened view of {counts[len(counts) // 2]} profiled ops per rank)"
+    return (f"op level: {counts[len(counts) // 2]} profiled ops per rank (median), scaled phase by phase to the "
+            f"iterations without the profiler ({scaled})")
+
+
+def replay_once(model: JobModel, whatif: WhatIf, detail: str = "coarse") -> tuple[float, dict]:
+    """One replay of the median durations (the optimizer's fast evaluation, on the coarsened view by default):
+    iteration time in µs and the critical-path report."""
+    graph = synthesize(model, whatif, [], detail=detail)
     result = replay(graph)
     return result.iteration_time_us, critical_path_report(graph, result)
 

@@ -174,9 +174,14 @@ class DDPTracker:
 
     # ---- window ------------------------------------------------------------------------------------------
     def window_started(self) -> None:
-        if not self.session.cfg.param_hooks:
-            return
         session = self.session
+        if session.cfg.kineto and session.cfg.kineto_iters > 0:
+            from dprorun.runtime.scopes import add_module_scopes
+
+            self.param_handles.extend(session.guard("naming module scopes", add_module_scopes, self.ddp.module)
+                                      or [])
+        if not session.cfg.param_hooks:
+            return
         for param in self.ddp.module.parameters():
             name = self.param_names.get(id(param))
             if name is None:

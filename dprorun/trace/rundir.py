@@ -13,7 +13,7 @@ from typing import Optional
 
 from dprorun.fsutil import TraceError, read_json
 from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, MANIFEST_FILE, \
-    MANIFEST_SCHEMA, SAMPLES_FILE, rank_dir
+    MANIFEST_SCHEMA, SAMPLES_FILE, SCOPE_PREFIX, rank_dir
 from dprorun.graph.topology import transaction_id
 from dprorun.trace.kineto import KinetoTrace, read_kineto
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
@@ -195,7 +195,31 @@ def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profil
                             **common))
 
 
+def _name_module_scopes(ops: list[Op], annotations: list[Op]) -> None:
+    """Each main-thread op inside a `module:<name>` profiler annotation (runtime/scopes.py) gets the innermost
+    one's name as `args["scope"]` (ops sorted by start; the annotations nest like the module calls)."""
+    scopes = sorted((a for a in annotations if a.name.startswith(SCOPE_PREFIX)),
+                    key=lambda a: (a.start_us, -a.end_us))
+    if not scopes:
+        return
+    open_scopes: list[Op] = []
+    k = 0
+    for op in ops:
+        if op.stream != "main":
+            continue
+        while k < len(scopes) and scopes[k].start_us <= op.start_us:
+            while open_scopes and open_scopes[-1].end_us < scopes[k].start_us:
+                open_scopes.pop()
+            open_scopes.append(scopes[k])
+            k += 1
+        while open_scopes and open_scopes[-1].end_us < op.end_us:
+            open_scopes.pop()
+        if open_scopes:
+            op.args["scope"] = open_scopes[-1].name[len(SCOPE_PREFIX):]
+
+
 def _add_kineto_compute(trace: RankTrace, kineto: KinetoTrace, profiled: set) -> None:
+    _name_module_scopes(kineto.compute, kineto.annotations)
     iter_starts = [start for _, start, _ in trace.iterations]
     phases = sorted((op for op in trace.ops if op.stream == "phase"), key=lambda op: op.start_us)
     phase_starts = [op.start_us for op in phases]

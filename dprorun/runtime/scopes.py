@@ -1,0 +1,33 @@
+"""Module scopes in the profiler's trace: while torch.profiler records (the window's first iterations), every
+submodule's forward is wrapped in a `record_function("module:<qualified name>")` annotation, so each op of the
+local DFG can be named with the layer it ran in (`trace/rundir.py` gives every profiled op its innermost
+module). Removed with the per-parameter hooks at the end of the detailed tier: nothing of this runs in the
+iterations the replay is built from."""
+from __future__ import annotations
+
+from dprorun.layout import SCOPE_PREFIX
+
+
+def add_module_scopes(root) -> list:
+    """Forward pre/post hooks on every submodule of `root` (not `root` itself) that open and close a profiler
+    annotation named after the submodule; returns the handles (`handle.remove()`)."""
+    from torch.autograd.profiler import record_function
+
+    open_scopes: list = []
+    handles = []
+    for name, module in root.named_modules():
+        if not name:
+            continue
+
+        def enter(mod, inputs, name=name):
+            scope = record_function(SCOPE_PREFIX + name)
+            scope.__enter__()
+            open_scopes.append(scope)
+
+        def leave(mod, inputs, output):
+            if open_scopes:
+                open_scopes.pop().__exit__(None, None, None)
+
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    return handles

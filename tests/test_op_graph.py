@@ -1,0 +1,112 @@
+"""The op-level graph: profiled ops in the replay graph (graph/local.py), the coarsening pass
+(replay/coarsen.py), critical paths that name the model's ops, and the per-op what-if."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from dprorun.graph.local import PhaseProfile, ProfiledOp, op_profile
+from dprorun.replay.coarsen import coarsen
+from dprorun.replay.engine import GraphBuilder, critical_path_report, replay
+
+
+def _constructed():
+    """Two ranks; rank 0's backward is three ops (1 + 2 + 3 ms) before its bucket is ready, rank 1's one op of
+    9 ms; the bucket's all-reduce (4 ms on a link, needing both ranks) gates both updates (1 ms each)."""
+    g = GraphBuilder()
+    r0 = [g.op(f"r0.backward:{name}", "BW", 0, "rank0.compute", us) for name, us in
+          (("mm@layer2", 1000), ("relu@layer1", 2000), ("mm@layer1", 3000))]
+    r1 = [g.op("r1.backward:mm@layer1", "BW", 1, "rank1.compute", 9000)]
+    comm = g.op("allreduce.bucket0", "COMM", 0, "link", 4000)
+    join = g.op("In.bucket0", "VIRTUAL", 0, None, 0.0)
+    u0 = g.op("r0.update:add_", "UPDATE", 0, "rank0.compute", 1000)
+    u1 = g.op("r1.update:add_", "UPDATE", 1, "rank1.compute", 1000)
+    g.chain(r0)
+    g.edge(r0[-1], join)
+    g.edge(r1[-1], join)
+    g.edge(join, comm)
+    g.edge(comm, u0)
+    g.edge(comm, u1)
+    return g.build()
+
+
+def test_critical_path_of_a_constructed_graph_and_its_coarsened_view():
+    graph = _constructed()
+    result = replay(graph)
+    assert result.iteration_time_us == pytest.approx(9000 + 4000 + 1000)
+    names = [graph.names[i] for i in result.critical_path]
+    # rank 1's 9 ms backward is later than rank 0's 6 ms: it gates the bucket, then the all-reduce, then an update
+    assert names[:3] == ["r1.backward:mm@layer1", "In.bucket0", "allreduce.bucket0"]
+    assert names[-1] in ("r0.update:add_", "r1.update:add_")
+    report = critical_path_report(graph, result)
+    assert report["top"][0]["op"] == "r1.backward:mm@layer1" and report["top"][0]["time_on_path_ms"] == 9.0
+
+    coarse = coarsen(graph)
+    assert coarse.size == graph.size - 2  # rank 0's three backward ops are one
+    merged = [i for i, name in enumerate(coarse.names) if name.startswith("r0.backward")]
+    assert len(merged) == 1 and coarse.names[merged[0]] == "r0.backward (3 ops)"
+    assert coarse.durations[merged[0]] == pytest.approx(6000)
+    assert replay(coarse).iteration_time_us == pytest.approx(result.iteration_time_us)
+
+
+def test_a_phase_profile_slices_into_ops_with_shares_that_sum_to_one():
+    ops = [ProfiledOp("linear", "BW", "fc1", 0.0, 0.5), ProfiledOp("(between ops)", "OTHER", "", 0.5, 0.6),
+           ProfiledOp("relu", "BW", "", 0.6, 1.0)]
+    phase = PhaseProfile("backward", 1000.0, ops)
+    whole = phase.slice(0.0, 1.0)
+    assert [op.name for op, _ in whole] == ["linear", "(between ops)", "relu"]
+    assert [round(share, 6) for _, share in whole] == [0.5, 0.1, 0.4]
+    part = phase.slice(0.25, 0.75)  # half of linear's span, the gap, part of relu
+    assert [op.label for op, _ in part] == ["linear@fc1", "(between ops)", "relu"]
+    assert sum(share for _, share in part) == pytest.approx(1.0) and part[0][1] == pytest.approx(0.5)
+    assert phase.slice(0.7, 0.7) == []
+
+
+def _replay_json(run_dir, *extra):
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json", *extra],
+                         capture_output=True, text=True, cwd=REPO, timeout=180)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_real_run_replays_at_op_level_and_its_critical_path_names_the_models_ops(mlp_run):
+    from dprorun.analysis import RunAnalysis
+    from dprorun.replay.whatif import WhatIf, synthesize
+
+    run_dir, _ = mlp_run
+    analysis = RunAnalysis(str(run_dir))
+    model = analysis.model
+    assert set(model.op_profiles) == {0, 1}
+    profile = model.op_profiles[0]
+    forward = [op for op in profile.phases["forward"].ops if op.name == "aten::linear"]
+    # mlp_many_layers is an nn.Sequential: its Linear layers are modules "0", "2", ..., named by the hooks
+    assert len(forward) >= 20 and all(re.fullmatch(r"\d+", op.scope) for op in forward)
+    backward = [op for op in profile.phases["backward"].ops if op.name.endswith("Backward0")]
+    assert backward and sum(1 for op in backward if re.fullmatch(r"\d+", op.scope)) >= len(backward) // 2
+    assert 0.2 < model.op_scaling["forward"] < 2 and 0.2 < model.op_scaling["backward"] < 2
+
+    # the op-level graph and its coarsened view replay to the same iteration time (the job as it ran, a what-if)
+    for whatif in (WhatIf(), WhatIf(bucket_mb=4), WhatIf(world_size=4)):
+        for sample in model.samples[:3]:
+            full = synthesize(model, whatif, [], sample)
+            coarse = coarsen(full)
+            direct = synthesize(model, whatif, [], sample, detail="coarse")
+            assert full.size - coarse.size > 200  # the compute chains, merged
+            t_full, t_coarse = replay(full).iteration_time_us, replay(coarse).iteration_time_us
+            assert abs(t_coarse - t_full) <= 0.005 * t_full
+            assert replay(direct).iteration_time_us == pytest.approx(t_coarse, rel=1e-9)
+
+    doc = _replay_json(run_dir)
+    ops = [row["op"] for row in doc["critical_path"]["top"]]
+    assert any(re.search(r":(aten::linear|AddmmBackward0|aten::addmm)@\d+$", op) for op in ops), ops
+    assert doc["replay_ops"] > 200 and any(n.startswith("op level:") for n in doc["notes"])
+
+    faster = _replay_json(run_dir, "--op-scale", "aten::linear=0.5", "--op-scale", "AddmmBackward0=0.5")
+    assert faster["as_run_ms"] == pytest.approx(doc["predicted_iteration_time_ms"], rel=1e-6)
+    assert faster["predicted_iteration_time_ms"] < 0.97 * doc["predicted_iteration_time_ms"]
+    none = _replay_json(run_dir, "--op-scale", "no_such_op=0.5")
+    assert none["predicted_iteration_time_ms"] == pytest.approx(doc["predicted_iteration_time_ms"], rel=1e-6)
+    assert any("no profiled op matches no_such_op" in n for n in none["notes"])
