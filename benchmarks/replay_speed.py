@@ -12,7 +12,8 @@ import time
 
 
 from dprorun.replay.engine import ENGINE, replay
-from dprorun.replay.whatif import WhatIf, synthesize
+from dprorun.replay.whatif import WhatIf
+from dprorun.replay.synthesize import synthesize
 from dprorun.synth import resnet50_job_model
 
 

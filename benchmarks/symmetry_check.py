@@ -19,7 +19,9 @@ import time
 from dprorun.analysis import RunAnalysis
 from dprorun.replay.engine import replay
 from dprorun.replay.template import build_job_model
-from dprorun.replay.whatif import WhatIf, predict, replay_once, representative, synthesize
+from dprorun.replay.whatif import WhatIf
+from dprorun.replay.synthesize import synthesize
+from dprorun.replay.predict import predict, replay_once, representative
 
 
 def main() -> None:

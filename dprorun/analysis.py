@@ -18,7 +18,7 @@ from dprorun.layout import ALIGNMENT_FILE
 if TYPE_CHECKING:
     from dprorun.align import Alignment
     from dprorun.replay.template import JobModel
-    from dprorun.replay.whatif import Prediction
+    from dprorun.replay.predict import Prediction
     from dprorun.trace.model import RunTrace
 
 
@@ -80,7 +80,7 @@ class RunAnalysis:
     def prediction(self) -> "Prediction":
         """The replay of the job as it ran, with its self-check against the clean iterations."""
         if self._prediction is None:
-            from dprorun.replay.whatif import predict
+            from dprorun.replay.predict import predict
 
             self._prediction = predict(self.model)
         return self._prediction

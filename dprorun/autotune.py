@@ -231,7 +231,7 @@ def _without_compute_passes(strategy, run):
                                   decisions=[d for d in strategy.decisions if d.pass_name not in compute])
     from dprorun.optimize.search import whatif_for
     from dprorun.replay.template import build_job_model
-    from dprorun.replay.whatif import replay_once
+    from dprorun.replay.predict import replay_once
 
     model = build_job_model(run)
     reduced.predicted_ms = round(replay_once(model, whatif_for(reduced, model))[0] / 1000, 4)

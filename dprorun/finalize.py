@@ -40,7 +40,8 @@ def _self_check_at_job_end(analysis: RunAnalysis) -> Optional[dict]:
 
 def _print_prediction(job: JobConfig, summary: dict, analysis: RunAnalysis) -> int:
     """--dry-run: the replayer's prediction for the requested world size (and bandwidth)."""
-    from dprorun.replay.whatif import WhatIf, predict
+    from dprorun.replay.whatif import WhatIf
+    from dprorun.replay.predict import predict
 
     whatif = WhatIf(world_size=job.predict_np if job.predict_np != job.world_size else None,
                     bandwidth_gbit=job.predict_bandwidth_gbit)

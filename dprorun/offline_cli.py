@@ -51,13 +51,35 @@ def _cmd_align(args: argparse.Namespace) -> int:
 
 
 def _cmd_graph(args: argparse.Namespace) -> int:
-    from dprorun.graph.build import build_global_dfg
+    """The global DFG that `dpro replay` replays (the job as it ran, at op level, and its coarsened view), or with
+    --measured the trace view of one profiled iteration (measured times, SEND/RECV transaction ids)."""
+    if args.measured:
+        from dprorun.graph.build import build_global_dfg
 
-    run, _ = load_aligned(args.run_dir)
-    dfg = build_global_dfg(run, args.iteration)
-    report = {"stats": dfg.stats(), "problems": dfg.check(), "notes": dfg.notes}
+        run, _ = load_aligned(args.run_dir)
+        dfg = build_global_dfg(run, args.iteration)
+        report = {"stats": dfg.stats(), "problems": dfg.check(), "notes": dfg.notes}
+        print(json.dumps(report, indent=2))
+        return 0 if not report["problems"] else 1
+    from dprorun.analysis import RunAnalysis
+    from dprorun.replay.coarsen import coarsen
+    from dprorun.replay.engine import critical_path_report, replay
+    from dprorun.replay.synthesize import synthesize
+    from dprorun.replay.whatif import WhatIf
+
+    model = RunAnalysis(args.run_dir).model
+    notes: list[str] = []
+    graph = synthesize(model, WhatIf(), notes)
+    result = replay(graph)
+    coarse = coarsen(graph)
+    path = critical_path_report(graph, result, top=10)
+    report = {"graph": graph.stats(), "coarsened": coarse.stats(),
+              "iteration_time_ms": {"op_level": round(result.iteration_time_us / 1000, 4),
+                                    "coarsened": round(replay(coarse).iteration_time_us / 1000, 4)},
+              "critical_path": {"length": path["length"], "top": path["top"]},
+              "op_scaling": model.op_scaling, "notes": notes}
     print(json.dumps(report, indent=2))
-    return 0 if not report["problems"] else 1
+    return 0
 
 
 def _cmd_timeline(args: argparse.Namespace) -> int:
@@ -90,7 +112,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from dprorun.optimize.search import compiled_ready_groups
     from dprorun.replay.engine import execution_graph, replay_chrome_trace
     from dprorun.replay.template import build_job_model
-    from dprorun.replay.whatif import WhatIf, predict_replayed
+    from dprorun.replay.whatif import WhatIf
+    from dprorun.replay.predict import predict_replayed
 
     run, alignment = load_aligned(args.run_dir)
     model = build_job_model(run)
@@ -341,9 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
     al.add_argument("run_dir")
     al.add_argument("--json", action="store_true")
     al.set_defaults(func=_cmd_align)
-    graph = sub.add_parser("graph", help="build the global dataflow graph of one iteration and check it")
+    graph = sub.add_parser("graph", help="the global dataflow graph that is replayed (op level and coarsened), "
+                                         "or with --measured one profiled iteration's trace view, checked")
     graph.add_argument("run_dir")
-    graph.add_argument("--iteration", type=int, default=None)
+    graph.add_argument("--measured", action="store_true",
+                       help="the measured DFG of one profiled iteration (SEND/RECV transaction ids), checked")
+    graph.add_argument("--iteration", type=int, default=None, help="with --measured: the iteration")
     graph.set_defaults(func=_cmd_graph)
     tl = sub.add_parser("timeline", help="export the aligned global timeline as Chrome-trace JSON")
     tl.add_argument("run_dir")

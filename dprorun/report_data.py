@@ -63,7 +63,8 @@ SHOWN_RANKS = 16  # timelines on the page show the first ranks of a large run
 
 def _replayed_timeline(model) -> dict:
     from dprorun.replay.engine import KIND_NAMES, critical_path_report, replay
-    from dprorun.replay.whatif import WhatIf, synthesize
+    from dprorun.replay.whatif import WhatIf
+    from dprorun.replay.synthesize import synthesize
 
     graph = synthesize(model, WhatIf(), [])
     result = replay(graph)
@@ -82,7 +83,8 @@ def _replayed_timeline(model) -> dict:
 
 
 def _whatif_curves(model, time_budget_s: float, max_ops: int = MAX_WHATIF_OPS) -> dict:
-    from dprorun.replay.whatif import WhatIf, replay_once, representative
+    from dprorun.replay.whatif import WhatIf
+    from dprorun.replay.predict import replay_once, representative
 
     started = time.monotonic()
     buckets = max(1, len(model.buckets))

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO
 from dprorun.memory import run_memory
-from dprorun.replay.whatif import predict_run
+from dprorun.replay.predict import predict_run
 from dprorun.summary import summarize
 from dprorun.trace.rundir import load_run
 

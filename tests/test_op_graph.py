@@ -74,7 +74,8 @@ def _replay_json(run_dir, *extra):
 
 def test_a_real_run_replays_at_op_level_and_its_critical_path_names_the_models_ops(mlp_run):
     from dprorun.analysis import RunAnalysis
-    from dprorun.replay.whatif import WhatIf, synthesize
+    from dprorun.replay.whatif import WhatIf
+    from dprorun.replay.synthesize import synthesize
 
     run_dir, _ = mlp_run
     analysis = RunAnalysis(str(run_dir))

@@ -109,7 +109,7 @@ def test_op_fusion_per_block_keeps_the_overlap_that_a_whole_compiled_model_loses
     21 + 16 + 1 = 38 ms. Each block compiled (x0.8): block 1's gradients at the end of its graph (16 ms), sync
     16-24, block 0's at 24, sync 24-32: 33 ms. The search picks the blocks."""
     from dprorun.optimize.search import whatif_for
-    from dprorun.replay.whatif import replay_once
+    from dprorun.replay.predict import replay_once
 
     sizes = {"1.a": 4_000_000, "1.b": 4_000_000, "0.a": 4_000_000, "0.b": 4_000_000}
     ready = {"1.a": 0.25, "1.b": 0.5, "0.a": 0.75, "0.b": 1.0}
@@ -208,7 +208,9 @@ def test_dpro_optimize_on_a_real_run(mlp_run, tmp_path):
 
 @pytest.mark.parametrize("channels", [1, 2])
 def test_symmetric_replay_of_identical_ranks_equals_the_full_replay(channels):
-    from dprorun.replay.whatif import WhatIf, replay_once, representative, synthesize
+    from dprorun.replay.whatif import WhatIf
+    from dprorun.replay.synthesize import synthesize
+    from dprorun.replay.predict import replay_once, representative
     from dprorun.synth import resnet50_job_model
 
     model = resnet50_job_model(8, bandwidth_gbit=10.0)
@@ -234,7 +236,8 @@ def test_a_ring_of_repeating_ranks_is_folded_exactly(mlp_run):
     multiple of m only m are built, and every prediction equals the full graph's."""
     from dprorun.replay.engine import replay
     from dprorun.replay.template import build_job_model
-    from dprorun.replay.whatif import WhatIf, synthesize
+    from dprorun.replay.whatif import WhatIf
+    from dprorun.replay.synthesize import synthesize
 
     model = build_job_model(load_run(str(mlp_run[0])))
     assert len(model.templates) == 2

@@ -10,7 +10,8 @@ import pytest
 from conftest import REPO
 from dprorun.replay.engine import GraphBuilder, critical_path_report, replay
 from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate, ddp_buckets, fit_comm_model
-from dprorun.replay.whatif import WhatIf, predict
+from dprorun.replay.whatif import WhatIf
+from dprorun.replay.predict import predict
 from dprorun.trace.rundir import load_run
 
 
@@ -201,7 +202,7 @@ def test_dpro_replay_cli_on_a_real_run(mlp_run, tmp_path):
 
 
 def test_partial_replay_of_one_tensor_sync():
-    from dprorun.replay.whatif import sync_time_us
+    from dprorun.replay.predict import sync_time_us
 
     model = _toy_model()
     one = sync_time_us(model, 4 << 20, world=2, partitions=1)

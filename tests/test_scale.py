@@ -7,7 +7,7 @@ import random
 import pytest
 
 from dprorun.analysis import RunAnalysis
-from dprorun.replay import whatif as replay_whatif
+from dprorun.replay import predict as replay_predict, synthesize as replay_synthesize
 from dprorun.report_data import build_report
 from dprorun.synth import replicate_run_dir
 from dprorun.trace import rundir
@@ -54,9 +54,9 @@ def test_collapsed_ring_gives_the_step_level_as_run_prediction(mlp_run, monkeypa
     rank) and the step ring finish together. With stragglers they differ: a step ring lets an early rank start its
     first steps (2.6 % on one real 2-rank run, benchmarks/RESULTS.md), which is why rings are collapsed only
     beyond 64 built ranks."""
-    model = replay_whatif.representative(RunAnalysis(str(mlp_run[0])).model)
-    stepwise = replay_whatif.predict(model).predicted_iteration_time_ms
-    monkeypatch.setattr(replay_whatif, "COLLAPSE_FROM_RANKS", 0)
-    collapsed = replay_whatif.predict(model)
+    model = replay_predict.representative(RunAnalysis(str(mlp_run[0])).model)
+    stepwise = replay_predict.predict(model).predicted_iteration_time_ms
+    monkeypatch.setattr(replay_synthesize, "COLLAPSE_FROM_RANKS", 0)
+    collapsed = replay_predict.predict(model)
     assert any("one op per rank" in note for note in collapsed.notes)
     assert collapsed.predicted_iteration_time_ms == pytest.approx(stepwise, rel=1e-6)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 
 from dprorun.replay.template import JobModel
-from dprorun.replay.whatif import MB, WhatIf, replay_once
+from dprorun.replay.whatif import MB, WhatIf
+from dprorun.replay.predict import replay_once
 from dprorun.strategy import Decision, Strategy
 from dprorun.fsutil import UnanswerableError
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from dprorun.replay.template import JobModel
-from dprorun.replay.whatif import sync_time_us
+from dprorun.replay.predict import sync_time_us
 from dprorun.strategy import Strategy
 
 

@@ -27,7 +27,8 @@ from typing import Optional
 from dprorun.optimize.passes import (CRITICAL_PATH_PASSES, Candidate, SearchContext, _with, compiled_variant,
                                      compute_scales, memory_candidates)
 from dprorun.replay.template import JobModel, ddp_buckets
-from dprorun.replay.whatif import MB, WhatIf, replay_once, representative
+from dprorun.replay.whatif import MB, WhatIf
+from dprorun.replay.predict import replay_once, representative
 from dprorun.strategy import Decision, Strategy
 from dprorun.fsutil import UnanswerableError
 

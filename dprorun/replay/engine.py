@@ -41,6 +41,16 @@ class ReplayGraph:
     def size(self) -> int:
         return len(self.durations)
 
+    def stats(self) -> dict:
+        """Nodes by kind, edges, devices, ranks built, and the compute ops per rank (median)."""
+        kinds = np.bincount(self.kinds, minlength=len(KIND_NAMES)) if self.size else np.zeros(len(KIND_NAMES))
+        compute = np.isin(self.kinds, [KIND_CODE[k] for k in ("FW", "BW", "UPDATE", "IO", "OTHER")])
+        per_rank = np.bincount(self.ranks[compute]) if compute.any() else np.zeros(1)
+        return {"nodes": int(self.size), "edges": int(len(self.indices)),
+                "kinds": {KIND_NAMES[k]: int(n) for k, n in enumerate(kinds) if n},
+                "devices": len(self.device_names), "ranks_built": int(self.meta.get("ranks_built", 0)),
+                "compute_ops_per_rank": float(np.median(per_rank[per_rank > 0])) if (per_rank > 0).any() else 0.0}
+
 
 KIND_NAMES = ("FW", "BW", "COMM", "QUEUE", "UPDATE", "IO", "VIRTUAL", "OTHER")
 KIND_CODE = {k: i for i, k in enumerate(KIND_NAMES)}
