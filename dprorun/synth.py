@@ -17,6 +17,7 @@ from typing import Optional
 
 import numpy as np
 
+from dprorun.graph.local import OpProfile, PhaseProfile, ProfiledOp
 from dprorun.graph.topology import ring_schedule, transaction_id
 from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace
@@ -168,8 +169,36 @@ def resnet50_job_model(world: int, bandwidth_gbit: float = 10.0) -> JobModel:
                             backward_us=60000, iterations_used=10, measured_iteration_us=0)
     comm = CommModel(alpha_us=20.0, bandwidth_bytes_per_us=bandwidth_gbit * 125.0,
                      source=f"synthetic {bandwidth_gbit:g} Gbit/s")
-    return JobModel(world, {0: template}, [BucketInfo("bucket0", sum(params.values()), names, 0.0)], params,
-                    fractions, comm, 25.0)
+    model = JobModel(world, {0: template}, [BucketInfo("bucket0", sum(params.values()), names, 0.0)], params,
+                     fractions, comm, 25.0)
+    model.op_profiles = {0: resnet50_op_profile(names)}
+    return model
+
+
+def resnet50_op_profile(param_names: list[str]) -> OpProfile:
+    """A ResNet-50-shaped op-level profile (equal ops): forward conv2d / batch_norm (+ relu) per module, backward
+    the module's backward op and one AccumulateGrad per parameter in reverse order, update one add_ per
+    parameter."""
+    modules = list(dict.fromkeys(name.rsplit(".", 1)[0] for name in param_names))
+
+    def phase(name: str, ops: list[tuple[str, str, str]]) -> PhaseProfile:
+        n = len(ops)
+        return PhaseProfile(name, 1.0, [ProfiledOp(op, kind, scope, k / n, (k + 1) / n)
+                                        for k, (op, kind, scope) in enumerate(ops)])
+
+    forward, backward = [], []
+    for module in modules:
+        conv = "conv" in module or "downsample.0" in module
+        forward.append(("aten::conv2d" if conv else "aten::batch_norm", "FW", module))
+        if not conv:
+            forward.append(("aten::relu", "FW", module))
+    for module in reversed(modules):
+        conv = "conv" in module or "downsample.0" in module
+        backward.append(("ConvolutionBackward0" if conv else "NativeBatchNormBackward0", "BW", module))
+        backward += [("AccumulateGrad", "BW", module) for p in param_names if p.rsplit(".", 1)[0] == module]
+    update = [("aten::add_", "UPDATE", name.rsplit(".", 1)[0]) for name in param_names]
+    return OpProfile(0, 0, {"forward": phase("forward", forward), "backward": phase("backward", backward),
+                            "update": phase("update", update)})
 
 
 RANKS_PER_HOST = 8
