@@ -40,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--launcher", choices=("elastic", "torchrun"), default="elastic",
                      help="elastic: torch.distributed.elastic in this process (default); torchrun: hand the "
                           "launch to the torchrun CLI")
-    job.add_argument("--backend", choices=("ddp", "horovod", "byteps"), default="ddp",
-                     help="framework of the job: ddp (torch.distributed), horovod (run through horovodrun) or "
-                          "byteps (run through bpslaunch, one per machine and role, with BytePS's tracing)")
+    job.add_argument("--backend", choices=("ddp", "horovod", "byteps", "tf"), default="ddp",
+                     help="framework of the job: ddp (torch.distributed), horovod (run through horovodrun), "
+                          "byteps (run through bpslaunch, one per machine and role, with BytePS's tracing) or tf "
+                          "(TensorFlow MultiWorkerMirroredStrategy workers, TF_CONFIG set per worker)")
     hvd = parser.add_argument_group("horovod (with --backend horovod)")
     hvd.add_argument("--fusion-threshold-mb", type=float, default=None, help="horovodrun --fusion-threshold-mb")
     hvd.add_argument("--cycle-time-ms", type=float, default=None, help="horovodrun --cycle-time-ms")

@@ -57,3 +57,9 @@ def claim_run_dir(run_dir: str, overwrite: bool = False) -> Optional[str]:
 
 # profiler annotation around a submodule's forward (runtime/scopes.py writes it, trace/rundir.py reads it)
 SCOPE_PREFIX = "module:"
+
+# TensorFlow workers: the profiler's XSpace (runtime/tf.py moves it here, trace/xplane.py reads it)
+XPLANE_FILE = "xplane.pb"
+# --backend tf: every worker's host:port, in rank order (the launcher sets it; hooks/sitecustomize.py turns it
+# into the worker's TF_CONFIG)
+TF_WORKERS_ENV = "DPRO_TF_WORKERS"

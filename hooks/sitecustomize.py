@@ -22,6 +22,18 @@ def _dpro_install():
               file=sys.stderr)
 
 
+def _dpro_tf_config():
+    """`dprorun --backend tf`: this worker's TF_CONFIG from the workers' addresses the launcher set and the rank
+    torch elastic gave it (a TF_CONFIG the user set wins). Runs with or without the hooks."""
+    workers = os.environ.get("DPRO_TF_WORKERS")
+    if not workers or "TF_CONFIG" in os.environ or "RANK" not in os.environ:
+        return
+    import json
+
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers.split(",")},
+                                          "task": {"type": "worker", "index": int(os.environ["RANK"])}})
+
+
 def _dpro_chain_sitecustomize():
     import importlib.machinery
     import importlib.util
@@ -36,5 +48,6 @@ def _dpro_chain_sitecustomize():
     spec.loader.exec_module(module)
 
 
+_dpro_tf_config()
 _dpro_install()
 _dpro_chain_sitecustomize()

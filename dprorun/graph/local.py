@@ -25,6 +25,7 @@ PHASES = ("forward", "loss", "backward", "finalize", "update", "tail")
 GAP_NAME = "(between ops)"
 MIN_GAP_US = 5.0  # shorter gaps between two ops stay with the op before them
 _PREFIXES = ("autograd::engine::evaluate_function: ", "torch::autograd::")
+PROFILER_SOURCES = ("kineto", "xplane")  # torch.profiler's ops, the TensorFlow profiler's
 
 
 @dataclass
@@ -148,7 +149,7 @@ def op_profile(trace: RankTrace) -> Optional[OpProfile]:
     compute_kinds = (OpKind.FW, OpKind.BW, OpKind.UPDATE, OpKind.IO, OpKind.OTHER)
     by_iteration: dict[int, list[Op]] = {}
     for op in trace.ops:
-        if op.source == "kineto" and op.kind in compute_kinds and not op.device.startswith("cuda") \
+        if op.source in PROFILER_SOURCES and op.kind in compute_kinds and not op.device.startswith("cuda") \
                 and (op.stream == "main" or op.stream.startswith("autograd:")):
             by_iteration.setdefault(op.iteration, []).append(op)
     candidates = [i for i in trace.meta.get("kineto_iterations", []) if by_iteration.get(i)] or sorted(by_iteration)

@@ -131,7 +131,7 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None,
     notes.append(_detail_note(model, detail))
     if whatif.is_identity():
         notes.append("the job as it ran: measured buckets and transmission times, profiled iterations without "
-                     "torch.profiler")
+                     "the profiler" + (" (their compute; TensorFlow: see above)" if model.framework == "tf" else ""))
     elif model.transport and model.transport["shares_cores"] and whatif.changes_communication():
         t = model.transport
         beside = [row for row in t.get("allreduce_idle_vs_beside_compute_us") or [] if row[0] == 1 << 20]

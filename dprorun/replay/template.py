@@ -124,7 +124,7 @@ class JobModel:
     # over ranks of its duration; and per unprofiled window iteration likewise (what the replay is built from)
     clean_iterations_us: list[float] = field(default_factory=list)
     window_iterations_us: list[float] = field(default_factory=list)
-    framework: str = "ddp"  # "horovod": tensors are fused at run time by Horovod's cycle/threshold
+    framework: str = "ddp"  # "horovod": tensors fused at run time by Horovod's cycle/threshold; "tf": packs
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
     horovod_negotiation_us: float = 0.0  # per background-loop cycle: the ranks agreeing on what is ready
     # op level: per measured rank the profiled ops of each phase (graph/local.py), and per phase the ratio of its
@@ -276,6 +276,9 @@ def build_job_model(run: RunTrace) -> JobModel:
     ranks = sorted(run.ranks)
     world = run.world_size
     iterations = {r: run.ranks[r].unprofiled_window_iterations() for r in ranks}
+    tf_job = is_tf_run(run)
+    if tf_job:  # only the profiled steps have phases (from the TensorFlow profile): measured there, scaled below
+        iterations = {r: tf_profiled_steps(run.ranks[r]) for r in ranks}
     enqueue_all: dict[tuple[int, str], float] = {}
     for r in ranks:
         for op in run.ranks[r].ops:
@@ -320,9 +323,68 @@ def build_job_model(run: RunTrace) -> JobModel:
             model.comm, model.horovod_negotiation_us = fitted
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
+    if tf_job:
+        model.framework = "tf"
+        if network is not None:  # the profiled collectives ran under the profiler: the calibration prices changes
+            model.comm = network
+        _calibrate_tf(model, run)
     model.op_profiles = {r: p for r in ranks if (p := op_profile(run.ranks[r])) is not None}
     model.op_scaling = _op_scaling(model)
     return model
+
+
+def is_tf_run(run: RunTrace) -> bool:
+    return any(t.get("framework") == "tf" for trace in run.ranks.values() for t in trace.meta.get("trackers", []))
+
+
+def tf_profiled_steps(trace: RankTrace) -> list[int]:
+    """A TensorFlow worker's profiled steps (the first left out when there are others: it holds the profiler's
+    start, over a second on this machine)."""
+    steps = list(trace.meta.get("kineto_iterations", []))
+    return steps[1:] if len(steps) > 1 else steps
+
+
+def _compute_us(t: RankTemplate) -> float:
+    return t.forward_us + t.loss_us + sum(t.backward_segments_us) + t.finalize_us + t.update_us + t.tail_us
+
+
+def _scaled(t: RankTemplate, k: float, measured_us: float) -> RankTemplate:
+    return replace(t, forward_us=t.forward_us * k, loss_us=t.loss_us * k,
+                   backward_segments_us=[x * k for x in t.backward_segments_us], backward_us=t.backward_us * k,
+                   update_us=t.update_us * k, tail_us=t.tail_us * k, finalize_us=t.finalize_us * k,
+                   measured_iteration_us=measured_us, iterations_used=1)
+
+
+def _calibrate_tf(model: JobModel, run: RunTrace) -> None:
+    """TensorFlow: the steps without the profiler record only their length S. Each becomes a sample: the rank's
+    profiled template with its compute scaled by k = (S - E) / C (C its compute, E its exposed communication,
+    medians over the profiled steps), the collectives as profiled. The replay of the job as it ran then follows
+    the unprofiled steps by construction; what-ifs change what the profile measured."""
+    ranks = sorted(model.templates)
+    unprofiled = {r: dict((i, e - s) for i, s, e in run.ranks[r].iterations
+                          if i in set(run.ranks[r].unprofiled_window_iterations())) for r in ranks}
+    exposed = {r: max(0.0, model.templates[r].measured_iteration_us - _compute_us(model.templates[r])) for r in ranks}
+    common = sorted(set.intersection(*(set(unprofiled[r]) for r in ranks)))
+    transmit = {b.key: b.transmit_us for b in model.buckets}
+    factors = []
+    samples = []
+    for i in common:
+        templates = {}
+        for r in ranks:
+            k = max(0.05, (unprofiled[r][i] - exposed[r]) / max(_compute_us(model.templates[r]), 1.0))
+            factors.append(k)
+            templates[r] = _scaled(model.templates[r], k, unprofiled[r][i])
+        samples.append(MeasuredIteration(templates, dict(transmit)))
+    if not samples:
+        model.notes.append("TensorFlow: no step without the profiler in the window; the replay is the profiled steps'")
+        return
+    k_median = median(factors, 1.0)
+    model.templates = {r: _scaled(model.templates[r], k_median, median(list(unprofiled[r].values()), 0.0))
+                       for r in ranks}
+    model.samples = samples
+    model.window_iterations_us = _median_over_ranks(run, {r: list(unprofiled[r]) for r in ranks})
+    model.notes.append(f"TensorFlow: phases and collectives from the profiled steps; compute scaled to the "
+                       f"{len(samples)} steps without the profiler (x{k_median:.2f} median), collectives as profiled")
 
 
 def _op_scaling(model: JobModel) -> dict[str, float]:

@@ -152,6 +152,11 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
     if whatif.buckets is not None:
         groups = whatif.buckets
+    elif model.framework == "tf":
+        groups = tf_packs(list(model.param_bytes), model.param_bytes, int(whatif.bucket_mb * MB))
+        notes.append(f"{len(groups)} all-reduce packs for bytes_per_pack = {whatif.bucket_mb:g} MB, grouped in "
+                     "the gradients' order as MultiWorkerMirroredStrategy does (a pack starts when its last "
+                     "gradient is ready)")
     else:
         cap = int(whatif.bucket_mb * MB)
         groups = ddp_buckets(order, model.param_bytes, cap)
@@ -165,6 +170,23 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
         syncs.append(Sync(f"bucket{k}", sum(model.param_bytes[p] for p in group),
                            max(model.param_ready_fraction[p] for p in group), None))
     return syncs, False
+
+
+def tf_packs(names: list[str], nbytes: dict[str, int], bytes_per_pack: int) -> list[list[str]]:
+    """TensorFlow's packing of gradients for its collective all-reduce (CommunicationOptions bytes_per_pack):
+    in the gradients' own order, a new pack opens once the current one holds more than bytes_per_pack
+    (so packs err on the large side); 0 puts everything in one pack."""
+    if bytes_per_pack <= 0:
+        return [list(names)] if names else []
+    packs: list[list[str]] = []
+    size = 0
+    for name in names:
+        if not packs or size > bytes_per_pack:
+            packs.append([])
+            size = 0
+        packs[-1].append(name)
+        size += nbytes.get(name, 0)
+    return packs
 
 
 def with_ready_groups(model: JobModel, whatif: WhatIf, notes: list[str]) -> JobModel:

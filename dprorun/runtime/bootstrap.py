@@ -83,7 +83,14 @@ def install(environ=os.environ) -> Optional[object]:
 
         sess.guard("patching horovod.torch", patch_horovod, sess)
 
+    def patch_tf():
+        from dprorun.runtime.tf import patch_tensorflow
+
+        sess.guard("patching TensorFlow", patch_tensorflow, sess)
+
     callbacks = {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd}
+    if environ.get("DPRO_BACKEND") == "tf":  # TensorFlow workers: steps found through tf.function calls
+        callbacks = {"tensorflow": patch_tf}
     pending = {}
     for name, callback in callbacks.items():
         if name in sys.modules:

@@ -43,6 +43,17 @@ def _host_from_tensor(buf) -> str:
 
 def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     """At the end of the window, on every rank: clock probes, events written, traces gathered to rank 0."""
+    if session.framework == "tf":  # TensorFlow workers of one host: each writes into the run directory
+        if session.rank == 0:
+            print("[dprorun] window done: calibration and writing the traces", file=sys.stderr, flush=True)
+        from dprorun.runtime.tf import calibrate_tf
+
+        try:
+            session.calibration = calibrate_tf(session.profiler_backend)
+        except Exception as exc:  # the cost model then relies on the profile alone
+            session.warnings.append(f"TensorFlow all-reduce calibration failed: {type(exc).__name__}: {exc}")
+        _write_events_keeping_step(session)
+        return
     import torch.distributed as dist
 
     if session.rank == 0:

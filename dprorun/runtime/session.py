@@ -62,6 +62,9 @@ class RankSession:
         self.trackers: list[Any] = []
         self.optimizers: list[Any] = []
         self.profiler = None
+        # the framework's own profiler (runtime/tf.py), used instead of torch.profiler when set
+        self.profiler_backend: Optional[Any] = None
+        self.framework = "torch"  # "tf" in TensorFlow workers: no torch process group, no torch import
         self.window_hooks: list[Any] = []
         self.open_marks: dict[str, float] = {}
         self.files_written: list[str] = []
@@ -192,7 +195,8 @@ class RankSession:
         self.window_start_us = self.now_us()
         if self.rank == 0:  # progress: one line per phase, from rank 0 only
             cfg = self.cfg
-            print(f"[dprorun] profiling iterations {cfg.warmup}-{cfg.warmup + cfg.active - 1} (torch.profiler in the "
+            profiler = "the TensorFlow profiler" if self.framework == "tf" else "torch.profiler"
+            print(f"[dprorun] profiling iterations {cfg.warmup}-{cfg.warmup + cfg.active - 1} ({profiler} in the "
                   f"first {cfg.kineto_iters if cfg.kineto else 0})", file=sys.stderr, flush=True)
         for tracker in self.trackers:
             tracker.window_started()
@@ -201,6 +205,10 @@ class RankSession:
             self._start_profiler()
 
     def _start_profiler(self) -> None:
+        if self.profiler_backend is not None:
+            self.profiler_backend.start_profiler()
+            self.profiler = self.profiler_backend
+            return
         import torch
         from torch.profiler import ProfilerAction, profile, ProfilerActivity
 
@@ -249,7 +257,10 @@ class RankSession:
 
     def _stop_profiler(self, write: bool) -> None:
         profiler, self.profiler = self.profiler, None
-        if profiler is not None:
+        if profiler is not None and profiler is self.profiler_backend:
+            self.kineto_end_iteration = self.iteration
+            profiler.stop_profiler(write)
+        elif profiler is not None:
             profiler.stop()
             self.kineto_end_iteration = self.iteration
             if write:
@@ -312,6 +323,8 @@ class RankSession:
 
     def _record_memory(self) -> None:
         try:
+            if self.framework != "torch":
+                raise ImportError("not a torch job")
             import torch
 
             if torch.cuda.is_available():
@@ -325,6 +338,8 @@ class RankSession:
                             state_bytes += value.numel() * value.element_size()
             self.memory["optimizer_state_bytes"] = state_bytes
             self.memory["optimizers"] = [type(o).__name__ for o in self.optimizers]
+        except ImportError:
+            pass
         except Exception as exc:
             self.warnings.append(f"memory accounting failed: {exc}")
         try:
@@ -425,7 +440,7 @@ class RankSession:
         complete = len(self.iteration_starts) > self.cfg.warmup + self.cfg.active + self.cfg.clean
         make_private_dir(self.rank_dir)
         atomic_write_json(os.path.join(self.rank_dir, CLEAN_FILE), self.clean_document(complete=complete))
-        if exchange and self.window_work_done:
+        if exchange and self.window_work_done and self.framework == "torch":
             from dprorun.runtime.gather import exchange_clean_starts
 
             exchange_clean_starts(self, complete)

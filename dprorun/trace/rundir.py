@@ -13,9 +13,10 @@ from typing import Optional
 
 from dprorun.fsutil import TraceError, read_json
 from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, MANIFEST_FILE, \
-    MANIFEST_SCHEMA, SAMPLES_FILE, SCOPE_PREFIX, rank_dir
+    MANIFEST_SCHEMA, SAMPLES_FILE, SCOPE_PREFIX, XPLANE_FILE, rank_dir
 from dprorun.graph.topology import transaction_id
 from dprorun.trace.kineto import KinetoTrace, read_kineto
+from dprorun.trace.xplane import TFProfile, read_tf_profile
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
 
 SUPPORTED_EVENTS_VERSIONS = (1,)
@@ -195,6 +196,76 @@ def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profil
                             **common))
 
 
+def _tf_step_parts(profile: TFProfile) -> dict[int, tuple[float, float, list[Op], list[Op]]]:
+    """Per profiled step: (start, end, its compute ops, its collectives)."""
+    parts = {}
+    for step, start, end in profile.steps:
+        ops = [op for op in profile.compute if start <= op.start_us < end]
+        colls = sorted((op for op in profile.collectives if start <= op.start_us < end), key=lambda op: op.start_us)
+        parts[step] = (start, end, ops, colls)
+    return parts
+
+
+def add_tf_records(doc: dict, profile: TFProfile) -> None:
+    """A TensorFlow worker's hooks see only whole steps; its profiled steps' phases, per-pack all-reduces and
+    gradient-ready times come from the profile, written into the events document as the DDP hooks' records
+    are (forward: step start -> first gradient op; backward: gradient ops; update: after the last collective;
+    one bucket per all-reduce pack, from the packs the hooks recorded while the step function was traced;
+    a gradient is ready when the op producing it ends)."""
+    tracker = next((t for t in doc.get("trackers", []) if t.get("framework") == "tf"), None)
+    if tracker is None:
+        return
+    packs = tracker.get("packs") or []
+    names = [n for pack in packs for n in pack.get("tensors", [])]
+    sizes = dict(zip(names, [b for pack in packs for b in pack.get("bytes", [])]))
+    doc["buckets"] = [{"ddp": 0, "index": k, "nbytes": int(sum(pack.get("bytes", []))),
+                       "params": list(pack.get("tensors", [])), "dtype": "", "numel": 0}
+                      for k, pack in enumerate(packs)]
+    per_pack = tracker.get("bytes_per_pack")
+    doc["params"] = {"0": {"order": names, "bytes": sizes,
+                           "bucket_cap_mb": (per_pack / (1 << 20)) if per_pack else None}}
+    profiled = set(doc["window"].get("kineto_iterations", []))
+    for step, (start, end, ops, colls) in _tf_step_parts(profile).items():
+        backward = [op for op in ops if op.kind is OpKind.BW]
+        if step not in profiled or not backward:
+            continue
+        bw_start = min(op.start_us for op in backward)
+        bw_end = max(op.end_us for op in backward)
+        update_start = max([bw_end] + [c.end_us for c in colls])
+        doc["spans"] += [[step, "forward0", start, bw_start], [step, "backward0", bw_start, bw_end],
+                         [step, "update", update_start, max([update_start] + [op.end_us for op in ops])]]
+        doc["comm"] += [[step, 0, k, c.start_us, c.start_us, c.end_us] for k, c in enumerate(colls)
+                        if k < len(packs)]
+        produced = {op.args.get("op"): op.end_us for op in ops}
+        for name in names:
+            op_name = name.split(":", 1)[0]
+            ready = produced.get(op_name)
+            if ready is None:  # an op the profiler does not show (a Reshape): the last op of its scope
+                scope = op_name.rsplit("/", 1)[0] + "/"
+                ready = max((t for n, t in produced.items() if n and n.startswith(scope)), default=bw_end)
+            doc["grad_ready"].append([step, name, ready])
+
+
+def _add_tf_compute(trace: RankTrace, profile: TFProfile) -> None:
+    """The profiled steps' compute ops (op type, scope = the TF op name's scope), kinds from their place in
+    the step: before the first gradient op forward, gradient ops backward, after backward the update."""
+    profiled = set(trace.meta.get("kineto_iterations", []))
+    for step, (start, end, ops, colls) in _tf_step_parts(profile).items():
+        backward = [op for op in ops if op.kind is OpKind.BW]
+        if step not in profiled or not backward:
+            continue
+        bw_end = max(op.end_us for op in backward)
+        for op in ops:
+            if op.kind is not OpKind.BW and op.start_us >= bw_end:
+                op.kind = OpKind.UPDATE
+            op.iteration = step
+            op.host = trace.host
+            trace.ops.append(op)
+        for k, op in enumerate(colls):
+            op.iteration, op.host = step, trace.host
+            trace.ops.append(op)
+
+
 def _name_module_scopes(ops: list[Op], annotations: list[Op]) -> None:
     """Each main-thread op inside a `module:<name>` profiler annotation (runtime/scopes.py) gets the innermost
     one's name as `args["scope"]` (ops sorted by start; the annotations nest like the module calls)."""
@@ -277,7 +348,14 @@ def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = T
         if not isinstance(samples, dict):
             raise TraceError(samples_path, "not a JSON object")
     _merge_clean_starts(doc, os.path.join(folder, CLEAN_FILE))
+    tf_profile = None
+    xplane_path = os.path.join(folder, XPLANE_FILE)
+    if os.path.exists(xplane_path):
+        tf_profile = read_tf_profile(xplane_path, doc["rank"])
+        add_tf_records(doc, tf_profile)
     trace = rank_from_events(doc, kineto, samples)
+    if tf_profile is not None and detail:
+        _add_tf_compute(trace, tf_profile)
     variants_path = os.path.join(folder, "variants.json")
     if os.path.exists(variants_path):
         variants = read_json(variants_path)
@@ -285,7 +363,7 @@ def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = T
             raise TraceError(variants_path, "not a dprorun compute-variants document")
         trace.meta["compute_variants"] = variants["variants"]
         trace.meta["compute_variants_device"] = variants.get("device")
-    if kineto is None and doc["window"].get("kineto"):
+    if kineto is None and tf_profile is None and doc["window"].get("kineto"):
         trace.warnings.append("no profiler trace (kineto_trace.json) for this rank: op-level compute and "
                               "transmission spans are missing")
     return trace

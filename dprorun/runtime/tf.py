@@ -1,0 +1,225 @@
+"""Hooks in a TensorFlow MultiWorkerMirroredStrategy worker (`dprorun --backend tf`), with no change to the script.
+
+Training steps: a `tf.function` whose tracing calls `strategy.run` (a custom loop's `train_step`, tf-keras
+`Model.fit`'s `train_function`) is a step function; each call of it is one iteration (start and end taken around
+the call, which returns when the step has run). A script that calls `strategy.run` eagerly, outside any
+tf.function, has each such call as its iteration.
+Communication: `CollectiveReplicaLauncher.batch_all_reduce` is patched to record, while a step function is
+traced, the packs the strategy all-reduces (each pack's gradient tensors, their bytes) and the pack size asked for
+(`CommunicationOptions(bytes_per_pack)`); the per-step timing of every pack's `CollectiveReduceV2` comes from the
+profiler.
+Profiler: `tf.profiler.experimental.start/stop` over the window's first --kineto-iters iterations, each step
+inside `tf.profiler.experimental.Trace("train", step_num=<iteration>)`; the XSpace file is moved to
+`rank_<r>/xplane.pb` (trace/xplane.py reads it).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import threading
+from typing import Any, Optional
+
+from dprorun.layout import XPLANE_FILE
+from dprorun.runtime.session import RankSession
+
+
+class TFTracker:
+    """One per worker: the step functions seen, the packs traced, the profiler."""
+
+    framework = "tf"
+
+    def __init__(self, session: RankSession):
+        self.session = session
+        self.step_functions: set[int] = set()  # id() of tf.function objects whose tracing called strategy.run
+        self.tracing: list[Any] = []  # the tf.functions being called, innermost last (this thread)
+        self.local = threading.local()
+        self.packs: list[dict] = []  # as traced: [{"tensors": [...], "bytes": [...]}]
+        self.bytes_per_pack: Optional[int] = None
+        self.eager_steps = False
+        self.in_step = False
+        self.profiler_dir = os.path.join(session.rank_dir, "tf_profile")
+        self.profiling = False
+        self.strategy = None  # the strategy whose run() the steps call (for the calibration)
+        self.calibrating = False  # the calibration's own tf.function and strategy.run pass through
+        session.trackers.append(self)
+
+    def describe(self) -> dict:
+        return {"framework": "tf", "backend": "tf-collective", "step_functions": len(self.step_functions),
+                "eager_steps": self.eager_steps, "bytes_per_pack": self.bytes_per_pack,
+                "packs": [{"tensors": list(p["tensors"]), "bytes": list(p["bytes"])} for p in self.packs]}
+
+    # ---- steps -------------------------------------------------------------------------------------------
+    def call_stack(self) -> list:
+        stack = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        return stack
+
+    def run_step(self, call, *args, **kwargs):
+        """One training step: the iteration boundary before it, its span after it (profiler step marker on)."""
+        session = self.session
+        if self.in_step:  # a step function called from inside a step: one iteration
+            return call(*args, **kwargs)
+        session.begin_iteration()
+        start = session.now_us()
+        self.in_step = True
+        try:
+            if self.profiling:
+                import tensorflow as tf
+
+                with tf.profiler.experimental.Trace("train", step_num=session.iteration, _r=1):
+                    return call(*args, **kwargs)
+            return call(*args, **kwargs)
+        finally:
+            self.in_step = False
+            if session.detail_active:
+                session.mark("step", start, session.now_us())
+
+    # ---- profiler ----------------------------------------------------------------------------------------
+    def start_profiler(self) -> None:
+        import tensorflow as tf
+
+        shutil.rmtree(self.profiler_dir, ignore_errors=True)
+        os.makedirs(self.profiler_dir, exist_ok=True)
+        tf.profiler.experimental.start(self.profiler_dir)
+        self.profiling = True
+
+    def stop_profiler(self, write: bool) -> None:
+        import tensorflow as tf
+
+        if not self.profiling:
+            return
+        self.profiling = False
+        tf.profiler.experimental.stop(save=write)
+        files = sorted(glob.glob(os.path.join(self.profiler_dir, "plugins", "profile", "*", "*.xplane.pb")))
+        if write and files:
+            final = os.path.join(self.session.rank_dir, XPLANE_FILE)
+            os.replace(files[-1], final)
+            os.chmod(final, 0o600)
+            self.session.files_written.append(XPLANE_FILE)
+        elif write:
+            self.session.warnings.append("the TensorFlow profiler wrote no .xplane.pb file")
+        shutil.rmtree(self.profiler_dir, ignore_errors=True)
+
+    def step(self) -> None:  # torch.profiler's step(): the step markers are the Trace contexts of run_step
+        return None
+
+    def stop_param_hooks(self) -> None:  # the session's end of the detailed tier (nothing per parameter here)
+        return None
+
+    def window_started(self) -> None:
+        return None
+
+    def window_stopped(self) -> None:
+        return None
+
+
+def _record_packs(tracker: TFTracker, packs, options) -> None:
+    """At trace time: the packs one step all-reduces (kept for the first step function traced)."""
+    if tracker.packs:
+        return
+    for pack in packs:
+        names, sizes = [], []
+        for tensor in pack:
+            count = tensor.shape.num_elements()
+            names.append(getattr(tensor, "name", f"t{len(names)}"))
+            sizes.append(int(count or 0) * int(tensor.dtype.size))
+        tracker.packs.append({"tensors": names, "bytes": sizes})
+    bytes_per_pack = getattr(options, "bytes_per_pack", None)
+    tracker.bytes_per_pack = int(bytes_per_pack) if bytes_per_pack is not None else None
+
+
+def patch_tensorflow(session: RankSession) -> TFTracker:
+    """Patch the step detection, the pack recording and the session's profiler (see the module doc)."""
+    from tensorflow.python.distribute import cross_device_utils, distribute_lib
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    tracker = TFTracker(session)
+    session.profiler_backend = tracker
+    session.framework = "tf"
+    function_call = polymorphic_function.Function.__call__
+    strategy_run = distribute_lib.StrategyBase.run
+    batch_all_reduce = cross_device_utils.CollectiveReplicaLauncher.batch_all_reduce
+
+    def call(self, *args, **kwargs):
+        if session.disabled or session.phase == "done" or tracker.calibrating:
+            return function_call(self, *args, **kwargs)
+        stack = tracker.call_stack()
+        if id(self) in tracker.step_functions and not stack:
+            return tracker.run_step(function_call, self, *args, **kwargs)
+        stack.append(self)
+        try:
+            return function_call(self, *args, **kwargs)
+        finally:
+            stack.pop()
+
+    def run(self, fn, args=(), kwargs=None, options=None):
+        if tracker.calibrating:
+            return strategy_run(self, fn, args, kwargs, options)
+        tracker.strategy = self
+        stack = tracker.call_stack()
+        if stack:  # inside a tf.function being traced: that function is a step function
+            tracker.step_functions.add(id(stack[0]))
+        elif not session.disabled and session.phase != "done":
+            tracker.eager_steps = True
+            return tracker.run_step(strategy_run, self, fn, args, kwargs, options)
+        return strategy_run(self, fn, args, kwargs, options)
+
+    def traced_batch_all_reduce(self, input_tensor_packs, options=None):
+        session.guard("recording the all-reduce packs", _record_packs, tracker, input_tensor_packs,
+                      self._options.merge(options))
+        return batch_all_reduce(self, input_tensor_packs, options)
+
+    polymorphic_function.Function.__call__ = call
+    distribute_lib.StrategyBase.run = run
+    cross_device_utils.CollectiveReplicaLauncher.batch_all_reduce = traced_batch_all_reduce
+    return tracker
+
+
+CALIBRATION_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
+CALIBRATION_TIMEOUT_S = 60.0
+
+
+def calibrate_tf(tracker: TFTracker, repeats: int = 5) -> list[list[float]]:
+    """[[bytes, µs], ...]: the median time of `repeats` all-reduces of each size through the job's own strategy
+    (one tf.function per size, traced and run once first), every worker at the same point (the end of the
+    window). A collective timeout keeps a worker from waiting forever for one that is gone."""
+    import statistics
+    import time
+
+    import tensorflow as tf
+
+    strategy = tracker.strategy
+    if strategy is None:
+        return []
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=CALIBRATION_TIMEOUT_S)
+
+    def make_reduce(count: int):
+        def replica():  # the tensor made inside the replica function: a strategy.run argument made outside
+            # it is not placed on the worker ("destinations can not be empty")
+            value = tf.zeros((count,), tf.float32)
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value, options=options)
+
+        return tf.function(lambda: strategy.run(replica))
+
+    rows = []
+    tracker.calibrating = True
+    try:
+        for nbytes in CALIBRATION_SIZES:
+            reduce = make_reduce(nbytes // 4)
+            reduce()  # traced and run once
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                reduce()
+                times.append((time.perf_counter() - started) * 1e6)
+            rows.append([nbytes, statistics.median(times)])
+    finally:
+        tracker.calibrating = False
+    return rows
+
+
+def keras3_fit_message() -> str:
+    return ("Keras 3 Model.fit under MultiWorkerMirroredStrategy fails upstream (keras-team/keras#20585); use "
+            "tf-keras (pip install tf-keras, TF_USE_LEGACY_KERAS=1) or a custom training loop")

@@ -1,0 +1,68 @@
+"""TensorFlow MultiWorkerMirroredStrategy, custom training loop: a small conv net on synthetic data.
+
+Runs as a plain TF worker (TF_CONFIG set by the launcher, e.g. two local workers on two 127.0.0.1 ports) and
+unchanged under `dprorun --backend tf -np 2`. Worker 0 prints the median step time of the second half.
+"""
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
+    parser.add_argument("--pack-mb", type=float, default=0.0,
+                        help="all-reduce pack size (CommunicationOptions bytes_per_pack; 0: TF's default)")
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: worker 1 raises at this step")
+    args = parser.parse_args()
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=int(args.pack_mb * (1 << 20)))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    worker = strategy.cluster_resolver.task_id
+    with strategy.scope():
+        model = tf.keras.Sequential([
+            tf.keras.layers.Input((32, 32, 3)),
+            tf.keras.layers.Conv2D(32, 3, activation="relu"),
+            tf.keras.layers.Conv2D(32, 3, activation="relu"),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(args.width, activation="relu"),
+            tf.keras.layers.Dense(10),
+        ])
+        optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                            reduction=tf.keras.losses.Reduction.NONE)
+    global_batch = args.batch_size * strategy.num_replicas_in_sync
+
+    def step_fn(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)), global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step(x, y):
+        return strategy.run(step_fn, args=(x, y))
+
+    tf.random.set_seed(worker)
+    x = tf.random.normal((args.batch_size, 32, 32, 3))
+    y = tf.random.uniform((args.batch_size,), maxval=10, dtype=tf.int64)
+    times = []
+    for step in range(args.steps):
+        if step == args.fail_at_step and worker == 1:
+            raise RuntimeError(f"injected failure at step {step} (--fail-at-step)")
+        started = time.perf_counter()
+        train_step(x, y)
+        times.append(time.perf_counter() - started)
+    if worker == 0:
+        second_half = times[len(times) // 2:]
+        print(f"median iteration time: {1000 * statistics.median(second_half):.3f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
