@@ -62,6 +62,8 @@ def _median_ms(values: list[float]) -> Optional[float]:
 
 
 def rank_breakdown(trace: RankTrace) -> dict:
+    """Medians over the window's iterations; a TensorFlow worker's breakdown over its profiled steps (the only
+    ones whose phases are known: its hooks see whole steps)."""
     by_iter: dict[int, dict[str, list]] = {i: {"compute": [], "comm": [], "queue": [], "fw": [], "bw": [],
                                                 "update": []} for i in trace.profiled_iterations}
     for op in trace.ops:
@@ -80,17 +82,21 @@ def rank_breakdown(trace: RankTrace) -> dict:
     rows = {k: [] for k in ("iter", "compute", "fw", "bw", "update", "comm", "exposed", "queue", "idle",
                             "kineto_iter")}
     hooks_only = set(trace.unprofiled_window_iterations())
+    tf_worker = any(t.get("framework") == "tf" for t in trace.meta.get("trackers", []))
+    with_phases = set(trace.meta.get("kineto_iterations", [])) if tf_worker else hooks_only
     for i, slot in by_iter.items():
         if slot["queue"]:
             rows["queue"].append(union_length(slot["queue"]))
-        if i not in hooks_only:
+        if i in hooks_only:
+            rows["iter"].append(iteration_len[i])
+        else:
             rows["kineto_iter"].append(iteration_len[i])
+        if i not in with_phases:
             continue
         total = iteration_len[i]
         compute = union_length(slot["compute"])
         comm = union_length(slot["comm"])
         exposed = comm - overlap_length(slot["comm"], slot["compute"])
-        rows["iter"].append(total)
         rows["compute"].append(compute)
         rows["fw"].append(union_length(slot["fw"]))
         rows["bw"].append(union_length(slot["bw"]))
@@ -200,7 +206,7 @@ def format_summary(summary: dict) -> str:
                  f"{cell(summary['clean_iteration_time_ms'])} ms with no profiling"
                  + (f" ({summary['profiler_overhead_pct']:+.1f} %)" if summary["profiler_overhead_pct"] is not None
                     else "")
-                 + (f", {cell(summary['kineto_iteration_time_ms'])} ms with torch.profiler on "
+                 + (f", {cell(summary['kineto_iteration_time_ms'])} ms with the profiler on "
                     f"({summary['kineto_overhead_pct']:+.1f} %)" if summary["kineto_overhead_pct"] is not None
                     else ""))
     for row in summary.get("memory", []):

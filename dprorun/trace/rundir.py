@@ -81,8 +81,9 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         if iteration not in profiled:
             continue
         kind = next((k for prefix, k in SPAN_KINDS if name.startswith(prefix)), OpKind.OTHER)
+        stream = "step" if name == "step" else "phase"  # a TensorFlow worker's whole step, not a compute phase
         trace.ops.append(Op(name=name, kind=kind, rank=rank, start_us=float(start), end_us=float(end),
-                            iteration=iteration, stream="phase", host=trace.host, source="hooks"))
+                            iteration=iteration, stream=stream, host=trace.host, source="hooks"))
     for entry in doc["buckets"]:
         trace.buckets.append(Bucket(index=int(entry["index"]), nbytes=int(entry["nbytes"]),
                                     params=list(entry.get("params", [])), dtype=str(entry.get("dtype", "")),

@@ -1,0 +1,117 @@
+"""TensorFlow MultiWorkerMirroredStrategy jobs under `dprorun --backend tf`: real 2-worker jobs (custom loop,
+tf-keras fit), the XSpace reader against TensorFlow's own protobuf parser, bad input, a failing worker."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import EXAMPLES, REPO, run_dprorun
+
+tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed (pip install -e '.[tf]')")
+
+WINDOW = ["--warmup", "3", "--active", "8", "--kineto-iters", "3", "--clean", "7"]
+
+
+@pytest.fixture(scope="module")
+def tf_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("tf") / "custom"
+    proc, _ = run_dprorun(["--backend", "tf", "-np", "2", *WINDOW, "python",
+                           os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "22", "--width", "64"],
+                          run_dir, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, proc
+
+
+def _dpro(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "dprorun.offline_cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=REPO, timeout=timeout)
+
+
+def test_a_custom_loop_job_runs_unchanged_and_is_profiled(tf_run):
+    run_dir, proc = tf_run
+    assert "median iteration time:" in proc.stdout  # the script's own output, prefixed per worker
+    for rank in (0, 1):
+        events = json.loads((run_dir / f"rank_{rank}" / "events.json").read_text())
+        tracker = next(t for t in events["trackers"] if t["framework"] == "tf")
+        assert tracker["step_functions"] == 1 and tracker["packs"] and tracker["packs"][0]["bytes"]
+        assert (run_dir / f"rank_{rank}" / "xplane.pb").stat().st_size > 1000
+        assert len(events["calibration"]) >= 4  # all-reduces timed through the job's own strategy
+        assert json.loads((run_dir / f"rank_{rank}" / "clean.json").read_text())["complete"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert all(r["compute_ms"] and r["comm_ms"] for r in summary["ranks"])
+
+
+def test_the_xplane_reader_decodes_what_tensorflow_decodes(tf_run):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from dprorun.trace.xplane import read_tf_profile, read_xspace
+
+    path = str(tf_run[0] / "rank_0" / "xplane.pb")
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as handle:
+        space.ParseFromString(handle.read())
+    host = next(p for p in space.planes if p.name == "/host:CPU")
+    names = sorted(host.event_metadata[e.metadata_id].name for line in host.lines for e in line.events)
+    mine = read_xspace(path)
+    assert sorted(e.name for e in mine.events) == names
+    profile = read_tf_profile(path, 0)
+    assert [s for s, _, _ in profile.steps] == [3, 4, 5]  # Trace("train", step_num=<iteration>)
+    assert profile.collectives and all(c.args["instance_key"] is not None for c in profile.collectives)
+    assert any(op.name.startswith("_Mkl") or op.name in ("MatMul", "Conv2D") for op in profile.compute)
+
+
+def test_replay_what_if_and_report_of_a_tf_run(tf_run, tmp_path):
+    run_dir, _ = tf_run
+    out = _dpro("replay", run_dir, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["predicted_iteration_time_ms"] > 0 and doc["self_check"]["status"] in ("agrees", "disagrees")
+    ops = [row["op"] for row in doc["critical_path"]["top"]]
+    assert any("@gradient_tape/sequential" in op or "@sequential" in op for op in ops), ops
+    assert any(n.startswith("TensorFlow: phases and collectives") for n in doc["notes"])
+    packed = _dpro("replay", run_dir, "--json", "--bucket-mb", "0.01")  # bytes_per_pack: one pack per tensor
+    assert packed.returncode == 0, packed.stderr
+    assert json.loads(packed.stdout)["buckets"] > doc["buckets"]
+    report = _dpro("report", run_dir, "-o", tmp_path / "report.html")
+    assert report.returncode == 0, report.stderr
+    assert "TensorFlow" in (tmp_path / "report.html").read_text() or (tmp_path / "report.html").stat().st_size > 10000
+
+
+def test_an_xplane_cut_short_is_named_and_nothing_else_is_lost(tf_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(tf_run[0], copy)
+    path = copy / "rank_1" / "xplane.pb"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    out = _dpro("replay", copy)
+    assert out.returncode == 2
+    assert "rank_1/xplane.pb" in out.stderr and "cut short" in out.stderr
+    assert (copy / "rank_0" / "xplane.pb").read_bytes() == (tf_run[0] / "rank_0" / "xplane.pb").read_bytes()
+
+
+def test_a_failing_worker_is_named_with_its_exit_code_and_the_traces_are_kept(tmp_path):
+    run_dir = tmp_path / "fail"
+    proc, _ = run_dprorun(["--backend", "tf", "-np", "2", *WINDOW, "python",
+                           os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "20", "--width", "64",
+                           "--fail-at-step", "8"], run_dir, timeout=400)
+    assert proc.returncode == 1
+    assert "rank 1" in proc.stderr and "injected failure at step 8" in proc.stderr
+    assert (run_dir / "rank_0" / "events.json").exists() and (run_dir / "rank_1" / "events.json").exists()
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
+
+
+def test_a_tf_keras_fit_job_runs_unchanged(tmp_path):
+    pytest.importorskip("tf_keras", reason="tf-keras is not installed (pip install tf-keras --no-deps)")
+    run_dir = tmp_path / "fit"
+    proc, _ = run_dprorun(["--backend", "tf", "-np", "2", *WINDOW, "python",
+                           os.path.join(EXAMPLES, "tf_keras_fit.py"), "--steps", "20"], run_dir, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = _dpro("replay", run_dir, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["predicted_iteration_time_ms"] > 0 and doc["buckets"] >= 1
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert next(t for t in events["trackers"] if t["framework"] == "tf")["step_functions"] >= 1
