@@ -120,9 +120,9 @@ def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
     _phase(job, "2/4 searching a strategy on the replayed job")
     candidates = []
     try:
-        if job.backend == "horovod":
-            candidates = _horovod_candidates(profile_job.run_dir)
-            strategy = candidates[0] if candidates else Strategy(search={"framework": "horovod"})
+        if job.backend in ("horovod", "tf"):
+            candidates = _knob_candidates(profile_job.run_dir, job.backend)
+            strategy = candidates[0] if candidates else Strategy(search={"framework": job.backend})
             profiled_run = None
         else:
             strategy, profiled_run = optimize_run(profile_job.run_dir, job.memory_budget_bytes,
@@ -154,7 +154,7 @@ def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
 
     trials = [(strategy_path, "the strategy", "trial")]
     keep_best = False
-    if len(candidates) > 1:  # Horovod: the fusion model ranks, real trials of the top candidates decide
+    if len(candidates) > 1:  # Horovod, TensorFlow: the replay ranks knobs, real trials of the top ones decide
         keep_best = True
         for k, other in enumerate(candidates[1:], start=2):
             other_path = os.path.join(job.run_dir, f"strategy-candidate{k}.json")
@@ -210,12 +210,20 @@ def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
     return final(strategy_path if keep else None, "with the strategy" if keep else "with its own settings")
 
 
-def _horovod_candidates(run_dir: str) -> list:
-    """Horovod runs: the best (fusion threshold, cycle time) settings by replay, for real trials."""
+def _knob_candidates(run_dir: str, backend: str) -> list:
+    """Horovod runs: the best (fusion threshold, cycle time) settings by replay; TensorFlow runs: the best
+    all-reduce pack sizes; for real trials."""
     from dprorun.analysis import RunAnalysis
-    from dprorun.optimize.horovod import rank_horovod_knobs
 
-    candidates = rank_horovod_knobs(RunAnalysis(run_dir).model)
+    model = RunAnalysis(run_dir).model
+    if backend == "tf":
+        from dprorun.optimize.tf import rank_tf_packs
+
+        candidates = rank_tf_packs(model)
+    else:
+        from dprorun.optimize.horovod import rank_horovod_knobs
+
+        candidates = rank_horovod_knobs(model)
     for candidate in candidates:
         candidate.source_run = os.path.abspath(run_dir)
     return candidates

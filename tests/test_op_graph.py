@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from dprorun.graph.local import PhaseProfile, ProfiledOp, op_profile
+from dprorun.graph.local import PhaseProfile, ProfiledOp
 from dprorun.replay.coarsen import coarsen
 from dprorun.replay.engine import GraphBuilder, critical_path_report, replay
 

@@ -125,127 +125,168 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
     is left as a recommendation in `strategy.search`. `comm_passes` (tensor fusion, tensor partition): None
     decides from the job: off where its CPU transport shares the cores the ranks compute on
     (`JobModel.transport`), whose cost the replay does not model (it would mostly propose smaller buckets for
-    overlap that such a transport does not deliver)."""
+    overlap that such a transport does not deliver).
+
+    Phases: the memory passes when the estimated peak exceeds the budget; a seed among DDP's bucketings at
+    `caps_mb`; rounds along the critical path (dPRO's order of passes); then the strategy is written up."""
     if not model.param_ready_fraction:
         raise UnanswerableError("the optimizer needs per-parameter gradient-ready times (profile without "
-                         "--no-param-hooks)")
-    started = time.monotonic()
-    cache: dict[str, tuple[float, dict]] = {}
-    # symmetry (identical ranks): at larger world sizes every candidate is replayed with one rank standing for
-    # all, 1/N of the ops; the baseline and the result are replayed in full
-    symmetric = model.world_size >= SYMMETRY_MIN_RANKS
-    search_model = representative(model) if symmetric else model
+                                "--no-param-hooks)")
+    search = _Search(model, min_gain, allow_bf16, comm_passes)
+    current = search.start()
+    current = search.within_budget(current, memory, memory_budget_bytes)
+    current = search.seed(current, caps_mb)
+    current, rounds = search.along_critical_path(current, max_rounds, patience, time_limit_s)
+    return search.written_up(current, memory, memory_budget_bytes, caps_mb, rounds)
 
-    def evaluate(strategy: Strategy) -> tuple[float, dict]:
+
+class _Search:
+    """One search's state: the replay cache, the decisions taken, the symmetric-replay switch."""
+
+    def __init__(self, model: JobModel, min_gain: float, allow_bf16: bool, comm_passes: Optional[bool]):
+        self.model = model
+        self.min_gain = min_gain
+        self.allow_bf16 = allow_bf16
+        self.started = time.monotonic()
+        self.cache: dict[str, tuple[float, dict]] = {}
+        self.decisions: list[Decision] = []
+        # symmetry (identical ranks): at larger world sizes every candidate is replayed with one rank standing
+        # for all, 1/N of the ops; the baseline and the result are replayed in full
+        self.symmetric = model.world_size >= SYMMETRY_MIN_RANKS
+        self.search_model = representative(model) if self.symmetric else model
+        self.shares_cores = bool(model.transport and model.transport.get("shares_cores"))
+        self.comm_passes = (not self.shares_cores) if comm_passes is None else comm_passes
+        self.measured: list[list[str]] = []
+        self.baseline_us = 0.0
+
+    def evaluate(self, strategy: Strategy) -> tuple[float, dict]:
         key = _key(strategy)
-        if key not in cache:
-            cache[key] = replay_once(search_model, whatif_for(strategy, model))
-        return cache[key]
+        if key not in self.cache:
+            self.cache[key] = replay_once(self.search_model, whatif_for(strategy, self.model))
+        return self.cache[key]
 
-    def evaluate_full(strategy: Strategy) -> float:
-        return replay_once(model, whatif_for(strategy, model))[0] if symmetric else evaluate(strategy)[0]
+    def evaluate_full(self, strategy: Strategy) -> float:
+        if self.symmetric:
+            return replay_once(self.model, whatif_for(strategy, self.model))[0]
+        return self.evaluate(strategy)[0]
 
-    known = set(model.param_ready_fraction)
-    measured = [list(b.params) for b in model.buckets]
-    if not measured or any(p not in known for g in measured for p in g):
-        measured = ddp_grouping(model, model.bucket_cap_mb or 25.0)
-    current = Strategy(buckets=measured)
-    baseline_us = evaluate_full(current)
-    decisions: list[Decision] = []
-
-    def accept(candidate: Candidate, before_us: float, after_us: float, note: str = "") -> Strategy:
-        decisions.append(Decision(candidate.pass_name, candidate.choice, round(before_us / 1000, 4),
-                                  round(after_us / 1000, 4), note))
+    def accept(self, candidate: Candidate, before_us: float, after_us: float, note: str = "") -> Strategy:
+        self.decisions.append(Decision(candidate.pass_name, candidate.choice, round(before_us / 1000, 4),
+                                       round(after_us / 1000, 4), note))
         return candidate.strategy
 
-    peak = memory.peak_bytes(current) if memory else None
-    if memory_budget_bytes is not None and peak is not None and peak > memory_budget_bytes:
+    def start(self) -> Strategy:
+        """The job's own layout (DDP's grouping at its cap where the measured buckets are not all known)."""
+        known = set(self.model.param_ready_fraction)
+        measured = [list(b.params) for b in self.model.buckets]
+        if not measured or any(p not in known for g in measured for p in g):
+            measured = ddp_grouping(self.model, self.model.bucket_cap_mb or 25.0)
+        self.measured = measured
+        current = Strategy(buckets=measured)
+        self.baseline_us = self.evaluate_full(current)
+        return current
+
+    def within_budget(self, current: Strategy, memory: Optional[MemoryModel],
+                      budget: Optional[int]) -> Strategy:
+        """Over the memory budget: the fastest memory pass (re-computation, accumulation) that fits."""
+        peak = memory.peak_bytes(current) if memory else None
+        if budget is None or peak is None or peak <= budget:
+            return current
         options = []
         for cand in memory_candidates(current):
             cand_peak = memory.peak_bytes(cand.strategy)
-            if cand_peak is not None and cand_peak <= memory_budget_bytes:
-                options.append((evaluate(cand.strategy)[0], cand_peak, cand))
+            if cand_peak is not None and cand_peak <= budget:
+                options.append((self.evaluate(cand.strategy)[0], cand_peak, cand))
         if not options:
             smallest = min(memory.peak_bytes(c.strategy) or 0 for c in memory_candidates(current))
-            raise BudgetError(f"estimated peak {peak / 2**20:.1f} MiB exceeds the budget "
-                              f"{memory_budget_bytes / 2**20:.1f} MiB, and the best the memory passes reach is "
-                              f"{smallest / 2**20:.1f} MiB")
+            raise BudgetError(f"estimated peak {peak / 2**20:.1f} MiB exceeds the budget {budget / 2**20:.1f} MiB, "
+                              f"and the best the memory passes reach is {smallest / 2**20:.1f} MiB")
         t, cand_peak, cand = min(options, key=lambda o: o[0])
-        current = accept(cand, evaluate(current)[0], t, f"peak {peak / 2**20:.1f} -> {cand_peak / 2**20:.1f} MiB, "
-                         f"budget {memory_budget_bytes / 2**20:.1f} MiB")
+        return self.accept(cand, self.evaluate(current)[0], t,
+                           f"peak {peak / 2**20:.1f} -> {cand_peak / 2**20:.1f} MiB, budget {budget / 2**20:.1f} MiB")
 
-    shares_cores = bool(model.transport and model.transport.get("shares_cores"))
-    if comm_passes is None:
-        comm_passes = not shares_cores
-    best_t, _ = evaluate(current)
-    seed_best = None
-    for cap in caps_mb if comm_passes else ():
-        cand = Candidate("tensor_fusion", "", _with(current, buckets=ddp_grouping(model, cap), partitions={}))
-        t, _ = evaluate(cand.strategy)
-        if t < best_t * (1 - min_gain):
-            best_t, seed_best = t, (cap, cand)
-    if seed_best is not None:
+    def seed(self, current: Strategy, caps_mb) -> Strategy:
+        """The best of DDP's own bucketings at `caps_mb`, if it beats the current layout."""
+        best_t, _ = self.evaluate(current)
+        seed_best = None
+        for cap in caps_mb if self.comm_passes else ():
+            cand = Candidate("tensor_fusion", "", _with(current, buckets=ddp_grouping(self.model, cap), partitions={}))
+            t, _ = self.evaluate(cand.strategy)
+            if t < best_t * (1 - self.min_gain):
+                best_t, seed_best = t, (cap, cand)
+        if seed_best is None:
+            return current
         cap, cand = seed_best
         cand.choice = f"DDP bucketing at {cap:g} MB ({len(cand.strategy.buckets)} buckets)"
-        current = accept(cand, evaluate(current)[0], best_t)
+        return self.accept(cand, self.evaluate(current)[0], best_t)
 
-    rounds = stale = 0
-    for rounds in range(1, max_rounds + 1):
-        t, report = evaluate(current)
-        critical, comm_bound = _critical_buckets(report)
-        if time.monotonic() - started > time_limit_s:
-            break
-        ctx = SearchContext(model, current, critical, comm_bound)
-        # dPRO's order: communication-bound -> partition, tensor fusion first; computation-bound -> op fusion first
-        order = ("tensor_partition", "tensor_fusion", "op_fusion", "mixed_precision") if comm_bound else \
-            ("op_fusion", "mixed_precision", "tensor_fusion", "tensor_partition")
-        scored = [(evaluate(c.strategy)[0], c) for name in order if allow_bf16 or name != "mixed_precision"
-                  if comm_passes or name not in COMM_PASSES for c in CRITICAL_PATH_PASSES[name](ctx)]
-        if not scored:
-            break
-        new_t, cand = min(scored, key=lambda s: s[0])
-        if new_t >= t * (1 - min_gain):
-            break
-        current = accept(cand, t, new_t, "communication-bound" if comm_bound else "computation-bound")
-        stale = stale + 1 if new_t > t * (1 - 0.005) else 0
-        if stale >= patience:
-            break
-
-    final_t, _ = evaluate(current)
-    final_full = evaluate_full(current)
-    recommendations = []
-    if not allow_bf16:
-        ctx = SearchContext(model, current, [], False)
-        for cand in CRITICAL_PATH_PASSES["mixed_precision"](ctx):
-            t, _ = evaluate(cand.strategy)
-            if t < final_t * 0.95:
-                recommendations.append(f"{cand.choice} would predict {t / 1000:.2f} ms (-{100 * (1 - t / final_t):.0f} "
-                                       "%); it changes the training's numerics: allow it with --allow-bf16")
-    if current.buckets == measured:
-        current = _with(current, buckets=None)  # the job's own layout
-    else:
-        for cap in caps_mb:  # realisable by DDP's own bucket cap: applied without a comm hook
-            if current.buckets == ddp_grouping(model, cap):
-                current = _with(current, bucket_cap_mb=cap)
+    def along_critical_path(self, current: Strategy, max_rounds: int, patience: int,
+                            time_limit_s: float) -> tuple[Strategy, int]:
+        """Rounds: the passes for the critical buckets (communication-bound: partition and tensor fusion first;
+        computation-bound: op fusion first), the best candidate taken while it gains `min_gain`."""
+        rounds = stale = 0
+        for rounds in range(1, max_rounds + 1):
+            t, report = self.evaluate(current)
+            critical, comm_bound = _critical_buckets(report)
+            if time.monotonic() - self.started > time_limit_s:
                 break
-    current.baseline_ms = round(baseline_us / 1000, 4)
-    current.predicted_ms = round(final_full / 1000, 4)
-    current.predicted_peak_bytes = memory.peak_bytes(current) if memory else None
-    current.memory_budget_bytes = memory_budget_bytes
-    current.decisions = decisions
-    current.search = {"evaluations": len(cache), "rounds": rounds, "seconds": round(time.monotonic() - started, 3),
-                      "world_size": model.world_size, "symmetric_replays": symmetric,
-                      "buckets_before": len(measured),
-                      "buckets_after": len(current.buckets) if current.buckets else len(measured)}
-    if recommendations:
-        current.search["recommendations"] = recommendations
-    if not comm_passes:
-        current.search["comm_passes"] = (
-            "off: the job's transport is CPU work on the cores its ranks compute on (its all-reduces kept it busy "
-            f"{100 * model.transport['transport_cpu_share']:.0f} % of their time), where more collectives cost more "
-            "and overlap gains less than the replay predicts; bucket layout and partitions left as they are "
-            "(`dpro optimize --comm-passes on` forces them)" if shares_cores else "off (asked)")
-    if symmetric and final_full > baseline_us:
-        current.search["warning"] = (f"the symmetric search's choice replays slower in full ({final_full / 1000:.2f} "
-                                     f"vs {baseline_us / 1000:.2f} ms): the ranks differ more than symmetry assumes")
-    return current
+            ctx = SearchContext(self.model, current, critical, comm_bound)
+            order = ("tensor_partition", "tensor_fusion", "op_fusion", "mixed_precision") if comm_bound else \
+                ("op_fusion", "mixed_precision", "tensor_fusion", "tensor_partition")
+            scored = [(self.evaluate(c.strategy)[0], c) for name in order
+                      if self.allow_bf16 or name != "mixed_precision"
+                      if self.comm_passes or name not in COMM_PASSES for c in CRITICAL_PATH_PASSES[name](ctx)]
+            if not scored:
+                break
+            new_t, cand = min(scored, key=lambda s: s[0])
+            if new_t >= t * (1 - self.min_gain):
+                break
+            current = self.accept(cand, t, new_t, "communication-bound" if comm_bound else "computation-bound")
+            stale = stale + 1 if new_t > t * (1 - 0.005) else 0
+            if stale >= patience:
+                break
+        return current, rounds
+
+    def written_up(self, current: Strategy, memory: Optional[MemoryModel], budget: Optional[int], caps_mb,
+                   rounds: int) -> Strategy:
+        """The strategy with its predictions, decisions, recommendations and the search's own record."""
+        model = self.model
+        final_t, _ = self.evaluate(current)
+        final_full = self.evaluate_full(current)
+        recommendations = []
+        if not self.allow_bf16:
+            for cand in CRITICAL_PATH_PASSES["mixed_precision"](SearchContext(model, current, [], False)):
+                t, _ = self.evaluate(cand.strategy)
+                if t < final_t * 0.95:
+                    recommendations.append(f"{cand.choice} would predict {t / 1000:.2f} ms (-"
+                                           f"{100 * (1 - t / final_t):.0f} %); it changes the training's numerics: "
+                                           "allow it with --allow-bf16")
+        if current.buckets == self.measured:
+            current = _with(current, buckets=None)  # the job's own layout
+        else:
+            for cap in caps_mb:  # realisable by DDP's own bucket cap: applied without a comm hook
+                if current.buckets == ddp_grouping(model, cap):
+                    current = _with(current, bucket_cap_mb=cap)
+                    break
+        current.baseline_ms = round(self.baseline_us / 1000, 4)
+        current.predicted_ms = round(final_full / 1000, 4)
+        current.predicted_peak_bytes = memory.peak_bytes(current) if memory else None
+        current.memory_budget_bytes = budget
+        current.decisions = self.decisions
+        current.search = {"evaluations": len(self.cache), "rounds": rounds,
+                          "seconds": round(time.monotonic() - self.started, 3), "world_size": model.world_size,
+                          "symmetric_replays": self.symmetric, "buckets_before": len(self.measured),
+                          "buckets_after": len(current.buckets) if current.buckets else len(self.measured)}
+        if recommendations:
+            current.search["recommendations"] = recommendations
+        if not self.comm_passes:
+            current.search["comm_passes"] = (
+                "off: the job's transport is CPU work on the cores its ranks compute on (its all-reduces kept it "
+                f"busy {100 * model.transport['transport_cpu_share']:.0f} % of their time), where more collectives "
+                "cost more and overlap gains less than the replay predicts; bucket layout and partitions left as "
+                "they are (`dpro optimize --comm-passes on` forces them)" if self.shares_cores else "off (asked)")
+        if self.symmetric and final_full > self.baseline_us:
+            current.search["warning"] = (f"the symmetric search's choice replays slower in full ({final_full / 1000:.2f} "
+                                         f"vs {self.baseline_us / 1000:.2f} ms): the ranks differ more than symmetry "
+                                         "assumes")
+        return current

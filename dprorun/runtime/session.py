@@ -456,9 +456,10 @@ class RankSession:
         if not self.window_work_done and self.iteration >= self.cfg.warmup and not self.disabled:
             self.warnings.append(
                 f"the job ended at iteration {self.iteration} before the end of the profiling window "
-                f"(iteration {self.cfg.warmup + self.cfg.active}) without tearing its process group down: "
-                "no clock probes, calibration or gather ran (offsets rest on the traces alone; ranks on other "
-                "hosts kept their files)")
+                f"(iteration {self.cfg.warmup + self.cfg.active})" + (
+                    ": no all-reduce calibration ran" if self.framework == "tf" else
+                    " without tearing its process group down: no clock probes, calibration or gather ran "
+                    "(offsets rest on the traces alone; ranks on other hosts kept their files)"))
         try:
             if self.iteration >= 0 or self.trackers:
                 self.write_events()

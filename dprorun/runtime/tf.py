@@ -171,10 +171,34 @@ def patch_tensorflow(session: RankSession) -> TFTracker:
                       self._options.merge(options))
         return batch_all_reduce(self, input_tensor_packs, options)
 
+    _apply_pack_size(session)
     polymorphic_function.Function.__call__ = call
     distribute_lib.StrategyBase.run = run
     cross_device_utils.CollectiveReplicaLauncher.batch_all_reduce = traced_batch_all_reduce
     return tracker
+
+
+def _apply_pack_size(session: RankSession) -> None:
+    """A strategy's `tf_bytes_per_pack_mb` (dprorun --strategy / --autotune): MultiWorkerMirroredStrategy is
+    built with that pack size in its CommunicationOptions, the script's other options kept."""
+    wanted = session.strategy.tf_bytes_per_pack_mb if session.strategy is not None else None
+    if wanted is None:
+        return
+    import tensorflow as tf
+    from tensorflow.python.distribute import collective_all_reduce_strategy
+
+    cls = collective_all_reduce_strategy.CollectiveAllReduceStrategy
+    init = cls.__init__
+    pack_bytes = int(wanted * (1 << 20))
+
+    def patched(self, cluster_resolver=None, communication_options=None):
+        given = communication_options or tf.distribute.experimental.CommunicationOptions()
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=pack_bytes, timeout_seconds=given.timeout_seconds, implementation=given.implementation)
+        session.strategy_applied["tf_bytes_per_pack"] = pack_bytes
+        init(self, cluster_resolver=cluster_resolver, communication_options=options)
+
+    cls.__init__ = patched
 
 
 CALIBRATION_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)

@@ -1,0 +1,47 @@
+"""TensorFlow's own knob as a search: the all-reduce pack size (CommunicationOptions bytes_per_pack), each
+candidate replayed with TensorFlow's packing (`WhatIf.bucket_mb` on a TF run: `whatif.tf_packs`), ranked by
+predicted iteration time. As for Horovod, the ranking chooses which candidates get a real trial window
+(`dprorun --autotune --backend tf` runs the top two and keeps the fastest measured if it beats the job's own
+setting); the replay alone does not decide."""
+from __future__ import annotations
+
+import time
+
+from dprorun.fsutil import UnanswerableError
+from dprorun.replay.predict import replay_once
+from dprorun.replay.template import JobModel
+from dprorun.replay.whatif import MB, WhatIf, tf_packs
+from dprorun.strategy import Decision, Strategy
+
+PACKS_MB = (0.0, 0.25, 1.0, 4.0, 16.0, 64.0)
+
+
+def rank_tf_packs(model: JobModel, packs_mb=PACKS_MB, top: int = 2) -> list[Strategy]:
+    """The `top` pack sizes by replayed iteration time, best first, each a Strategy whose baseline is the replay
+    of the pack size the job ran with; sizes within 1 % of it are not offered, nor sizes that make the same
+    packs as the job's own."""
+    if model.framework != "tf":
+        raise UnanswerableError("the pack size applies to TensorFlow runs only")
+    started = time.monotonic()
+    as_run_mb = (model.bucket_cap_mb or 0.0)
+    as_run_packs = [list(b.params) for b in model.buckets]
+    baseline_us, _ = replay_once(model, WhatIf(bucket_mb=as_run_mb))
+    scored = []
+    for pack_mb in packs_mb:
+        whatif = WhatIf(bucket_mb=pack_mb)
+        if tf_packs(list(model.param_bytes), model.param_bytes, int(pack_mb * MB)) == as_run_packs:
+            continue
+        t, _ = replay_once(model, whatif)
+        scored.append((t, pack_mb))
+    scored.sort()
+    out = []
+    for t, pack_mb in scored[:top]:
+        if t >= baseline_us * 0.99:
+            break
+        decision = Decision("tensor_fusion", f"all-reduce packs of {pack_mb:g} MB (bytes_per_pack)",
+                            round(baseline_us / 1000, 4), round(t / 1000, 4), f"as run: {as_run_mb:g} MB")
+        out.append(Strategy(tf_bytes_per_pack_mb=pack_mb, baseline_ms=round(baseline_us / 1000, 4),
+                            predicted_ms=round(t / 1000, 4), decisions=[decision],
+                            search={"evaluations": len(scored) + 1, "seconds": round(time.monotonic() - started, 3),
+                                    "world_size": model.world_size, "framework": "tf"}))
+    return out
