@@ -51,9 +51,10 @@ def _cgroup_quota_cores(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sy
     return None
 
 
-def cpu_budget() -> dict:
+def cpu_budget(compute_threads: Optional[int] = None) -> dict:
     """{"cores": CPUs this process may use, "local_ranks": ranks of the job on this host, "cores_per_rank",
-    "compute_threads": torch's intra-op threads, "spare_cores": cores_per_rank - compute_threads}."""
+    "compute_threads": torch's intra-op threads (or `compute_threads`: a TensorFlow worker's),
+    "spare_cores": cores_per_rank - compute_threads}."""
     try:
         cores = float(len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -63,12 +64,14 @@ def cpu_budget() -> dict:
         cores = min(cores, quota)
     local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
                              or os.environ.get("HOROVOD_LOCAL_SIZE") or 1))
-    try:
-        import torch
+    threads = compute_threads
+    if threads is None:
+        try:
+            import torch
 
-        threads = int(torch.get_num_threads())
-    except Exception:  # torch absent (a Horovod/TF job): assume one computing thread
-        threads = 1
+            threads = int(torch.get_num_threads())
+        except Exception:  # torch absent (a Horovod job without it): assume one computing thread
+            threads = 1
     per_rank = cores / local_ranks
     return {"cores": round(cores, 3), "cgroup_quota_cores": quota, "local_ranks": local_ranks,
             "cores_per_rank": round(per_rank, 3), "compute_threads": threads,

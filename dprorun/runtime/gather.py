@@ -46,12 +46,16 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     if session.framework == "tf":  # TensorFlow workers of one host: each writes into the run directory
         if session.rank == 0:
             print("[dprorun] window done: calibration and writing the traces", file=sys.stderr, flush=True)
-        from dprorun.runtime.tf import calibrate_tf
+        from dprorun.runtime.tf import calibrate_tf, tf_compute_threads
 
         try:
             session.calibration = calibrate_tf(session.profiler_backend)
         except Exception as exc:  # the cost model then relies on the profile alone
             session.warnings.append(f"TensorFlow all-reduce calibration failed: {type(exc).__name__}: {exc}")
+        try:
+            session.cpu_budget = cpu_budget(tf_compute_threads())
+        except Exception as exc:  # informative only
+            session.warnings.append(f"CPU budget unreadable: {exc}")
         _write_events_keeping_step(session)
         return
     import torch.distributed as dist

@@ -206,7 +206,8 @@ CALIBRATION_TIMEOUT_S = 60.0
 
 
 def calibrate_tf(tracker: TFTracker, repeats: int = 5) -> list[list[float]]:
-    """[[bytes, µs], ...]: the median time of `repeats` all-reduces of each size through the job's own strategy
+    """[[bytes, µs, CPU µs], ...]: the median time of `repeats` all-reduces of each size through the job's own strategy
+    (and the process's CPU time meanwhile: the transport's work, which shares the cores the worker computes on)
     (one tf.function per size, traced and run once first), every worker at the same point (the end of the
     window). A collective timeout keeps a worker from waiting forever for one that is gone."""
     import statistics
@@ -233,15 +234,29 @@ def calibrate_tf(tracker: TFTracker, repeats: int = 5) -> list[list[float]]:
         for nbytes in CALIBRATION_SIZES:
             reduce = make_reduce(nbytes // 4)
             reduce()  # traced and run once
-            times = []
+            times, cpu = [], []
             for _ in range(repeats):
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 reduce()
                 times.append((time.perf_counter() - started) * 1e6)
-            rows.append([nbytes, statistics.median(times)])
+                cpu.append((time.process_time() - cpu_started) * 1e6)  # every thread: the transport's work
+            rows.append([nbytes, statistics.median(times), statistics.median(cpu)])
     finally:
         tracker.calibrating = False
     return rows
+
+
+def tf_compute_threads() -> int:
+    """The intra-op threads TensorFlow computes with (0 in its config means one per core)."""
+    import tensorflow as tf
+
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    if threads:
+        return int(threads)
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def keras3_fit_message() -> str:
