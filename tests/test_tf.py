@@ -58,8 +58,15 @@ def test_the_xplane_reader_decodes_what_tensorflow_decodes(tf_run):
     mine = read_xspace(path)
     assert sorted(e.name for e in mine.events) == names
     profile = read_tf_profile(path, 0)
-    assert [s for s, _, _ in profile.steps] == [3, 4, 5]  # Trace("train", step_num=<iteration>)
-    assert profile.collectives and all(c.args["instance_key"] is not None for c in profile.collectives)
+    events = json.loads((tf_run[0] / "rank_0" / "events.json").read_text())
+    starts = events["iteration_starts_us"]
+    profiled = events["window"]["kineto_iterations"]
+    assert profiled == [3, 4, 5]
+    # the profile and the hooks share the worker's clock: every collective lies inside a profiled step
+    assert len(profile.collectives) >= 3
+    for op in profile.collectives:
+        assert any(starts[i] <= op.start_us < starts[i + 1] for i in profiled)
+    assert all(c.args["instance_key"] is not None for c in profile.collectives)
     assert any(op.name.startswith("_Mkl") or op.name in ("MatMul", "Conv2D") for op in profile.compute)
 
 
@@ -115,3 +122,28 @@ def test_a_tf_keras_fit_job_runs_unchanged(tmp_path):
     assert doc["predicted_iteration_time_ms"] > 0 and doc["buckets"] >= 1
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert next(t for t in events["trackers"] if t["framework"] == "tf")["step_functions"] >= 1
+
+
+def test_dry_run_and_a_pack_size_strategy_applied_on_restart(tmp_path):
+    from dprorun.strategy import Strategy, save_strategy
+
+    run_dir = tmp_path / "dry"
+    proc, _ = run_dprorun(["--backend", "tf", "-np", "2", *WINDOW, "--dry-run", "python",
+                           os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "60", "--width", "64"],
+                          run_dir, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "predicted iteration time:" in proc.stdout
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert len(events["iteration_starts_us"]) < 30  # the workers left after the window, as DDP ranks do
+
+    strategy_path = tmp_path / "strategy.json"
+    save_strategy(Strategy(tf_bytes_per_pack_mb=0.01), str(strategy_path))
+    run_dir = tmp_path / "packed"
+    proc, _ = run_dprorun(["--backend", "tf", "-np", "2", *WINDOW, "--strategy", str(strategy_path), "python",
+                           os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "22", "--width", "64"],
+                          run_dir, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_1" / "events.json").read_text())
+    assert events["strategy"]["applied"]["tf_bytes_per_pack"] == int(0.01 * (1 << 20))
+    tracker = next(t for t in events["trackers"] if t["framework"] == "tf")
+    assert len(tracker["packs"]) > 1  # the script asked for one pack; the strategy's pack size made several

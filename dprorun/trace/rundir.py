@@ -197,10 +197,15 @@ def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profil
                             **common))
 
 
-def _tf_step_parts(profile: TFProfile) -> dict[int, tuple[float, float, list[Op], list[Op]]]:
-    """Per profiled step: (start, end, its compute ops, its collectives)."""
+def _tf_step_parts(profile: TFProfile, starts: list[float],
+                   steps: list[int]) -> dict[int, tuple[float, float, list[Op], list[Op]]]:
+    """Per profiled step (the hooks' iteration boundaries, on the same clock as the profile): (start, end, its
+    compute ops, its collectives)."""
     parts = {}
-    for step, start, end in profile.steps:
+    for step in steps:
+        if step + 1 >= len(starts):
+            continue
+        start, end = float(starts[step]), float(starts[step + 1])
         ops = [op for op in profile.compute if start <= op.start_us < end]
         colls = sorted((op for op in profile.collectives if start <= op.start_us < end), key=lambda op: op.start_us)
         parts[step] = (start, end, ops, colls)
@@ -225,10 +230,10 @@ def add_tf_records(doc: dict, profile: TFProfile) -> None:
     per_pack = tracker.get("bytes_per_pack")
     doc["params"] = {"0": {"order": names, "bytes": sizes,
                            "bucket_cap_mb": (per_pack / (1 << 20)) if per_pack else None}}
-    profiled = set(doc["window"].get("kineto_iterations", []))
-    for step, (start, end, ops, colls) in _tf_step_parts(profile).items():
+    profiled = list(doc["window"].get("kineto_iterations", []))
+    for step, (start, end, ops, colls) in _tf_step_parts(profile, doc["iteration_starts_us"], profiled).items():
         backward = [op for op in ops if op.kind is OpKind.BW]
-        if step not in profiled or not backward:
+        if not backward:
             continue
         bw_start = min(op.start_us for op in backward)
         bw_end = max(op.end_us for op in backward)
@@ -250,10 +255,11 @@ def add_tf_records(doc: dict, profile: TFProfile) -> None:
 def _add_tf_compute(trace: RankTrace, profile: TFProfile) -> None:
     """The profiled steps' compute ops (op type, scope = the TF op name's scope), kinds from their place in
     the step: before the first gradient op forward, gradient ops backward, after backward the update."""
-    profiled = set(trace.meta.get("kineto_iterations", []))
-    for step, (start, end, ops, colls) in _tf_step_parts(profile).items():
+    starts = [start for _, start, _ in trace.iterations] + ([trace.iterations[-1][2]] if trace.iterations else [])
+    profiled = list(trace.meta.get("kineto_iterations", []))
+    for step, (start, end, ops, colls) in _tf_step_parts(profile, starts, profiled).items():
         backward = [op for op in ops if op.kind is OpKind.BW]
-        if step not in profiled or not backward:
+        if not backward:
             continue
         bw_end = max(op.end_us for op in backward)
         for op in ops:
