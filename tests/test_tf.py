@@ -15,10 +15,21 @@ tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed (pip 
 WINDOW = ["--warmup", "3", "--active", "8", "--kineto-iters", "3", "--clean", "7"]
 
 
+def run_tf_job(args, run_dir, timeout=400):
+    """`run_dprorun` for a TF job, launched again once when a worker was killed by a signal: TensorFlow's
+    profiler crashes now and then when it stops (SIGSEGV / SIGABRT; in plain TensorFlow launches too: 3 of 12
+    with step markers, and 3 of 16 dprorun launches without them; benchmarks/RESULTS.md, TensorFlow)."""
+    proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout)
+    if proc.returncode != 0 and "killed by signal" in proc.stderr:
+        print(f"TF launch retried after a worker crash: {proc.stderr.strip().splitlines()[-3:]}")
+        proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout)
+    return proc, elapsed
+
+
 @pytest.fixture(scope="module")
 def tf_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tf") / "custom"
-    proc, _ = run_dprorun(["--backend", "tf", "-np", "2", *WINDOW, "python",
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python",
                            os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "22", "--width", "64"],
                           run_dir, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -101,7 +112,7 @@ def test_an_xplane_cut_short_is_named_and_nothing_else_is_lost(tf_run, tmp_path)
 
 def test_a_failing_worker_is_named_with_its_exit_code_and_the_traces_are_kept(tmp_path):
     run_dir = tmp_path / "fail"
-    proc, _ = run_dprorun(["--backend", "tf", "-np", "2", *WINDOW, "python",
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python",
                            os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "20", "--width", "64",
                            "--fail-at-step", "8"], run_dir, timeout=400)
     assert proc.returncode == 1
@@ -113,7 +124,7 @@ def test_a_failing_worker_is_named_with_its_exit_code_and_the_traces_are_kept(tm
 def test_a_tf_keras_fit_job_runs_unchanged(tmp_path):
     pytest.importorskip("tf_keras", reason="tf-keras is not installed (pip install tf-keras --no-deps)")
     run_dir = tmp_path / "fit"
-    proc, _ = run_dprorun(["--backend", "tf", "-np", "2", *WINDOW, "python",
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python",
                            os.path.join(EXAMPLES, "tf_keras_fit.py"), "--steps", "20"], run_dir, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = _dpro("replay", run_dir, "--json")
@@ -128,7 +139,7 @@ def test_dry_run_and_a_pack_size_strategy_applied_on_restart(tmp_path):
     from dprorun.strategy import Strategy, save_strategy
 
     run_dir = tmp_path / "dry"
-    proc, _ = run_dprorun(["--backend", "tf", "-np", "2", *WINDOW, "--dry-run", "python",
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "--dry-run", "python",
                            os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "60", "--width", "64"],
                           run_dir, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -139,7 +150,7 @@ def test_dry_run_and_a_pack_size_strategy_applied_on_restart(tmp_path):
     strategy_path = tmp_path / "strategy.json"
     save_strategy(Strategy(tf_bytes_per_pack_mb=0.01), str(strategy_path))
     run_dir = tmp_path / "packed"
-    proc, _ = run_dprorun(["--backend", "tf", "-np", "2", *WINDOW, "--strategy", str(strategy_path), "python",
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "--strategy", str(strategy_path), "python",
                            os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "22", "--width", "64"],
                           run_dir, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

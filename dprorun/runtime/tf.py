@@ -17,10 +17,12 @@ import glob
 import os
 import shutil
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from dprorun.layout import XPLANE_FILE
-from dprorun.runtime.session import RankSession
+
+if TYPE_CHECKING:
+    from dprorun.runtime.session import RankSession
 
 
 class TFTracker:
@@ -28,7 +30,7 @@ class TFTracker:
 
     framework = "tf"
 
-    def __init__(self, session: RankSession):
+    def __init__(self, session: "RankSession"):
         self.session = session
         self.step_functions: set[int] = set()  # id() of tf.function objects whose tracing called strategy.run
         self.tracing: list[Any] = []  # the tf.functions being called, innermost last (this thread)
@@ -127,7 +129,7 @@ def _record_packs(tracker: TFTracker, packs, options) -> None:
     tracker.bytes_per_pack = int(bytes_per_pack) if bytes_per_pack is not None else None
 
 
-def patch_tensorflow(session: RankSession) -> TFTracker:
+def patch_tensorflow(session: "RankSession") -> TFTracker:
     """Patch the step detection, the pack recording and the session's profiler (see the module doc)."""
     from tensorflow.python.distribute import cross_device_utils, distribute_lib
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
@@ -175,7 +177,7 @@ def patch_tensorflow(session: RankSession) -> TFTracker:
     return tracker
 
 
-def _apply_pack_size(session: RankSession) -> None:
+def _apply_pack_size(session: "RankSession") -> None:
     """A strategy's `tf_bytes_per_pack_mb` (dprorun --strategy / --autotune): MultiWorkerMirroredStrategy is
     built with that pack size in its CommunicationOptions, the script's other options kept."""
     wanted = session.strategy.tf_bytes_per_pack_mb if session.strategy is not None else None
