@@ -6,7 +6,8 @@ For each example x pack size (CommunicationOptions bytes_per_pack), --reps inter
   replay    `dprorun --backend tf -np 2` with a window in the second half, then `dpro replay --json`
   what-if   from the profile at the first pack size, `dpro replay --bucket-mb <other pack size>`, against the
             plain runs at that pack size
-Reported: medians over rounds, the plain launches' spread (max-min over median) and the errors. Networks:
+Reported: medians over rounds, the plain launches' spread (max-min over median) and the errors; and the window's
+steps without the profiler (hooks on) against the plain launches: the hooks' overhead. Networks:
 loopback, and with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
 usage: python benchmarks/tf_replay_accuracy.py [--examples tf_custom_loop,tf_keras_fit] [--packs 0,1] [--reps 3]
@@ -58,8 +59,9 @@ def plain_ms(example: str, pack_mb: float, net: str) -> float:
     return float(found.group(1))
 
 
-def profiled(example: str, pack_mb: float, net: str, whatif_packs: list[float]) -> dict[float, float]:
-    """{pack size: predicted ms}: the replay of the job as it ran, and the pack-size what-ifs."""
+def profiled(example: str, pack_mb: float, net: str, whatif_packs: list[float]) -> tuple[dict[float, float], float]:
+    """({pack size: predicted ms}, window ms): the replay of the job as it ran and the pack-size what-ifs, and the
+    median step of the window's steps without the profiler (under the hooks: the hooks' own cost)."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
         cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "tf", "-np", "2", "--run-dir", run_dir,
@@ -78,13 +80,15 @@ def profiled(example: str, pack_mb: float, net: str, whatif_packs: list[float]) 
             if attempt == 2:
                 raise SystemExit("dprorun failed twice")
             subprocess.run(["rm", "-rf", run_dir])
+        with open(os.path.join(run_dir, "summary.json")) as handle:
+            window_ms = json.load(handle)["iteration_time_ms"]
         out = {}
         for pack in [pack_mb] + whatif_packs:
             extra = [] if pack == pack_mb else ["--bucket-mb", str(pack)]
             doc = json.loads(subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json",
                                              *extra], capture_output=True, text=True, check=True, cwd=REPO).stdout)
             out[pack] = doc["predicted_iteration_time_ms"]
-        return out
+        return out, window_ms
 
 
 def main() -> None:
@@ -96,15 +100,20 @@ def main() -> None:
     args = parser.parse_args()
     packs = [float(x) for x in args.packs.split(",")]
     rows = []
+    overheads: list[tuple[str, str, float, float]] = []
     for net in args.nets.split(","):
         for example in args.examples.split(","):
             plain: dict[float, list[float]] = {p: [] for p in packs}
             predicted: dict[float, list[float]] = {p: [] for p in packs}
+            windows: list[float] = []
             for _ in range(args.reps):  # interleaved: plain launches and profiles alternate
                 for pack in packs:
                     plain[pack].append(plain_ms(example, pack, net))
-                for pack, value in profiled(example, packs[0], net, packs[1:]).items():
+                replays, window_ms = profiled(example, packs[0], net, packs[1:])
+                windows.append(window_ms)
+                for pack, value in replays.items():
                     predicted[pack].append(value)
+            overheads.append((net, example, statistics.median(plain[packs[0]]), statistics.median(windows)))
             for pack in packs:
                 truth = statistics.median(plain[pack])
                 spread = 100 * (max(plain[pack]) - min(plain[pack])) / truth
@@ -115,6 +124,10 @@ def main() -> None:
           f"{'error %':>8}")
     for net, example, pack, kind, truth, spread, pred, error in rows:
         print(f"{net:9} {example:15} {pack:7g} {kind:20} {truth:9.2f} {spread:8.1f} {pred:9.2f} {error:+8.1f}")
+    print(f"\n{'net':9} {'example':15} {'plain ms':>9} {'window ms':>9} {'overhead %':>10}  (hooks on, no profiler)")
+    for net, example, plain_median, window_median in overheads:
+        print(f"{net:9} {example:15} {plain_median:9.2f} {window_median:9.2f} "
+              f"{100 * (window_median / plain_median - 1):+10.1f}")
     for crash in CRASHES:
         print(f"retried after a failed launch: {crash}")
     errors = [abs(r[-1]) for r in rows]

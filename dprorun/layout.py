@@ -1,9 +1,11 @@
-"""The run directory's layout: file and schema names that the hooks write and the readers read (one place)."""
+"""The run directory's layout: file and schema names, and the records of events.json, that the hooks write and the
+readers read (one place)."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from typing import Optional
 
 MANIFEST_FILE = "manifest.json"
@@ -63,3 +65,54 @@ XPLANE_FILE = "xplane.pb"
 # --backend tf: every worker's host:port, in rank order (the launcher sets it; hooks/sitecustomize.py turns it
 # into the worker's TF_CONFIG)
 TF_WORKERS_ENV = "DPRO_TF_WORKERS"
+
+
+# ---- records of events.json ("comm", "p2p"): written by the hooks, read by trace/rundir.py ---------------------
+# On disk each record is a JSON array in the field order below (compact: thousands per rank); in memory, on both
+# sides, it is the dataclass, so no module unpacks a record by position.
+@dataclass(slots=True)
+class CommRecord:
+    """One bucket's synchronisation as the hooks saw it: handed to the backend (enqueue -> enqueued: the hook's
+    main-thread cost) and completed (done; None until the backend's callback ran)."""
+
+    iteration: int
+    ddp: int  # which DistributedDataParallel module (0: the first), or 0 for Horovod
+    bucket: int
+    enqueue_us: float
+    enqueued_us: Optional[float] = None
+    done_us: Optional[float] = None
+
+    def row(self) -> list:
+        return [self.iteration, self.ddp, self.bucket, self.enqueue_us, self.enqueued_us, self.done_us]
+
+    @classmethod
+    def from_row(cls, row: list) -> "CommRecord":
+        iteration, ddp, bucket, enqueue, enqueued, done = row
+        return cls(int(iteration), int(ddp), int(bucket), float(enqueue), float(enqueued), float(done))
+
+
+@dataclass(slots=True)
+class P2PRecord:
+    """One measured ring step's SEND or RECV (`--comm-detail ring`)."""
+
+    iteration: int
+    ddp: int
+    bucket: int
+    step: int
+    chunk: int
+    src: int
+    dst: int
+    role: str  # "send" | "recv"
+    start_us: float  # RECV: posted
+    end_us: float
+    nbytes: int
+
+    def row(self) -> list:
+        return [self.iteration, self.ddp, self.bucket, self.step, self.chunk, self.src, self.dst, self.role,
+                self.start_us, self.end_us, self.nbytes]
+
+    @classmethod
+    def from_row(cls, row: list) -> "P2PRecord":
+        iteration, ddp, bucket, step, chunk, src, dst, role, start, end, nbytes = row
+        return cls(int(iteration), int(ddp), int(bucket), int(step), int(chunk), int(src), int(dst), str(role),
+                   float(start), float(end), int(nbytes))

@@ -13,12 +13,14 @@ import os
 import random
 import re
 import shutil
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
 
 from dprorun.graph.local import OpProfile, PhaseProfile, ProfiledOp
 from dprorun.graph.topology import ring_schedule, transaction_id
+from dprorun.layout import CommRecord, P2PRecord
 from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace
 
@@ -223,6 +225,15 @@ def _dump(doc, path: str) -> None:
     _write_text(path, json.dumps(doc))
 
 
+def _shifted_comm(record: CommRecord, shift) -> CommRecord:
+    return replace(record, enqueue_us=shift(record.enqueue_us), enqueued_us=shift(record.enqueued_us),
+                   done_us=shift(record.done_us))
+
+
+def _shifted_p2p(record: P2PRecord, shift) -> P2PRecord:
+    return replace(record, start_us=shift(record.start_us), end_us=shift(record.end_us))
+
+
 def _shift_events(doc: dict, rank: int, world: int, host: str, offset: float, jitter: list[float]) -> dict:
     doc = json.loads(json.dumps(doc))
     doc.update(rank=rank, world_size=world, host=host, local_rank=rank % RANKS_PER_HOST)
@@ -231,9 +242,9 @@ def _shift_events(doc: dict, rank: int, world: int, host: str, offset: float, ji
         return t + offset if isinstance(t, (int, float)) else t
     doc["iteration_starts_us"] = [t + offset + jitter[i % len(jitter)] for i, t in enumerate(doc["iteration_starts_us"])]
     doc["spans"] = [[i, n, shift(a), shift(b)] for i, n, a, b in doc["spans"]]
-    doc["comm"] = [row[:3] + [shift(x) for x in row[3:]] for row in doc["comm"]]
+    doc["comm"] = [_shifted_comm(CommRecord.from_row(row), shift).row() for row in doc["comm"]]
     doc["grad_ready"] = [[i, n, shift(t)] for i, n, t in doc["grad_ready"]]
-    doc["p2p"] = [row[:8] + [shift(row[8]), shift(row[9])] + row[10:] for row in doc.get("p2p", [])]
+    doc["p2p"] = [_shifted_p2p(P2PRecord.from_row(row), shift).row() for row in doc.get("p2p", [])]
     for key in ("start_us", "end_us"):
         if doc["window"].get(key) is not None:
             doc["window"][key] += offset

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from dprorun.layout import CommRecord
 from dprorun.runtime.apply import resolve_group
 from dprorun.runtime.session import RankSession
 
@@ -257,20 +258,19 @@ class DDPTracker:
         def dpro_timed_comm_hook(state, bucket):
             if not session.detail_active:
                 return inner(state, bucket)
-            enqueue = session.now_us()
-            record = [session.iteration, ddp_index, bucket.index(), enqueue, None, None]
+            record = CommRecord(session.iteration, ddp_index, bucket.index(), session.now_us())
             if inner is allreduce_mean:  # our own all-reduce: one callback does both jobs
                 future = _allreduce_mean(state, bucket, record, session.now_us)
             else:
                 future = inner(state, bucket)
 
                 def done(fut):
-                    record[5] = session.now_us()
+                    record.done_us = session.now_us()
                     return fut.value()
 
                 future = future.then(done)
-            record[4] = session.now_us()
-            key = (ddp_index, record[2])
+            record.enqueued_us = session.now_us()
+            key = (ddp_index, record.bucket)
             if key not in session.buckets:
                 session.guard("reading the bucket layout", self._record_bucket, key, bucket)
             session.comm.append(record)
@@ -302,7 +302,7 @@ def _allreduce_mean(process_group, bucket, record=None, clock=None):
 
     def finished(fut):
         if record is not None:
-            record[5] = clock()
+            record.done_us = clock()
         return fut.value()[0]
 
     return future.then(finished)

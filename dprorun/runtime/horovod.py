@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import sys
 
+from dprorun.layout import CommRecord
 from dprorun.runtime.session import RankSession
 
 
@@ -30,7 +31,7 @@ class HorovodTracker:
         self.iteration_start = session.now_us()
         self.first_ready = None
         self.last_ready = None
-        self.pending: list[list] = []  # comm records waiting for their synchronize, in submission order
+        self.pending: list[CommRecord] = []  # comm records waiting for their synchronize, in submission order
         self.index: dict[str, int] = {}
         self.timeline_on = False
 
@@ -90,13 +91,13 @@ class HorovodTracker:
             session.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
             session.params[0]["order"].append(name)
             session.params[0]["bytes"][name] = nbytes
-        record = [session.iteration, 0, index, now, session.now_us(), None]
+        record = CommRecord(session.iteration, 0, index, now, session.now_us())
         session.comm.append(record)
         self.pending.append(record)
 
     def synchronized_one(self) -> None:
         if self.pending:
-            self.pending.pop(0)[5] = self.session.now_us()
+            self.pending.pop(0).done_us = self.session.now_us()
 
     def step_done(self) -> None:
         session = self.session

@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from dprorun.graph.topology import ring_schedule
+from dprorun.layout import P2PRecord
 from dprorun.runtime.session import RankSession
 
 
@@ -76,7 +77,7 @@ class RingAllreduce:
                 recv_chunk.copy_(buf)
             nbytes_send = send_chunk.numel() * send_chunk.element_size()
             nbytes_recv = recv_chunk.numel() * recv_chunk.element_size()
-            session.p2p.append([iteration, self.ddp_index, index, step, send_c, rank, right, "send", t_send,
-                                t_send_done, nbytes_send])
-            session.p2p.append([iteration, self.ddp_index, index, step, recv_c, left, rank, "recv", t_recv,
-                                t_recv_done, nbytes_recv])
+            session.p2p.append(P2PRecord(iteration, self.ddp_index, index, step, send_c, rank, right, "send", t_send,
+                                         t_send_done, nbytes_send))
+            session.p2p.append(P2PRecord(iteration, self.ddp_index, index, step, recv_c, left, rank, "recv", t_recv,
+                                         t_recv_done, nbytes_recv))

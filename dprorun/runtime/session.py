@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
-from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, SAMPLES_FILE, rank_dir
+from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, SAMPLES_FILE, CommRecord, \
+    P2PRecord, rank_dir
 from dprorun.runtime.log import warn
 
 MAX_ITERATION_TIMESTAMPS = 100_000
@@ -51,9 +52,9 @@ class RankSession:
         self.iteration = -1
         self.iteration_starts: list[float] = []
         self.spans: list[list] = []  # [iteration, name, start_us, end_us]
-        self.comm: list[list] = []  # [iteration, ddp_index, bucket, enqueue_us, enqueued_us, done_us]
+        self.comm: list[CommRecord] = []  # one per bucket and iteration (layout.CommRecord)
         self.grad_ready: list[tuple] = []  # (iteration, param name, time_us)
-        self.p2p: list[list] = []  # ring detail: [iter, ddp, bucket, step, chunk, src, dst, "send"/"recv", t0, t1, bytes]
+        self.p2p: list[P2PRecord] = []  # ring detail (--comm-detail ring): every SEND and RECV
         self.probes: list[list] = []  # clock probes: [peer, round, "origin"/"echo", t_a, t_b]
         self.buckets: dict[tuple[int, int], dict] = {}
         self.params: dict[int, dict] = {}  # ddp index -> {"order": [...], "bytes": {...}}
@@ -377,10 +378,10 @@ class RankSession:
                       "monotonic_start_ns": self.monotonic_at_start_ns},
             "iteration_starts_us": self.iteration_starts,
             "spans": self.spans,
-            "comm": [c for c in self.comm if c[5] is not None],
-            "comm_unfinished": sum(1 for c in self.comm if c[5] is None),
+            "comm": [c.row() for c in self.comm if c.done_us is not None],
+            "comm_unfinished": sum(1 for c in self.comm if c.done_us is None),
             "grad_ready": self.grad_ready,
-            "p2p": self.p2p,
+            "p2p": [r.row() for r in self.p2p],
             "clock_probes": self.probes,
             "calibration": self.calibration,
             "calibration_under_compute": self.calibration_under_compute,

@@ -13,7 +13,7 @@ from typing import Optional
 
 from dprorun.fsutil import TraceError, read_json
 from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, MANIFEST_FILE, \
-    MANIFEST_SCHEMA, SAMPLES_FILE, SCOPE_PREFIX, XPLANE_FILE, rank_dir
+    MANIFEST_SCHEMA, SAMPLES_FILE, SCOPE_PREFIX, XPLANE_FILE, CommRecord, P2PRecord, rank_dir
 from dprorun.graph.topology import transaction_id
 from dprorun.trace.kineto import KinetoTrace, read_kineto
 from dprorun.trace.xplane import TFProfile, read_tf_profile
@@ -42,7 +42,7 @@ def load_events(path: str) -> dict:
     try:
         for row in doc["comm"]:
             _require(isinstance(row, list) and len(row) == 6, path, "malformed comm record")
-            [float(x) for x in row[3:6]]
+            CommRecord.from_row(row)
         for row in doc["spans"]:
             _require(isinstance(row, list) and len(row) == 4, path, "malformed span record")
             float(row[2]), float(row[3])
@@ -128,23 +128,23 @@ def _add_p2p(trace: RankTrace, doc: dict, profiled: set) -> dict[tuple[int, str]
     first_send: dict[tuple[int, str], float] = {}
     for row in doc.get("p2p", []):
         try:
-            iteration, ddp, bucket, step, chunk, src, dst, role, t0, t1, nbytes = row
-            t0, t1 = float(t0), float(t1)
+            record = P2PRecord.from_row(row)
         except (TypeError, ValueError):
             raise TraceError(os.path.join(doc.get("_path", ""), "events.json"), "malformed p2p record") from None
-        if iteration not in profiled:
+        if record.iteration not in profiled:
             continue
-        key = _bucket_key(int(ddp), int(bucket))
-        txn = transaction_id(key, int(iteration), int(step), int(chunk), int(src), int(dst))
-        sending = role == "send"
-        trace.ops.append(Op(name=f"{'send' if sending else 'recv'}.{key}.s{step}.c{chunk}", kind=OpKind.COMM,
-                            rank=trace.rank, start_us=t0, end_us=t1, iteration=int(iteration), stream="comm",
-                            host=trace.host, tensor=key, nbytes=int(nbytes), peer=int(dst if sending else src),
-                            chunk=int(chunk), step=int(step), txn_id=txn, phase="send" if sending else "recv",
-                            source="hooks", granularity="chunk", args={} if sending else {"posted_us": t0}))
+        key = _bucket_key(record.ddp, record.bucket)
+        txn = transaction_id(key, record.iteration, record.step, record.chunk, record.src, record.dst)
+        sending = record.role == "send"
+        trace.ops.append(Op(name=f"{record.role}.{key}.s{record.step}.c{record.chunk}", kind=OpKind.COMM,
+                            rank=trace.rank, start_us=record.start_us, end_us=record.end_us,
+                            iteration=record.iteration, stream="comm", host=trace.host, tensor=key,
+                            nbytes=record.nbytes, peer=record.dst if sending else record.src, chunk=record.chunk,
+                            step=record.step, txn_id=txn, phase=record.role, source="hooks", granularity="chunk",
+                            args={} if sending else {"posted_us": record.start_us}))
         if sending:
-            slot = (int(iteration), key)
-            first_send[slot] = min(first_send.get(slot, t0), t0)
+            slot = (record.iteration, key)
+            first_send[slot] = min(first_send.get(slot, record.start_us), record.start_us)
     return first_send
 
 
@@ -158,14 +158,16 @@ def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profil
         candidates.sort(key=lambda op: op.start_us)
     used = [False] * len(candidates)
     cand_starts = [op.start_us for op in candidates]
-    records = sorted((r for r in doc["comm"] if r[0] in profiled), key=lambda r: r[3])
-    for iteration, ddp, index, enqueue, enqueued, done in records:
-        key = _bucket_key(int(ddp), int(index))
-        nbytes = sizes.get((int(ddp), int(index)), 0)
-        common = dict(rank=trace.rank, iteration=int(iteration), tensor=key, nbytes=nbytes, host=trace.host,
+    records = sorted((r for r in map(CommRecord.from_row, doc["comm"]) if r.iteration in profiled),
+                     key=lambda r: r.enqueue_us)
+    for record in records:
+        iteration, enqueue, done = record.iteration, record.enqueue_us, record.done_us
+        key = _bucket_key(record.ddp, record.bucket)
+        nbytes = sizes.get((record.ddp, record.bucket), 0)
+        common = dict(rank=trace.rank, iteration=iteration, tensor=key, nbytes=nbytes, host=trace.host,
                       source="hooks")
-        enqueue_cost = {"enqueue_cost_us": max(0.0, float(enqueued) - float(enqueue))}
-        ring_start = first_send.get((int(iteration), key))
+        enqueue_cost = {"enqueue_cost_us": max(0.0, record.enqueued_us - enqueue)}
+        ring_start = first_send.get((iteration, key))
         if ring_start is not None:  # measured ring: queueing ends when the first chunk is sent
             trace.ops.append(Op(name=f"queue.{key}", kind=OpKind.QUEUE, start_us=enqueue, end_us=ring_start,
                                 stream="comm", phase="queue", args=dict(enqueue_cost), **common))
@@ -240,7 +242,7 @@ def add_tf_records(doc: dict, profile: TFProfile) -> None:
         update_start = max([bw_end] + [c.end_us for c in colls])
         doc["spans"] += [[step, "forward0", start, bw_start], [step, "backward0", bw_start, bw_end],
                          [step, "update", update_start, max([update_start] + [op.end_us for op in ops])]]
-        doc["comm"] += [[step, 0, k, c.start_us, c.start_us, c.end_us] for k, c in enumerate(colls)
+        doc["comm"] += [CommRecord(step, 0, k, c.start_us, c.start_us, c.end_us).row() for k, c in enumerate(colls)
                         if k < len(packs)]
         produced = {op.args.get("op"): op.end_us for op in ops}
         for name in names:
