@@ -158,3 +158,13 @@ def test_dry_run_and_a_pack_size_strategy_applied_on_restart(tmp_path):
     assert events["strategy"]["applied"]["tf_bytes_per_pack"] == int(0.01 * (1 << 20))
     tracker = next(t for t in events["trackers"] if t["framework"] == "tf")
     assert len(tracker["packs"]) > 1  # the script asked for one pack; the strategy's pack size made several
+
+
+def test_keras3_fit_users_are_told_the_upstream_issue_and_the_workaround(tmp_path):
+    run_dir = tmp_path / "keras3"
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", "python", os.path.join(REPO, "tests", "data",
+                                                                                 "tf_keras3_fit.py")],
+                         run_dir, timeout=400)
+    assert "keras-team/keras#20585" in proc.stderr and "tf-keras" in proc.stderr
+    if proc.returncode != 0:  # as upstream has it: the job's own error and exit code are kept
+        assert proc.returncode == 1 and "rank" in proc.stderr

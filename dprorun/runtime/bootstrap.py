@@ -89,8 +89,13 @@ def install(environ=os.environ) -> Optional[object]:
         sess.guard("patching TensorFlow", patch_tensorflow, sess)
 
     callbacks = {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd}
+    def patch_keras3():
+        from dprorun.runtime.tf import patch_keras3_fit
+
+        sess.guard("patching Keras 3's fit", patch_keras3_fit, sess)
+
     if environ.get("DPRO_BACKEND") == "tf":  # TensorFlow workers: steps found through tf.function calls
-        callbacks = {"tensorflow": patch_tf}
+        callbacks = {"tensorflow": patch_tf, "keras.src.backend.tensorflow.trainer": patch_keras3}
     pending = {}
     for name, callback in callbacks.items():
         if name in sys.modules:

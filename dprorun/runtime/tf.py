@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -260,4 +261,29 @@ def tf_compute_threads() -> int:
 
 def keras3_fit_message() -> str:
     return ("Keras 3 Model.fit under MultiWorkerMirroredStrategy fails upstream (keras-team/keras#20585); use "
-            "tf-keras (pip install tf-keras, TF_USE_LEGACY_KERAS=1) or a custom training loop")
+            "tf-keras (scripts/install-tf, or pip install tf-keras --no-deps; TF_USE_LEGACY_KERAS=1 before "
+            "TensorFlow is imported) or a custom training loop")
+
+
+def patch_keras3_fit(session: "RankSession") -> None:
+    """Keras 3's `fit` called under MultiWorkerMirroredStrategy: say once, before it runs, that it fails upstream
+    and what to use instead (the call itself goes ahead unchanged)."""
+    from keras.src.backend.tensorflow import trainer
+
+    fit = trainer.TensorFlowTrainer.fit
+    said = []
+
+    def checked_fit(self, *args, **kwargs):
+        if not said:
+            import tensorflow as tf
+            from tensorflow.python.distribute import collective_all_reduce_strategy
+
+            if isinstance(tf.distribute.get_strategy(), collective_all_reduce_strategy.CollectiveAllReduceStrategy) \
+                    or getattr(self, "_distribute_strategy", None) is not None:
+                said.append(True)
+                session.warnings.append(keras3_fit_message())
+                if session.rank == 0:
+                    print(f"[dprorun] warning: {keras3_fit_message()}", file=sys.stderr, flush=True)
+        return fit(self, *args, **kwargs)
+
+    trainer.TensorFlowTrainer.fit = checked_fit
