@@ -81,133 +81,178 @@ def _quietly(finalize: Callable, job: JobConfig, result) -> int:
 
 def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
     """Drive the phases; `launch` and `finalize` are dprorun.launch.launch and dprorun.finalize.finalize_run."""
-    from dprorun.analysis import optimize_run
-    from dprorun.optimize import BudgetError
-    from dprorun.strategy import save_strategy
+    tune = _Autotune(job, launch, finalize)
+    profiled = tune.profile()
+    if isinstance(profiled, int):
+        return profiled  # the profiling run failed: its exit code
+    searched = tune.search(profiled)
+    if isinstance(searched, int):
+        return searched
+    strategy, candidates, profiled_run = searched
+    if strategy.is_default() or not strategy.decisions:
+        tune.record("deciding", keep=False, reason="the job's own settings are already the best found",
+                    tuning_seconds=round(time.monotonic() - tune.started, 2))
+        _phase(job, "the job's own settings are already the best found; keeping them")
+        return tune.final(None, "with its own settings (already the best found)")
+    keep, trial_ms, label, message = tune.trials(strategy, candidates, profiled_run, profiled)
+    return tune.decide(keep, trial_ms, label, message, profiled)
 
-    min_gain = job.autotune_min_gain
-    make_private_dir(job.run_dir)
-    tune_dir = make_private_dir(os.path.join(job.run_dir, "autotune"))
-    log: dict = {"job_id": job.profile.job_id, "command": job.command, "started": time.time(), "phases": []}
-    log_path = os.path.join(job.run_dir, "autotune.json")
 
-    def record(name: str, **values) -> None:
-        log["phases"].append({"phase": name, "time": round(time.time(), 3), **values})
-        atomic_write_json(log_path, log, indent=2)
+class _Autotune:
+    """One --autotune: the run's log (autotune.json) and the phases, each a method."""
 
-    def final(strategy_file: Optional[str], why: str) -> int:
-        _phase(job, f"running the job {why}")
-        record("running", strategy=strategy_file, reason=why)
-        code = finalize(_sub_job(job, job.run_dir, False, strategy_file), launch(_sub_job(job, job.run_dir, False,
-                                                                                       strategy_file)))
-        record("done", exit_code=code)
+    def __init__(self, job: JobConfig, launch: Callable, finalize: Callable):
+        self.job, self.launch, self.finalize = job, launch, finalize
+        make_private_dir(job.run_dir)
+        self.tune_dir = make_private_dir(os.path.join(job.run_dir, "autotune"))
+        self.log: dict = {"job_id": job.profile.job_id, "command": job.command, "started": time.time(), "phases": []}
+        self.log_path = os.path.join(job.run_dir, "autotune.json")
+        self.strategy_path = os.path.join(job.run_dir, "strategy.json")
+        self.started = time.monotonic()
+
+    def record(self, name: str, **values) -> None:
+        self.log["phases"].append({"phase": name, "time": round(time.time(), 3), **values})
+        atomic_write_json(self.log_path, self.log, indent=2)
+
+    def final(self, strategy_file: Optional[str], why: str) -> int:
+        """Phase 5: the whole job, with the strategy or with its own settings."""
+        _phase(self.job, f"running the job {why}")
+        self.record("running", strategy=strategy_file, reason=why)
+        sub = _sub_job(self.job, self.job.run_dir, False, strategy_file)
+        code = self.finalize(sub, self.launch(_sub_job(self.job, self.job.run_dir, False, strategy_file)))
+        self.record("done", exit_code=code)
         return code
 
-    started = time.monotonic()
-    _phase(job, f"1/4 profiling {job.profile.warmup}+{job.profile.active} iterations with the job's own settings")
-    profile_job = _sub_job(job, os.path.join(tune_dir, "profile"), True, None)
-    result = launch(profile_job)
-    if result.exit_code != 0:
-        _quietly(finalize, profile_job, result)
-        record("profiling", exit_code=result.exit_code, message=result.message)
-        print(f"dprorun: error: autotune stopped: the profiling run failed ({result.message}); its traces are in "
-              f"{profile_job.run_dir}", file=sys.stderr)
-        return result.exit_code
-    _quietly(finalize, profile_job, result)
-    baseline_ms = _measured_ms(profile_job.run_dir)
-    record("profiling", run_dir=profile_job.run_dir, measured_ms=baseline_ms)
+    def profile(self):
+        """Phase 1: the profiling window with the job's own settings; (run dir, measured ms) or an exit code."""
+        job = self.job
+        _phase(job, f"1/4 profiling {job.profile.warmup}+{job.profile.active} iterations with the job's own settings")
+        profile_job = _sub_job(job, os.path.join(self.tune_dir, "profile"), True, None)
+        result = self.launch(profile_job)
+        _quietly(self.finalize, profile_job, result)
+        if result.exit_code != 0:
+            self.record("profiling", exit_code=result.exit_code, message=result.message)
+            print(f"dprorun: error: autotune stopped: the profiling run failed ({result.message}); its traces are "
+                  f"in {profile_job.run_dir}", file=sys.stderr)
+            return result.exit_code
+        baseline_ms = _measured_ms(profile_job.run_dir)
+        self.record("profiling", run_dir=profile_job.run_dir, measured_ms=baseline_ms)
+        return profile_job.run_dir, baseline_ms
 
-    _phase(job, "2/4 searching a strategy on the replayed job")
-    candidates = []
-    try:
-        if job.backend in ("horovod", "tf"):
-            candidates = _knob_candidates(profile_job.run_dir, job.backend)
-            strategy = candidates[0] if candidates else Strategy(search={"framework": job.backend})
-            profiled_run = None
+    def search(self, profiled):
+        """Phase 2: the strategy (Horovod, TensorFlow: knob candidates ranked by replay); (strategy, candidates,
+        the aligned profiled run or None) or an exit code."""
+        from dprorun.analysis import optimize_run
+        from dprorun.optimize import BudgetError
+        from dprorun.strategy import save_strategy
+
+        job = self.job
+        run_dir, _ = profiled
+        _phase(job, "2/4 searching a strategy on the replayed job")
+        candidates = []
+        try:
+            if job.backend in ("horovod", "tf"):
+                candidates = _knob_candidates(run_dir, job.backend)
+                strategy = candidates[0] if candidates else Strategy(search={"framework": job.backend})
+                profiled_run = None
+            else:
+                strategy, profiled_run = optimize_run(run_dir, job.memory_budget_bytes, job.autotune_allow_bf16)
+        except BudgetError as exc:
+            self.record("searching", error=str(exc))
+            print(f"dprorun: error: autotune: {exc}", file=sys.stderr)
+            return 3
+        except Exception as exc:  # a failed search must never cost the job: run it with its own settings
+            self.record("searching", error=f"{type(exc).__name__}: {exc}")
+            print(f"dprorun: warning: autotune search failed ({exc}); running with the job's own settings",
+                  file=sys.stderr)
+            return self.final(None, "with its own settings (search failed)")
+        save_strategy(strategy, self.strategy_path)
+        self.record("searching", strategy=self.strategy_path, baseline_replay_ms=strategy.baseline_ms,
+                    predicted_ms=strategy.predicted_ms, decisions=[d.to_json() for d in strategy.decisions],
+                    search=strategy.search)
+        if not job.quiet:
+            for line in strategy.summary_lines():
+                print(f"dprorun autotune:   {line.strip()}")
+            if "comm_passes" in strategy.search:
+                print(f"dprorun autotune:   communication passes {strategy.search['comm_passes']}")
+        return strategy, candidates, profiled_run
+
+    def _trial_list(self, strategy: Strategy, candidates: list, profiled_run) -> tuple[list, bool]:
+        """[(strategy file, label, folder)] to measure, and whether every one is measured (knob candidates) or
+        the first that beats the profile is kept."""
+        from dprorun.strategy import save_strategy
+
+        trials = [(self.strategy_path, "the strategy", "trial")]
+        keep_best = len(candidates) > 1  # Horovod, TensorFlow: the replay ranks knobs, real trials decide
+        if keep_best:
+            for k, other in enumerate(candidates[1:], start=2):
+                other_path = os.path.join(self.job.run_dir, f"strategy-candidate{k}.json")
+                save_strategy(other, other_path)
+                trials.append((other_path, f"candidate {k} ({other.decisions[0].choice})", f"trial{k}"))
+            trials[0] = (self.strategy_path, f"candidate 1 ({strategy.decisions[0].choice})", "trial")
+        without = _without_compute_passes(strategy, profiled_run) if profiled_run is not None else None
+        if without is not None:  # compute passes rest on a short measurement: if the whole strategy is not
+            # faster, the communication part alone gets its own trial before everything is reverted
+            without_path = os.path.join(self.job.run_dir, "strategy-without-compute.json")
+            save_strategy(without, without_path)
+            trials.append((without_path, "the strategy without op fusion / bf16", "trial-without-compute"))
+        return trials, keep_best
+
+    def trials(self, strategy: Strategy, candidates: list, profiled_run, profiled):
+        """Phase 3: trial windows; (keep, measured ms, label, failure message)."""
+        job, min_gain = self.job, self.job.autotune_min_gain
+        _, baseline_ms = profiled
+        trials, keep_best = self._trial_list(strategy, candidates, profiled_run)
+        keep, trial_ms, result, label = False, None, None, ""
+        measured: list[tuple[float, str, str]] = []
+        for number, (path, trial_label, folder) in enumerate(trials):
+            _phase(job, f"3/4 trial window with {trial_label} applied")
+            trial_job = _sub_job(job, os.path.join(self.tune_dir, folder), True, path)
+            result = self.launch(trial_job)
+            _quietly(self.finalize, trial_job, result)
+            this_ms = _measured_ms(trial_job.run_dir) if result.exit_code == 0 else None
+            self.record("trial", run_dir=trial_job.run_dir, exit_code=result.exit_code, measured_ms=this_ms,
+                        strategy=path)
+            if this_ms is not None:
+                measured.append((this_ms, path, trial_label))
+            if keep_best:  # every candidate is measured; the fastest is judged below
+                if this_ms is not None and baseline_ms is not None:
+                    _phase(job, f"   measured {baseline_ms:.2f} -> {this_ms:.2f} ms with {trial_label}")
+                continue
+            trial_ms, label = this_ms, trial_label
+            keep = trial_ms is not None and baseline_ms is not None and trial_ms < baseline_ms * (1 - min_gain)
+            if keep:
+                if path != self.strategy_path:  # what runs is what strategy.json says
+                    shutil.copyfile(path, self.strategy_path)
+                break
+            if number + 1 < len(trials) and trial_ms is not None and baseline_ms is not None:
+                _phase(job, f"   measured {baseline_ms:.2f} -> {trial_ms:.2f} ms with {trial_label}: not better by "
+                            f"{100 * min_gain:.0f} %")
+        if keep_best and measured:
+            trial_ms, path, label = min(measured)
+            keep = baseline_ms is not None and trial_ms < baseline_ms * (1 - min_gain)
+            if keep and path != self.strategy_path:
+                shutil.copyfile(path, self.strategy_path)
+        return keep, trial_ms, label, result.message if result is not None else ""
+
+    def decide(self, keep: bool, trial_ms: Optional[float], label: str, message: str, profiled) -> int:
+        """Phase 4 (never regress), then phase 5."""
+        _, baseline_ms = profiled
+        min_gain = self.job.autotune_min_gain
+        if trial_ms is None:
+            reason = f"the trial run failed ({message}): reverting to the job's own settings"
+        elif keep:
+            reason = (f"measured {baseline_ms:.2f} -> {trial_ms:.2f} ms per iteration "
+                      f"({100 * (1 - trial_ms / baseline_ms):.1f} % faster): keeping {label}")
         else:
-            strategy, profiled_run = optimize_run(profile_job.run_dir, job.memory_budget_bytes,
-                                                  job.autotune_allow_bf16)
-    except BudgetError as exc:
-        record("searching", error=str(exc))
-        print(f"dprorun: error: autotune: {exc}", file=sys.stderr)
-        return 3
-    except Exception as exc:  # a failed search must never cost the job: run it with its own settings
-        record("searching", error=f"{type(exc).__name__}: {exc}")
-        print(f"dprorun: warning: autotune search failed ({exc}); running with the job's own settings",
-              file=sys.stderr)
-        return final(None, "with its own settings (search failed)")
-    strategy_path = os.path.join(job.run_dir, "strategy.json")
-    save_strategy(strategy, strategy_path)
-    record("searching", strategy=strategy_path, baseline_replay_ms=strategy.baseline_ms,
-           predicted_ms=strategy.predicted_ms, decisions=[d.to_json() for d in strategy.decisions],
-           search=strategy.search)
-    if not job.quiet:
-        for line in strategy.summary_lines():
-            print(f"dprorun autotune:   {line.strip()}")
-        if "comm_passes" in strategy.search:
-            print(f"dprorun autotune:   communication passes {strategy.search['comm_passes']}")
-    if strategy.is_default() or not strategy.decisions:
-        record("deciding", keep=False, reason="the job's own settings are already the best found",
-               tuning_seconds=round(time.monotonic() - started, 2))
-        _phase(job, "the job's own settings are already the best found; keeping them")
-        return final(None, "with its own settings (already the best found)")
-
-    trials = [(strategy_path, "the strategy", "trial")]
-    keep_best = False
-    if len(candidates) > 1:  # Horovod, TensorFlow: the replay ranks knobs, real trials of the top ones decide
-        keep_best = True
-        for k, other in enumerate(candidates[1:], start=2):
-            other_path = os.path.join(job.run_dir, f"strategy-candidate{k}.json")
-            save_strategy(other, other_path)
-            trials.append((other_path, f"candidate {k} ({other.decisions[0].choice})", f"trial{k}"))
-        trials[0] = (strategy_path, f"candidate 1 ({strategy.decisions[0].choice})", "trial")
-    without = _without_compute_passes(strategy, profiled_run) if profiled_run is not None else None
-    if without is not None:  # compute passes rest on a short measurement: if the whole strategy is not faster,
-        # the communication part alone gets its own trial before everything is reverted
-        without_path = os.path.join(job.run_dir, "strategy-without-compute.json")
-        save_strategy(without, without_path)
-        trials.append((without_path, "the strategy without op fusion / bf16", "trial-without-compute"))
-    keep, trial_ms, result, label = False, None, None, ""
-    measured: list[tuple[float, str, str]] = []
-    for number, (path, trial_label, folder) in enumerate(trials):
-        _phase(job, f"3/4 trial window with {trial_label} applied")
-        trial_job = _sub_job(job, os.path.join(tune_dir, folder), True, path)
-        result = launch(trial_job)
-        _quietly(finalize, trial_job, result)
-        this_ms = _measured_ms(trial_job.run_dir) if result.exit_code == 0 else None
-        record("trial", run_dir=trial_job.run_dir, exit_code=result.exit_code, measured_ms=this_ms, strategy=path)
-        if this_ms is not None:
-            measured.append((this_ms, path, trial_label))
-        if keep_best:  # every candidate is measured; the fastest is judged below
-            if this_ms is not None and baseline_ms is not None:
-                _phase(job, f"   measured {baseline_ms:.2f} -> {this_ms:.2f} ms with {trial_label}")
-            continue
-        trial_ms, label = this_ms, trial_label
-        keep = trial_ms is not None and baseline_ms is not None and trial_ms < baseline_ms * (1 - min_gain)
-        if keep:
-            if path != strategy_path:  # what runs is what strategy.json says
-                shutil.copyfile(path, strategy_path)
-            break
-        if number + 1 < len(trials) and trial_ms is not None and baseline_ms is not None:
-            _phase(job, f"   measured {baseline_ms:.2f} -> {trial_ms:.2f} ms with {trial_label}: not better by "
-                        f"{100 * min_gain:.0f} %")
-    if keep_best and measured:
-        trial_ms, path, label = min(measured)
-        keep = baseline_ms is not None and trial_ms < baseline_ms * (1 - min_gain)
-        if keep and path != strategy_path:
-            shutil.copyfile(path, strategy_path)
-    if trial_ms is None:
-        reason = f"the trial run failed ({result.message}): reverting to the job's own settings"
-    elif keep:
-        reason = (f"measured {baseline_ms:.2f} -> {trial_ms:.2f} ms per iteration "
-                  f"({100 * (1 - trial_ms / baseline_ms):.1f} % faster): keeping {label}")
-    else:
-        reason = (f"measured {baseline_ms:.2f} -> {trial_ms:.2f} ms per iteration, not better by "
-                  f"{100 * min_gain:.0f} %: reverting to the job's own settings")
-    record("deciding", keep=keep, reason=reason, baseline_ms=baseline_ms, trial_ms=trial_ms,
-           strategy=strategy_path if keep else None, tuning_seconds=round(time.monotonic() - started, 2))
-    _phase(job, f"4/4 {reason}")
-    return final(strategy_path if keep else None, "with the strategy" if keep else "with its own settings")
+            reason = (f"measured {baseline_ms:.2f} -> {trial_ms:.2f} ms per iteration, not better by "
+                      f"{100 * min_gain:.0f} %: reverting to the job's own settings")
+        self.record("deciding", keep=keep, reason=reason, baseline_ms=baseline_ms, trial_ms=trial_ms,
+                    strategy=self.strategy_path if keep else None,
+                    tuning_seconds=round(time.monotonic() - self.started, 2))
+        _phase(self.job, f"4/4 {reason}")
+        return self.final(self.strategy_path if keep else None,
+                          "with the strategy" if keep else "with its own settings")
 
 
 def _knob_candidates(run_dir: str, backend: str) -> list:
