@@ -73,8 +73,9 @@ def test_the_xplane_reader_decodes_what_tensorflow_decodes(tf_run):
     starts = events["iteration_starts_us"]
     profiled = events["window"]["kineto_iterations"]
     assert profiled == [3, 4, 5]
-    # the profile and the hooks share the worker's clock: every collective lies inside a profiled step
-    assert len(profile.collectives) >= 3
+    # the profile and the hooks share the worker's clock: every collective lies inside a profiled step (the
+    # first profiled step's may be missing: the profiler is still starting, 1.5 s, when it runs)
+    assert profile.collectives
     for op in profile.collectives:
         assert any(starts[i] <= op.start_us < starts[i + 1] for i in profiled)
     assert all(c.args["instance_key"] is not None for c in profile.collectives)

@@ -22,7 +22,6 @@ behaves the same at rank r and r + m, so only m ranks are built and rank 0 recei
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from fnmatch import fnmatchcase
 from typing import Optional
 
 import numpy as np
@@ -259,8 +258,7 @@ def phase_nodes(g: GraphBuilder, rank: int, device: str, name: str, kind: str, p
     factors = [whatif.op_factor(op) for op, _ in pieces] if whatif.op_scale else [1.0] * len(pieces)
     if whatif.op_scale:
         for op, _ in pieces:
-            matched.update(p for p in whatif.op_scale if fnmatchcase(op.name, p) or fnmatchcase(op.label, p)
-                           or (op.scope and fnmatchcase(op.scope, p)))
+            matched.update(whatif.op_patterns(op))
     if detail == "coarse":
         return [g.op(name, kind, rank, device, duration_us * sum(s * f for (_, s), f in zip(pieces, factors)))]
     return [g.op(f"{name}:{op.label}", kind, rank, device, duration_us * share * f)

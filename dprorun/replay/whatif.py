@@ -67,13 +67,17 @@ class WhatIf:
     def pieces(self, bucket_key: str) -> int:
         return max(1, int(self.bucket_partitions.get(bucket_key, self.partitions)))
 
+    def op_patterns(self, op: ProfiledOp) -> list[str]:
+        """The `op_scale` patterns a profiled op matches (by name, module scope or name@scope)."""
+        return [pattern for pattern in self.op_scale
+                if fnmatchcase(op.name, pattern) or (op.scope and fnmatchcase(op.scope, pattern))
+                or fnmatchcase(op.label, pattern)]
+
     def op_factor(self, op: ProfiledOp) -> float:
         """The factor `op_scale` gives a profiled op (the product of every pattern it matches; 1 if none)."""
         factor = 1.0
-        for pattern, value in self.op_scale.items():
-            if fnmatchcase(op.name, pattern) or (op.scope and fnmatchcase(op.scope, pattern)) \
-                    or fnmatchcase(op.label, pattern):
-                factor *= value
+        for pattern in self.op_patterns(op):
+            factor *= self.op_scale[pattern]
         return factor
 
 

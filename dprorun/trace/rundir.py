@@ -270,7 +270,7 @@ def _add_tf_compute(trace: RankTrace, profile: TFProfile) -> None:
             op.iteration = step
             op.host = trace.host
             trace.ops.append(op)
-        for k, op in enumerate(colls):
+        for op in colls:
             op.iteration, op.host = step, trace.host
             trace.ops.append(op)
 
