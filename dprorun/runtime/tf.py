@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from dprorun.layout import XPLANE_FILE
 
@@ -34,7 +34,6 @@ class TFTracker:
     def __init__(self, session: "RankSession"):
         self.session = session
         self.step_functions: set[int] = set()  # id() of tf.function objects whose tracing called strategy.run
-        self.tracing: list[Any] = []  # the tf.functions being called, innermost last (this thread)
         self.local = threading.local()
         self.packs: list[dict] = []  # as traced: [{"tensors": [...], "bytes": [...]}]
         self.bytes_per_pack: Optional[int] = None

@@ -21,7 +21,8 @@ Produced (host plane "/host:CPU"):
   - collectives: `CollectiveReduceV2` (and other `Collective*` ops) on `collective_ops` threads, kind COMM,
     phase "transmit", txn_id "tf.instance<instance_key>", with group key and step id, and the bytes of the
     buffer allocated inside it (the MemoryAllocation event's requested_bytes);
-  - steps: the python thread's `train` events (`tf.profiler.experimental.Trace("train", step_num=N)`).
+  - steps: the python thread's `train` events (`tf.profiler.experimental.Trace("train", step_num=N)`), where a
+    script set them (dprorun sets none: it splits the profile at its own step boundaries).
 """
 from __future__ import annotations
 
