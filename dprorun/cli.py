@@ -40,10 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--launcher", choices=("elastic", "torchrun"), default="elastic",
                      help="elastic: torch.distributed.elastic in this process (default); torchrun: hand the "
                           "launch to the torchrun CLI")
-    job.add_argument("--backend", choices=("ddp", "horovod", "byteps", "tf"), default="ddp",
+    job.add_argument("--backend", choices=("ddp", "horovod", "byteps", "tf", "mxnet"), default="ddp",
                      help="framework of the job: ddp (torch.distributed), horovod (run through horovodrun), "
-                          "byteps (run through bpslaunch, one per machine and role, with BytePS's tracing) or tf "
-                          "(TensorFlow MultiWorkerMirroredStrategy workers, TF_CONFIG set per worker)")
+                          "byteps (run through bpslaunch, one per machine and role, with BytePS's tracing), tf "
+                          "(TensorFlow MultiWorkerMirroredStrategy workers, TF_CONFIG set per worker) or mxnet "
+                          "(MXNet kvstore parameter server: a scheduler, --servers servers and -np workers)")
+    mxg = parser.add_argument_group("mxnet (with --backend mxnet)")
+    mxg.add_argument("--servers", type=int, default=1, help="parameter servers (default 1)")
+    mxg.add_argument("--mxnet-python", default=None,
+                     help="the Python the roles run with when the command starts with python (default: "
+                          "$DPRO_MXNET_PYTHON, else this Python if it imports mxnet, else the environment "
+                          "scripts/install-mxnet made)")
     hvd = parser.add_argument_group("horovod (with --backend horovod)")
     hvd.add_argument("--fusion-threshold-mb", type=float, default=None, help="horovodrun --fusion-threshold-mb")
     hvd.add_argument("--cycle-time-ms", type=float, default=None, help="horovodrun --cycle-time-ms")
@@ -228,6 +235,16 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         load_strategy(args.strategy)  # a bad file is an error now, not a warning in every rank
         job.strategy_file = os.path.abspath(args.strategy)
     job.autotune = args.autotune
+    if args.backend == "mxnet":
+        if args.servers < 1:
+            raise ValueError("--servers must be at least 1")
+        if job.nnodes > 1 or job.hosts:
+            raise ValueError("--backend mxnet runs on one host for now (scheduler, servers and workers on "
+                             "127.0.0.1); across hosts, MXNet's own launch recipe runs the roles")
+        job.servers = args.servers
+        job.mxnet_python = args.mxnet_python or ""
+    elif args.servers != 1:
+        raise ValueError("--servers goes with --backend mxnet")
     if args.backend == "horovod":
         job.horovod_args = horovod_arguments(args)
         job.horovod_full_timeline = args.horovod_full_timeline
@@ -247,6 +264,10 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
 
         job.memory_budget_bytes = parse_bytes(args.memory_budget)
     job.profile = profile_config_from_env_and_args(args)
+    if args.backend == "mxnet" and args.kineto_iters is None and "DPRO_KINETO_ITERS" not in os.environ:
+        # mx.profiler costs MXNet's operators little (profiled iterations were no slower), and the PS model wants
+        # several complete profiled iterations: the first 8 of the window
+        job.profile.kineto_iters = min(8, job.profile.active)
     job.profile.dry_run = job.profile.dry_run or args.dry_run
     job.predict_np = predict_np or job.world_size
     if args.bandwidth:

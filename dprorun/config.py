@@ -145,6 +145,8 @@ class JobConfig:
     horovod_args: list[str] = field(default_factory=list)  # passed to horovodrun (fusion threshold, cycle time)
     horovod_full_timeline: bool = False  # Horovod's timeline for the whole job (else the profiling window's first iterations)
     horovod_ssh_args: list[str] = field(default_factory=list)  # horovodrun's ssh identity / port / NICs (multi-host)
+    servers: int = 1  # --backend mxnet: parameter servers
+    mxnet_python: str = ""  # --backend mxnet: the interpreter of the roles ("": found at launch)
     low_disk: Optional[str] = None  # set at launch: why profiling is off (too little free disk), or None
 
     @property

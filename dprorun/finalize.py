@@ -121,6 +121,37 @@ def _horovod_line(summary: dict) -> str:
             f"{summary['path']} for the per-step table)")
 
 
+def _finalize_ps(job: JobConfig, result: LaunchResult, with_events: list[int]) -> int:
+    """--backend mxnet: the parameter-server model read from the run directory, its replay of the job as it ran
+    (and --dry-run's what-if), summary.json and prediction.json; the figures checked against the run's own
+    iterations without the profiler."""
+    from dprorun.replay.ps import PSWhatIf, build_ps_model, format_ps_prediction, predict_ps
+
+    _progress(job, f"reading the traces of {len(with_events)} workers and the servers' updates")
+    try:
+        model = build_ps_model(job.run_dir)
+        as_run = predict_ps(model)
+        whatif = PSWhatIf(workers=job.predict_np if job.predict_np != job.world_size else None,
+                          bandwidth_gbit=job.predict_bandwidth_gbit)
+        prediction = predict_ps(model, whatif) if job.profile.dry_run else as_run
+    except Exception as exc:  # the job's outcome stands; the traces stay for dpro replay
+        print(f"dprorun: warning: no parameter-server replay: {exc}", file=sys.stderr)
+        if not job.quiet:
+            print(f"dprorun: run directory {job.run_dir}")
+        return result.exit_code
+    summary = {"backend": "mxnet", "model": model.to_json(), "as_run": as_run.to_json(),
+               "prediction": prediction.to_json()}
+    atomic_write_json(os.path.join(job.run_dir, "summary.json"), summary, indent=2)
+    if job.profile.dry_run:
+        atomic_write_json(os.path.join(job.run_dir, "prediction.json"), prediction.to_json(), indent=2)
+    if job.json_summary:
+        print(json.dumps(summary, indent=2, default=float))
+    elif not job.quiet:
+        print(format_ps_prediction(model, prediction))
+        print(f"dprorun: run directory {job.run_dir}")
+    return result.exit_code
+
+
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     status = "completed" if result.exit_code == 0 else "failed"
     folders = rank_folders(job.run_dir) if os.path.isdir(job.run_dir) else {}
@@ -140,6 +171,8 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         if missing and with_events:
             kept += f"; missing for ranks {missing}"
         print(f"dprorun: {kept} in {job.run_dir}", file=sys.stderr)
+    if job.backend == "mxnet" and with_events:
+        return _finalize_ps(job, result, with_events)
     horovod = _horovod_timeline(job) if job.backend == "horovod" and job.node_rank == 0 else None
     if job.node_rank != 0 or not with_events:
         if horovod is not None:

@@ -67,6 +67,18 @@ XPLANE_FILE = "xplane.pb"
 TF_WORKERS_ENV = "DPRO_TF_WORKERS"
 
 
+# --backend mxnet: a worker's mx.profiler dump (runtime/mxnet.py writes it, trace/mxprofile.py reads it), and each
+# parameter server's timed updates in server_<r>/server.json
+MX_PROFILE_FILE = "mx_profile.json"
+SERVER_FILE = "server.json"
+SERVER_SCHEMA = "dprorun-ps-server"
+
+
+def server_dir(run_dir: str, server: int) -> str:
+    """Where parameter server `server`'s files lie in a run directory."""
+    return os.path.join(run_dir, f"server_{server}")
+
+
 # ---- records of events.json ("comm", "p2p"): written by the hooks, read by trace/rundir.py ---------------------
 # On disk each record is a JSON array in the field order below (compact: thousands per rank); in memory, on both
 # sides, it is the dataclass, so no module unpacks a record by position.

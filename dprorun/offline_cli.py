@@ -107,7 +107,29 @@ def parse_bandwidth(text: str) -> float:
     return value * {"k": 1e-6, "m": 1e-3, "g": 1.0}[unit]
 
 
+def _cmd_replay_ps(args: argparse.Namespace) -> int:
+    """A parameter-server run (--backend mxnet): its PS graph replayed, with the PS what-ifs."""
+    from dprorun.replay.ps import PSWhatIf, build_ps_model, format_ps_prediction, predict_ps
+
+    model = build_ps_model(args.run_dir)
+    whatif = PSWhatIf(servers=args.servers, bigarray_bound=args.bigarray_bound, workers=args.np,
+                      bandwidth_scale=args.bandwidth_scale, bandwidth_gbit=args.bandwidth)
+    prediction = predict_ps(model, whatif)
+    if args.json:
+        print(json.dumps({**prediction.to_json(), "model": model.to_json()}, indent=2, default=float))
+    else:
+        print(format_ps_prediction(model, prediction))
+    return 0
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
+    from dprorun.replay.ps import is_ps_run
+
+    if is_ps_run(args.run_dir):
+        return _cmd_replay_ps(args)
+    if args.servers is not None or args.bigarray_bound is not None:
+        raise argparse.ArgumentTypeError("--servers and --bigarray-bound are parameter-server what-ifs (runs of "
+                                         "dprorun --backend mxnet)")
     from dprorun.fsutil import atomic_write_json
     from dprorun.optimize.search import compiled_ready_groups
     from dprorun.replay.engine import execution_graph, replay_chrome_trace
@@ -381,6 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--np", type=int, default=None, help="world size to predict")
     rp.add_argument("--bandwidth", type=parse_bandwidth, default=None, help="link bandwidth, e.g. 10Gbit")
     rp.add_argument("--bandwidth-scale", type=float, default=1.0, help="multiply the measured bandwidth")
+    rp.add_argument("--servers", type=int, default=None,
+                    help="parameter-server runs: number of servers (keys placed as MXNet's kvstore does)")
+    rp.add_argument("--bigarray-bound", type=int, default=None,
+                    help="parameter-server runs: MXNET_KVSTORE_BIGARRAY_BOUND (elements from which a key is split "
+                         "over every server)")
     rp.add_argument("--latency-us", type=float, default=None, help="per ring step latency")
     rp.add_argument("--bucket-mb", type=float, default=None, help="regroup gradients into buckets of this size")
     rp.add_argument("--partitions", type=int, default=1, help="split each bucket's sync into k pieces")

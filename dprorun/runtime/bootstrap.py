@@ -51,7 +51,11 @@ def session():
 def install(environ=os.environ) -> Optional[object]:
     global _SESSION
     horovod = "RANK" not in environ and "HOROVOD_RANK" in environ  # a horovodrun rank
-    if _SESSION is not None or environ.get("DPRO_ENABLED") != "1" or ("RANK" not in environ and not horovod):
+    mxnet_role = environ.get("DMLC_ROLE", "") if environ.get("DPRO_BACKEND") == "mxnet" else ""
+    if mxnet_role in ("scheduler", "server"):  # no session: a server's updates are timed, the scheduler is left be
+        return _install_mxnet_server(environ) if mxnet_role == "server" else None
+    if _SESSION is not None or environ.get("DPRO_ENABLED") != "1" or (
+            "RANK" not in environ and not horovod and not mxnet_role):
         return _SESSION
     owner = environ.get("DPRO_HOOKED_PID")
     if owner and owner != str(os.getpid()):
@@ -67,9 +71,9 @@ def install(environ=os.environ) -> Optional[object]:
         warn(f"bad profiling configuration, hooks not installed: {exc}")
         return None
     prefix = "HOROVOD_" if horovod else ""
-    rank = int(environ.get(prefix + "RANK", "0"))
+    rank = int(environ.get(prefix + "RANK", environ.get("DPRO_MX_INDEX", "0")))
     local_rank = int(environ.get(prefix + "LOCAL_RANK", "0"))
-    world = int(environ.get(prefix + "SIZE" if horovod else "WORLD_SIZE", "1"))
+    world = int(environ.get(prefix + "SIZE" if horovod else "WORLD_SIZE", environ.get("DMLC_NUM_WORKER", "1")))
     sess = RankSession(cfg, rank, local_rank, world)
     _SESSION = sess
 
@@ -94,8 +98,16 @@ def install(environ=os.environ) -> Optional[object]:
 
         sess.guard("patching Keras 3's fit", patch_keras3_fit, sess)
 
+    def patch_mxnet():
+        from dprorun.runtime.mxnet import patch_mxnet_worker
+
+        sess.guard("patching MXNet", patch_mxnet_worker, sess)
+
     if environ.get("DPRO_BACKEND") == "tf":  # TensorFlow workers: steps found through tf.function calls
         callbacks = {"tensorflow": patch_tf, "keras.src.backend.tensorflow.trainer": patch_keras3}
+    elif mxnet_role:  # MXNet workers: iterations are Trainer.step calls (patched once gluon's trainer exists)
+        sess.framework = "mxnet"
+        callbacks = {"mxnet.gluon.trainer": patch_mxnet}
     pending = {}
     for name, callback in callbacks.items():
         if name in sys.modules:
@@ -119,6 +131,19 @@ def install(environ=os.environ) -> Optional[object]:
     _install_sigterm(sess)
     _guard_output_files(sess)
     return sess
+
+
+def _install_mxnet_server(environ) -> Optional[object]:
+    """A parameter server: its updates timed (runtime/mxnet.py). MXNet runs the server inside `import mxnet`, so the
+    patch goes in when mxnet.kvstore.kvstore has executed, before kvstore_server starts the loop."""
+    if environ.get("DPRO_ENABLED") != "1":
+        return None
+    from dprorun.runtime.mxnet import install_server, patch_mxnet_server
+
+    recorder = install_server(environ)
+    if recorder is not None:
+        sys.meta_path.insert(0, _PatchOnImport({"mxnet.kvstore.kvstore": lambda: patch_mxnet_server(recorder)}))
+    return recorder
 
 
 class _FullDiskGuard:

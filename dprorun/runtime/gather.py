@@ -43,6 +43,18 @@ def _host_from_tensor(buf) -> str:
 
 def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     """At the end of the window, on every rank: clock probes, events written, traces gathered to rank 0."""
+    if session.framework == "mxnet":  # parameter-server workers of one host: each writes into the run directory
+        if session.rank == 0:
+            print("[dprorun] window done: kvstore calibration and writing the traces", file=sys.stderr, flush=True)
+        from dprorun.runtime.mxnet import calibrate_kvstore
+
+        tracker = session.profiler_backend
+        try:
+            session.calibration = calibrate_kvstore(tracker) if tracker is not None else []
+        except Exception as exc:  # the cost model then relies on the profile alone
+            session.warnings.append(f"kvstore calibration failed: {type(exc).__name__}: {exc}")
+        _write_events_keeping_step(session)
+        return
     if session.framework == "tf":  # TensorFlow workers of one host: each writes into the run directory
         if session.rank == 0:
             print("[dprorun] window done: calibration and writing the traces", file=sys.stderr, flush=True)

@@ -196,12 +196,13 @@ class RankSession:
         self.window_start_us = self.now_us()
         if self.rank == 0:  # progress: one line per phase, from rank 0 only
             cfg = self.cfg
-            profiler = "the TensorFlow profiler" if self.framework == "tf" else "torch.profiler"
+            profiler = {"tf": "the TensorFlow profiler", "mxnet": "mx.profiler"}.get(self.framework, "torch.profiler")
             print(f"[dprorun] profiling iterations {cfg.warmup}-{cfg.warmup + cfg.active - 1} ({profiler} in the "
                   f"first {cfg.kineto_iters if cfg.kineto else 0})", file=sys.stderr, flush=True)
         for tracker in self.trackers:
             tracker.window_started()
-        self._register_optimizer_hooks()
+        if self.framework == "torch":
+            self._register_optimizer_hooks()
         if self.cfg.kineto and self.cfg.kineto_iters > 0:
             self._start_profiler()
 
@@ -458,7 +459,7 @@ class RankSession:
             self.warnings.append(
                 f"the job ended at iteration {self.iteration} before the end of the profiling window "
                 f"(iteration {self.cfg.warmup + self.cfg.active})" + (
-                    ": no all-reduce calibration ran" if self.framework == "tf" else
+                    ": no all-reduce calibration ran" if self.framework != "torch" else
                     " without tearing its process group down: no clock probes, calibration or gather ran "
                     "(offsets rest on the traces alone; ranks on other hosts kept their files)"))
         try:

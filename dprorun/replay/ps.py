@@ -1,0 +1,482 @@
+"""Parameter-server jobs (MXNet kvstore dist_sync) in the global DFG: the model measured from a run directory, the
+PS topology joining the workers' local DFGs through the servers, and its replay under what-ifs.
+
+The graph of one iteration (replayed by replay/engine.py, the engine every replay uses):
+  worker r   its profiled compute ops in order (forward, loss, backward; gaps between them as "(between ops)"),
+             on device `w<r>` -> the push/pull dispatch latency -> per key, in priority order, per server part:
+  push       SEND on the worker's uplink `w<r>.tx`, RECV on the server's downlink `s<s>.rx` (bytes / bandwidth
+             each; the message latency alpha on the SEND)
+  server s   the update of part (k, s) on `s<s>` once every worker's push of it has arrived (the servers'
+             optimizer: update_on_kvstore), priced by the fit of the servers' timed updates
+  pull       SEND on `s<s>.tx`, RECV on `w<r>.rx`, to every worker
+  copy       the pulled key copied into the parameter on `w<r>` once all its parts are in (MXNet's Broadcast)
+  tail       the worker's time from its last copy to the next iteration's first op (Python, data)
+Key placement as MXNet's kvstore does it: a key of fewer than MXNET_KVSTORE_BIGARRAY_BOUND elements goes whole to
+server (key * 9973) % servers, a larger one is split evenly over every server. Transaction ids: (key, server part,
+worker, push/pull) name the SEND/RECV pairs.
+
+Costs: alpha and the link bandwidth are fitted so that the same topology replays the end-of-window calibration
+(round trips of 4 KiB - 16 MiB through the job's kvstore) as measured; the server update is a linear fit of the
+timed updates; the compute ops come from mx.profiler, scaled (one factor) so that the job as it ran replays to its
+own iterations without the profiler (the profiler slows MXNet's operators). What-ifs: servers, the big-array
+bound, workers, bandwidth.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import numpy as np
+
+from dprorun.fsutil import TraceError, UnanswerableError
+from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, SERVER_FILE, rank_dir, server_dir
+from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
+from dprorun.stats import median
+from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, read_mx_profile
+
+HASH = 9973  # MXNet's kvstore: server = (key * 9973) % servers for a key below the big-array bound
+
+
+@dataclass
+class PSKey:
+    key: int
+    nbytes: int
+    elements: int
+    priority: int
+
+
+@dataclass
+class WorkerOps:
+    """One worker's profiled iteration (medians over its complete profiled iterations): compute ops in order."""
+
+    rank: int
+    ops: list[tuple[str, float]]  # (name, µs); gaps as "(between ops)"
+    dispatch_us: float  # backward end -> the first push starts
+    tail_us: float  # the last copy's end -> the next iteration's first op
+    copy_us_per_byte: float
+    profiled_iterations: int
+
+    @property
+    def compute_us(self) -> float:
+        return sum(d for _, d in self.ops)
+
+
+@dataclass
+class PSWhatIf:
+    servers: Optional[int] = None
+    bigarray_bound: Optional[int] = None
+    workers: Optional[int] = None
+    bandwidth_scale: float = 1.0
+    bandwidth_gbit: Optional[float] = None
+
+    def describe(self) -> str:
+        parts = [f"{name} {value}" for name, value in (("servers", self.servers), ("bigarray bound",
+                 self.bigarray_bound), ("workers", self.workers), ("bandwidth Gbit/s", self.bandwidth_gbit))
+                 if value is not None]
+        if self.bandwidth_scale != 1.0:
+            parts.append(f"bandwidth x{self.bandwidth_scale:g}")
+        return ", ".join(parts) or "as run"
+
+
+@dataclass
+class PSModel:
+    workers: int
+    servers: int
+    bigarray_bound: int
+    keys: list[PSKey]
+    worker_ops: dict[int, WorkerOps]
+    update_us: tuple[float, float]  # server update: a + b * bytes
+    alpha_us: float
+    bytes_per_us: float
+    compute_scale: float = 1.0
+    calibration: list[tuple[int, float, int]] = field(default_factory=list)  # (bytes, µs, parts) median over workers
+    window_iterations_us: list[float] = field(default_factory=list)  # unprofiled window iterations, all workers
+    clean_iterations_us: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"workers": self.workers, "servers": self.servers, "bigarray_bound": self.bigarray_bound,
+                "keys": len(self.keys), "bytes": sum(k.nbytes for k in self.keys),
+                "alpha_us": round(self.alpha_us, 2), "bandwidth_gbit_s": round(self.bytes_per_us * 8e-3, 3),
+                "update_us": [round(self.update_us[0], 2), round(self.update_us[1] * 1e6, 3)],
+                "compute_scale": round(self.compute_scale, 3),
+                "calibration": [[b, round(t, 1), p] for b, t, p in self.calibration]}
+
+
+@dataclass
+class PSPrediction:
+    iteration_ms: float
+    whatif: str
+    critical_path: list[str]
+    device_busy_ms: dict[str, float]
+    graph_ops: int
+    notes: list[str]
+    window_ms: Optional[float] = None  # the run's own unprofiled window iterations (median)
+    clean_ms: Optional[float] = None
+    spread_ms: Optional[tuple[float, float]] = None  # p10-p90 of the clean iterations
+
+    def to_json(self) -> dict:
+        return {"predicted_iteration_ms": round(self.iteration_ms, 3), "whatif": self.whatif,
+                "critical_path": self.critical_path, "device_busy_ms": self.device_busy_ms,
+                "graph_ops": self.graph_ops, "window_ms": self.window_ms, "clean_ms": self.clean_ms,
+                "clean_spread_ms": self.spread_ms, "notes": self.notes}
+
+
+# ---- placement -------------------------------------------------------------------------------------------------
+def key_parts(key: PSKey, servers: int, bound: int) -> list[tuple[int, int]]:
+    """(server, bytes) of each part of `key`, as MXNet's kvstore places it."""
+    if key.elements < bound or servers == 1:
+        return [((key.key * HASH) % servers, key.nbytes)]
+    item = key.nbytes / max(key.elements, 1)
+    parts = []
+    for s in range(servers):
+        lo = int(round(key.elements / servers * s))
+        hi = int(round(key.elements / servers * (s + 1)))
+        parts.append((s, int((hi - lo) * item)))
+    return parts
+
+
+# ---- the graph -------------------------------------------------------------------------------------------------
+def ps_graph(model: PSModel, whatif: PSWhatIf, keys: Optional[list[PSKey]] = None,
+             worker_ops: Optional[dict[int, WorkerOps]] = None) -> ReplayGraph:
+    """One iteration of the PS job under `whatif` (see the module doc)."""
+    servers = whatif.servers or model.servers
+    bound = whatif.bigarray_bound or model.bigarray_bound
+    workers = whatif.workers or model.workers
+    bandwidth = _bandwidth(model, whatif)
+    keys = model.keys if keys is None else keys
+    worker_ops = model.worker_ops if worker_ops is None else worker_ops
+    measured = sorted(worker_ops)
+    g = GraphBuilder()
+    in_nodes, out_nodes = [], []
+    for w in range(workers):
+        ops = worker_ops[measured[w % len(measured)]]
+        device = f"w{w}"
+        chain = [g.op(f"w{w}.{i}:{name}", "OTHER" if name.startswith("(") else "FW", w, device,
+                      d * model.compute_scale) for i, (name, d) in enumerate(ops.ops)]
+        chain.append(g.op(f"w{w}.dispatch", "QUEUE", w, None, ops.dispatch_us))
+        g.chain(chain)
+        in_nodes.append(chain[-1])
+        out_nodes.append(ops)
+    order = sorted(keys, key=lambda k: (-k.priority, k.key))
+    pulled: dict[tuple[int, int], list[int]] = {}
+    for key in order:
+        for s, nbytes in key_parts(key, servers, bound):
+            wire = nbytes / bandwidth
+            arrivals = []
+            for w in range(workers):
+                send = g.op(f"push k{key.key}.s{s} w{w}->s{s}", "COMM", w, f"w{w}.tx", model.alpha_us + wire)
+                recv = g.op(f"push k{key.key}.s{s} w{w}->s{s} RECV", "COMM", w, f"s{s}.rx", wire)
+                g.edge(in_nodes[w], send)
+                g.edge(send, recv)
+                arrivals.append(recv)
+            update = g.op(f"s{s}.update k{key.key}", "UPDATE", -1 - s, f"s{s}",
+                          model.update_us[0] + model.update_us[1] * nbytes)
+            for recv in arrivals:
+                g.edge(recv, update)
+            for w in range(workers):
+                send = g.op(f"pull k{key.key}.s{s} s{s}->w{w}", "COMM", w, f"s{s}.tx", model.alpha_us + wire)
+                recv = g.op(f"pull k{key.key}.s{s} s{s}->w{w} RECV", "COMM", w, f"w{w}.rx", wire)
+                g.edge(update, send)
+                g.edge(send, recv)
+                pulled.setdefault((w, key.key), []).append(recv)
+    for w in range(workers):
+        ops = out_nodes[w]
+        copies = []
+        for key in order:
+            copy = g.op(f"w{w}.copy k{key.key}", "IO", w, f"w{w}",
+                        ops.copy_us_per_byte * key.nbytes * model.compute_scale)
+            for recv in pulled[(w, key.key)]:
+                g.edge(recv, copy)
+            copies.append(copy)
+        tail = g.op(f"w{w}.tail", "OTHER", w, f"w{w}", ops.tail_us * model.compute_scale)
+        for copy in copies:
+            g.edge(copy, tail)
+        if not copies:
+            g.edge(in_nodes[w], tail)
+    return g.build({"world_size": workers, "servers": servers, "bigarray_bound": bound, "ranks_built": workers})
+
+
+def _bandwidth(model: PSModel, whatif: PSWhatIf) -> float:
+    if whatif.bandwidth_gbit:
+        return whatif.bandwidth_gbit * 1e9 / 8 / 1e6
+    return model.bytes_per_us * whatif.bandwidth_scale
+
+
+def calibration_graph(model: PSModel, nbytes: int, parts: int) -> ReplayGraph:
+    """The end-of-window calibration as the topology sees it: every worker pushes and pulls one key of `nbytes`
+    (split over `parts` servers), nothing else running."""
+    elements = nbytes // 4
+    key = PSKey(0, nbytes, elements, 0)
+    bound = elements if parts > 1 else elements + 1
+    idle = {r: replace(w, ops=[], dispatch_us=0.0, tail_us=0.0) for r, w in model.worker_ops.items()}
+    return ps_graph(replace(model, compute_scale=1.0), PSWhatIf(bigarray_bound=bound), [key], idle)
+
+
+# ---- the model from a run directory -----------------------------------------------------------------------------
+def is_ps_run(run_dir: str) -> bool:
+    try:
+        with open(os.path.join(run_dir, "manifest.json")) as handle:
+            return json.load(handle).get("backend") == "mxnet"
+    except (OSError, ValueError):
+        return os.path.isdir(server_dir(run_dir, 0))
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+
+
+def build_ps_model(run_dir: str) -> PSModel:
+    """Read the workers' events, profiles and calibration and the servers' updates; fit the costs; scale compute."""
+    workers = {}
+    r = 0
+    while os.path.exists(os.path.join(rank_dir(run_dir, r), EVENTS_FILE)):
+        workers[r] = _load(os.path.join(rank_dir(run_dir, r), EVENTS_FILE))
+        r += 1
+    if not workers:
+        raise TraceError(f"{run_dir}: no worker recorded events (rank_0/{EVENTS_FILE})")
+    first = workers[0]
+    tracker = next((t for t in first.get("trackers", []) if t.get("framework") == "mxnet"), None)
+    if tracker is None or not tracker.get("keys"):
+        raise TraceError(f"{run_dir}: worker 0 saw no kvstore key (not a kvstore dist job, or no Trainer.step ran)")
+    keys = [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
+            for k in tracker["keys"]]
+    notes: list[str] = []
+    ops = {}
+    window, clean = [], []
+    for r, events in workers.items():
+        profile = os.path.join(rank_dir(run_dir, r), MX_PROFILE_FILE)
+        if os.path.exists(profile):
+            measured = worker_ops_from_profile(r, read_mx_profile(profile), keys)
+            if measured is not None:
+                ops[r] = measured
+        window += _unprofiled_window(events)
+        clean += _clean_iterations(run_dir, r)
+    if not ops:
+        raise UnanswerableError(f"{run_dir}: no worker has a complete profiled iteration in {MX_PROFILE_FILE} "
+                                "(give --kineto-iters 3 or more, and --warmup 1 or more)")
+    updates = _server_updates(run_dir, workers)
+    update_fit = _linear_fit(updates) if updates else (0.0, 0.0)
+    if not updates:
+        notes.append("no server recorded its updates: the servers' update time is taken as 0")
+    calibration = _calibration(workers)
+    model = PSModel(workers=int(tracker.get("workers", len(workers))), servers=int(tracker.get("servers", 1)),
+                    bigarray_bound=int(tracker.get("bigarray_bound", 1_000_000)), keys=keys, worker_ops=ops,
+                    update_us=update_fit, alpha_us=0.0, bytes_per_us=125.0, calibration=calibration,
+                    window_iterations_us=window, clean_iterations_us=clean, notes=notes)
+    if calibration:
+        model.alpha_us, model.bytes_per_us = fit_links(model)
+    else:
+        notes.append("no kvstore calibration (the job ended before the end of the window): links priced at "
+                     "1 Gbit/s, no latency")
+    if window:
+        model.compute_scale = fit_compute_scale(model, median(window))
+    return model
+
+
+def worker_ops_from_profile(rank: int, ops: list[MXOp], keys: list[PSKey]) -> Optional[WorkerOps]:
+    """The worker's iterations in its profile: each ends with one push/pull per key (grouped in start order);
+    medians over the complete ones (compute ops between the previous iteration's copies and this one's first
+    push, this one's copies, the gap to the next iteration's first op)."""
+    comm = [op for op in ops if op.is_kvstore]
+    n = len(keys)
+    groups = [comm[i:i + n] for i in range(0, len(comm) - n + 1, n)]
+    compute = [op for op in ops if not op.is_kvstore and op.name not in NOT_COMPUTE]
+    iterations = []
+    for j in range(1, len(groups)):
+        previous_end = max(op.end_us for op in groups[j - 1])
+        start = min(op.start_us for op in groups[j])
+        after_prev = [op for op in compute if op.start_us >= previous_end - 1.0]
+        copies_prev = [op for op in after_prev if op.name == COPY_OP and op.start_us < start]
+        body = [op for op in after_prev if op.name != COPY_OP and op.end_us <= start + 1.0]
+        if not body:
+            continue
+        copies_end = max((op.end_us for op in copies_prev if op.end_us <= body[0].start_us), default=previous_end)
+        own_end = max(op.end_us for op in groups[j])
+        next_ops = [op for op in compute if op.start_us >= own_end - 1.0]
+        copies = [op for op in next_ops if op.name == COPY_OP]
+        following = [op for op in next_ops if op.name != COPY_OP]
+        if not following:
+            continue
+        copies = [op for op in copies if op.end_us <= following[0].start_us]
+        chain: list[tuple[str, float]] = []
+        cursor = body[0].start_us
+        for op in body:
+            if op.start_us > cursor:
+                chain.append(("(between ops)", op.start_us - cursor))
+            chain.append((op.name, op.duration_us))
+            cursor = max(cursor, op.end_us)
+        copy_end = max((op.end_us for op in copies), default=own_end)
+        iterations.append({"ops": chain, "dispatch": max(0.0, start - cursor),
+                           "tail": max(0.0, following[0].start_us - copy_end),
+                           "copy": sum(op.duration_us for op in copies), "lead": body[0].start_us - copies_end})
+    if not iterations:
+        return None
+    shapes = {}
+    for it in iterations:
+        shapes.setdefault(tuple(name for name, _ in it["ops"]), []).append(it)
+    chosen = max(shapes.values(), key=len)  # the most frequent op sequence; durations: medians per position
+    names = [name for name, _ in chosen[0]["ops"]]
+    chain = [(name, statistics.median(it["ops"][i][1] for it in chosen)) for i, name in enumerate(names)]
+    total_bytes = sum(k.nbytes for k in keys)
+    return WorkerOps(rank=rank, ops=chain, dispatch_us=median(it["dispatch"] for it in chosen),
+                     tail_us=median(it["tail"] + max(0.0, it["lead"]) for it in chosen),
+                     copy_us_per_byte=median(it["copy"] for it in chosen) / max(total_bytes, 1),
+                     profiled_iterations=len(chosen))
+
+
+def _unprofiled_window(events: dict) -> list[float]:
+    """The window's iterations without the profiler: after the profiled ones and the one their dump disturbed,
+    before the end-of-window work."""
+    window = events.get("window", {})
+    warmup, active = int(window.get("warmup", 0)), int(window.get("active", 0))
+    profiled = window.get("kineto_iterations") or []
+    starts = events.get("iteration_starts_us", [])
+    first = (max(profiled) + 2) if profiled else warmup
+    disturbed = set(events.get("disturbed_iterations", []))
+    return [starts[i + 1] - starts[i] for i in range(first, min(warmup + active - 1, len(starts) - 1))
+            if i not in disturbed]
+
+
+def _clean_iterations(run_dir: str, rank: int) -> list[float]:
+    path = os.path.join(rank_dir(run_dir, rank), CLEAN_FILE)
+    if not os.path.exists(path):
+        return []
+    starts = _load(path).get("iteration_starts_us", [])
+    # the first is iteration W+K, inside which the end-of-window work (calibration, files) ran: not clean
+    return [b - a for a, b in zip(starts[1:], starts[2:])]
+
+
+def _server_updates(run_dir: str, workers: dict) -> list[tuple[int, float]]:
+    """(bytes, µs) of the servers' updates of model keys inside the workers' window."""
+    lo = min(w["window"]["start_us"] for w in workers.values() if w.get("window", {}).get("start_us"))
+    hi = max(w["window"]["end_us"] or lo for w in workers.values() if w.get("window", {}).get("start_us"))
+    out = []
+    s = 0
+    while os.path.exists(os.path.join(server_dir(run_dir, s), SERVER_FILE)):
+        doc = _load(os.path.join(server_dir(run_dir, s), SERVER_FILE))
+        out += [(int(b), float(end - start)) for key, start, end, b in doc.get("updates", [])
+                if key < 900_000 and lo <= start <= hi]
+        s += 1
+    return out
+
+
+def _linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """a + b x through the per-size medians (least squares; b >= 0, a >= 0)."""
+    by_size: dict[float, list[float]] = {}
+    for x, y in points:
+        by_size.setdefault(x, []).append(y)
+    xs = np.array(sorted(by_size), dtype=float)
+    ys = np.array([statistics.median(by_size[x]) for x in xs])
+    if len(xs) == 1 or np.ptp(xs) == 0:
+        return float(ys.mean()), 0.0
+    b, a = np.polyfit(xs, ys, 1)
+    if b < 0:
+        return float(ys.mean()), 0.0
+    return max(0.0, float(a)), float(b)
+
+
+def _calibration(workers: dict) -> list[tuple[int, float, int]]:
+    rows: dict[tuple[int, int], list[float]] = {}
+    for events in workers.values():
+        for row in events.get("calibration") or []:
+            if len(row) >= 3:
+                rows.setdefault((int(row[0]), int(row[2])), []).append(float(row[1]))
+    return [(b, statistics.median(ts), p) for (b, p), ts in sorted(rows.items())]
+
+
+def fit_links(model: PSModel) -> tuple[float, float]:
+    """(alpha µs, bytes/µs) with which the topology replays the calibration round trips closest (relative least
+    squares over a bandwidth grid; alpha, which enters each round trip's critical path a fixed number of times,
+    solved for each bandwidth)."""
+    best = None
+    for gbit in np.geomspace(0.05, 400.0, 90):
+        bw = gbit * 1e9 / 8 / 1e6
+        trial = replace(model, alpha_us=0.0, bytes_per_us=bw)
+        base = np.array([replay(calibration_graph(trial, b, p)).iteration_time_us for b, _, p in model.calibration])
+        one = replace(trial, alpha_us=1.0)
+        slope = np.array([replay(calibration_graph(one, b, p)).iteration_time_us for b, _, p in model.calibration])
+        slope = np.maximum(slope - base, 1e-9)
+        measured = np.array([t for _, t, _ in model.calibration])
+        weights = 1.0 / measured ** 2
+        alpha = max(0.0, float(np.sum(weights * slope * (measured - base)) / np.sum(weights * slope * slope)))
+        error = float(np.sum(weights * (base + alpha * slope - measured) ** 2))
+        if best is None or error < best[0]:
+            best = (error, alpha, bw)
+    return best[1], best[2]
+
+
+def fit_compute_scale(model: PSModel, target_us: float, rounds: int = 6) -> float:
+    """The factor on the profiled compute with which the job as it ran replays to `target_us` (its iterations
+    without the profiler): the replay is monotone in it, so a few fixed-point rounds settle it."""
+    compute = statistics.median(w.compute_us + w.tail_us + w.copy_us_per_byte * sum(k.nbytes for k in model.keys)
+                                for w in model.worker_ops.values())
+    scale = 1.0
+    for _ in range(rounds):
+        replayed = replay(ps_graph(replace(model, compute_scale=scale), PSWhatIf())).iteration_time_us
+        exposed = replayed - scale * compute
+        scale = max(0.05, (target_us - exposed) / max(compute, 1e-9))
+    return scale
+
+
+# ---- predictions -------------------------------------------------------------------------------------------------
+def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPrediction:
+    whatif = whatif or PSWhatIf()
+    notes = list(model.notes)
+    graph = ps_graph(model, whatif)
+    result: ReplayResult = replay(graph)
+    busy = {name: round(us / 1000.0, 3) for name, us in sorted(result.device_busy_us.items(),
+                                                                 key=lambda kv: -kv[1])[:8]}
+    path = [graph.names[i] for i in result.critical_path]
+    if (whatif.servers or model.servers) + (whatif.workers or model.workers) > 2:
+        notes.append("servers and workers on one host share its cores: the replay gives each its own device, so "
+                     "a what-if that adds processes there is optimistic")
+    if model.compute_scale < 0.5 or model.compute_scale > 1.5:
+        notes.append(f"warning: the profiled compute was scaled by {model.compute_scale:.2f} to match the "
+                     "iterations without the profiler: the profile and the job's own speed disagree widely")
+    clean = model.clean_iterations_us
+    spread = (round(float(np.percentile(clean, 10)) / 1000, 3), round(float(np.percentile(clean, 90)) / 1000, 3)) \
+        if clean else None
+    window_ms = median(model.window_iterations_us)
+    clean_ms = median(clean)
+    return PSPrediction(result.iteration_time_us / 1000.0, whatif.describe(), _compress(path), busy, graph.size,
+                        notes, None if window_ms is None else round(window_ms / 1000, 3),
+                        None if clean_ms is None else round(clean_ms / 1000, 3), spread)
+
+
+def _compress(path: list[str]) -> list[str]:
+    """The critical path with runs of one worker's compute ops folded into one entry."""
+    out: list[str] = []
+    for name in path:
+        head = name.split(":")[0].rsplit(".", 1)[0] if ":" in name else None
+        if head and out and out[-1].startswith(head + ".") and ":" in out[-1]:
+            out[-1] = f"{head}.compute (ops)"
+        elif head and out and out[-1] == f"{head}.compute (ops)":
+            continue
+        else:
+            out.append(name)
+    return out
+
+
+def format_ps_prediction(model: PSModel, prediction: PSPrediction) -> str:
+    lines = [f"parameter server: {model.workers} workers, {model.servers} servers, {len(model.keys)} keys "
+             f"({sum(k.nbytes for k in model.keys) / 1e6:.2f} MB), big-array bound {model.bigarray_bound}",
+             f"links: alpha {model.alpha_us:.0f} us, {model.bytes_per_us * 8e-3:.2f} Gbit/s (fitted to "
+             f"{len(model.calibration)} calibration sizes); server update {model.update_us[0]:.0f} us + "
+             f"{model.update_us[1] * 1e3:.3f} us/KB; compute x{model.compute_scale:.2f} of the profile",
+             f"predicted iteration time: {prediction.iteration_ms:.2f} ms ({prediction.whatif})"]
+    if prediction.window_ms is not None:
+        lines.append(f"the run's own iterations: {prediction.window_ms:.2f} ms in the window without the profiler"
+                     + (f", {prediction.clean_ms:.2f} ms after it (p10-p90 {prediction.spread_ms[0]:.2f}-"
+                        f"{prediction.spread_ms[1]:.2f})" if prediction.clean_ms is not None else ""))
+    lines.append("critical path: " + " -> ".join(prediction.critical_path[:12])
+                 + (" ..." if len(prediction.critical_path) > 12 else ""))
+    lines += [f"note: {n}" for n in prediction.notes]
+    return "\n".join(lines)

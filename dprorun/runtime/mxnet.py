@@ -1,0 +1,308 @@
+"""Hooks in the processes of an MXNet kvstore parameter-server job (`dprorun --backend mxnet`), no script change.
+
+They run in MXNet's own environment (numpy 1.23, no torch): standard library and mxnet only.
+
+Workers (DMLC_ROLE=worker):
+  iterations  each `gluon.Trainer.step` call starts one (its entry is the boundary: MXNet runs the ops
+              asynchronously, so the period between two entries is the iteration time of a script that waits for
+              its results somewhere, as every training loop does);
+  keys        every kvstore `pushpull` / `push` / `pull` call: the key, its bytes, its priority, in call order
+              (the profiler's push/pull events carry neither key nor size);
+  profiler    `mx.profiler` (operators, imperative and symbolic) over the window's first --kineto-iters
+              iterations, dumped as Chrome JSON to rank_<r>/mx_profile.json (trace/mxprofile.py reads it);
+  calibration at the end of the window every worker pushes and pulls arrays of 4 KiB - 16 MiB through the job's
+              own kvstore (keys of their own, the servers' optimizer applied as for the model's keys): the round
+              trip the cost model is fitted to.
+  A worker's rank is the kvstore's (`kv.rank`, assigned by the scheduler), taken when the kvstore is created.
+Servers (DMLC_ROLE=server): the optimizer the workers send (`set_optimizer`) becomes the server's updater; the hooks
+  time each call (key, start, end, bytes; the update waited for) and write server_<r>/server.json at exit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Optional
+
+from dprorun.layout import MX_PROFILE_FILE, SERVER_FILE, SERVER_SCHEMA, server_dir
+
+if TYPE_CHECKING:
+    from dprorun.runtime.session import RankSession
+
+CALIBRATION_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20, 16 << 20)
+CALIBRATION_KEY_BASE = 900_000  # keys of the calibration arrays (a model with this many parameters is unheard of)
+MAX_SERVER_RECORDS = 200_000
+
+
+def _nbytes(array) -> int:
+    import numpy as np
+
+    return int(array.size) * int(np.dtype(array.dtype).itemsize)
+
+
+def _first(value):
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+class MXTracker:
+    """One per worker: the kvstore, the keys seen, the profiler."""
+
+    framework = "mxnet"
+
+    def __init__(self, session: "RankSession"):
+        self.session = session
+        self._kvstore = None  # weakref: a kvstore kept alive past the script's own end aborts the process at exit
+        self.kv_type = ""
+        self.keys: dict[int, dict] = {}  # key -> {"bytes", "priority", "order", "calls"}
+        self.calls_in_iteration: list[list] = []  # the window's first profiled iteration: [op, key] in call order
+        self.profiling = False
+        self.profile_path = os.path.join(session.rank_dir, MX_PROFILE_FILE)
+        self.update_on_kvstore: Optional[bool] = None
+        session.trackers.append(self)
+
+    def describe(self) -> dict:
+        return {"framework": "mxnet", "backend": "kvstore", "kvstore": self.kv_type,
+                "update_on_kvstore": self.update_on_kvstore,
+                "keys": [{"key": k, **v} for k, v in sorted(self.keys.items(), key=lambda kv: kv[1]["order"])],
+                "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000")),
+                "servers": int(os.environ.get("DMLC_NUM_SERVER", "1")),
+                "workers": int(os.environ.get("DMLC_NUM_WORKER", "1"))}
+
+    # ---- kvstore -----------------------------------------------------------------------------------------
+    @property
+    def kvstore(self):
+        return self._kvstore() if self._kvstore is not None else None
+
+    def kvstore_created(self, kv) -> None:
+        import weakref
+
+        if self._kvstore is not None or not str(kv.type).startswith("dist"):
+            return
+        self._kvstore = weakref.ref(kv)
+        self.kv_type = str(kv.type)
+        session = self.session
+        rank, world = int(kv.rank), int(kv.num_workers)
+        if rank != session.rank and session.phase == "warmup":
+            from dprorun.layout import rank_dir
+
+            session.rank, session.world_size = rank, world
+            session.rank_dir = rank_dir(session.cfg.run_dir, rank)
+            session.skew_us = session.cfg.skew_for(rank)
+            self.profile_path = os.path.join(session.rank_dir, MX_PROFILE_FILE)
+
+    def key_call(self, op: str, key, value, priority: int) -> None:
+        keys = key if isinstance(key, (list, tuple)) else [key]
+        values = value if isinstance(key, (list, tuple)) else [value]
+        for k, v in zip(keys, values):
+            if not isinstance(k, int):
+                continue
+            if k >= CALIBRATION_KEY_BASE:
+                continue
+            entry = self.keys.get(k)
+            if entry is None:
+                first = _first(v)
+                entry = self.keys[k] = {"bytes": _nbytes(first), "elements": int(first.size), "priority": int(priority),
+                                        "order": len(self.keys), "ops": []}
+            if op not in entry["ops"]:
+                entry["ops"].append(op)
+
+    # ---- iterations --------------------------------------------------------------------------------------
+    def run_step(self, call, *args, **kwargs):
+        self.session.begin_iteration()
+        return call(*args, **kwargs)
+
+    # ---- profiler ----------------------------------------------------------------------------------------
+    def start_profiler(self) -> None:
+        import mxnet as mx
+
+        os.makedirs(self.session.rank_dir, exist_ok=True)
+        mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_memory=False,
+                               profile_api=False, aggregate_stats=False, filename=self.profile_path)
+        mx.profiler.set_state("run")
+        self.profiling = True
+
+    def stop_profiler(self, write: bool) -> None:
+        import mxnet as mx
+
+        if not self.profiling:
+            return
+        self.profiling = False
+        mx.nd.waitall()  # the profiled iterations' operators finish before the profiler stops
+        mx.profiler.set_state("stop")
+        if write:
+            mx.profiler.dump(finished=False)
+            if os.path.exists(self.profile_path):
+                os.chmod(self.profile_path, 0o600)
+                self.session.files_written.append(MX_PROFILE_FILE)
+            else:
+                self.session.warnings.append("mx.profiler wrote no file")
+
+    def step(self) -> None:
+        return None
+
+    def stop_param_hooks(self) -> None:
+        return None
+
+    def window_started(self) -> None:
+        return None
+
+    def window_stopped(self) -> None:
+        return None
+
+
+def patch_mxnet_worker(session: "RankSession") -> MXTracker:
+    """Patch Trainer.step (iterations), the kvstore's creation (rank) and its push/pull calls (keys, bytes)."""
+    from mxnet.gluon.trainer import Trainer
+    from mxnet.kvstore import kvstore as kvstore_module
+
+    tracker = MXTracker(session)
+    session.profiler_backend = tracker
+    session.framework = "mxnet"
+    kv_class = kvstore_module.KVStore
+    original_init = kv_class.__init__
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        session.guard("reading the kvstore's rank", tracker.kvstore_created, self)
+
+    kv_class.__init__ = init
+    for op in ("pushpull", "push", "pull"):
+        original = getattr(kv_class, op)
+
+        def wrapped(self, key, *args, _original=original, _op=op, **kwargs):
+            value = args[0] if args else kwargs.get("value", kwargs.get("out"))
+            priority = kwargs.get("priority", 0)
+            if tracker._kvstore is None:
+                session.guard("reading the kvstore's rank", tracker.kvstore_created, self)
+            if self is tracker.kvstore and value is not None:
+                session.guard("recording a kvstore key", tracker.key_call, _op, key, value, priority)
+            return _original(self, key, *args, **kwargs)
+
+        setattr(kv_class, op, wrapped)
+    trainer_step = Trainer.step
+
+    def step(self, *args, **kwargs):
+        if tracker.update_on_kvstore is None and getattr(self, "_kv_initialized", False):
+            tracker.update_on_kvstore = bool(getattr(self, "_update_on_kvstore", False))
+        return tracker.run_step(trainer_step, self, *args, **kwargs)
+
+    Trainer.step = step
+    return tracker
+
+
+def calibrate_kvstore(tracker: MXTracker, repeats: int = 5) -> list[list[float]]:
+    """[[bytes, µs, server parts], ...]: the median round trip (push, the servers' aggregation and update, pull) of
+    `repeats` pushpulls of each size through the job's kvstore, every worker at the same point (the end of the
+    window); keys CALIBRATION_KEY_BASE + i."""
+    import statistics
+
+    import mxnet as mx
+
+    kv = tracker.kvstore
+    if kv is None:
+        return []
+    bound = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))
+    servers = int(os.environ.get("DMLC_NUM_SERVER", "1"))
+    mx.nd.waitall()
+    out = []
+    for i, size in enumerate(CALIBRATION_SIZES):
+        key = CALIBRATION_KEY_BASE + i
+        count = size // 4
+        grad = mx.nd.ones((count,))
+        weight = mx.nd.zeros((count,))
+        kv.init(key, weight)
+        kv.pushpull(key, grad, out=weight)  # first round trip: the servers' optimizer state is created
+        weight.wait_to_read()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            kv.pushpull(key, grad, out=weight)
+            weight.wait_to_read()
+            times.append((time.perf_counter() - start) * 1e6)
+        out.append([size, statistics.median(times), servers if count >= bound else 1])
+    return out
+
+
+# ---- servers -------------------------------------------------------------------------------------------------
+class ServerRecorder:
+    """A server's updater calls, timed: [key, start µs, end µs, bytes]."""
+
+    def __init__(self, run_dir: str, index: int):
+        self.run_dir = run_dir
+        self.index = index  # launch order; the kvstore's rank replaces it once known
+        self.rank: Optional[int] = None
+        self.records: list[list] = []
+        self.dropped = 0
+        self.started_us = time.time_ns() / 1000.0
+        self.written = False
+
+    def wrap(self, updater):
+        def timed(key, recv, local):
+            start = time.time_ns() / 1000.0
+            updater(key, recv, local)
+            local.wait_to_read()
+            end = time.time_ns() / 1000.0
+            if len(self.records) < MAX_SERVER_RECORDS:
+                self.records.append([int(key), start, end, _nbytes(local)])
+            else:
+                self.dropped += 1
+            if key >= CALIBRATION_KEY_BASE and not self.written:
+                # the workers' end-of-window calibration has begun: every update of the window is in. Written
+                # now, in the calibration's first (discarded) round trip: a server process does not always run
+                # its exit handlers (ps-lite may end it from C++)
+                self.written = True
+                self.write()
+
+        return timed
+
+    def write(self) -> None:
+        rank = self.rank if self.rank is not None else self.index
+        folder = server_dir(self.run_dir, rank)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        doc = {"schema": SERVER_SCHEMA, "version": 1, "server": rank, "host": os.uname().nodename,
+               "pid": os.getpid(), "started_us": self.started_us, "updates": self.records, "dropped": self.dropped,
+               "clock": {"source": "time.time_ns"}}
+        path = os.path.join(folder, SERVER_FILE)
+        tmp = path + f".{os.getpid()}.tmp"
+        with open(tmp, "w") as handle:
+            json.dump(doc, handle)
+        os.replace(tmp, path)
+
+
+def patch_mxnet_server(recorder: ServerRecorder) -> None:
+    """The server's updater (what `set_optimizer` installs) timed; the server's rank from its kvstore."""
+    from mxnet.kvstore import kvstore as kvstore_module
+
+    kv_class = kvstore_module.KVStore
+    original = kv_class._set_updater
+
+    def set_updater(self, updater):
+        try:
+            recorder.rank = int(self.rank)
+        except Exception:
+            pass
+        return original(self, recorder.wrap(updater))
+
+    kv_class._set_updater = set_updater
+
+
+def install_server(environ) -> Optional[ServerRecorder]:
+    """In a server process: record its updates and write them at exit (MXNet's server loop runs inside `import
+    mxnet` and ends with sys.exit, so atexit runs)."""
+    import atexit
+
+    run_dir = environ.get("DPRO_RUN_DIR", "")
+    if not run_dir:
+        return None
+    recorder = ServerRecorder(run_dir, int(environ.get("DPRO_MX_INDEX", "0")))
+
+    def write():
+        try:
+            if not recorder.written:
+                recorder.write()
+        except Exception as exc:
+            print(f"[dprorun] warning: server {recorder.rank} could not write its updates: {exc}", file=sys.stderr)
+
+    atexit.register(write)
+    return recorder

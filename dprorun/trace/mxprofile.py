@@ -1,0 +1,62 @@
+"""Reader of MXNet's profiler dump (`mx.profiler.dump()`: Chrome trace JSON, epoch-µs timestamps).
+
+Every operator appears twice: as a B/E pair on its device's process (pid 0 = cpu/0, the compute device; 2 = cpu
+pinned, where the kvstore's push/pull ops run) and as b/e on an "operator" process; the B/E pairs are read. A push
+or pull event carries neither its key nor its bytes: the hooks record those from the kvstore calls
+(runtime/mxnet.py) and the model pairs them by count and order (replay/ps.py).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from dprorun.fsutil import TraceError
+
+KVSTORE_PREFIX = "KVStoreDist"  # KVStoreDistDefaultStoragePushPull, ...Push, ...Pull
+COPY_OP = "CopyCPU2CPU"
+NOT_COMPUTE = ("DeleteVariable", "WaitForVar", "WaitForAll")  # engine bookkeeping and the script's own waits
+
+
+@dataclass(slots=True)
+class MXOp:
+    name: str
+    device: str  # the profiler's process name: "cpu/0", "cpu pinned/", ...
+    start_us: float
+    end_us: float
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+    @property
+    def is_kvstore(self) -> bool:
+        return self.name.startswith(KVSTORE_PREFIX)
+
+
+def read_mx_profile(path: str) -> list[MXOp]:
+    """The operators of one dump, sorted by start. A truncated or foreign file raises TraceError naming it."""
+    try:
+        with open(path) as handle:
+            doc = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{path}: not a readable mx.profiler dump ({type(exc).__name__}: {exc})") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise TraceError(f"{path}: no traceEvents (not an mx.profiler dump)")
+    devices = {e.get("pid"): str(e.get("args", {}).get("name", "")) for e in events
+               if e.get("ph") == "M" and e.get("name") == "process_name"}
+    open_ops: dict[tuple, list[float]] = {}
+    ops: list[MXOp] = []
+    for event in events:
+        phase = event.get("ph")
+        if phase not in ("B", "E") or event.get("cat") != "operator":
+            continue
+        key = (event.get("pid"), event.get("tid"), event.get("name"))
+        if phase == "B":
+            open_ops.setdefault(key, []).append(float(event["ts"]))
+        elif open_ops.get(key):
+            start = open_ops[key].pop()
+            ops.append(MXOp(str(event["name"]), devices.get(event.get("pid"), str(event.get("pid"))), start,
+                            float(event["ts"])))
+    ops.sort(key=lambda op: op.start_us)
+    return ops

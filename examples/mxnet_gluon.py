@@ -1,0 +1,74 @@
+"""MXNet Gluon on a kvstore parameter server (dist_sync): a small conv trunk and an MLP head, synthetic data.
+
+An ordinary MXNet PS script: the scheduler and the servers run it too (MXNet turns a process whose DMLC_ROLE is
+server or scheduler into that role at `import mxnet` and exits there), the workers train. It runs the same under
+MXNet's own launch recipe (DMLC_* variables per role) and unchanged under `dprorun --backend mxnet -np 2
+--servers 2`. Worker 0 prints the median iteration time of the second half.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+
+def build(model: str, width: int) -> gluon.nn.HybridSequential:
+    net = gluon.nn.HybridSequential()
+    if model == "conv":
+        net.add(gluon.nn.Conv2D(16, 3, activation="relu"), gluon.nn.Conv2D(16, 3, activation="relu"),
+                gluon.nn.MaxPool2D(2), gluon.nn.Flatten(), gluon.nn.Dense(width, activation="relu"),
+                gluon.nn.Dense(10))
+    else:  # "mlp": several dense layers of one width
+        net.add(gluon.nn.Flatten())
+        for _ in range(4):
+            net.add(gluon.nn.Dense(width, activation="relu"))
+        net.add(gluon.nn.Dense(10))
+    return net
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
+    parser.add_argument("--model", choices=("conv", "mlp"), default="conv")
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--optimizer", default="sgd", help="sgd (momentum 0.9), adam, ...")
+    parser.add_argument("--kvstore", default="dist_sync")
+    parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: worker 1 raises at this step")
+    args = parser.parse_args()
+
+    kv = mx.kv.create(args.kvstore)
+    worker, workers = kv.rank, kv.num_workers
+    mx.random.seed(worker)
+    net = build(args.model, args.width)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    params = {"learning_rate": 0.01}
+    if args.optimizer == "sgd":
+        params["momentum"] = 0.9
+    trainer = gluon.Trainer(net.collect_params(), args.optimizer, params, kvstore=kv)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    x = mx.nd.random.normal(shape=(args.batch_size, 3, 32, 32))
+    y = mx.nd.random.randint(0, 10, shape=(args.batch_size,)).astype("float32")
+    times = []
+    for step in range(args.steps):
+        if step == args.fail_at_step and worker == 1:
+            raise RuntimeError(f"injected failure at step {step} (--fail-at-step)")
+        started = time.perf_counter()
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(args.batch_size * workers)
+        loss.wait_to_read()
+        times.append(time.perf_counter() - started)
+    mx.nd.waitall()
+    if worker == 0:
+        tail = times[len(times) // 2:]
+        print(f"worker 0 of {workers}: median iteration {statistics.median(tail) * 1000:.2f} ms "
+              f"({len(tail)} iterations, {os.environ.get('DMLC_NUM_SERVER', '?')} servers)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""MXNet kvstore parameter-server jobs under `dprorun --backend mxnet`: a real 2-worker, 2-server Gluon job profiled
+unchanged (workers' profiles, keys, calibration, servers' timed updates, the PS replay and its what-ifs), a server
+killed mid-job, and the PS topology on a model made by hand (placement as MXNet's kvstore, the link fit)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from conftest import EXAMPLES, REPO, run_dprorun
+from dprorun.replay.engine import replay
+from dprorun.replay.ps import (PSKey, PSModel, PSWhatIf, WorkerOps, build_ps_model, calibration_graph, fit_links,
+                               key_parts, predict_ps, ps_graph)
+
+
+def _mxnet_python():
+    from dprorun.config import JobConfig
+    from dprorun.launch import mxnet_python
+
+    try:
+        python = mxnet_python(JobConfig(command=["python"]))
+    except FileNotFoundError:
+        return None
+    ok = subprocess.run([python, "-c", "import mxnet"], capture_output=True).returncode == 0
+    return python if ok else None
+
+
+MXNET_PYTHON = _mxnet_python()
+needs_mxnet = pytest.mark.skipif(MXNET_PYTHON is None, reason="no Python with MXNet 1.9.1 (scripts/install-mxnet)")
+WINDOW = ["--warmup", "3", "--active", "12", "--kineto-iters", "6", "--clean", "6"]
+
+
+@pytest.fixture(scope="module")
+def ps_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("mxnet") / "gluon"
+    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", *WINDOW, "python",
+                           os.path.join(EXAMPLES, "mxnet_gluon.py"), "--steps", "24", "--model", "mlp",
+                           "--width", "600"], run_dir, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, proc
+
+
+@needs_mxnet
+def test_a_ps_job_is_profiled_on_workers_and_servers(ps_run):
+    run_dir, proc = ps_run
+    assert "predicted iteration time:" in proc.stdout
+    for worker in (0, 1):
+        events = json.loads((run_dir / f"rank_{worker}" / "events.json").read_text())
+        tracker = events["trackers"][0]
+        assert tracker["framework"] == "mxnet" and tracker["kvstore"] == "dist_sync"
+        assert tracker["update_on_kvstore"] is True
+        # 5 dense layers: weight and bias each, with their bytes as the kvstore calls carried them
+        assert len(tracker["keys"]) == 10
+        weights = sorted(k["bytes"] for k in tracker["keys"])[-1]
+        assert weights == 3072 * 600 * 4
+        assert len(events["calibration"]) == 6 and all(t > 0 for _, t, _ in events["calibration"])
+        assert (run_dir / f"rank_{worker}" / "mx_profile.json").exists()
+        assert len(events["iteration_starts_us"]) == 24
+    for server in (0, 1):
+        doc = json.loads((run_dir / f"server_{server}" / "server.json").read_text())
+        keys = {u[0] for u in doc["updates"]}
+        assert keys and all(u[2] >= u[1] for u in doc["updates"])
+    # the first layer's weight (1.8 M elements) is over the big-array bound: both servers update a half of it
+    halves = [{u[3] for u in json.loads((run_dir / f"server_{s}" / "server.json").read_text())["updates"]}
+              for s in (0, 1)]
+    assert 3072 * 600 * 2 in halves[0] and 3072 * 600 * 2 in halves[1]
+
+
+@needs_mxnet
+def test_ps_replay_and_what_ifs(ps_run):
+    run_dir, _ = ps_run
+    model = build_ps_model(str(run_dir))
+    assert model.workers == 2 and model.servers == 2 and len(model.keys) == 10
+    assert all(w.profiled_iterations >= 2 for w in model.worker_ops.values())
+    as_run = predict_ps(model)
+    # the job as it ran replays to its own iterations without the profiler (compute scaled to them)
+    assert as_run.iteration_ms == pytest.approx(as_run.window_ms, rel=0.02)
+    assert any(name.startswith("s") and ".update" in name for name in as_run.critical_path) or \
+        any("push" in name for name in as_run.critical_path)
+    one = predict_ps(model, PSWhatIf(servers=1))
+    assert one.iteration_ms >= as_run.iteration_ms * 0.99  # fewer servers never faster in the model
+    slow = predict_ps(model, PSWhatIf(bandwidth_scale=0.1))
+    assert slow.iteration_ms > as_run.iteration_ms
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--servers", "1",
+                          "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["whatif"] == "servers 1" and doc["predicted_iteration_ms"] == pytest.approx(one.iteration_ms, abs=0.001)
+
+
+@needs_mxnet
+def test_a_killed_server_stops_the_job_names_it_and_keeps_the_workers_traces(tmp_path):
+    import psutil
+
+    run_dir = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "--job-id", "kill-server-test",
+           "--backend", "mxnet", "-np", "2", "--servers", "2", "--warmup", "2", "--active", "4", "--clean", "2",
+           "--kineto-iters", "2", "python", os.path.join(EXAMPLES, "mxnet_gluon.py"), "--steps", "100000"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    deadline = time.monotonic() + 120
+    while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        if (run_dir / "rank_0" / "clean.json").exists():  # past the window: the workers have traces
+            for p in psutil.process_iter(["pid"]):
+                try:
+                    env = p.environ()
+                except (psutil.Error, OSError):
+                    continue
+                if env.get("DMLC_ROLE") == "server" and env.get("DPRO_JOB_ID") == "kill-server-test" and \
+                        env.get("DPRO_MX_INDEX") == "1":
+                    p.send_signal(signal.SIGKILL)
+                    killed = p.pid
+                    break
+        time.sleep(0.2)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed is not None, "the server was never found"
+    assert proc.returncode != 0
+    assert f"server 1 (pid {killed}) was killed by signal SIGKILL" in stderr, stderr[-2000:]
+    assert (run_dir / "rank_0" / "events.json").exists() and (run_dir / "rank_1" / "events.json").exists()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["ranks_with_traces"] == [0, 1]
+
+
+# ---- the PS topology on a model made by hand (no MXNet needed) ---------------------------------------------------
+def _model(servers=2, workers=2, keys=None, alpha=50.0, bw=100.0):
+    keys = keys or [PSKey(0, 4_000_000 * 4, 4_000_000, 0), PSKey(1, 400, 100, -1), PSKey(2, 40_000, 10_000, -2)]
+    ops = {r: WorkerOps(r, [("fwd", 1000.0), ("(between ops)", 10.0), ("bwd", 2000.0)], 100.0, 50.0, 0.001, 3)
+           for r in range(workers)}
+    return PSModel(workers=workers, servers=servers, bigarray_bound=1_000_000, keys=keys, worker_ops=ops,
+                   update_us=(20.0, 0.0005), alpha_us=alpha, bytes_per_us=bw)
+
+
+def test_keys_are_placed_as_mxnets_kvstore_places_them():
+    big = PSKey(7, 3_000_001 * 4, 3_000_001, 0)
+    parts = key_parts(big, 3, 1_000_000)
+    assert [s for s, _ in parts] == [0, 1, 2] and sum(b for _, b in parts) == big.nbytes
+    assert key_parts(PSKey(5, 400, 100, 0), 3, 1_000_000) == [((5 * 9973) % 3, 400)]
+    assert key_parts(big, 3, 4_000_000) == [((7 * 9973) % 3, big.nbytes)]  # under a raised bound: one server
+
+
+def test_the_ps_graph_joins_workers_through_the_servers():
+    model = _model()
+    graph = ps_graph(model, PSWhatIf())
+    names = set(graph.names)
+    # the big key in two parts, one per server; every worker pushes each part and pulls it back
+    for w in (0, 1):
+        for s in (0, 1):
+            assert f"push k0.s{s} w{w}->s{s}" in names and f"pull k0.s{s} s{s}->w{w} RECV" in names
+    result = replay(graph)
+    path = [graph.names[i] for i in result.critical_path]
+    assert any(".update k0" in name for name in path)  # the critical path runs through a server
+    # a server update waits for both workers' pushes
+    one = replay(ps_graph(model, PSWhatIf(servers=1))).iteration_time_us
+    assert one > result.iteration_time_us  # the big key on one server: twice the bytes through one link
+    more = replay(ps_graph(model, PSWhatIf(workers=4))).iteration_time_us
+    assert more > result.iteration_time_us  # more workers: more bytes into each server
+
+
+def test_the_link_fit_recovers_the_links_a_calibration_was_made_with():
+    truth = _model(alpha=80.0, bw=300.0)
+    sizes = [(4096, 1), (65536, 1), (524288, 1), (2 << 20, 1), (8 << 20, 2), (16 << 20, 2)]
+    calibration = [(b, replay(calibration_graph(truth, b, p)).iteration_time_us, p) for b, p in sizes]
+    alpha, bw = fit_links(replace(truth, alpha_us=0.0, bytes_per_us=1.0, calibration=calibration))
+    assert alpha == pytest.approx(80.0, rel=0.15)
+    assert bw == pytest.approx(300.0, rel=0.1)
