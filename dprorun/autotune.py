@@ -10,7 +10,8 @@ Phases (each printed as it starts; every decision logged to RUN_DIR/autotune.jso
                  profile's by more than `min_gain` (launch-to-launch noise on a shared machine is several %)
   5. running     the whole job, with the strategy or with its own settings, profiled as usual -> RUN_DIR
 Horovod jobs (--backend horovod): the search ranks fusion threshold x cycle time by replay and the top two each
-get a trial window (RUN_DIR/autotune/trial, trial2); the fastest measured is judged.
+get a trial window (RUN_DIR/autotune/trial, trial2); the fastest measured is judged. TensorFlow jobs: the same
+over all-reduce pack sizes; MXNet parameter-server jobs: over MXNET_KVSTORE_BIGARRAY_BOUND (optimize/ps.py).
 A strategy with nothing to change skips the trial. Parts the hooks cannot apply (gradient accumulation) are
 printed as recommendations; `dprorun.strategy()` gives them to a script that wants them.
 """
@@ -151,7 +152,7 @@ class _Autotune:
         _phase(job, "2/4 searching a strategy on the replayed job")
         candidates = []
         try:
-            if job.backend in ("horovod", "tf"):
+            if job.backend in ("horovod", "tf", "mxnet"):
                 candidates = _knob_candidates(run_dir, job.backend)
                 strategy = candidates[0] if candidates else Strategy(search={"framework": job.backend})
                 profiled_run = None
@@ -258,6 +259,14 @@ class _Autotune:
 def _knob_candidates(run_dir: str, backend: str) -> list:
     """Horovod runs: the best (fusion threshold, cycle time) settings by replay; TensorFlow runs: the best
     all-reduce pack sizes; for real trials."""
+    if backend == "mxnet":
+        from dprorun.optimize.ps import rank_ps_bounds
+        from dprorun.replay.ps import build_ps_model
+
+        candidates = rank_ps_bounds(build_ps_model(run_dir))
+        for candidate in candidates:
+            candidate.source_run = os.path.abspath(run_dir)
+        return candidates
     from dprorun.analysis import RunAnalysis
 
     model = RunAnalysis(run_dir).model

@@ -358,6 +358,12 @@ def _launch_mxnet(job: JobConfig) -> LaunchResult:
         entrypoint, args = split_command(job.command)
     roles = mxnet_roles(job)
     common = rank_environment(job)
+    if job.strategy_file:  # a strategy's key-partition bound goes to every role (workers place keys by it)
+        from dprorun.strategy import load_strategy
+
+        bound = load_strategy(job.strategy_file).mxnet_bigarray_bound
+        if bound is not None:
+            common["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(int(bound))
     common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(job.master_port or free_port()),
                    "DMLC_NUM_SERVER": str(job.servers), "DMLC_NUM_WORKER": str(job.nproc_per_node),
                    "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"})

@@ -113,7 +113,7 @@ def _cmd_replay_ps(args: argparse.Namespace) -> int:
 
     model = build_ps_model(args.run_dir)
     whatif = PSWhatIf(servers=args.servers, bigarray_bound=args.bigarray_bound, workers=args.np,
-                      bandwidth_scale=args.bandwidth_scale, bandwidth_gbit=args.bandwidth)
+                      bandwidth_scale=args.bandwidth_scale, bandwidth_gbit=args.bandwidth, links=args.links)
     prediction = predict_ps(model, whatif)
     if args.json:
         print(json.dumps({**prediction.to_json(), "model": model.to_json()}, indent=2, default=float))
@@ -127,9 +127,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     if is_ps_run(args.run_dir):
         return _cmd_replay_ps(args)
-    if args.servers is not None or args.bigarray_bound is not None:
-        raise argparse.ArgumentTypeError("--servers and --bigarray-bound are parameter-server what-ifs (runs of "
-                                         "dprorun --backend mxnet)")
+    if args.servers is not None or args.bigarray_bound is not None or args.links is not None:
+        raise argparse.ArgumentTypeError("--servers, --bigarray-bound and --links are parameter-server what-ifs "
+                                         "(runs of dprorun --backend mxnet)")
     from dprorun.fsutil import atomic_write_json
     from dprorun.optimize.search import compiled_ready_groups
     from dprorun.replay.engine import execution_graph, replay_chrome_trace
@@ -408,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--bigarray-bound", type=int, default=None,
                     help="parameter-server runs: MXNET_KVSTORE_BIGARRAY_BOUND (elements from which a key is split "
                          "over every server)")
+    rp.add_argument("--links", choices=("per-node", "shared"), default=None,
+                    help="parameter-server runs: a link per worker and server (default), or one medium for all")
     rp.add_argument("--latency-us", type=float, default=None, help="per ring step latency")
     rp.add_argument("--bucket-mb", type=float, default=None, help="regroup gradients into buckets of this size")
     rp.add_argument("--partitions", type=int, default=1, help="split each bucket's sync into k pieces")

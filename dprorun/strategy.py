@@ -19,6 +19,9 @@ strategy.json (schema version 1):
   tf_bytes_per_pack_mb
                       TensorFlow jobs: the all-reduce pack size (CommunicationOptions bytes_per_pack) the hooks
                       give MultiWorkerMirroredStrategy on restart (0: one pack)
+  mxnet_bigarray_bound
+                      MXNet parameter-server jobs: MXNET_KVSTORE_BIGARRAY_BOUND (elements from which a key is split
+                      over every server) that the launcher gives every role on restart
   decisions           each pass's decision with its predicted iteration time before and after
 A training script that wants to cooperate (gradient accumulation) calls `dprorun.strategy()`, which reads the
 file named by DPRO_STRATEGY (set by dprorun for the ranks), or returns None.
@@ -69,6 +72,7 @@ class Strategy:
     horovod_cycle_time_ms: Optional[float] = None  # Horovod jobs: HOROVOD_CYCLE_TIME
     horovod_groups: Optional[list[list[str]]] = None  # Horovod jobs: DistributedOptimizer(groups=), by name
     tf_bytes_per_pack_mb: Optional[float] = None  # TensorFlow jobs: CommunicationOptions(bytes_per_pack)
+    mxnet_bigarray_bound: Optional[int] = None  # MXNet PS jobs: MXNET_KVSTORE_BIGARRAY_BOUND
     baseline_ms: Optional[float] = None  # the job as it ran, replayed
     predicted_ms: Optional[float] = None  # with this strategy
     predicted_peak_bytes: Optional[int] = None
@@ -83,7 +87,8 @@ class Strategy:
                 and self.recompute_segments == 0 and self.accumulation_steps == 1 and self.precision == "fp32"
                 and not self.compiled_modules
                 and self.horovod_fusion_threshold_mb is None and self.horovod_cycle_time_ms is None
-                and not self.horovod_groups and self.tf_bytes_per_pack_mb is None)
+                and not self.horovod_groups and self.tf_bytes_per_pack_mb is None
+                and self.mxnet_bigarray_bound is None)
 
     def to_json(self) -> dict:
         doc = asdict(self)

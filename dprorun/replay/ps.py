@@ -58,6 +58,7 @@ class WorkerOps:
     tail_us: float  # the last copy's end -> the next iteration's first op
     copy_us_per_byte: float
     profiled_iterations: int
+    period_us: float = 0.0  # the profiled iterations' own length (first op -> the next iteration's first op)
 
     @property
     def compute_us(self) -> float:
@@ -71,6 +72,7 @@ class PSWhatIf:
     workers: Optional[int] = None
     bandwidth_scale: float = 1.0
     bandwidth_gbit: Optional[float] = None
+    links: Optional[str] = None  # "shared" (one medium for every transfer) or "per-node" (a NIC per role)
 
     def describe(self) -> str:
         parts = [f"{name} {value}" for name, value in (("servers", self.servers), ("bigarray bound",
@@ -78,6 +80,8 @@ class PSWhatIf:
                  if value is not None]
         if self.bandwidth_scale != 1.0:
             parts.append(f"bandwidth x{self.bandwidth_scale:g}")
+        if self.links:
+            parts.append(f"{self.links} links")
         return ", ".join(parts) or "as run"
 
 
@@ -92,6 +96,13 @@ class PSModel:
     alpha_us: float
     bytes_per_us: float
     compute_scale: float = 1.0
+    # "shared": every role on one host, every transfer through its one loopback, which moves bytes with the host's
+    # cores (link_slots transfers at once); "per-node": each worker and server its own link up and down (a NIC)
+    links: str = "shared"
+    link_slots: int = 1
+    link_level: float = 1.0  # the job's own transfers against the calibration's (bandwidth factor, fitted)
+    reference: str = "window"  # the iterations the compute was scaled to: "clean" or "window"
+    profiled_iteration_us: Optional[float] = None  # the profile's own iterations (median over workers)
     calibration: list[tuple[int, float, int]] = field(default_factory=list)  # (bytes, µs, parts) median over workers
     window_iterations_us: list[float] = field(default_factory=list)  # unprofiled window iterations, all workers
     clean_iterations_us: list[float] = field(default_factory=list)
@@ -102,7 +113,8 @@ class PSModel:
                 "keys": len(self.keys), "bytes": sum(k.nbytes for k in self.keys),
                 "alpha_us": round(self.alpha_us, 2), "bandwidth_gbit_s": round(self.bytes_per_us * 8e-3, 3),
                 "update_us": [round(self.update_us[0], 2), round(self.update_us[1] * 1e6, 3)],
-                "compute_scale": round(self.compute_scale, 3),
+                "compute_scale": round(self.compute_scale, 3), "links": self.links, "link_slots": self.link_slots,
+                "link_level": round(self.link_level, 3), "reference": self.reference,
                 "calibration": [[b, round(t, 1), p] for b, t, p in self.calibration]}
 
 
@@ -147,6 +159,7 @@ def ps_graph(model: PSModel, whatif: PSWhatIf, keys: Optional[list[PSKey]] = Non
     bound = whatif.bigarray_bound or model.bigarray_bound
     workers = whatif.workers or model.workers
     bandwidth = _bandwidth(model, whatif)
+    shared = (whatif.links or model.links) == "shared"
     keys = model.keys if keys is None else keys
     worker_ops = model.worker_ops if worker_ops is None else worker_ops
     measured = sorted(worker_ops)
@@ -163,25 +176,30 @@ def ps_graph(model: PSModel, whatif: PSWhatIf, keys: Optional[list[PSKey]] = Non
         out_nodes.append(ops)
     order = sorted(keys, key=lambda k: (-k.priority, k.key))
     pulled: dict[tuple[int, int], list[int]] = {}
+
+    def transfer(name: str, rank: int, src: str, dst: str, wire: float, after: int) -> int:
+        """SEND on the sender's uplink, RECV on the receiver's downlink; on a shared medium one op on it."""
+        if shared:
+            op = g.op(name, "COMM", rank, "link", model.alpha_us + wire, capacity=model.link_slots)
+            g.edge(after, op)
+            return op
+        send = g.op(name, "COMM", rank, f"{src}.tx", model.alpha_us + wire)
+        recv = g.op(name + " RECV", "COMM", rank, f"{dst}.rx", wire)
+        g.edge(after, send)
+        g.edge(send, recv)
+        return recv
+
     for key in order:
         for s, nbytes in key_parts(key, servers, bound):
             wire = nbytes / bandwidth
-            arrivals = []
-            for w in range(workers):
-                send = g.op(f"push k{key.key}.s{s} w{w}->s{s}", "COMM", w, f"w{w}.tx", model.alpha_us + wire)
-                recv = g.op(f"push k{key.key}.s{s} w{w}->s{s} RECV", "COMM", w, f"s{s}.rx", wire)
-                g.edge(in_nodes[w], send)
-                g.edge(send, recv)
-                arrivals.append(recv)
+            arrivals = [transfer(f"push k{key.key}.s{s} w{w}->s{s}", w, f"w{w}", f"s{s}", wire, in_nodes[w])
+                        for w in range(workers)]
             update = g.op(f"s{s}.update k{key.key}", "UPDATE", -1 - s, f"s{s}",
                           model.update_us[0] + model.update_us[1] * nbytes)
             for recv in arrivals:
                 g.edge(recv, update)
             for w in range(workers):
-                send = g.op(f"pull k{key.key}.s{s} s{s}->w{w}", "COMM", w, f"s{s}.tx", model.alpha_us + wire)
-                recv = g.op(f"pull k{key.key}.s{s} s{s}->w{w} RECV", "COMM", w, f"w{w}.rx", wire)
-                g.edge(update, send)
-                g.edge(send, recv)
+                recv = transfer(f"pull k{key.key}.s{s} s{s}->w{w}", w, f"s{s}", f"w{w}", wire, update)
                 pulled.setdefault((w, key.key), []).append(recv)
     for w in range(workers):
         ops = out_nodes[w]
@@ -197,13 +215,14 @@ def ps_graph(model: PSModel, whatif: PSWhatIf, keys: Optional[list[PSKey]] = Non
             g.edge(copy, tail)
         if not copies:
             g.edge(in_nodes[w], tail)
-    return g.build({"world_size": workers, "servers": servers, "bigarray_bound": bound, "ranks_built": workers})
+    return g.build({"world_size": workers, "servers": servers, "bigarray_bound": bound, "ranks_built": workers,
+                    "links": "shared" if shared else "per-node"})
 
 
 def _bandwidth(model: PSModel, whatif: PSWhatIf) -> float:
     if whatif.bandwidth_gbit:
         return whatif.bandwidth_gbit * 1e9 / 8 / 1e6
-    return model.bytes_per_us * whatif.bandwidth_scale
+    return model.bytes_per_us * model.link_level * whatif.bandwidth_scale
 
 
 def calibration_graph(model: PSModel, nbytes: int, parts: int) -> ReplayGraph:
@@ -213,7 +232,7 @@ def calibration_graph(model: PSModel, nbytes: int, parts: int) -> ReplayGraph:
     key = PSKey(0, nbytes, elements, 0)
     bound = elements if parts > 1 else elements + 1
     idle = {r: replace(w, ops=[], dispatch_us=0.0, tail_us=0.0) for r, w in model.worker_ops.items()}
-    return ps_graph(replace(model, compute_scale=1.0), PSWhatIf(bigarray_bound=bound), [key], idle)
+    return ps_graph(replace(model, compute_scale=1.0, link_level=1.0), PSWhatIf(bigarray_bound=bound), [key], idle)
 
 
 # ---- the model from a run directory -----------------------------------------------------------------------------
@@ -269,6 +288,7 @@ def build_ps_model(run_dir: str) -> PSModel:
     calibration = _calibration(workers)
     model = PSModel(workers=int(tracker.get("workers", len(workers))), servers=int(tracker.get("servers", 1)),
                     bigarray_bound=int(tracker.get("bigarray_bound", 1_000_000)), keys=keys, worker_ops=ops,
+                    link_slots=max(1, int(tracker.get("cores") or 1)),
                     update_us=update_fit, alpha_us=0.0, bytes_per_us=125.0, calibration=calibration,
                     window_iterations_us=window, clean_iterations_us=clean, notes=notes)
     if calibration:
@@ -276,8 +296,25 @@ def build_ps_model(run_dir: str) -> PSModel:
     else:
         notes.append("no kvstore calibration (the job ended before the end of the window): links priced at "
                      "1 Gbit/s, no latency")
-    if window:
-        model.compute_scale = fit_compute_scale(model, median(window))
+    model.profiled_iteration_us = median(w.period_us for w in ops.values())
+    if model.profiled_iteration_us:
+        model.link_level = fit_link_level(model, model.profiled_iteration_us)
+        if not 0.5 <= model.link_level <= 2.0:
+            notes.append(f"the job's own transfers ran at x{model.link_level:.2f} of the calibration's bandwidth "
+                         "(transfers of every key at once, against one key at a time with nothing else running)")
+    # the reference the compute is scaled to: the clean iterations (no profiler, no hooks' work) when there are
+    # enough of them, else the window's iterations without the profiler
+    reference = clean if len(clean) >= 5 else window
+    model.reference = "clean" if reference is clean else "window"
+    if reference:
+        model.compute_scale = fit_compute_scale(model, median(reference))
+    if window and clean:
+        gap = median(window) / median(clean) - 1
+        if abs(gap) > 0.05:
+            notes.append(f"the window's iterations without the profiler ({median(window) / 1000:.2f} ms) and the "
+                         f"clean ones after it ({median(clean) / 1000:.2f} ms) differ by {100 * gap:+.1f} %: the "
+                         f"prediction follows the {model.reference} ones"
+                         + (" (no profiler and no hook work in them)" if model.reference == "clean" else ""))
     return model
 
 
@@ -316,7 +353,8 @@ def worker_ops_from_profile(rank: int, ops: list[MXOp], keys: list[PSKey]) -> Op
         copy_end = max((op.end_us for op in copies), default=own_end)
         iterations.append({"ops": chain, "dispatch": max(0.0, start - cursor),
                            "tail": max(0.0, following[0].start_us - copy_end),
-                           "copy": sum(op.duration_us for op in copies), "lead": body[0].start_us - copies_end})
+                           "copy": sum(op.duration_us for op in copies), "lead": body[0].start_us - copies_end,
+                           "period": following[0].start_us - body[0].start_us})
     if not iterations:
         return None
     shapes = {}
@@ -329,7 +367,7 @@ def worker_ops_from_profile(rank: int, ops: list[MXOp], keys: list[PSKey]) -> Op
     return WorkerOps(rank=rank, ops=chain, dispatch_us=median(it["dispatch"] for it in chosen),
                      tail_us=median(it["tail"] + max(0.0, it["lead"]) for it in chosen),
                      copy_us_per_byte=median(it["copy"] for it in chosen) / max(total_bytes, 1),
-                     profiled_iterations=len(chosen))
+                     profiled_iterations=len(chosen), period_us=median(it["period"] for it in chosen))
 
 
 def _unprofiled_window(events: dict) -> list[float]:
@@ -413,6 +451,27 @@ def fit_links(model: PSModel) -> tuple[float, float]:
     return best[1], best[2]
 
 
+def fit_link_level(model: PSModel, profiled_us: float) -> float:
+    """The factor on the calibrated bandwidth with which the profiled iterations (compute as profiled) replay to
+    their own measured length: the job's transfers as they ran, all keys at once and the compute's threads
+    beside them (bisection on a log scale; the replay gets faster as the factor grows)."""
+    def replayed(level: float) -> float:
+        return replay(ps_graph(replace(model, compute_scale=1.0, link_level=level), PSWhatIf())).iteration_time_us
+
+    lo, hi = 0.05, 20.0
+    if replayed(hi) >= profiled_us:
+        return hi
+    if replayed(lo) <= profiled_us:
+        return lo
+    for _ in range(30):
+        mid = (lo * hi) ** 0.5
+        if replayed(mid) > profiled_us:
+            lo = mid
+        else:
+            hi = mid
+    return (lo * hi) ** 0.5
+
+
 def fit_compute_scale(model: PSModel, target_us: float, rounds: int = 6) -> float:
     """The factor on the profiled compute with which the job as it ran replays to `target_us` (its iterations
     without the profiler): the replay is monotone in it, so a few fixed-point rounds settle it."""
@@ -470,7 +529,8 @@ def format_ps_prediction(model: PSModel, prediction: PSPrediction) -> str:
              f"({sum(k.nbytes for k in model.keys) / 1e6:.2f} MB), big-array bound {model.bigarray_bound}",
              f"links: alpha {model.alpha_us:.0f} us, {model.bytes_per_us * 8e-3:.2f} Gbit/s (fitted to "
              f"{len(model.calibration)} calibration sizes); server update {model.update_us[0]:.0f} us + "
-             f"{model.update_us[1] * 1e3:.3f} us/KB; compute x{model.compute_scale:.2f} of the profile",
+             f"{model.update_us[1] * 1e3:.3f} us/KB; compute x{model.compute_scale:.2f} of the profile (to the "
+             f"{model.reference} iterations)",
              f"predicted iteration time: {prediction.iteration_ms:.2f} ms ({prediction.whatif})"]
     if prediction.window_ms is not None:
         lines.append(f"the run's own iterations: {prediction.window_ms:.2f} ms in the window without the profiler"

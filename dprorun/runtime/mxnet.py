@@ -67,6 +67,7 @@ class MXTracker:
                 "keys": [{"key": k, **v} for k, v in sorted(self.keys.items(), key=lambda kv: kv[1]["order"])],
                 "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000")),
                 "servers": int(os.environ.get("DMLC_NUM_SERVER", "1")),
+                "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                 "workers": int(os.environ.get("DMLC_NUM_WORKER", "1"))}
 
     # ---- kvstore -----------------------------------------------------------------------------------------
