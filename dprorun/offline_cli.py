@@ -83,7 +83,20 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _cmd_timeline(args: argparse.Namespace) -> int:
+    from dprorun.replay.ps import is_ps_run
     from dprorun.timeline import write_hta_dir, write_timeline
+
+    if is_ps_run(args.run_dir):  # one host, one clock: the workers' and servers' records as they are
+        from dprorun.fsutil import atomic_write_json
+        from dprorun.timeline import ps_chrome_trace
+
+        doc = ps_chrome_trace(args.run_dir)
+        atomic_write_json(args.output, doc)
+        meta = doc["metadata"]
+        print(f"wrote {len(doc['traceEvents'])} events to {args.output} ({meta['workers']} workers, "
+              f"{meta['servers']} servers, {meta['keyed_pushpulls']} push/pulls with their key: push -> server "
+              "update -> pull as flow arrows); open it in https://ui.perfetto.dev or chrome://tracing")
+        return 0
 
     run, alignment = load_aligned(args.run_dir)
     out = write_timeline(run, args.output)

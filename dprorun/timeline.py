@@ -112,3 +112,69 @@ def write_hta_dir(run: RunTrace, directory: str) -> list[str]:
         atomic_write_bytes(path, json.dumps(doc).encode())
         written.append(path)
     return written
+
+
+def ps_chrome_trace(run_dir: str) -> dict:
+    """A parameter-server run (--backend mxnet) as one timeline: per worker its profiled operators (compute) and
+    its push/pull of each key (kvstore), per server its updates; flow arrows per key and iteration from the
+    worker's push to the server's update and from the update to the worker's pull. One host: one clock, nothing
+    to align."""
+    from dprorun.fsutil import read_json
+    from dprorun.layout import MX_PROFILE_FILE, SERVER_FILE, rank_dir, server_dir
+    from dprorun.trace.mxprofile import ServerUpdate, attribute_keys, read_mx_profile
+
+    updates: list[ServerUpdate] = []
+    s = 0
+    while os.path.exists(os.path.join(server_dir(run_dir, s), SERVER_FILE)):
+        doc = read_json(os.path.join(server_dir(run_dir, s), SERVER_FILE))
+        updates += [ServerUpdate(s, int(k), float(a), float(b), int(n)) for k, a, b, n in doc.get("updates", [])]
+        s += 1
+    servers = s
+    workers = {}
+    r = 0
+    while os.path.exists(os.path.join(rank_dir(run_dir, r), MX_PROFILE_FILE)):
+        workers[r] = read_mx_profile(os.path.join(rank_dir(run_dir, r), MX_PROFILE_FILE))
+        r += 1
+    if not workers:
+        raise FileNotFoundError(f"{run_dir}: no worker profile ({MX_PROFILE_FILE})")
+    lo = min(op.start_us for ops in workers.values() for op in ops)
+    hi = max(op.end_us for ops in workers.values() for op in ops)
+    updates = [u for u in updates if lo <= u.start_us <= hi]
+    events: list[dict] = []
+    for r in workers:
+        events += [{"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"worker {r}"}},
+                   {"ph": "M", "name": "thread_name", "pid": r, "tid": 0, "args": {"name": "compute"}},
+                   {"ph": "M", "name": "thread_name", "pid": r, "tid": 1, "args": {"name": "kvstore"}}]
+    for s in range(servers):
+        pid = 1000 + s
+        events += [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"server {s}"}},
+                   {"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "update"}}]
+    for u in updates:
+        events.append({"ph": "X", "name": f"update k{u.key}", "cat": "update", "pid": 1000 + u.server, "tid": 0,
+                       "ts": u.start_us - lo, "dur": u.end_us - u.start_us, "args": {"key": u.key, "bytes": u.nbytes}})
+    flow = 0
+    keyed_events = 0
+    for r, ops in workers.items():
+        comm = [op for op in ops if op.is_kvstore]
+        for op in ops:
+            if not op.is_kvstore and op.name != "DeleteVariable":
+                events.append({"ph": "X", "name": op.name, "cat": "compute", "pid": r, "tid": 0,
+                               "ts": op.start_us - lo, "dur": op.duration_us})
+        attributed = {id(event): (key, parts) for event, key, parts in attribute_keys(comm, updates)}
+        keyed_events += len(attributed)
+        for op in comm:
+            key, parts = attributed.get(id(op), (None, []))
+            name = f"pushpull k{key}" if key is not None else "pushpull (key not found)"
+            events.append({"ph": "X", "name": name, "cat": "kvstore", "pid": r, "tid": 1, "ts": op.start_us - lo,
+                           "dur": op.duration_us, "args": {"key": key, "servers": [p.server for p in parts]}})
+            for part in parts:
+                for ph, pid, tid, ts, label in (("s", r, 1, op.start_us, "push"), ("f", 1000 + part.server, 0,
+                                                part.start_us, "push"), ("s", 1000 + part.server, 0, part.end_us,
+                                                "pull"), ("f", r, 1, op.end_us, "pull")):
+                    events.append({"ph": ph, "id": flow + (0 if label == "push" else 1), "name": f"{label} k{key}",
+                                   "cat": "ps", "pid": pid, "tid": tid, "ts": ts - lo,
+                                   **({"bp": "e"} if ph == "f" else {})})
+                flow += 2
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "metadata": {"dprorun": "parameter-server timeline", "workers": len(workers), "servers": servers,
+                         "keyed_pushpulls": keyed_events, "origin_epoch_us": lo}}

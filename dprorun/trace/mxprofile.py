@@ -60,3 +60,36 @@ def read_mx_profile(path: str) -> list[MXOp]:
                             float(event["ts"])))
     ops.sort(key=lambda op: op.start_us)
     return ops
+
+
+@dataclass(slots=True)
+class ServerUpdate:
+    server: int
+    key: int
+    start_us: float
+    end_us: float
+    nbytes: int
+
+
+def attribute_keys(events: list[MXOp], updates: list[ServerUpdate]) -> list[tuple[MXOp, int, list[ServerUpdate]]]:
+    """A worker's push/pull events with the key each carried, found through the servers' updates (which name
+    their key): the update of key k for an iteration falls inside that iteration's push/pull of k on every worker
+    (push -> aggregation and update -> pull). Each update, earliest end first, goes to the event that contains it
+    and ends soonest after it (the pull follows the update); a key split over several servers has one update per
+    server inside the same event. Events no update falls in are left out."""
+    keyed: dict[int, int] = {}  # event index -> key
+    parts: dict[int, list[ServerUpdate]] = {}
+    for update in sorted(updates, key=lambda u: u.end_us):
+        best = None
+        for i, event in enumerate(events):
+            if event.start_us > update.start_us or event.end_us < update.end_us:
+                continue
+            if i in keyed and (keyed[i] != update.key or any(p.server == update.server for p in parts[i])):
+                continue
+            rank = (0 if keyed.get(i) == update.key else 1, event.end_us - update.end_us)
+            if best is None or rank < best[0]:
+                best = (rank, i)
+        if best is not None:
+            keyed[best[1]] = update.key
+            parts.setdefault(best[1], []).append(update)
+    return [(events[i], keyed[i], parts[i]) for i in sorted(keyed)]
