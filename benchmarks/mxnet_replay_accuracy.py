@@ -10,7 +10,8 @@ Reported: medians over rounds, the plain launches' spread (max-min over median),
 iterations without the profiler (hooks on) against the plain launches (the hooks' cost). Networks: loopback, and
 with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
-usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp] [--nets loopback,1gbit] [--reps 3]
+usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam] [--nets loopback,1gbit] [--reps 3]
+       [--steps 60]
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def profiled(model: str, net: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
         cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "-np", "2", "--servers", "2",
-                         "--run-dir", run_dir, "-q", "--warmup", "10", "--active", "20", "--clean", "20",
+                         "--run-dir", run_dir, "-q", "--warmup", "10", "--active", "20", "--clean", str(STEPS - 40),
                          "python", EXAMPLE, "--steps", str(STEPS), *MODELS[model]])
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
         if done.returncode != 0:
@@ -94,7 +95,10 @@ def main() -> None:
     parser.add_argument("--models", default="conv,mlp,mlp-adam")
     parser.add_argument("--nets", default="loopback")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=STEPS, help="iterations per launch (plain: the median of the "
+                        "second half; profiled: 10 warm-up, 20 in the window, the rest clean)")
     args = parser.parse_args()
+    globals()["STEPS"] = args.steps
     rows, overheads = [], []
     configs = (("as run", 2, None), ("servers 1", 1, None), ("bound", 2, BOUND))
     for net in args.nets.split(","):
