@@ -478,10 +478,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ps_command(args: argparse.Namespace) -> Optional[int]:
+    """A parameter-server run (--backend mxnet) for a command whose torch view does not apply: its PS answer, or
+    None for the commands that handle PS runs themselves (replay, timeline) and for other runs."""
+    run_dir = getattr(args, "run_dir", None)
+    name = args.func.__name__
+    if not run_dir or name in ("_cmd_replay", "_cmd_timeline", "_cmd_replay_ps"):
+        return None
+    from dprorun.replay.ps import build_ps_model, format_ps_prediction, is_ps_run, predict_ps, ps_graph, PSWhatIf
+
+    if not is_ps_run(run_dir):
+        return None
+    if name == "_cmd_align":
+        print("parameter-server run on one host: every worker and server stamps time.time_ns on the same clock; "
+              "nothing to align (offsets 0, uncertainty 0)")
+        return 0
+    if name in ("_cmd_report", "_cmd_optimize"):
+        what = "an HTML report" if name == "_cmd_report" else "dpro optimize"
+        raise UnanswerableError(f"{what} does not cover parameter-server runs yet: `dpro summary`, `dpro replay` "
+                                "(what-ifs: --servers, --bigarray-bound, --np, --bandwidth), `dpro timeline` and "
+                                "`dprorun --backend mxnet --autotune` do")
+    model = build_ps_model(run_dir)
+    if name == "_cmd_graph":
+        graph = ps_graph(model, PSWhatIf())
+        stats = graph.stats()
+        if getattr(args, "json", False):
+            print(json.dumps(stats, indent=2))
+            return 0
+        print(f"parameter-server graph of one iteration: {stats['nodes']} ops, {stats['edges']} edges, "
+              f"{stats['devices']} devices ({', '.join(graph.device_names)})")
+        print("ops by kind: " + ", ".join(f"{k} {v}" for k, v in stats["kinds"].items()))
+        return 0
+    prediction = predict_ps(model)
+    if getattr(args, "json", False):
+        print(json.dumps({"model": model.to_json(), "as_run": prediction.to_json()}, indent=2, default=float))
+        return 0
+    print(format_ps_prediction(model, prediction))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        answered = _ps_command(args)
+        if answered is not None:
+            return answered
         return args.func(args)
     except TraceError as exc:
         print(f"dpro: error: {exc}", file=sys.stderr)

@@ -45,6 +45,7 @@ class ReplayGraph:
         """Nodes by kind, edges, devices, ranks built, and the compute ops per rank (median)."""
         kinds = np.bincount(self.kinds, minlength=len(KIND_NAMES)) if self.size else np.zeros(len(KIND_NAMES))
         compute = np.isin(self.kinds, [KIND_CODE[k] for k in ("FW", "BW", "UPDATE", "IO", "OTHER")])
+        compute &= self.ranks >= 0  # ops of no rank (a parameter server's: rank -1 - server) are not a rank's
         per_rank = np.bincount(self.ranks[compute]) if compute.any() else np.zeros(1)
         return {"nodes": int(self.size), "edges": int(len(self.indices)),
                 "kinds": {KIND_NAMES[k]: int(n) for k, n in enumerate(kinds) if n},

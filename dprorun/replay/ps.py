@@ -7,7 +7,8 @@ The graph of one iteration (replayed by replay/engine.py, the engine every repla
   push       SEND on the worker's uplink `w<r>.tx`, RECV on the server's downlink `s<s>.rx` (bytes / bandwidth
              each; the message latency alpha on the SEND)
   server s   the update of part (k, s) on `s<s>` once every worker's push of it has arrived (the servers'
-             optimizer: update_on_kvstore), priced by the fit of the servers' timed updates
+             optimizer: update_on_kvstore), priced by the fit of the servers' timed updates; a server's ops carry
+             rank -1 - s (they belong to no worker)
   pull       SEND on `s<s>.tx`, RECV on `w<r>.rx`, to every worker
   copy       the pulled key copied into the parameter on `w<r>` once all its parts are in (MXNet's Broadcast)
   tail       the worker's time from its last copy to the next iteration's first op (Python, data)
