@@ -99,6 +99,24 @@ def test_ps_replay_and_what_ifs(ps_run):
 
 
 @needs_mxnet
+def test_offline_commands_answer_for_the_ps_model(ps_run):
+    run_dir, _ = ps_run
+
+    def dpro(*args):
+        return subprocess.run([sys.executable, "-m", "dprorun.offline_cli", *args, str(run_dir)], capture_output=True,
+                              text=True, cwd=REPO, timeout=120)
+
+    summary = dpro("summary")
+    assert summary.returncode == 0 and "predicted iteration time:" in summary.stdout
+    assert "parameter server: 2 workers, 2 servers, 10 keys" in summary.stdout
+    assert "nothing to align" in dpro("align").stdout
+    graph = dpro("graph")
+    assert graph.returncode == 0 and "devices (w0, w1, link, s0, s1)" in graph.stdout
+    report = dpro("report")
+    assert report.returncode == 2 and "does not cover parameter-server runs yet" in report.stderr
+
+
+@needs_mxnet
 def test_the_timeline_shows_push_update_pull_per_key(ps_run, tmp_path):
     run_dir, _ = ps_run
     out = tmp_path / "ps_timeline.json"
