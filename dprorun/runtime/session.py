@@ -29,9 +29,9 @@ import traceback
 from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
-from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
-from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, SAMPLES_FILE, CommRecord, \
-    P2PRecord, rank_dir
+from dprorun.fsutil import atomic_write_json, make_private_dir
+from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, SAMPLES_FILE, CommRecord, P2PRecord, \
+    rank_dir
 from dprorun.runtime.log import warn
 
 MAX_ITERATION_TIMESTAMPS = 100_000
@@ -62,8 +62,9 @@ class RankSession:
         self.warnings: list[str] = []
         self.trackers: list[Any] = []
         self.optimizers: list[Any] = []
-        self.profiler = None
-        # the framework's own profiler (runtime/tf.py), used instead of torch.profiler when set
+        self.profiler = None  # the profiler backend while it records, else None
+        # start_profiler() / stop_profiler(write) / step(): torch.profiler (runtime/torch_profiler.py) by default;
+        # TensorFlow's and MXNet's hooks set their own (runtime/tf.py, runtime/mxnet.py)
         self.profiler_backend: Optional[Any] = None
         self.framework = "torch"  # "tf" in TensorFlow workers: no torch process group, no torch import
         self.window_hooks: list[Any] = []
@@ -207,24 +208,14 @@ class RankSession:
             self._start_profiler()
 
     def _start_profiler(self) -> None:
-        if self.profiler_backend is not None:
-            self.profiler_backend.start_profiler()
-            self.profiler = self.profiler_backend
-            return
-        import torch
-        from torch.profiler import ProfilerAction, profile, ProfilerActivity
+        """The framework's profiler over the window's first --kineto-iters iterations: torch.profiler
+        (runtime/torch_profiler.py) unless the framework's hooks set their own (TensorFlow's, MXNet's)."""
+        if self.profiler_backend is None:
+            from dprorun.runtime.torch_profiler import TorchProfiler
 
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        if self.cfg.test_fault == "profiler":
-            raise RuntimeError("injected profiler failure (DPRO_TEST_FAULT=profiler)")
-        # an always-RECORD schedule makes step() emit ProfilerStep#<iteration> annotations
-        self.profiler = profile(activities=activities, record_shapes=self.cfg.record_shapes,
-                                profile_memory=False, with_stack=False,
-                                schedule=lambda step: ProfilerAction.RECORD)
-        self.profiler.step_num = self.iteration
-        self.profiler.start()
+            self.profiler_backend = TorchProfiler(self)
+        self.profiler_backend.start_profiler()
+        self.profiler = self.profiler_backend
 
     def _register_optimizer_hooks(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -259,69 +250,9 @@ class RankSession:
 
     def _stop_profiler(self, write: bool) -> None:
         profiler, self.profiler = self.profiler, None
-        if profiler is not None and profiler is self.profiler_backend:
+        if profiler is not None:
             self.kineto_end_iteration = self.iteration
             profiler.stop_profiler(write)
-        elif profiler is not None:
-            profiler.stop()
-            self.kineto_end_iteration = self.iteration
-            if write:
-                self._export_kineto(profiler)
-
-    def _export_kineto(self, profiler) -> None:
-        make_private_dir(self.rank_dir)
-        final = os.path.join(self.rank_dir, KINETO_FILE)
-        tmp = final + f".{os.getpid()}.tmp"
-        if free_mb(self.rank_dir) < self.cfg.min_free_mb:
-            self.warnings.append(f"only {free_mb(self.rank_dir):.0f} MB free where the traces go (below "
-                                 f"DPRO_MIN_FREE_MB={self.cfg.min_free_mb:.0f}): the profiler trace was not written, "
-                                 "so that the job keeps the disk")
-            warn(self.warnings[-1])
-            return
-        try:
-            profiler.export_chrome_trace(tmp)
-        except OSError as exc:  # e.g. the disk filled up: leave nothing behind that keeps it full
-            for leftover in (tmp, tmp + ".tmp"):
-                if os.path.exists(leftover):
-                    os.unlink(leftover)
-            self.warnings.append(f"the profiler trace could not be written ({exc.strerror}): dropped")
-            warn(self.warnings[-1])
-            return
-        size_mb = os.path.getsize(tmp) / 1e6
-        if free_mb(self.rank_dir) < self.cfg.min_free_mb:
-            os.unlink(tmp)
-            self.warnings.append(f"the profiler trace ({size_mb:.0f} MB) would leave less than "
-                                 f"{self.cfg.min_free_mb:.0f} MB free (DPRO_MIN_FREE_MB): dropped")
-            warn(self.warnings[-1])
-            return
-        if size_mb > self.cfg.max_trace_mb:
-            os.unlink(tmp)
-            self.warnings.append(f"Kineto trace of {size_mb:.0f} MB exceeds the cap of "
-                                 f"{self.cfg.max_trace_mb:.0f} MB (DPRO_MAX_TRACE_MB) and was dropped")
-            warn(self.warnings[-1])
-            return
-        if self.skew_us:
-            self._shift_kineto_base(tmp)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, final)
-        self.files_written.append(KINETO_FILE)
-
-    def _shift_kineto_base(self, path: str) -> None:
-        """Apply the test clock skew to the profiler's timestamps too (they are relative to this base)."""
-        import re
-
-        with open(path, "r") as handle:
-            text = handle.read()
-        shift_ns = int(round(self.skew_us * 1000))
-
-        def shifted(match: "re.Match") -> str:
-            return f'"baseTimeNanoseconds": {int(match.group(1)) + shift_ns}'
-
-        text, count = re.subn(r'"baseTimeNanoseconds"\s*:\s*(\d+)', shifted, text, count=1)
-        if count == 0:
-            self.warnings.append("Kineto trace has no baseTimeNanoseconds; test clock skew not applied to it")
-        with open(path, "w") as handle:
-            handle.write(text)
 
     def _record_memory(self) -> None:
         try:
