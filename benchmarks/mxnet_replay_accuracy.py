@@ -41,7 +41,7 @@ def wrap(net: str, cmd: list[str]) -> list[str]:
 
 def mxnet_python() -> str:
     from dprorun.config import JobConfig
-    from dprorun.launch import mxnet_python as find
+    from dprorun.launch_ps import mxnet_python as find
 
     return find(JobConfig(command=["python"]))
 

@@ -15,94 +15,14 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Optional
 
 from dprorun.config import JobConfig
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
-from dprorun.layout import TF_WORKERS_ENV
-
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@dataclass
-class LaunchResult:
-    exit_code: int
-    message: str = ""
-    failed_rank: Optional[int] = None
-    failures: dict = field(default_factory=dict)
-    elapsed_s: float = 0.0
-
-
-def hooks_dir() -> str:
-    """The folder holding the bootstrap sitecustomize.py (source tree, or installed data files)."""
-    candidates = [os.path.join(PACKAGE_ROOT, "hooks"),
-                  os.path.join(sys.prefix, "share", "dprorun", "hooks")]
-    for candidate in candidates:
-        if os.path.isfile(os.path.join(candidate, "sitecustomize.py")):
-            return candidate
-    raise FileNotFoundError("dprorun's hooks/sitecustomize.py was not found (looked in "
-                            + ", ".join(candidates) + ")")
-
-
-def free_port(addr: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((addr, 0))
-        return sock.getsockname()[1]
-
-
-def rank_environment(job: JobConfig) -> dict[str, str]:
-    """Variables every rank inherits: hooks on PYTHONPATH, dprorun importable, profiling settings."""
-    paths = [hooks_dir(), PACKAGE_ROOT]
-    existing = os.environ.get("PYTHONPATH", "")
-    env = {"PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
-    env.update(job.profile.to_env())
-    env["DPRO_STRATEGY"] = os.path.abspath(job.strategy_file) if job.strategy_file else ""
-    env["DPRO_BACKEND"] = job.backend
-    if job.backend == "tf":
-        env[TF_WORKERS_ENV] = ",".join(tf_worker_addresses(job))
-    if job.low_disk:
-        env["DPRO_ENABLED"] = "0"  # no hooks: nothing of ours competes with the job for the disk
-    env.setdefault("KINETO_LOG_LEVEL", os.environ.get("KINETO_LOG_LEVEL", "6"))  # no profiler chatter per rank
-    # Kineto leaves CUPTI subscribed after the profiler stops unless told to tear it down; on GPU that kept every
-    # kernel launch slower for the rest of the job (benchmarks/gpu_overhead.py). A user's own setting wins.
-    env.setdefault("TEARDOWN_CUPTI", os.environ.get("TEARDOWN_CUPTI", "1"))
-    if "OMP_NUM_THREADS" not in os.environ and job.nproc_per_node > 1 and job.backend not in ("horovod", "tf",
-                                                                                             "mxnet"):
-        env["OMP_NUM_THREADS"] = "1"  # as torchrun does (horovodrun does not: its jobs keep their threads)
-    return env
-
-
-TF_BASE_PORT_ENV = "DPRO_TF_BASE_PORT"  # multi-host TF: worker k of a host listens on base + k (default 29600)
-
-
-def tf_worker_addresses(job: JobConfig) -> list[str]:
-    """Every TF worker's host:port in rank order: free loopback ports on one host; across --hosts, port
-    DPRO_TF_BASE_PORT (29600) + local rank on each host, so every node computes the same list."""
-    if job.nnodes == 1 and not job.hosts:
-        return [f"127.0.0.1:{free_port()}" for _ in range(job.nproc_per_node)]
-    if not job.hosts:
-        raise ValueError("--backend tf across several nodes needs --hosts (each worker's address goes into every "
-                         "worker's TF_CONFIG)")
-    base = int(os.environ.get(TF_BASE_PORT_ENV, "29600"))
-    return [f"{host}:{base + k}" for host in job.hosts for k in range(job.nproc_per_node)]
-
-
-def split_command(command: list[str]) -> tuple[str, list[str]]:
-    """('python', ['train.py', ...]) -> the executable and its arguments; a bare script runs with this Python."""
-    if not command:
-        raise ValueError("no training command given (e.g. dprorun -np 2 python train.py)")
-    head = command[0]
-    if head.endswith(".py"):
-        return sys.executable, ["-u"] + command
-    exe = shutil.which(head)
-    if exe is None:
-        raise ValueError(f"training command not found: {head!r}")
-    if os.path.basename(head).startswith("python"):
-        return exe, ["-u"] + command[1:]
-    return exe, command[1:]
+# the shared process helpers, importable from here as before
+from dprorun.procs import LaunchResult, Watchdog, error_message, free_port, rank_environment, signal_name, \
+    split_command
 
 
 def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) -> str:
@@ -160,30 +80,6 @@ def _versions(dprorun_version: str) -> dict:
     return out
 
 
-class _Watchdog:
-    """Sends SIGTERM to this process after the job's --timeout; the elastic agent then stops all ranks."""
-
-    def __init__(self, timeout_s: Optional[float]):
-        self.fired = False
-        self._timer = None
-        if timeout_s:
-            self._timer = threading.Timer(timeout_s, self._fire)
-            self._timer.daemon = True
-
-    def _fire(self) -> None:
-        self.fired = True
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    def __enter__(self):
-        if self._timer:
-            self._timer.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self._timer:
-            self._timer.cancel()
-
-
 def low_disk(job: JobConfig) -> Optional[str]:
     """Why the run directory's filesystem is too full to profile, or None."""
     free = free_mb(job.run_dir)
@@ -207,7 +103,9 @@ def launch(job: JobConfig) -> LaunchResult:
     if job.backend == "horovod":
         result = _launch_horovod(job)
     elif job.backend == "mxnet":
-        result = _launch_mxnet(job)
+        from dprorun.launch_ps import launch_ps
+
+        result = launch_ps(job)
     elif job.launcher == "torchrun":
         result = _launch_torchrun(job)
     else:
@@ -281,7 +179,7 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
     )
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
     config = LaunchConfig(**{key: value for key, value in settings.items() if key in known})
-    with _Watchdog(job.timeout_s) as watchdog:
+    with Watchdog(job.timeout_s) as watchdog:
         try:
             elastic_launch(config, entrypoint)(*args)
             return LaunchResult(0, "all ranks finished")
@@ -289,11 +187,11 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
             rank, failure = _root_failure(err)
             code = failure.exitcode
             if code < 0:
-                how = f"was killed by signal {_signal_name(-code)}"
+                how = f"was killed by signal {signal_name(-code)}"
                 code = 128 - code
             else:
                 how = f"exited with code {code}"
-            detail = _error_message(failure)
+            detail = error_message(failure)
             message = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}"
             if detail:
                 message += f": {detail}"
@@ -306,119 +204,9 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
             signum = int(exc.sigval)
             if watchdog.fired:
                 return LaunchResult(124, f"timed out after {job.timeout_s:g} s (--timeout); all ranks stopped")
-            return LaunchResult(128 + signum, f"interrupted by {_signal_name(signum)}; all ranks stopped")
+            return LaunchResult(128 + signum, f"interrupted by {signal_name(signum)}; all ranks stopped")
         except Exception as exc:  # rendezvous / store errors: before any rank ran
             return LaunchResult(1, _launch_error(exc, job, port))
-
-
-MXNET_VENV_DEFAULT = os.path.join("~", ".cache", "dprorun", "mxnet-venv")
-
-
-def mxnet_python(job: JobConfig) -> str:
-    """The interpreter of an MXNet job's roles when its command starts with python: --mxnet-python, else
-    $DPRO_MXNET_PYTHON, else this Python if it can import mxnet, else the environment scripts/install-mxnet made."""
-    import importlib.util
-
-    chosen = job.mxnet_python or os.environ.get("DPRO_MXNET_PYTHON", "")
-    if chosen:
-        return chosen
-    if importlib.util.find_spec("mxnet") is not None:
-        return sys.executable
-    venv = os.path.expanduser(os.environ.get("DPRO_MXNET_VENV", MXNET_VENV_DEFAULT))
-    candidate = os.path.join(venv, "bin", "python")
-    if os.path.exists(candidate):
-        return candidate
-    raise FileNotFoundError(f"no Python with MXNet was found (not importable here, and no {candidate}): run "
-                            "scripts/install-mxnet, or give --mxnet-python")
-
-
-def mxnet_roles(job: JobConfig) -> list[tuple[str, int]]:
-    """(role, index) of every process of a parameter-server job, in start order: scheduler, servers, workers."""
-    return ([("scheduler", 0)] + [("server", i) for i in range(job.servers)]
-            + [("worker", i) for i in range(job.nproc_per_node)])
-
-
-def _launch_mxnet(job: JobConfig) -> LaunchResult:
-    """A kvstore parameter-server job on this host: the scheduler, job.servers servers and job.nproc_per_node
-    workers, each the user's command with its DMLC_* role variables (MXNet turns a server or scheduler process
-    into that role when it imports mxnet). torch elastic's start_processes spawns them, tees their output with a
-    role prefix into run_dir/logs, and stops them all when one fails."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    try:
-        python = mxnet_python(job)
-    except FileNotFoundError as exc:
-        return LaunchResult(2, str(exc))
-    head = job.command[0] if job.command else ""
-    if head.endswith(".py") or os.path.basename(head).startswith("python"):
-        command = job.command[1:] if not head.endswith(".py") else job.command
-        entrypoint, args = python, ["-u"] + command
-    else:
-        entrypoint, args = split_command(job.command)
-    roles = mxnet_roles(job)
-    common = rank_environment(job)
-    if job.strategy_file:  # a strategy's key-partition bound goes to every role (workers place keys by it)
-        from dprorun.strategy import load_strategy
-
-        bound = load_strategy(job.strategy_file).mxnet_bigarray_bound
-        if bound is not None:
-            common["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(int(bound))
-    common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(job.master_port or free_port()),
-                   "DMLC_NUM_SERVER": str(job.servers), "DMLC_NUM_WORKER": str(job.nproc_per_node),
-                   "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"})
-    envs = {}
-    for slot, (role, index) in enumerate(roles):
-        env = dict(common)
-        env.update({"DMLC_ROLE": role, "DPRO_MX_INDEX": str(index)})
-        envs[slot] = env
-    prefixes = {slot: (f"[{role}]: " if role == "scheduler" else f"[{role}{index}]: ")
-                for slot, (role, index) in enumerate(roles)}
-    logs = DefaultLogsSpecs(log_dir=os.path.join(job.run_dir, "logs"), tee=Std.NONE if job.low_disk else Std.ALL)
-    context = None
-
-    def stop(signum, frame):  # as torch elastic's agent does: the loop below closes every role
-        raise SignalException(f"dprorun got {_signal_name(signum)}", sigval=signal.Signals(signum))
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    with _Watchdog(job.timeout_s) as watchdog:
-        try:
-            context = start_processes(name=job.profile.job_id or "mxnet", entrypoint=entrypoint,
-                                      args={slot: tuple(args) for slot in envs}, envs=envs, logs_specs=logs,
-                                      log_line_prefixes=prefixes)
-            result = None
-            while result is None:
-                result = context.wait(timeout=1.0, period=0.1)
-        except SignalException as exc:
-            if context is not None:
-                context.close()
-            signum = int(exc.sigval)
-            if watchdog.fired:
-                return LaunchResult(124, f"timed out after {job.timeout_s:g} s (--timeout); every role stopped")
-            return LaunchResult(128 + signum, f"interrupted by {_signal_name(signum)}; every role stopped")
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-    if not result.failures:
-        return LaunchResult(0, "all roles finished")
-
-    def order(item):  # a role killed by a signal first (the others then fail or are stopped), then the earliest
-        slot, failure = item
-        code = failure.exitcode
-        return (0 if code < 0 and code != -signal.SIGTERM else 1 if code != -signal.SIGTERM else 2,
-                failure.timestamp, slot)
-
-    slot, failure = min(result.failures.items(), key=order)
-    role, index = roles[slot]
-    name = "the scheduler" if role == "scheduler" else f"{role} {index}"
-    code = failure.exitcode
-    how = f"was killed by signal {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-    detail = _error_message(failure)
-    message = f"{name} (pid {failure.pid}) {how}" + (f": {detail}" if detail else "")
-    message += "; every other role was stopped"
-    return LaunchResult(128 - code if code < 0 else (code or 1), message, None,
-                        {f"{roles[s][0]}{roles[s][1]}": {"exitcode": f.exitcode, "pid": f.pid}
-                         for s, f in result.failures.items()})
 
 
 def _root_failure(err) -> tuple[int, object]:
@@ -453,26 +241,6 @@ def _launch_error(exc: Exception, job: JobConfig, port: int) -> str:
         return (f"a rank failed and its error file under {job.run_dir}/logs could not be read (empty: was the disk "
                 f"full?); see the rank's output above")
     return f"could not start the ranks: {type(exc).__name__}: {first}"
-
-
-def _error_message(failure) -> str:
-    try:
-        message = failure.message
-    except Exception:
-        return ""
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    text = str(message or "").strip()
-    if not text or text.startswith("To enable traceback") or text == "<N/A>":
-        return ""
-    return text.splitlines()[0][:300]
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _launch_torchrun(job: JobConfig) -> LaunchResult:
@@ -525,7 +293,7 @@ def call_forwarding_signals(cmd: list[str], env: dict[str, str],
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with _Watchdog(timeout_s) as watchdog:
+        with Watchdog(timeout_s) as watchdog:
             code = proc.wait()
     finally:
         for s, handler in previous.items():
@@ -541,7 +309,7 @@ def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
     if timed_out:
         return LaunchResult(124, f"timed out after {job.timeout_s:g} s (--timeout); all ranks stopped")
     if signum is not None:
-        return LaunchResult(128 + signum, f"interrupted by {_signal_name(signum)}")
+        return LaunchResult(128 + signum, f"interrupted by {signal_name(signum)}")
     if code != 0:
         return LaunchResult(code if code > 0 else 128 - code, f"{engine} exited with code {code} "
                             "(its output above names the failing rank)")

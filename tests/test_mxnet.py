@@ -20,7 +20,7 @@ from dprorun.replay.ps import (PSKey, PSModel, PSWhatIf, WorkerOps, build_ps_mod
 
 def _mxnet_python():
     from dprorun.config import JobConfig
-    from dprorun.launch import mxnet_python
+    from dprorun.launch_ps import mxnet_python
 
     try:
         python = mxnet_python(JobConfig(command=["python"]))

@@ -1,0 +1,142 @@
+"""Process-management helpers every launch path shares (elastic ranks, engine CLIs, parameter-server roles): the
+launch's result, the ranks' environment (hooks on PYTHONPATH, DPRO_* settings), free ports, the training command
+split into executable and arguments, the --timeout watchdog, and the wording of signals and error files."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+from dprorun.config import JobConfig
+from dprorun.layout import TF_WORKERS_ENV
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class LaunchResult:
+    exit_code: int
+    message: str = ""
+    failed_rank: Optional[int] = None
+    failures: dict = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+
+def hooks_dir() -> str:
+    """The folder holding the bootstrap sitecustomize.py (source tree, or installed data files)."""
+    candidates = [os.path.join(PACKAGE_ROOT, "hooks"),
+                  os.path.join(sys.prefix, "share", "dprorun", "hooks")]
+    for candidate in candidates:
+        if os.path.isfile(os.path.join(candidate, "sitecustomize.py")):
+            return candidate
+    raise FileNotFoundError("dprorun's hooks/sitecustomize.py was not found (looked in "
+                            + ", ".join(candidates) + ")")
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        return sock.getsockname()[1]
+
+
+def rank_environment(job: JobConfig) -> dict[str, str]:
+    """Variables every rank inherits: hooks on PYTHONPATH, dprorun importable, profiling settings."""
+    paths = [hooks_dir(), PACKAGE_ROOT]
+    existing = os.environ.get("PYTHONPATH", "")
+    env = {"PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
+    env.update(job.profile.to_env())
+    env["DPRO_STRATEGY"] = os.path.abspath(job.strategy_file) if job.strategy_file else ""
+    env["DPRO_BACKEND"] = job.backend
+    if job.backend == "tf":
+        env[TF_WORKERS_ENV] = ",".join(tf_worker_addresses(job))
+    if job.low_disk:
+        env["DPRO_ENABLED"] = "0"  # no hooks: nothing of ours competes with the job for the disk
+    env.setdefault("KINETO_LOG_LEVEL", os.environ.get("KINETO_LOG_LEVEL", "6"))  # no profiler chatter per rank
+    # Kineto leaves CUPTI subscribed after the profiler stops unless told to tear it down; on GPU that kept every
+    # kernel launch slower for the rest of the job (benchmarks/gpu_overhead.py). A user's own setting wins.
+    env.setdefault("TEARDOWN_CUPTI", os.environ.get("TEARDOWN_CUPTI", "1"))
+    if "OMP_NUM_THREADS" not in os.environ and job.nproc_per_node > 1 and job.backend not in ("horovod", "tf",
+                                                                                             "mxnet"):
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun does (horovodrun does not: its jobs keep their threads)
+    return env
+
+
+TF_BASE_PORT_ENV = "DPRO_TF_BASE_PORT"  # multi-host TF: worker k of a host listens on base + k (default 29600)
+
+
+def tf_worker_addresses(job: JobConfig) -> list[str]:
+    """Every TF worker's host:port in rank order: free loopback ports on one host; across --hosts, port
+    DPRO_TF_BASE_PORT (29600) + local rank on each host, so every node computes the same list."""
+    if job.nnodes == 1 and not job.hosts:
+        return [f"127.0.0.1:{free_port()}" for _ in range(job.nproc_per_node)]
+    if not job.hosts:
+        raise ValueError("--backend tf across several nodes needs --hosts (each worker's address goes into every "
+                         "worker's TF_CONFIG)")
+    base = int(os.environ.get(TF_BASE_PORT_ENV, "29600"))
+    return [f"{host}:{base + k}" for host in job.hosts for k in range(job.nproc_per_node)]
+
+
+def split_command(command: list[str]) -> tuple[str, list[str]]:
+    """('python', ['train.py', ...]) -> the executable and its arguments; a bare script runs with this Python."""
+    if not command:
+        raise ValueError("no training command given (e.g. dprorun -np 2 python train.py)")
+    head = command[0]
+    if head.endswith(".py"):
+        return sys.executable, ["-u"] + command
+    exe = shutil.which(head)
+    if exe is None:
+        raise ValueError(f"training command not found: {head!r}")
+    if os.path.basename(head).startswith("python"):
+        return exe, ["-u"] + command[1:]
+    return exe, command[1:]
+
+
+class Watchdog:
+    """Sends SIGTERM to this process after the job's --timeout; the elastic agent then stops all ranks."""
+
+    def __init__(self, timeout_s: Optional[float]):
+        self.fired = False
+        self._timer = None
+        if timeout_s:
+            self._timer = threading.Timer(timeout_s, self._fire)
+            self._timer.daemon = True
+
+    def _fire(self) -> None:
+        self.fired = True
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def __enter__(self):
+        if self._timer:
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._timer:
+            self._timer.cancel()
+
+
+def error_message(failure) -> str:
+    try:
+        message = failure.message
+    except Exception:
+        return ""
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = str(message or "").strip()
+    if not text or text.startswith("To enable traceback") or text == "<N/A>":
+        return ""
+    return text.splitlines()[0][:300]
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
