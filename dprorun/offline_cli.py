@@ -478,6 +478,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _optimize_ps(args: argparse.Namespace, model) -> int:
+    """dpro optimize on a parameter-server run: MXNET_KVSTORE_BIGARRAY_BOUND ranked by replay (optimize/ps.py);
+    the best goes to strategy.json (`dprorun --strategy FILE --backend mxnet` runs with it)."""
+    from dprorun.optimize.ps import rank_ps_bounds
+    from dprorun.strategy import Strategy, save_strategy, strategy_json
+
+    candidates = rank_ps_bounds(model)
+    strategy = candidates[0] if candidates else Strategy(search={"framework": "mxnet"})
+    strategy.source_run = os.path.abspath(args.run_dir)
+    out = args.output or os.path.join(args.run_dir, "strategy.json")
+    save_strategy(strategy, out)
+    if args.json:
+        print(strategy_json(strategy))
+        return 0
+    if not candidates:
+        print(f"no big-array bound beats the job's own ({model.bigarray_bound}) by 1 % in the replay; strategy "
+              f"(nothing to change) written to {out}")
+        return 0
+    for k, candidate in enumerate(candidates, start=1):
+        decision = candidate.decisions[0]
+        print(f"{k}. {decision.choice}: {decision.before_ms:.2f} -> {decision.after_ms:.2f} ms ({decision.note})")
+    print(f"strategy ({candidates[0].decisions[0].choice}) written to {out}; `dprorun --backend mxnet --strategy "
+          f"{out} ...` runs with it, `--autotune` measures the top two")
+    return 0
+
+
 def _ps_command(args: argparse.Namespace) -> Optional[int]:
     """A parameter-server run (--backend mxnet) for a command whose torch view does not apply: its PS answer, or
     None for the commands that handle PS runs themselves (replay, timeline) and for other runs."""
@@ -493,12 +519,13 @@ def _ps_command(args: argparse.Namespace) -> Optional[int]:
         print("parameter-server run on one host: every worker and server stamps time.time_ns on the same clock; "
               "nothing to align (offsets 0, uncertainty 0)")
         return 0
-    if name in ("_cmd_report", "_cmd_optimize"):
-        what = "an HTML report" if name == "_cmd_report" else "dpro optimize"
-        raise UnanswerableError(f"{what} does not cover parameter-server runs yet: `dpro summary`, `dpro replay` "
-                                "(what-ifs: --servers, --bigarray-bound, --np, --bandwidth), `dpro timeline` and "
-                                "`dprorun --backend mxnet --autotune` do")
+    if name == "_cmd_report":
+        raise UnanswerableError("an HTML report does not cover parameter-server runs yet: `dpro summary`, `dpro "
+                                "replay` (what-ifs: --servers, --bigarray-bound, --np, --bandwidth), `dpro timeline`, "
+                                "`dpro optimize` and `dprorun --backend mxnet --autotune` do")
     model = build_ps_model(run_dir)
+    if name == "_cmd_optimize":
+        return _optimize_ps(args, model)
     if name == "_cmd_graph":
         graph = ps_graph(model, PSWhatIf())
         stats = graph.stats()

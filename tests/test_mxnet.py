@@ -114,6 +114,12 @@ def test_offline_commands_answer_for_the_ps_model(ps_run):
     assert graph.returncode == 0 and "devices (w0, w1, link, s0, s1)" in graph.stdout
     report = dpro("report")
     assert report.returncode == 2 and "does not cover parameter-server runs yet" in report.stderr
+    optimized = dpro("optimize", "--json", "-o", str(run_dir.parent / "ps_strategy.json"))
+    assert optimized.returncode == 0, optimized.stderr
+    strategy = json.loads((run_dir.parent / "ps_strategy.json").read_text())
+    assert "mxnet_bigarray_bound" in strategy
+    if strategy["mxnet_bigarray_bound"] is not None:  # a bound the replay finds faster than the job's own
+        assert strategy["predicted_ms"] < strategy["baseline_ms"]
 
 
 @needs_mxnet
