@@ -264,8 +264,10 @@ def build_ps_model(run_dir: str) -> PSModel:
         raise TraceError(f"{run_dir}: no worker recorded events (rank_0/{EVENTS_FILE})")
     first = workers[0]
     tracker = next((t for t in first.get("trackers", []) if t.get("framework") == "mxnet"), None)
-    if tracker is None or not tracker.get("keys"):
-        raise TraceError(f"{run_dir}: worker 0 saw no kvstore key (not a kvstore dist job, or no Trainer.step ran)")
+    if tracker is None or not tracker.get("keys") or not first.get("iteration_starts_us"):
+        raise TraceError(f"{run_dir}: worker 0 recorded no iteration with kvstore keys: the hooks count "
+                         "gluon.Trainer.step calls on a dist kvstore; scripts on the Module API (Module.fit) or "
+                         "calling kv.push/pull by hand are not profiled yet")
     keys = [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
             for k in tracker["keys"]]
     notes: list[str] = []
