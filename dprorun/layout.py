@@ -72,6 +72,8 @@ TF_WORKERS_ENV = "DPRO_TF_WORKERS"
 MX_PROFILE_FILE = "mx_profile.json"
 SERVER_FILE = "server.json"
 SERVER_SCHEMA = "dprorun-ps-server"
+# keys of the end-of-window kvstore calibration's arrays (a model with this many parameters is unheard of)
+PS_CALIBRATION_KEY_BASE = 900_000
 
 
 def server_dir(run_dir: str, server: int) -> str:

@@ -119,22 +119,11 @@ def ps_chrome_trace(run_dir: str) -> dict:
     its push/pull of each key (kvstore), per server its updates; flow arrows per key and iteration from the
     worker's push to the server's update and from the update to the worker's pull. One host: one clock, nothing
     to align."""
-    from dprorun.fsutil import read_json
-    from dprorun.layout import MX_PROFILE_FILE, SERVER_FILE, rank_dir, server_dir
-    from dprorun.trace.mxprofile import ServerUpdate, attribute_keys, read_mx_profile
+    from dprorun.layout import MX_PROFILE_FILE, rank_dir
+    from dprorun.trace.mxprofile import attribute_keys, numbered_files, read_mx_profile, read_server_updates
 
-    updates: list[ServerUpdate] = []
-    s = 0
-    while os.path.exists(os.path.join(server_dir(run_dir, s), SERVER_FILE)):
-        doc = read_json(os.path.join(server_dir(run_dir, s), SERVER_FILE))
-        updates += [ServerUpdate(s, int(k), float(a), float(b), int(n)) for k, a, b, n in doc.get("updates", [])]
-        s += 1
-    servers = s
-    workers = {}
-    r = 0
-    while os.path.exists(os.path.join(rank_dir(run_dir, r), MX_PROFILE_FILE)):
-        workers[r] = read_mx_profile(os.path.join(rank_dir(run_dir, r), MX_PROFILE_FILE))
-        r += 1
+    updates, servers = read_server_updates(run_dir)
+    workers = {r: read_mx_profile(path) for r, path in numbered_files(run_dir, rank_dir, MX_PROFILE_FILE).items()}
     if not workers:
         raise FileNotFoundError(f"{run_dir}: no worker profile ({MX_PROFILE_FILE})")
     lo = min(op.start_us for ops in workers.values() for op in ops)

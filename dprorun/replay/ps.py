@@ -33,10 +33,10 @@ from typing import Optional
 import numpy as np
 
 from dprorun.fsutil import TraceError, UnanswerableError
-from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, SERVER_FILE, rank_dir, server_dir
+from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE, rank_dir, server_dir
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
 from dprorun.stats import median
-from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, read_mx_profile
+from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, numbered_files, read_mx_profile, read_server_updates
 
 HASH = 9973  # MXNet's kvstore: server = (key * 9973) % servers for a key below the big-array bound
 
@@ -255,11 +255,7 @@ def _load(path: str) -> dict:
 
 def build_ps_model(run_dir: str) -> PSModel:
     """Read the workers' events, profiles and calibration and the servers' updates; fit the costs; scale compute."""
-    workers = {}
-    r = 0
-    while os.path.exists(os.path.join(rank_dir(run_dir, r), EVENTS_FILE)):
-        workers[r] = _load(os.path.join(rank_dir(run_dir, r), EVENTS_FILE))
-        r += 1
+    workers = {r: _load(path) for r, path in numbered_files(run_dir, rank_dir, EVENTS_FILE).items()}
     if not workers:
         raise TraceError(f"{run_dir}: no worker recorded events (rank_0/{EVENTS_FILE})")
     first = workers[0]
@@ -399,14 +395,9 @@ def _server_updates(run_dir: str, workers: dict) -> list[tuple[int, float]]:
     """(bytes, µs) of the servers' updates of model keys inside the workers' window."""
     lo = min(w["window"]["start_us"] for w in workers.values() if w.get("window", {}).get("start_us"))
     hi = max(w["window"]["end_us"] or lo for w in workers.values() if w.get("window", {}).get("start_us"))
-    out = []
-    s = 0
-    while os.path.exists(os.path.join(server_dir(run_dir, s), SERVER_FILE)):
-        doc = _load(os.path.join(server_dir(run_dir, s), SERVER_FILE))
-        out += [(int(b), float(end - start)) for key, start, end, b in doc.get("updates", [])
-                if key < 900_000 and lo <= start <= hi]
-        s += 1
-    return out
+    updates, _ = read_server_updates(run_dir)
+    return [(u.nbytes, u.end_us - u.start_us) for u in updates
+            if u.key < PS_CALIBRATION_KEY_BASE and lo <= u.start_us <= hi]
 
 
 def _linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:

@@ -25,13 +25,13 @@ import sys
 import time
 from typing import TYPE_CHECKING, Optional
 
-from dprorun.layout import MX_PROFILE_FILE, SERVER_FILE, SERVER_SCHEMA, server_dir
+from dprorun.layout import MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE as CALIBRATION_KEY_BASE, SERVER_FILE, \
+    SERVER_SCHEMA, server_dir
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
 
 CALIBRATION_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20, 16 << 20)
-CALIBRATION_KEY_BASE = 900_000  # keys of the calibration arrays (a model with this many parameters is unheard of)
 MAX_SERVER_RECORDS = 200_000
 
 

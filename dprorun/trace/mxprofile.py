@@ -93,3 +93,28 @@ def attribute_keys(events: list[MXOp], updates: list[ServerUpdate]) -> list[tupl
             keyed[best[1]] = update.key
             parts.setdefault(best[1], []).append(update)
     return [(events[i], keyed[i], parts[i]) for i in sorted(keyed)]
+
+
+def numbered_files(run_dir: str, folder, name: str) -> dict[int, str]:
+    """{k: path} of `name` in folder(run_dir, 0), folder(run_dir, 1), ... up to the first that lacks it (workers'
+    rank_<r>, servers' server_<s>)."""
+    import os
+
+    found = {}
+    while os.path.exists(os.path.join(folder(run_dir, len(found)), name)):
+        found[len(found)] = os.path.join(folder(run_dir, len(found)), name)
+    return found
+
+
+def read_server_updates(run_dir: str) -> tuple[list[ServerUpdate], int]:
+    """Every server's timed updates (server_<s>/server.json; calibration keys included), and how many servers
+    wrote them."""
+    from dprorun.fsutil import read_json
+    from dprorun.layout import SERVER_FILE, server_dir
+
+    updates: list[ServerUpdate] = []
+    files = numbered_files(run_dir, server_dir, SERVER_FILE)
+    for s, path in files.items():
+        updates += [ServerUpdate(s, int(k), float(a), float(b), int(n))
+                    for k, a, b, n in read_json(path).get("updates", [])]
+    return updates, len(files)
