@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--optimizer", default="sgd", help="sgd (momentum 0.9), adam, ...")
     parser.add_argument("--kvstore", default="dist_sync")
+    parser.add_argument("--no-hybridize", action="store_true",
+                        help="run the net imperatively (op by op: pushes start as each gradient is ready)")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: worker 1 raises at this step")
     args = parser.parse_args()
 
@@ -44,7 +46,8 @@ def main() -> None:
     mx.random.seed(worker)
     net = build(args.model, args.width)
     net.initialize(mx.init.Xavier())
-    net.hybridize()
+    if not args.no_hybridize:
+        net.hybridize()
     params = {"learning_rate": 0.01}
     if args.optimizer == "sgd":
         params["momentum"] = 0.9

@@ -321,9 +321,7 @@ def worker_ops_from_profile(rank: int, ops: list[MXOp], keys: list[PSKey]) -> Op
     """The worker's iterations in its profile: each ends with one push/pull per key (grouped in start order);
     medians over the complete ones (compute ops between the previous iteration's copies and this one's first
     push, this one's copies, the gap to the next iteration's first op)."""
-    comm = [op for op in ops if op.is_kvstore]
-    n = len(keys)
-    groups = [comm[i:i + n] for i in range(0, len(comm) - n + 1, n)]
+    groups = comm_phases([op for op in ops if op.is_kvstore])
     compute = [op for op in ops if not op.is_kvstore and op.name not in NOT_COMPUTE]
     iterations = []
     for j in range(1, len(groups)):
@@ -367,6 +365,21 @@ def worker_ops_from_profile(rank: int, ops: list[MXOp], keys: list[PSKey]) -> Op
                      tail_us=median(it["tail"] + max(0.0, it["lead"]) for it in chosen),
                      copy_us_per_byte=median(it["copy"] for it in chosen) / max(total_bytes, 1),
                      profiled_iterations=len(chosen), period_us=median(it["period"] for it in chosen))
+
+
+def comm_phases(comm: list[MXOp]) -> list[list[MXOp]]:
+    """The push/pull events grouped per iteration: maximal runs whose spans overlap (within an iteration every
+    key's push/pull is in flight before the last one ends; the next iteration's forward waits for the pulls, so
+    compute separates two iterations). Push/pull as one op or as separate push and pull ops alike."""
+    groups: list[list[MXOp]] = []
+    end = None
+    for op in sorted(comm, key=lambda o: o.start_us):
+        if end is None or op.start_us > end:
+            groups.append([])
+            end = op.end_us
+        groups[-1].append(op)
+        end = max(end, op.end_us)
+    return groups
 
 
 def _unprofiled_window(events: dict) -> list[float]:
