@@ -4,12 +4,15 @@ PS topology joining the workers' local DFGs through the servers, and its replay 
 The graph of one iteration (replayed by replay/engine.py, the engine every replay uses):
   worker r   its profiled compute ops in order (forward, loss, backward; gaps between them as "(between ops)"),
              on device `w<r>` -> the push/pull dispatch latency -> per key, in priority order, per server part:
-  push       SEND on the worker's uplink `w<r>.tx`, RECV on the server's downlink `s<s>.rx` (bytes / bandwidth
-             each; the message latency alpha on the SEND)
+  push       on one host (links "shared", the default there): one op on the host's loopback `link`, which has as
+             many slots as the host has cores (the loopback moves bytes with them); with a link per role
+             ("per-node", a what-if for servers on machines of their own): SEND on the worker's uplink `w<r>.tx`,
+             RECV on the server's downlink `s<s>.rx`; bytes / bandwidth each, the message latency alpha on the op
+             that starts the transfer
   server s   the update of part (k, s) on `s<s>` once every worker's push of it has arrived (the servers'
              optimizer: update_on_kvstore), priced by the fit of the servers' timed updates; a server's ops carry
              rank -1 - s (they belong to no worker)
-  pull       SEND on `s<s>.tx`, RECV on `w<r>.rx`, to every worker
+  pull       to every worker, on the `link` (shared) or as SEND on `s<s>.tx`, RECV on `w<r>.rx` (per-node)
   copy       the pulled key copied into the parameter on `w<r>` once all its parts are in (MXNet's Broadcast)
   tail       the worker's time from its last copy to the next iteration's first op (Python, data)
 Key placement as MXNet's kvstore does it: a key of fewer than MXNET_KVSTORE_BIGARRAY_BOUND elements goes whole to
@@ -17,10 +20,11 @@ server (key * 9973) % servers, a larger one is split evenly over every server. T
 worker, push/pull) name the SEND/RECV pairs.
 
 Costs: alpha and the link bandwidth are fitted so that the same topology replays the end-of-window calibration
-(round trips of 4 KiB - 16 MiB through the job's kvstore) as measured; the server update is a linear fit of the
-timed updates; the compute ops come from mx.profiler, scaled (one factor) so that the job as it ran replays to its
-own iterations without the profiler (the profiler slows MXNet's operators). What-ifs: servers, the big-array
-bound, workers, bandwidth.
+(round trips of 4 KiB - 16 MiB through the job's kvstore) as measured, then scaled by one level so that the
+profiled iterations replay to their own length (every key in flight at once, against one at a time); the server
+update is a linear fit of the timed updates; the compute ops come from mx.profiler, scaled (one factor) so that
+the job as it ran replays to its own iterations without the profiler: the clean ones where there are 5 or more,
+else the window's. What-ifs: servers, the big-array bound, workers, bandwidth, the links' layout.
 """
 from __future__ import annotations
 
@@ -165,7 +169,7 @@ def ps_graph(model: PSModel, whatif: PSWhatIf, keys: Optional[list[PSKey]] = Non
     worker_ops = model.worker_ops if worker_ops is None else worker_ops
     measured = sorted(worker_ops)
     g = GraphBuilder()
-    in_nodes, out_nodes = [], []
+    in_nodes, measured_ops = [], []
     for w in range(workers):
         ops = worker_ops[measured[w % len(measured)]]
         device = f"w{w}"
@@ -174,7 +178,7 @@ def ps_graph(model: PSModel, whatif: PSWhatIf, keys: Optional[list[PSKey]] = Non
         chain.append(g.op(f"w{w}.dispatch", "QUEUE", w, None, ops.dispatch_us))
         g.chain(chain)
         in_nodes.append(chain[-1])
-        out_nodes.append(ops)
+        measured_ops.append(ops)
     order = sorted(keys, key=lambda k: (-k.priority, k.key))
     pulled: dict[tuple[int, int], list[int]] = {}
 
@@ -203,7 +207,7 @@ def ps_graph(model: PSModel, whatif: PSWhatIf, keys: Optional[list[PSKey]] = Non
                 recv = transfer(f"pull k{key.key}.s{s} s{s}->w{w}", w, f"s{s}", f"w{w}", wire, update)
                 pulled.setdefault((w, key.key), []).append(recv)
     for w in range(workers):
-        ops = out_nodes[w]
+        ops = measured_ops[w]
         copies = []
         for key in order:
             copy = g.op(f"w{w}.copy k{key.key}", "IO", w, f"w{w}",
