@@ -55,7 +55,6 @@ class MXTracker:
         self._kvstore = None  # weakref: a kvstore kept alive past the script's own end aborts the process at exit
         self.kv_type = ""
         self.keys: dict[int, dict] = {}  # key -> {"bytes", "priority", "order", "calls"}
-        self.calls_in_iteration: list[list] = []  # the window's first profiled iteration: [op, key] in call order
         self.profiling = False
         self.profile_path = os.path.join(session.rank_dir, MX_PROFILE_FILE)
         self.update_on_kvstore: Optional[bool] = None
