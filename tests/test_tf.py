@@ -88,8 +88,10 @@ def test_replay_what_if_and_report_of_a_tf_run(tf_run, tmp_path):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["predicted_iteration_time_ms"] > 0 and doc["self_check"]["status"] in ("agrees", "disagrees")
-    ops = [row["op"] for row in doc["critical_path"]["top"]]
-    assert any("@gradient_tape/sequential" in op or "@sequential" in op for op in ops), ops
+    # the critical path names TF ops with their scopes (the whole path: which ops rank top varies between runs; in
+    # one clean-clone run an SGD update op of a step fell into the next step's forward and ranked first)
+    ops = [row["op"] for row in doc["critical_path"]["path"]]
+    assert any("@gradient_tape/sequential" in op or "@sequential" in op for op in ops), ops[:20]
     assert any(n.startswith("TensorFlow: phases and collectives") for n in doc["notes"])
     packed = _dpro("replay", run_dir, "--json", "--bucket-mb", "0.01")  # bytes_per_pack: one pack per tensor
     assert packed.returncode == 0, packed.stderr
