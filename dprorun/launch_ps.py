@@ -6,6 +6,7 @@ import importlib.util
 import os
 import signal
 import sys
+import time
 
 from dprorun.config import JobConfig
 from dprorun.procs import LaunchResult, Watchdog, error_message, free_port, rank_environment, signal_name, \
@@ -34,6 +35,19 @@ def mxnet_roles(job: JobConfig) -> list[tuple[str, int]]:
     """(role, index) of every process of a parameter-server job, in start order: scheduler, servers, workers."""
     return ([("scheduler", 0)] + [("server", i) for i in range(job.servers)]
             + [("worker", i) for i in range(job.nproc_per_node)])
+
+
+SHUTDOWN_GRACE_S = 20.0
+
+
+def _workers_succeeded(context, roles: list[tuple[str, int]]) -> bool:
+    """Whether every worker process has exited with 0 (torch elastic's subprocess context keeps a Popen per
+    slot)."""
+    handlers = getattr(context, "subprocess_handlers", None)
+    if not handlers:
+        return False
+    codes = [handlers[slot].proc.poll() for slot, (role, _) in enumerate(roles) if role == "worker"]
+    return bool(codes) and all(code == 0 for code in codes)
 
 
 def launch_ps(job: JobConfig) -> LaunchResult:
@@ -85,8 +99,18 @@ def launch_ps(job: JobConfig) -> LaunchResult:
                                       args={slot: tuple(args) for slot in envs}, envs=envs, logs_specs=logs,
                                       log_line_prefixes=prefixes)
             result = None
+            workers_done_at = None
             while result is None:
                 result = context.wait(timeout=1.0, period=0.1)
+                if result is None and _workers_succeeded(context, roles):
+                    # every worker finished: the scheduler and servers end with them (ps-lite's shutdown); one
+                    # that has not after SHUTDOWN_GRACE_S is stopped, and the job counts as done
+                    workers_done_at = workers_done_at or time.monotonic()
+                    if time.monotonic() - workers_done_at > SHUTDOWN_GRACE_S:
+                        print(f"dprorun: every worker finished; the scheduler and servers had not after "
+                              f"{SHUTDOWN_GRACE_S:g} s and were stopped", file=sys.stderr, flush=True)
+                        context.close()
+                        return LaunchResult(0, "all workers finished (scheduler and servers stopped)")
         except SignalException as exc:
             if context is not None:
                 context.close()
