@@ -139,10 +139,7 @@ def _finalize_ps(job: JobConfig, result: LaunchResult, with_events: list[int]) -
         if not job.quiet:
             print(f"dprorun: run directory {job.run_dir}")
         return result.exit_code
-    from dprorun.stats import median
-
-    reference = model.clean_iterations_us if model.reference == "clean" else model.window_iterations_us
-    measured = median(reference)
+    measured = model.measured_iteration_us
     summary = {"backend": "mxnet", "iteration_time_ms": None if measured is None else round(measured / 1000, 3),
                "iteration_reference": model.reference, "model": model.to_json(), "as_run": as_run.to_json(),
                "prediction": prediction.to_json()}

@@ -113,6 +113,11 @@ class PSModel:
     clean_iterations_us: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def measured_iteration_us(self) -> Optional[float]:
+        """The run's own iteration time the compute was scaled to (median of the reference iterations)."""
+        return median(self.clean_iterations_us if self.reference == "clean" else self.window_iterations_us)
+
     def to_json(self) -> dict:
         return {"workers": self.workers, "servers": self.servers, "bigarray_bound": self.bigarray_bound,
                 "keys": len(self.keys), "bytes": sum(k.nbytes for k in self.keys),
@@ -307,10 +312,9 @@ def build_ps_model(run_dir: str) -> PSModel:
                          "(transfers of every key at once, against one key at a time with nothing else running)")
     # the reference the compute is scaled to: the clean iterations (no profiler, no hooks' work) when there are
     # enough of them, else the window's iterations without the profiler
-    reference = clean if len(clean) >= 5 else window
-    model.reference = "clean" if reference is clean else "window"
-    if reference:
-        model.compute_scale = fit_compute_scale(model, median(reference))
+    model.reference = "clean" if len(clean) >= 5 else "window"
+    if model.measured_iteration_us is not None:
+        model.compute_scale = fit_compute_scale(model, model.measured_iteration_us)
     if window and clean:
         gap = median(window) / median(clean) - 1
         if abs(gap) > 0.05:
