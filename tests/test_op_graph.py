@@ -107,7 +107,9 @@ def test_a_real_run_replays_at_op_level_and_its_critical_path_names_the_models_o
 
     faster = _replay_json(run_dir, "--op-scale", "aten::linear=0.5", "--op-scale", "AddmmBackward0=0.5")
     assert faster["as_run_ms"] == pytest.approx(doc["predicted_iteration_time_ms"], rel=1e-6)
-    assert faster["predicted_iteration_time_ms"] < 0.97 * doc["predicted_iteration_time_ms"]
+    # halving these ops shortens the prediction; by how much depends on the share of the path they hold
+    # (2.8 % in one clean-clone CI run on 2 cores, where communication holds more of it)
+    assert faster["predicted_iteration_time_ms"] < 0.99 * doc["predicted_iteration_time_ms"]
     none = _replay_json(run_dir, "--op-scale", "no_such_op=0.5")
     assert none["predicted_iteration_time_ms"] == pytest.approx(doc["predicted_iteration_time_ms"], rel=1e-6)
     assert any("no profiled op matches no_such_op" in n for n in none["notes"])
