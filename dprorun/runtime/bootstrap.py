@@ -124,7 +124,7 @@ def install(environ=os.environ) -> Optional[object]:
                                fast=lambda: sess.phase == "active")
         sess.sampler.start()
     except Exception as exc:
-        sess.warnings.append(f"sampler not started: {exc}")
+        sess.records.warnings.append(f"sampler not started: {exc}")
 
     atexit.register(sess.at_exit)
     _install_excepthook(sess)
@@ -204,7 +204,7 @@ def _install_excepthook(sess) -> None:
 
     def excepthook(exc_type, exc, tb):
         try:
-            sess.warnings.append(f"training script raised {exc_type.__name__}: {exc}")
+            sess.records.warnings.append(f"training script raised {exc_type.__name__}: {exc}")
             _write_torchelastic_error(exc)
         except Exception:
             pass
@@ -231,7 +231,7 @@ def _install_sigterm(sess) -> None:
     def on_sigterm(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
-            sess.warnings.append("stopped by SIGTERM")
+            sess.records.warnings.append("stopped by SIGTERM")
             sess.at_exit()
         finally:
             os.kill(os.getpid(), signal.SIGTERM)

@@ -59,7 +59,7 @@ class DDPTracker:
                 self.param_names[id(param)] = name
                 order.append(name)
                 nbytes[name] = param.numel() * param.element_size()
-        session.params[index] = {"order": order, "bytes": nbytes,
+        session.records.params[index] = {"order": order, "bytes": nbytes,
                                  "bucket_cap_mb": getattr(ddp, "bucket_bytes_cap", 0) / (1 << 20)}
         self.param_handles: list = []
         self.activation_meter = None
@@ -76,7 +76,7 @@ class DDPTracker:
         import psutil
         import torch
 
-        memory = self.session.memory
+        memory = self.session.records.memory
         memory.setdefault("rss_at_ddp_init_bytes", psutil.Process().memory_info().rss)
         if torch.cuda.is_available():
             memory.setdefault("cuda_allocated_at_ddp_init_bytes", int(torch.cuda.memory_allocated()))
@@ -93,7 +93,7 @@ class DDPTracker:
         for param in module.parameters():
             if param.grad is not None:
                 grads["cuda" if param.grad.is_cuda else "cpu"] += param.grad.numel() * param.grad.element_size()
-        memory = self.session.memory
+        memory = self.session.records.memory
         rss = psutil.Process().memory_info().rss - grads["cpu"]
         memory["rss_steady_bytes"] = max(memory.get("rss_steady_bytes", 0), int(rss))
         if torch.cuda.is_available():
@@ -143,7 +143,7 @@ class DDPTracker:
             self.activations_measured = True
             saved = session.guard("measuring activations", meter.stop)
             if saved is not None:
-                session.memory["activation_bytes"] = saved
+                session.records.memory["activation_bytes"] = saved
         found: list = []
         _tensors_requiring_grad(output, found)
         if found:
@@ -189,7 +189,7 @@ class DDPTracker:
                 continue
 
             def ready(p, name=name):
-                session.grad_ready.append((session.iteration, name, session.now_us()))
+                session.records.grad_ready.append((session.iteration, name, session.now_us()))
 
             self.param_handles.append(param.register_post_accumulate_grad_hook(ready))
 
@@ -271,9 +271,9 @@ class DDPTracker:
                 future = future.then(done)
             record.enqueued_us = session.now_us()
             key = (ddp_index, record.bucket)
-            if key not in session.buckets:
+            if key not in session.records.buckets:
                 session.guard("reading the bucket layout", self._record_bucket, key, bucket)
-            session.comm.append(record)
+            session.records.comm.append(record)
             return future
 
         return dpro_timed_comm_hook
@@ -281,7 +281,7 @@ class DDPTracker:
     def _record_bucket(self, key: tuple[int, int], bucket) -> None:
         buffer = bucket.buffer()
         names = [self.param_names.get(id(p), f"<unnamed {i}>") for i, p in enumerate(bucket.parameters())]
-        self.session.buckets[key] = {"nbytes": buffer.numel() * buffer.element_size(), "numel": buffer.numel(),
+        self.session.records.buckets[key] = {"nbytes": buffer.numel() * buffer.element_size(), "numel": buffer.numel(),
                                      "dtype": str(buffer.dtype).replace("torch.", ""), "params": names}
 
 
@@ -347,19 +347,19 @@ def patch_ddp_class(session: RankSession) -> None:
             module = args[0] if args else kwargs.get("module")
             if module is not None:  # before DDP wraps it: DDP's hooks then see the compiled modules
                 session.guard("applying compiled regions", apply.apply_compile, strategy, module,
-                              session.strategy_applied, session.warnings)
+                              session.strategy_applied, session.records.warnings)
             kwargs = session.guard("applying the strategy's bucket layout", apply.ddp_init_kwargs, strategy,
                                    _ORIGINAL["__init__"], args, kwargs, session.strategy_applied,
-                                   session.warnings) or kwargs
+                                   session.records.warnings) or kwargs
         _ORIGINAL["__init__"](self, *args, **kwargs)
         if session.disabled:
             return
         if strategy is not None:
             session.guard("applying re-computation", apply.apply_recompute, strategy, self.module,
-                          session.strategy_applied, session.warnings)
+                          session.strategy_applied, session.records.warnings)
             # last: autocast wraps whatever forward the model now has (a checkpointed one recomputes under it)
             session.guard("applying the strategy's precision", apply.apply_precision, strategy, self.module,
-                          session.strategy_applied, session.warnings)
+                          session.strategy_applied, session.records.warnings)
         tracker = session.guard("attaching to DistributedDataParallel", DDPTracker, session, self,
                                 len(session.trackers))
         if tracker is not None:
@@ -373,7 +373,7 @@ def patch_ddp_class(session: RankSession) -> None:
             tracker.user_hook = True
             hook = tracker.timed(hook)
             if tracker.ring is not None:
-                session.warnings.append("the script registers its own comm hook: --comm-detail ring not applied")
+                session.records.warnings.append("the script registers its own comm hook: --comm-detail ring not applied")
         return _ORIGINAL["register_comm_hook"](self, state, hook)
 
     @functools.wraps(_ORIGINAL["_register_builtin_comm_hook"])
@@ -381,7 +381,7 @@ def patch_ddp_class(session: RankSession) -> None:
         tracker = getattr(self, "_dpro_tracker", None)
         if tracker is not None:
             tracker.builtin_hook = True
-            session.warnings.append("a built-in C++ comm hook is in use: bucket enqueue times are not "
+            session.records.warnings.append("a built-in C++ comm hook is in use: bucket enqueue times are not "
                                     "recorded, only the profiler's collective spans")
         return _ORIGINAL["_register_builtin_comm_hook"](self, comm_hook_type)
 

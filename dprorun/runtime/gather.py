@@ -50,9 +50,9 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
 
         tracker = session.profiler_backend
         try:
-            session.calibration = calibrate_kvstore(tracker) if tracker is not None else []
+            session.records.calibration = calibrate_kvstore(tracker) if tracker is not None else []
         except Exception as exc:  # the cost model then relies on the profile alone
-            session.warnings.append(f"kvstore calibration failed: {type(exc).__name__}: {exc}")
+            session.records.warnings.append(f"kvstore calibration failed: {type(exc).__name__}: {exc}")
         _write_events_keeping_step(session)
         return
     if session.framework == "tf":  # TensorFlow workers of one host: each writes into the run directory
@@ -61,13 +61,13 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         from dprorun.runtime.tf import calibrate_tf, tf_compute_threads
 
         try:
-            session.calibration = calibrate_tf(session.profiler_backend)
+            session.records.calibration = calibrate_tf(session.profiler_backend)
         except Exception as exc:  # the cost model then relies on the profile alone
-            session.warnings.append(f"TensorFlow all-reduce calibration failed: {type(exc).__name__}: {exc}")
+            session.records.warnings.append(f"TensorFlow all-reduce calibration failed: {type(exc).__name__}: {exc}")
         try:
-            session.cpu_budget = cpu_budget(tf_compute_threads())
+            session.records.cpu_budget = cpu_budget(tf_compute_threads())
         except Exception as exc:  # informative only
-            session.warnings.append(f"CPU budget unreadable: {exc}")
+            session.records.warnings.append(f"CPU budget unreadable: {exc}")
         _write_events_keeping_step(session)
         return
     import torch.distributed as dist
@@ -79,9 +79,9 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         horovod = horovod_running()
         if horovod:
             try:
-                session.calibration = calibrate_horovod(session)
+                session.records.calibration = calibrate_horovod(session)
             except Exception as exc:  # the cost model then relies on Horovod's timeline
-                session.warnings.append(f"Horovod all-reduce calibration failed: {exc}")
+                session.records.warnings.append(f"Horovod all-reduce calibration failed: {exc}")
         _write_events_keeping_step(session)
         if horovod:
             gather_horovod_to_rank0(session)
@@ -90,21 +90,21 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     try:
         probe_clocks(session, group)
     except Exception as exc:  # alignment falls back to trace-only evidence
-        session.warnings.append(f"clock probes failed: {exc}")
+        session.records.warnings.append(f"clock probes failed: {exc}")
     try:
-        session.cpu_budget = cpu_budget()
-        oversubscribed = oversubscription_warning(session.cpu_budget)
+        session.records.cpu_budget = cpu_budget()
+        oversubscribed = oversubscription_warning(session.records.cpu_budget)
         if oversubscribed:
-            session.warnings.append(oversubscribed)
+            session.records.warnings.append(oversubscribed)
             if session.local_rank == 0:
                 warn(oversubscribed)
     except Exception as exc:  # informative only
-        session.warnings.append(f"CPU budget unreadable: {exc}")
+        session.records.warnings.append(f"CPU budget unreadable: {exc}")
     try:
-        session.calibration = calibrate_allreduce(session)
-        session.calibration_under_compute = calibrate_under_compute(session)
+        session.records.calibration = calibrate_allreduce(session)
+        session.records.calibration_under_compute = calibrate_under_compute(session)
     except Exception as exc:  # the cost model then relies on the trace alone
-        session.warnings.append(f"all-reduce calibration failed: {exc}")
+        session.records.warnings.append(f"all-reduce calibration failed: {exc}")
     _write_events_keeping_step(session)
     gather_to_rank0(session, group)
     session.window_group = group  # released after the clean iterations (exchange_clean_starts)
@@ -116,8 +116,8 @@ def _write_events_keeping_step(session: RankSession) -> None:
     try:
         session.write_events()
     except OSError as exc:
-        session.warnings.append(f"the events could not be written before the gather: {exc}")
-        warn(session.warnings[-1])
+        session.records.warnings.append(f"the events could not be written before the gather: {exc}")
+        warn(session.records.warnings[-1])
 
 
 def gather_to_rank0(session: RankSession, group) -> None:

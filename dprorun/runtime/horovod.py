@@ -82,17 +82,17 @@ class HorovodTracker:
         self.last_ready = now
         index = self.index.setdefault(name, len(self.index))
         if session.iteration < session.cfg.warmup + session.cfg.kineto_iters:
-            session.grad_ready.append((session.iteration, name, now))
+            session.records.grad_ready.append((session.iteration, name, now))
         key = (0, index)
-        if key not in session.buckets:
+        if key not in session.records.buckets:
             nbytes = p.numel() * p.element_size()
-            session.buckets[key] = {"nbytes": nbytes, "numel": p.numel(),
+            session.records.buckets[key] = {"nbytes": nbytes, "numel": p.numel(),
                                     "dtype": str(p.dtype).replace("torch.", ""), "params": [name]}
-            session.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
-            session.params[0]["order"].append(name)
-            session.params[0]["bytes"][name] = nbytes
+            session.records.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
+            session.records.params[0]["order"].append(name)
+            session.records.params[0]["bytes"][name] = nbytes
         record = CommRecord(session.iteration, 0, index, now, session.now_us())
-        session.comm.append(record)
+        session.records.comm.append(record)
         self.pending.append(record)
 
     def synchronized_one(self) -> None:
@@ -120,12 +120,12 @@ def _with_groups(strategy, named_parameters, args: tuple, kwargs: dict, session:
     fused into one allreduce), unless the script chose its own groups."""
     given = args[GROUPS_ARG] if len(args) > GROUPS_ARG else kwargs.get("groups")
     if given is not None:
-        session.warnings.append("the script sets DistributedOptimizer groups: the strategy's groups not applied")
+        session.records.warnings.append("the script sets DistributedOptimizer groups: the strategy's groups not applied")
         return args, kwargs
     by_name = dict(named_parameters or [])
     missing = [n for g in strategy.horovod_groups for n in g if n not in by_name]
     if missing:
-        session.warnings.append(f"strategy groups name parameters this model lacks ({missing[:3]}): not applied")
+        session.records.warnings.append(f"strategy groups name parameters this model lacks ({missing[:3]}): not applied")
         return args, kwargs
     groups = [[by_name[n] for n in group] for group in strategy.horovod_groups]
     if len(args) > GROUPS_ARG:

@@ -134,9 +134,9 @@ class MXTracker:
             mx.profiler.dump(finished=False)
             if os.path.exists(self.profile_path):
                 os.chmod(self.profile_path, 0o600)
-                self.session.files_written.append(MX_PROFILE_FILE)
+                self.session.records.files_written.append(MX_PROFILE_FILE)
             else:
-                self.session.warnings.append("mx.profiler wrote no file")
+                self.session.records.warnings.append("mx.profiler wrote no file")
 
     def step(self) -> None:
         return None

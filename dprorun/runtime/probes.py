@@ -30,11 +30,11 @@ def probe_clocks(session: RankSession, group, rounds: int = PROBE_ROUNDS) -> Non
                 dist.send(token, dst=peer, group=group)
                 dist.recv(token, src=peer, group=group)
                 t3 = session.now_us()
-                session.probes.append([peer, k, "origin", t0, t3])
+                session.records.probes.append([peer, k, "origin", t0, t3])
         elif rank == peer:
             for k in range(rounds):
                 dist.recv(token, src=0, group=group)
                 t1 = session.now_us()
                 t2 = session.now_us()
                 dist.send(token, dst=0, group=group)
-                session.probes.append([0, k, "echo", t1, t2])
+                session.records.probes.append([0, k, "echo", t1, t2])

@@ -77,7 +77,7 @@ class RingAllreduce:
                 recv_chunk.copy_(buf)
             nbytes_send = send_chunk.numel() * send_chunk.element_size()
             nbytes_recv = recv_chunk.numel() * recv_chunk.element_size()
-            session.p2p.append(P2PRecord(iteration, self.ddp_index, index, step, send_c, rank, right, "send", t_send,
+            session.records.p2p.append(P2PRecord(iteration, self.ddp_index, index, step, send_c, rank, right, "send", t_send,
                                          t_send_done, nbytes_send))
-            session.p2p.append(P2PRecord(iteration, self.ddp_index, index, step, recv_c, left, rank, "recv", t_recv,
+            session.records.p2p.append(P2PRecord(iteration, self.ddp_index, index, step, recv_c, left, rank, "recv", t_recv,
                                          t_recv_done, nbytes_recv))

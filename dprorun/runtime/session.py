@@ -1,4 +1,6 @@
-"""The per-rank profiling session: iteration counting, the profiling window, and writing the rank's files.
+"""The per-rank profiling session: the phase machine (iteration counting, the profiling window, the end-of-window
+work). What the rank records lives in its RankRecords (runtime/records.py); the files are written by
+runtime/rank_files.py.
 
 Phases, counted in training iterations seen by the primary DistributedDataParallel module:
   warm-up [0, W)        only the iteration start time is taken
@@ -30,12 +32,10 @@ from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
 from dprorun.fsutil import atomic_write_json, make_private_dir
-from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, SAMPLES_FILE, CommRecord, P2PRecord, \
-    rank_dir
+from dprorun.layout import CLEAN_FILE, rank_dir
+from dprorun.runtime import rank_files
+from dprorun.runtime.records import RankRecords
 from dprorun.runtime.log import warn
-
-MAX_ITERATION_TIMESTAMPS = 100_000
-
 
 class RankSession:
     def __init__(self, cfg: ProfileConfig, rank: int, local_rank: int, world_size: int):
@@ -50,16 +50,7 @@ class RankSession:
         self.phase = "warmup"
         self.disabled = False
         self.iteration = -1
-        self.iteration_starts: list[float] = []
-        self.spans: list[list] = []  # [iteration, name, start_us, end_us]
-        self.comm: list[CommRecord] = []  # one per bucket and iteration (layout.CommRecord)
-        self.grad_ready: list[tuple] = []  # (iteration, param name, time_us)
-        self.p2p: list[P2PRecord] = []  # ring detail (--comm-detail ring): every SEND and RECV
-        self.probes: list[list] = []  # clock probes: [peer, round, "origin"/"echo", t_a, t_b]
-        self.buckets: dict[tuple[int, int], dict] = {}
-        self.params: dict[int, dict] = {}  # ddp index -> {"order": [...], "bytes": {...}}
-        self.memory: dict[str, Any] = {}
-        self.warnings: list[str] = []
+        self.records = RankRecords()  # the buffers behind events.json (runtime/records.py)
         self.trackers: list[Any] = []
         self.optimizers: list[Any] = []
         self.profiler = None  # the profiler backend while it records, else None
@@ -69,15 +60,10 @@ class RankSession:
         self.framework = "torch"  # "tf" in TensorFlow workers: no torch process group, no torch import
         self.window_hooks: list[Any] = []
         self.open_marks: dict[str, float] = {}
-        self.files_written: list[str] = []
         self.wall_start_us = self.now_us()
         self.monotonic_at_start_ns = time.monotonic_ns()
         self.lock = threading.Lock()
         self.sampler = None
-        self.disturbed_iterations: list[int] = []
-        self.calibration: list[list[float]] = []
-        self.calibration_under_compute: list[list[float]] = []
-        self.cpu_budget: dict = {}  # runtime/cpubudget.py, recorded at the end of the window
         self.window_start_us: Optional[float] = None
         self.window_end_us: Optional[float] = None
         self.window_stopped = False
@@ -91,9 +77,9 @@ class RankSession:
         self.strategy, problem = apply.load()  # the optimizer's strategy this job runs with, if any
         self.strategy_applied: dict[str, Any] = {}
         if problem:
-            self.warnings.append(problem)
+            self.records.warnings.append(problem)
         elif self.strategy is not None:
-            self.warnings.extend(apply.not_applied_notes(self.strategy))
+            self.records.warnings.extend(apply.not_applied_notes(self.strategy))
 
     # ---- clock -------------------------------------------------------------------------------------------
     def now_us(self) -> float:
@@ -110,12 +96,12 @@ class RankSession:
         hooks fall back on when something failed (a full disk, a broken profiler)."""
         if not self.disabled:
             self.disabled = True
-            self.warnings.append(reason)
+            self.records.warnings.append(reason)
             try:
                 warn(f"profiling disabled, training continues: {reason}")
                 self._stop_window(write=True)
             except Exception as exc:  # e.g. the disk is full: the trace is lost, the training is not
-                self.warnings.append(f"the trace could not be kept: {type(exc).__name__}: {exc}")
+                self.records.warnings.append(f"the trace could not be kept: {type(exc).__name__}: {exc}")
 
     def guard(self, what: str, fn: Callable, *args) -> Any:
         """Run fn; on any exception disable profiling instead of disturbing training."""
@@ -130,8 +116,7 @@ class RankSession:
         now = self.now_us()
         self._close_mark("update", now)
         self.iteration += 1
-        if len(self.iteration_starts) < MAX_ITERATION_TIMESTAMPS:
-            self.iteration_starts.append(now)
+        self.records.add_iteration_start(now)
         if self.disabled or self.phase == "done":
             return
         if self.profiler is not None:
@@ -140,14 +125,14 @@ class RankSession:
         if self.iteration == cfg.warmup and self.phase == "warmup":
             self.guard("starting the profiling window", self._start_window)
         elif self.iteration == cfg.warmup + cfg.active and self.phase == "active":
-            self.disturbed_iterations.append(self.iteration)
+            self.records.disturbed_iterations.append(self.iteration)
             self._close_window_and_gather()
         elif self.phase == "active" and self.iteration == cfg.warmup + cfg.kineto_iters:
             # end of the detailed tier: profiler and per-parameter hooks off, the cheap hooks stay
             for tracker in self.trackers:
                 tracker.stop_param_hooks()
             if self.profiler is not None:
-                self.disturbed_iterations.append(self.iteration)
+                self.records.disturbed_iterations.append(self.iteration)
                 self.guard("stopping the profiler", self._stop_profiler, True)
         if self.iteration == cfg.warmup + cfg.active + cfg.clean and self.phase == "clean":
             self.guard("writing the clean iterations", self._finish_clean, True)
@@ -176,7 +161,7 @@ class RankSession:
         if self.disabled or self.phase in ("warmup", "done"):
             return  # profiling off, the window never started, or everything already ran
         if self.phase == "active":
-            self.warnings.append(f"the script tore its process group down at iteration {self.iteration}, inside "
+            self.records.warnings.append(f"the script tore its process group down at iteration {self.iteration}, inside "
                                  f"the profiling window (iterations {self.cfg.warmup}-"
                                  f"{self.cfg.warmup + self.cfg.active - 1}): the window was closed there")
             self._close_window_and_gather()
@@ -184,7 +169,7 @@ class RankSession:
             self.guard("writing the clean iterations", self._finish_clean, True)
 
     def mark(self, name: str, start_us: float, end_us: float, iteration: Optional[int] = None) -> None:
-        self.spans.append([self.iteration if iteration is None else iteration, name, start_us, end_us])
+        self.records.spans.append([self.iteration if iteration is None else iteration, name, start_us, end_us])
 
     def open_mark(self, name: str) -> None:
         self.open_marks[name] = self.now_us()
@@ -197,9 +182,9 @@ class RankSession:
     # ---- window ------------------------------------------------------------------------------------------
     def _start_window(self) -> None:
         make_private_dir(self.rank_dir)
-        peak = peak_rss_bytes()  # the job's own peak so far (warm-up iterations), before any profiler buffer exists
+        peak = rank_files.peak_rss_bytes()  # the job's own peak so far (warm-up iterations), before any profiler buffer exists
         if peak is not None:
-            self.memory["max_rss_before_window_bytes"] = peak
+            self.records.memory["max_rss_before_window_bytes"] = peak
         self.phase = "active"
         self.window_start_us = self.now_us()
         if self.rank == 0:  # progress: one line per phase, from rank 0 only
@@ -250,7 +235,7 @@ class RankSession:
         self.window_hooks.clear()
         for tracker in self.trackers:
             tracker.window_stopped()
-        self._record_memory()
+        rank_files.record_memory(self)
         self._stop_profiler(write)
         if write:
             self.write_events()
@@ -261,88 +246,13 @@ class RankSession:
             self.kineto_end_iteration = self.iteration
             profiler.stop_profiler(write)
 
-    def _record_memory(self) -> None:
-        try:
-            if self.framework != "torch":
-                raise ImportError("not a torch job")
-            import torch
-
-            if torch.cuda.is_available():
-                self.memory["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
-                self.memory["cuda_max_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
-            state_bytes = 0
-            for optimizer in self.optimizers:
-                for state in optimizer.state.values():
-                    for value in state.values():
-                        if isinstance(value, torch.Tensor):
-                            state_bytes += value.numel() * value.element_size()
-            self.memory["optimizer_state_bytes"] = state_bytes
-            self.memory["optimizers"] = [type(o).__name__ for o in self.optimizers]
-        except ImportError:
-            pass
-        except Exception as exc:
-            self.warnings.append(f"memory accounting failed: {exc}")
-        try:
-            import psutil
-
-            self.memory["rss_bytes_at_window_end"] = psutil.Process().memory_info().rss
-        except Exception:
-            pass
-        peak = peak_rss_bytes()
-        if peak is not None:
-            self.memory["max_rss_bytes"] = peak
-
     # ---- files -------------------------------------------------------------------------------------------
-    def events_document(self) -> dict:
-        cfg = self.cfg
-        return {
-            "schema": EVENTS_SCHEMA,
-            "version": 1,
-            "job_id": cfg.job_id,
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "world_size": self.world_size,
-            "host": self.host,
-            "pid": os.getpid(),
-            "phase": self.phase,
-            "disabled": self.disabled,
-            "comm_detail": cfg.comm_detail,
-            "window": {"warmup": cfg.warmup, "active": cfg.active, "clean": cfg.clean,
-                       "start_us": self.window_start_us,
-                       "end_us": self.window_end_us,
-                       "kineto": cfg.kineto and cfg.kineto_iters > 0, "record_shapes": cfg.record_shapes,
-                       "kineto_iterations": list(range(cfg.warmup, self.kineto_end_iteration))},
-            "disturbed_iterations": self.disturbed_iterations,
-            "clock": {"source": "time.time_ns", "wall_start_us": self.wall_start_us,
-                      "monotonic_start_ns": self.monotonic_at_start_ns},
-            "iteration_starts_us": self.iteration_starts,
-            "spans": self.spans,
-            "comm": [c.row() for c in self.comm if c.done_us is not None],
-            "comm_unfinished": sum(1 for c in self.comm if c.done_us is None),
-            "grad_ready": self.grad_ready,
-            "p2p": [r.row() for r in self.p2p],
-            "clock_probes": self.probes,
-            "calibration": self.calibration,
-            "calibration_under_compute": self.calibration_under_compute,
-            "cpu": self.cpu_budget,
-            "buckets": [dict(ddp=k[0], index=k[1], **v) for k, v in sorted(self.buckets.items())],
-            "params": {str(k): v for k, v in self.params.items()},
-            "memory": self.memory,
-            "trackers": [t.describe() for t in self.trackers],
-            "files": sorted(set(self.files_written)),
-            "warnings": self.warnings,
-            "strategy": None if self.strategy is None else {"file": os.environ.get("DPRO_STRATEGY"),
-                                                            "applied": self.strategy_applied},
-            "versions": _versions(),
-        }
-
     def write_events(self) -> None:
-        make_private_dir(self.rank_dir)
-        with self.lock:
-            doc = self.events_document()
-        atomic_write_json(os.path.join(self.rank_dir, EVENTS_FILE), doc)
-        if self.sampler is not None:
-            atomic_write_json(os.path.join(self.rank_dir, SAMPLES_FILE), self.sampler.export())
+        rank_files.write_events(self)
+
+    def clean_document(self, rank: Optional[int] = None, starts: Optional[list[float]] = None,
+                       complete: bool = True) -> dict:
+        return rank_files.clean_document(self, rank, starts, complete)
 
     def _finish_window(self) -> None:
         """Stop the samplers, probe clock offsets, calibrate, write the events, ship remote ranks' files to rank
@@ -362,22 +272,13 @@ class RankSession:
 
                 self.guard("measuring compute variants", measure_and_write, self, tracker)
 
-    def clean_document(self, rank: Optional[int] = None, starts: Optional[list[float]] = None,
-                       complete: bool = True) -> dict:
-        """clean.json: the start times of iterations W+K.. (the clean ones and the boundary after them)."""
-        first = self.cfg.warmup + self.cfg.active
-        own = [float(t) for t in self.iteration_starts[first:first + self.cfg.clean + 1]]
-        return {"schema": CLEAN_SCHEMA, "version": 1, "rank": self.rank if rank is None else rank,
-                "first_iteration": first, "iteration_starts_us": own if starts is None else starts,
-                "complete": complete}
-
     def _finish_clean(self, exchange: bool) -> None:
         """After the clean iterations: write their start times, and (exchange) send them to rank 0 for the
         ranks whose files live on another disk; then the window's group is released."""
         if self.phase == "done":
             return
         self.phase = "done"
-        complete = len(self.iteration_starts) > self.cfg.warmup + self.cfg.active + self.cfg.clean
+        complete = len(self.records.iteration_starts) > self.cfg.warmup + self.cfg.active + self.cfg.clean
         make_private_dir(self.rank_dir)
         atomic_write_json(os.path.join(self.rank_dir, CLEAN_FILE), self.clean_document(complete=complete))
         if exchange and self.window_work_done and self.framework == "torch":
@@ -394,7 +295,7 @@ class RankSession:
             self._stop_window(write=True)
             self.phase = "clean"
         if not self.window_work_done and self.iteration >= self.cfg.warmup and not self.disabled:
-            self.warnings.append(
+            self.records.warnings.append(
                 f"the job ended at iteration {self.iteration} before the end of the profiling window "
                 f"(iteration {self.cfg.warmup + self.cfg.active})" + (
                     ": no all-reduce calibration ran" if self.framework != "torch" else
@@ -431,36 +332,3 @@ def nothing_to_profile() -> str:
             f"{found}. The job ran unprofiled, as under torchrun")
 
 
-def peak_rss_bytes() -> Optional[int]:
-    """This process's peak resident set: VmHWM from /proc (Linux), which starts afresh at exec. Not
-    getrusage's ru_maxrss: Linux carries that over fork and exec, so a rank started by a launcher that had
-    grown large (dprorun after an autotune search had imported cvxpy) reported the launcher's peak."""
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    if sys.platform == "darwin":
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
-    return None
-
-
-def _versions() -> dict:
-    out = {"python": sys.version.split()[0]}
-    try:
-        import torch
-
-        out["torch"] = torch.__version__
-    except Exception:
-        pass
-    try:
-        from dprorun import __version__
-
-        out["dprorun"] = __version__
-    except Exception:
-        pass
-    return out

@@ -96,9 +96,9 @@ class TFTracker:
             final = os.path.join(self.session.rank_dir, XPLANE_FILE)
             os.replace(files[-1], final)
             os.chmod(final, 0o600)
-            self.session.files_written.append(XPLANE_FILE)
+            self.session.records.files_written.append(XPLANE_FILE)
         elif write:
-            self.session.warnings.append("the TensorFlow profiler wrote no .xplane.pb file")
+            self.session.records.warnings.append("the TensorFlow profiler wrote no .xplane.pb file")
         shutil.rmtree(self.profiler_dir, ignore_errors=True)
 
     def step(self) -> None:  # torch.profiler's step(): the step markers are the Trace contexts of run_step
@@ -280,7 +280,7 @@ def patch_keras3_fit(session: "RankSession") -> None:
             if isinstance(tf.distribute.get_strategy(), collective_all_reduce_strategy.CollectiveAllReduceStrategy) \
                     or getattr(self, "_distribute_strategy", None) is not None:
                 said.append(True)
-                session.warnings.append(keras3_fit_message())
+                session.records.warnings.append(keras3_fit_message())
                 if session.rank == 0:
                     print(f"[dprorun] warning: {keras3_fit_message()}", file=sys.stderr, flush=True)
         return fit(self, *args, **kwargs)

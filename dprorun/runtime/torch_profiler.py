@@ -50,7 +50,7 @@ class TorchProfiler:
             self._export(profile)
 
     def _dropped(self, message: str) -> None:
-        self.session.warnings.append(message)
+        self.session.records.warnings.append(message)
         warn(message)
 
     def _export(self, profile) -> None:
@@ -87,7 +87,7 @@ class TorchProfiler:
             self._shift_base(tmp)
         os.chmod(tmp, 0o600)
         os.replace(tmp, final)
-        session.files_written.append(KINETO_FILE)
+        session.records.files_written.append(KINETO_FILE)
 
     def _shift_base(self, path: str) -> None:
         """Apply the test clock skew to the profiler's timestamps too (they are relative to this base)."""
@@ -100,6 +100,6 @@ class TorchProfiler:
 
         text, count = re.subn(r'"baseTimeNanoseconds"\s*:\s*(\d+)', shifted, text, count=1)
         if count == 0:
-            self.session.warnings.append("Kineto trace has no baseTimeNanoseconds; test clock skew not applied to it")
+            self.session.records.warnings.append("Kineto trace has no baseTimeNanoseconds; test clock skew not applied to it")
         with open(path, "w") as handle:
             handle.write(text)

@@ -194,7 +194,7 @@ def measure_and_write(session, tracker, reps: int = 10) -> Optional[str]:
 
     batch = getattr(tracker, "last_inputs", None)
     if batch is None:
-        session.warnings.append("compute variants not measured: no training batch was seen in the window")
+        session.records.warnings.append("compute variants not measured: no training batch was seen in the window")
         return None
     print("[dprorun] measuring compute variants (eager, torch.compile of the model and of each block, bf16) on "
           "rank 0 ...", file=sys.stderr,

@@ -1,0 +1,146 @@
+"""The files one rank writes into its directory of the run: events.json (its records and window), samples.json
+(the samplers), clean.json (the start times of the iterations run without profiling), with the memory figures
+taken at the end of the window."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Optional
+
+from dprorun.fsutil import atomic_write_json, make_private_dir
+from dprorun.layout import CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, SAMPLES_FILE
+
+if TYPE_CHECKING:
+    from dprorun.runtime.session import RankSession
+
+
+def events_document(session: RankSession) -> dict:
+    """events.json: the rank's records and the window they were taken in."""
+    cfg = session.cfg
+    return {
+        "schema": EVENTS_SCHEMA,
+        "version": 1,
+        "job_id": cfg.job_id,
+        "rank": session.rank,
+        "local_rank": session.local_rank,
+        "world_size": session.world_size,
+        "host": session.host,
+        "pid": os.getpid(),
+        "phase": session.phase,
+        "disabled": session.disabled,
+        "comm_detail": cfg.comm_detail,
+        "window": {"warmup": cfg.warmup, "active": cfg.active, "clean": cfg.clean,
+                   "start_us": session.window_start_us,
+                   "end_us": session.window_end_us,
+                   "kineto": cfg.kineto and cfg.kineto_iters > 0, "record_shapes": cfg.record_shapes,
+                   "kineto_iterations": list(range(cfg.warmup, session.kineto_end_iteration))},
+        "disturbed_iterations": session.records.disturbed_iterations,
+        "clock": {"source": "time.time_ns", "wall_start_us": session.wall_start_us,
+                  "monotonic_start_ns": session.monotonic_at_start_ns},
+        "iteration_starts_us": session.records.iteration_starts,
+        "spans": session.records.spans,
+        "comm": [c.row() for c in session.records.comm if c.done_us is not None],
+        "comm_unfinished": sum(1 for c in session.records.comm if c.done_us is None),
+        "grad_ready": session.records.grad_ready,
+        "p2p": [r.row() for r in session.records.p2p],
+        "clock_probes": session.records.probes,
+        "calibration": session.records.calibration,
+        "calibration_under_compute": session.records.calibration_under_compute,
+        "cpu": session.records.cpu_budget,
+        "buckets": [dict(ddp=k[0], index=k[1], **v) for k, v in sorted(session.records.buckets.items())],
+        "params": {str(k): v for k, v in session.records.params.items()},
+        "memory": session.records.memory,
+        "trackers": [t.describe() for t in session.trackers],
+        "files": sorted(set(session.records.files_written)),
+        "warnings": session.records.warnings,
+        "strategy": None if session.strategy is None else {"file": os.environ.get("DPRO_STRATEGY"),
+                                                        "applied": session.strategy_applied},
+        "versions": versions(),
+    }
+
+
+def write_events(session: RankSession) -> None:
+    make_private_dir(session.rank_dir)
+    with session.lock:
+        doc = events_document(session)
+    atomic_write_json(os.path.join(session.rank_dir, EVENTS_FILE), doc)
+    if session.sampler is not None:
+        atomic_write_json(os.path.join(session.rank_dir, SAMPLES_FILE), session.sampler.export())
+
+
+def clean_document(session: RankSession, rank: Optional[int] = None, starts: Optional[list[float]] = None,
+                   complete: bool = True) -> dict:
+    """clean.json: the start times of iterations W+K.. (the clean ones and the boundary after them)."""
+    first = session.cfg.warmup + session.cfg.active
+    own = [float(t) for t in session.records.iteration_starts[first:first + session.cfg.clean + 1]]
+    return {"schema": CLEAN_SCHEMA, "version": 1, "rank": session.rank if rank is None else rank,
+            "first_iteration": first, "iteration_starts_us": own if starts is None else starts,
+            "complete": complete}
+
+
+def record_memory(session: RankSession) -> None:
+    """Peaks, optimizer state and resident memory at the end of the window, into the records."""
+    try:
+        if session.framework != "torch":
+            raise ImportError("not a torch job")
+        import torch
+
+        if torch.cuda.is_available():
+            session.records.memory["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+            session.records.memory["cuda_max_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+        state_bytes = 0
+        for optimizer in session.optimizers:
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        state_bytes += value.numel() * value.element_size()
+        session.records.memory["optimizer_state_bytes"] = state_bytes
+        session.records.memory["optimizers"] = [type(o).__name__ for o in session.optimizers]
+    except ImportError:
+        pass
+    except Exception as exc:
+        session.records.warnings.append(f"memory accounting failed: {exc}")
+    try:
+        import psutil
+
+        session.records.memory["rss_bytes_at_window_end"] = psutil.Process().memory_info().rss
+    except Exception:
+        pass
+    peak = peak_rss_bytes()
+    if peak is not None:
+        session.records.memory["max_rss_bytes"] = peak
+
+
+def peak_rss_bytes() -> Optional[int]:
+    """This process's peak resident set: VmHWM from /proc (Linux), which starts afresh at exec. Not
+    getrusage's ru_maxrss: Linux carries that over fork and exec, so a rank started by a launcher that had
+    grown large (dprorun after an autotune search had imported cvxpy) reported the launcher's peak."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if sys.platform == "darwin":
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
+    return None
+
+
+def versions() -> dict:
+    out = {"python": sys.version.split()[0]}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+    except Exception:
+        pass
+    try:
+        from dprorun import __version__
+
+        out["dprorun"] = __version__
+    except Exception:
+        pass
+    return out

@@ -1,0 +1,33 @@
+"""What one rank records while it is profiled: the buffers behind its events.json, filled by the hooks
+(runtime/ddp.py, horovod.py, tf.py, mxnet.py, gather.py, ...) and written by runtime/rank_files.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dprorun.layout import CommRecord, P2PRecord
+
+MAX_ITERATION_TIMESTAMPS = 100_000
+
+
+@dataclass
+class RankRecords:
+    iteration_starts: list[float] = field(default_factory=list)  # epoch µs, one per iteration (capped)
+    spans: list[list] = field(default_factory=list)  # [iteration, name, start_us, end_us]
+    comm: list[CommRecord] = field(default_factory=list)  # one per bucket (or Horovod tensor) and iteration
+    grad_ready: list[tuple] = field(default_factory=list)  # (iteration, param name, time_us)
+    p2p: list[P2PRecord] = field(default_factory=list)  # ring detail (--comm-detail ring): every SEND and RECV
+    probes: list[list] = field(default_factory=list)  # clock probes: [peer, round, "origin"/"echo", t_a, t_b]
+    buckets: dict[tuple[int, int], dict] = field(default_factory=dict)  # (ddp, bucket index) -> sizes, params
+    params: dict[int, dict] = field(default_factory=dict)  # ddp index -> {"order": [...], "bytes": {...}}
+    memory: dict[str, Any] = field(default_factory=dict)  # peaks, optimizer state, activations (bytes)
+    calibration: list[list[float]] = field(default_factory=list)  # all-reduce [bytes, µs, ...] on an idle job
+    calibration_under_compute: list[list[float]] = field(default_factory=list)  # the same while compute runs
+    cpu_budget: dict = field(default_factory=dict)  # runtime/cpubudget.py, at the end of the window
+    disturbed_iterations: list[int] = field(default_factory=list)  # paused by dprorun's own work
+    files_written: list[str] = field(default_factory=list)  # this rank's files in the run directory
+    warnings: list[str] = field(default_factory=list)  # what went wrong or was left out, said in the summary
+
+    def add_iteration_start(self, now_us: float) -> None:
+        if len(self.iteration_starts) < MAX_ITERATION_TIMESTAMPS:
+            self.iteration_starts.append(now_us)
