@@ -165,7 +165,7 @@ class _FullDiskGuard:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self._fd)
         os.close(devnull)
-        self._session.warnings.append(f"the disk holding this rank's log file is full: its output (fd {self._fd}) "
+        self._session.records.warnings.append(f"the disk holding this rank's log file is full: its output (fd {self._fd}) "
                                       "is dropped from here on")
 
     def write(self, text):
