@@ -33,7 +33,7 @@ from dprorun.strategy import Strategy
 
 
 def _phase(job: JobConfig, text: str) -> None:
-    if not job.quiet:
+    if not job.output.quiet:
         print(f"dprorun autotune: {text}", flush=True)
 
 
@@ -55,22 +55,22 @@ def _measured_ms(run_dir: str) -> Optional[float]:
 
 def _sub_job(job: JobConfig, run_dir: str, dry_run: bool, strategy_file: Optional[str]) -> JobConfig:
     sub = copy.deepcopy(job)
-    sub.run_dir = run_dir
+    sub.output.run_dir = run_dir
     sub.profile.run_dir = run_dir
     sub.profile.dry_run = dry_run
     # the profiling window also times the model eager / compiled / bf16 for the op-fusion and precision passes
-    sub.profile.measure_variants = dry_run and strategy_file is None and job.autotune_variants
+    sub.profile.measure_variants = dry_run and strategy_file is None and job.autotune.variants
     sub.profile.job_id = f"{job.profile.job_id}-{os.path.basename(run_dir)}" if dry_run else job.profile.job_id
     sub.strategy_file = strategy_file
-    if job.backend == "horovod" and strategy_file:  # Horovod's knobs go to horovodrun, the strategy's win
+    if job.launch.backend == "horovod" and strategy_file:  # Horovod's knobs go to horovodrun, the strategy's win
         from dprorun.config import horovod_knob_args
         from dprorun.strategy import load_strategy
 
         chosen = load_strategy(strategy_file)
-        sub.horovod_args = horovod_knob_args(chosen.horovod_fusion_threshold_mb, chosen.horovod_cycle_time_ms)
-    sub.autotune = False
-    sub.quiet = True if dry_run else job.quiet
-    sub.json_summary = False if dry_run else job.json_summary
+        sub.horovod.args = horovod_knob_args(chosen.horovod_fusion_threshold_mb, chosen.horovod_cycle_time_ms)
+    sub.autotune.enabled = False
+    sub.output.quiet = True if dry_run else job.output.quiet
+    sub.output.json_summary = False if dry_run else job.output.json_summary
     return sub
 
 
@@ -104,11 +104,11 @@ class _Autotune:
 
     def __init__(self, job: JobConfig, launch: Callable, finalize: Callable):
         self.job, self.launch, self.finalize = job, launch, finalize
-        make_private_dir(job.run_dir)
-        self.tune_dir = make_private_dir(os.path.join(job.run_dir, "autotune"))
+        make_private_dir(job.output.run_dir)
+        self.tune_dir = make_private_dir(os.path.join(job.output.run_dir, "autotune"))
         self.log: dict = {"job_id": job.profile.job_id, "command": job.command, "started": time.time(), "phases": []}
-        self.log_path = os.path.join(job.run_dir, "autotune.json")
-        self.strategy_path = os.path.join(job.run_dir, "strategy.json")
+        self.log_path = os.path.join(job.output.run_dir, "autotune.json")
+        self.strategy_path = os.path.join(job.output.run_dir, "strategy.json")
         self.started = time.monotonic()
 
     def record(self, name: str, **values) -> None:
@@ -119,8 +119,8 @@ class _Autotune:
         """Phase 5: the whole job, with the strategy or with its own settings."""
         _phase(self.job, f"running the job {why}")
         self.record("running", strategy=strategy_file, reason=why)
-        sub = _sub_job(self.job, self.job.run_dir, False, strategy_file)
-        code = self.finalize(sub, self.launch(_sub_job(self.job, self.job.run_dir, False, strategy_file)))
+        sub = _sub_job(self.job, self.job.output.run_dir, False, strategy_file)
+        code = self.finalize(sub, self.launch(_sub_job(self.job, self.job.output.run_dir, False, strategy_file)))
         self.record("done", exit_code=code)
         return code
 
@@ -134,11 +134,11 @@ class _Autotune:
         if result.exit_code != 0:
             self.record("profiling", exit_code=result.exit_code, message=result.message)
             print(f"dprorun: error: autotune stopped: the profiling run failed ({result.message}); its traces are "
-                  f"in {profile_job.run_dir}", file=sys.stderr)
+                  f"in {profile_job.output.run_dir}", file=sys.stderr)
             return result.exit_code
-        baseline_ms = _measured_ms(profile_job.run_dir)
-        self.record("profiling", run_dir=profile_job.run_dir, measured_ms=baseline_ms)
-        return profile_job.run_dir, baseline_ms
+        baseline_ms = _measured_ms(profile_job.output.run_dir)
+        self.record("profiling", run_dir=profile_job.output.run_dir, measured_ms=baseline_ms)
+        return profile_job.output.run_dir, baseline_ms
 
     def search(self, profiled):
         """Phase 2: the strategy (Horovod, TensorFlow: knob candidates ranked by replay); (strategy, candidates,
@@ -152,12 +152,13 @@ class _Autotune:
         _phase(job, "2/4 searching a strategy on the replayed job")
         candidates = []
         try:
-            if job.backend in ("horovod", "tf", "mxnet"):
-                candidates = _knob_candidates(run_dir, job.backend)
-                strategy = candidates[0] if candidates else Strategy(search={"framework": job.backend})
+            if job.launch.backend in ("horovod", "tf", "mxnet"):
+                candidates = _knob_candidates(run_dir, job.launch.backend)
+                strategy = candidates[0] if candidates else Strategy(search={"framework": job.launch.backend})
                 profiled_run = None
             else:
-                strategy, profiled_run = optimize_run(run_dir, job.memory_budget_bytes, job.autotune_allow_bf16)
+                strategy, profiled_run = optimize_run(run_dir, job.autotune.memory_budget_bytes,
+                                                      job.autotune.allow_bf16)
         except BudgetError as exc:
             self.record("searching", error=str(exc))
             print(f"dprorun: error: autotune: {exc}", file=sys.stderr)
@@ -171,7 +172,7 @@ class _Autotune:
         self.record("searching", strategy=self.strategy_path, baseline_replay_ms=strategy.baseline_ms,
                     predicted_ms=strategy.predicted_ms, decisions=[d.to_json() for d in strategy.decisions],
                     search=strategy.search)
-        if not job.quiet:
+        if not job.output.quiet:
             for line in strategy.summary_lines():
                 print(f"dprorun autotune:   {line.strip()}")
             if "comm_passes" in strategy.search:
@@ -187,21 +188,21 @@ class _Autotune:
         keep_best = len(candidates) > 1  # Horovod, TensorFlow: the replay ranks knobs, real trials decide
         if keep_best:
             for k, other in enumerate(candidates[1:], start=2):
-                other_path = os.path.join(self.job.run_dir, f"strategy-candidate{k}.json")
+                other_path = os.path.join(self.job.output.run_dir, f"strategy-candidate{k}.json")
                 save_strategy(other, other_path)
                 trials.append((other_path, f"candidate {k} ({other.decisions[0].choice})", f"trial{k}"))
             trials[0] = (self.strategy_path, f"candidate 1 ({strategy.decisions[0].choice})", "trial")
         without = _without_compute_passes(strategy, profiled_run) if profiled_run is not None else None
         if without is not None:  # compute passes rest on a short measurement: if the whole strategy is not
             # faster, the communication part alone gets its own trial before everything is reverted
-            without_path = os.path.join(self.job.run_dir, "strategy-without-compute.json")
+            without_path = os.path.join(self.job.output.run_dir, "strategy-without-compute.json")
             save_strategy(without, without_path)
             trials.append((without_path, "the strategy without op fusion / bf16", "trial-without-compute"))
         return trials, keep_best
 
     def trials(self, strategy: Strategy, candidates: list, profiled_run, profiled):
         """Phase 3: trial windows; (keep, measured ms, label, failure message)."""
-        job, min_gain = self.job, self.job.autotune_min_gain
+        job, min_gain = self.job, self.job.autotune.min_gain
         _, baseline_ms = profiled
         trials, keep_best = self._trial_list(strategy, candidates, profiled_run)
         keep, trial_ms, result, label = False, None, None, ""
@@ -211,8 +212,8 @@ class _Autotune:
             trial_job = _sub_job(job, os.path.join(self.tune_dir, folder), True, path)
             result = self.launch(trial_job)
             _quietly(self.finalize, trial_job, result)
-            this_ms = _measured_ms(trial_job.run_dir) if result.exit_code == 0 else None
-            self.record("trial", run_dir=trial_job.run_dir, exit_code=result.exit_code, measured_ms=this_ms,
+            this_ms = _measured_ms(trial_job.output.run_dir) if result.exit_code == 0 else None
+            self.record("trial", run_dir=trial_job.output.run_dir, exit_code=result.exit_code, measured_ms=this_ms,
                         strategy=path)
             if this_ms is not None:
                 measured.append((this_ms, path, trial_label))
@@ -239,7 +240,7 @@ class _Autotune:
     def decide(self, keep: bool, trial_ms: Optional[float], label: str, message: str, profiled) -> int:
         """Phase 4 (never regress), then phase 5."""
         _, baseline_ms = profiled
-        min_gain = self.job.autotune_min_gain
+        min_gain = self.job.autotune.min_gain
         if trial_ms is None:
             reason = f"the trial run failed ({message}): reverting to the job's own settings"
         elif keep:

@@ -10,7 +10,8 @@ import uuid
 from typing import Optional, Sequence
 
 from dprorun.fsutil import TraceError
-from dprorun.config import JobConfig, ProfileConfig, horovod_knob_args
+from dprorun.config import AutotuneConfig, HorovodConfig, JobConfig, LaunchConfig, OutputConfig, PredictConfig, \
+    ProfileConfig, horovod_knob_args
 from dprorun.scheduler_env import SchedulerEnv, detect_scheduler, horovod_plan
 
 USAGE_EXAMPLE = "dprorun -np 2 python examples/mlp_many_layers.py --steps 30"
@@ -22,7 +23,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Launch a distributed training job like torchrun, profile it (compute, per-bucket "
                     "communication, host/GPU samples) and gather every rank's trace into one run directory.",
         epilog=f"example: {USAGE_EXAMPLE}")
-    job = parser.add_argument_group("job")
+    _job_arguments(parser.add_argument_group("job"))
+    _mxnet_arguments(parser.add_argument_group("mxnet (with --backend mxnet)"))
+    _horovod_arguments(parser.add_argument_group("horovod (with --backend horovod)"))
+    _profiling_arguments(parser.add_argument_group("profiling"))
+    _mode_arguments(parser.add_argument_group("modes"))
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the end-of-job summary as JSON")
+    out.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
+    return parser
+
+
+def _job_arguments(job) -> None:
     job.add_argument("-np", "--nproc-per-node", dest="nproc", type=int, default=1,
                      help="ranks on this node (default 1)")
     # --nnodes, --node-rank, --master-addr, --master-port: None when left out, then SLURM's or a PyTorchJob's values
@@ -45,13 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
                           "byteps (run through bpslaunch, one per machine and role, with BytePS's tracing), tf "
                           "(TensorFlow MultiWorkerMirroredStrategy workers, TF_CONFIG set per worker) or mxnet "
                           "(MXNet kvstore parameter server: a scheduler, --servers servers and -np workers)")
-    mxg = parser.add_argument_group("mxnet (with --backend mxnet)")
+    job.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
+    job.add_argument("--join-timeout", type=float, default=None,
+                     help="seconds to wait for every node to join (default 900 multi-node, 60 single-node)")
+
+
+def _mxnet_arguments(mxg) -> None:
     mxg.add_argument("--servers", type=int, default=1, help="parameter servers (default 1)")
     mxg.add_argument("--mxnet-python", default=None,
                      help="the Python the roles run with when the command starts with python (default: "
                           "$DPRO_MXNET_PYTHON, else this Python if it imports mxnet, else the environment "
                           "scripts/install-mxnet made)")
-    hvd = parser.add_argument_group("horovod (with --backend horovod)")
+
+
+def _horovod_arguments(hvd) -> None:
     hvd.add_argument("--fusion-threshold-mb", type=float, default=None, help="horovodrun --fusion-threshold-mb")
     hvd.add_argument("--cycle-time-ms", type=float, default=None, help="horovodrun --cycle-time-ms")
     hvd.add_argument("--ssh-identity-file", default=None,
@@ -62,10 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     hvd.add_argument("--horovod-full-timeline", action="store_true",
                      help="record Horovod's timeline for the whole job (default: only the profiling window's detailed "
                           "iterations; a whole-job timeline slows small jobs by up to 20 %%)")
-    job.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
-    job.add_argument("--join-timeout", type=float, default=None,
-                     help="seconds to wait for every node to join (default 900 multi-node, 60 single-node)")
-    prof = parser.add_argument_group("profiling")
+
+
+def _profiling_arguments(prof) -> None:
     prof.add_argument("--run-dir", default="", help="run directory (default dpro_runs/<job-id>)")
     prof.add_argument("--job-id", default="", help="job id (default: time + random suffix)")
     prof.add_argument("--overwrite", action="store_true",
@@ -86,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "autocast (for the optimizer's op-fusion and precision passes; --autotune does this)")
     prof.add_argument("--comm-detail", choices=("bucket", "ring"), default=None,
                       help="bucket: per-bucket queue/transmission (default); ring: explicit chunked ring")
-    modes = parser.add_argument_group("modes")
+
+
+def _mode_arguments(modes) -> None:
     modes.add_argument("--dry-run", action="store_true",
                        help="run only the profiling window, stop the ranks, print the predicted iteration time "
                             "for -np ranks (which may exceed what this machine holds; see --local-np)")
@@ -107,11 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
     modes.add_argument("--strategy", default=None, metavar="FILE",
                        help="run with a strategy.json (from dpro optimize or an earlier --autotune)")
     modes.add_argument("--memory-budget", default=None, help="with --autotune: per-rank peak memory, e.g. 8GiB")
-    out = parser.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print the end-of-job summary as JSON")
-    out.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
-    return parser
 
 
 def _parse_hosts(spec: str) -> list[tuple[str, int]]:
@@ -194,95 +210,119 @@ def apply_scheduler(args: argparse.Namespace) -> Optional[SchedulerEnv]:
 
 
 def job_from_args(args: argparse.Namespace) -> JobConfig:
+    """argv (parsed) -> one JobConfig: a config per concern, each built and checked by its own function."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise ValueError(f"no training command given; example: {USAGE_EXAMPLE}")
     scheduler = apply_scheduler(args)
-    if args.nproc < 1 or args.nnodes < 1:
-        raise ValueError("-np and --nnodes must be at least 1")
-    predict_np = None
-    if args.dry_run and args.local_np is not None:
-        if args.local_np < 1:
-            raise ValueError("--local-np must be at least 1")
-        predict_np, args.nproc = args.nproc * args.nnodes, args.local_np
-    elif args.local_np is not None:
-        raise ValueError("--local-np goes with --dry-run")
-    job = JobConfig(command=command, nproc_per_node=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
-                    master_addr=args.master_addr, master_port=args.master_port, launcher=args.launcher,
-                    backend=args.backend, timeout_s=args.timeout, join_timeout_s=args.join_timeout, quiet=args.quiet, json_summary=args.json)
-    if args.hosts:
-        hosts = _parse_hosts(args.hosts)
-        slots = {s for _, s in hosts}
-        if len(slots) != 1:
-            raise ValueError("--hosts: every host needs the same number of slots")
-        job.hosts = [h for h, _ in hosts]
-        job.nnodes, job.nproc_per_node = len(hosts), slots.pop()
-        # Horovod: horovodrun on this host starts every host's ranks (over ssh), so dprorun runs once, here
-        job.node_rank = 0 if args.backend == "horovod" else _node_rank_for(hosts)
-        job.master_addr = hosts[0][0]
-        job.master_port = job.master_port or 29500
-    if job.nnodes > 1 and job.master_port is None:
-        job.master_port = 29500
-    if args.autotune and args.dry_run:
-        raise ValueError("--autotune and --dry-run are separate modes")
-    if args.autotune and args.strategy:
-        raise ValueError("--autotune searches its own strategy; --strategy runs a given one")
-    if args.strategy:
-        from dprorun.strategy import load_strategy
-
-        load_strategy(args.strategy)  # a bad file is an error now, not a warning in every rank
-        job.strategy_file = os.path.abspath(args.strategy)
-    job.autotune = args.autotune
-    if args.backend == "mxnet":
-        if args.servers < 1:
-            raise ValueError("--servers must be at least 1")
-        if job.nnodes > 1 or job.hosts:
-            raise ValueError("--backend mxnet runs on one host for now (scheduler, servers and workers on "
-                             "127.0.0.1); across hosts, MXNet's own launch recipe runs the roles")
-        job.servers = args.servers
-        job.mxnet_python = args.mxnet_python or ""
-    elif args.servers != 1:
-        raise ValueError("--servers goes with --backend mxnet")
-    if args.backend == "horovod":
-        job.horovod_args = horovod_arguments(args)
-        job.horovod_full_timeline = args.horovod_full_timeline
-        job.horovod_ssh_args = (["--ssh-identity-file", os.path.abspath(args.ssh_identity_file)]
-                                if args.ssh_identity_file else []) + \
-            (["--ssh-port", str(args.ssh_port)] if args.ssh_port else []) + \
-            (["--network-interfaces", args.network_interfaces] if args.network_interfaces else [])
-    if not 0 <= args.autotune_min_gain < 1:
-        raise ValueError("--autotune-min-gain is a fraction in [0, 1)")
-    job.autotune_min_gain = args.autotune_min_gain
-    job.autotune_variants = not args.no_compute_passes
-    job.autotune_allow_bf16 = args.allow_bf16
-    if args.allow_bf16 and not args.autotune:
-        raise ValueError("--allow-bf16 goes with --autotune (dpro optimize has its own --allow-bf16)")
-    if args.memory_budget:
-        from dprorun.offline_cli import parse_bytes
-
-        job.memory_budget_bytes = parse_bytes(args.memory_budget)
+    predict_np = _local_np(args)
+    job = JobConfig(command=command, launch=launch_config(args),
+                    output=OutputConfig(quiet=args.quiet, json_summary=args.json), horovod=horovod_config(args),
+                    autotune=autotune_config(args), strategy_file=_strategy_file(args))
     job.profile = profile_config_from_env_and_args(args)
     if args.backend == "mxnet" and args.kineto_iters is None and "DPRO_KINETO_ITERS" not in os.environ:
         # mx.profiler costs MXNet's operators little (profiled iterations were no slower), and the PS model wants
         # several complete profiled iterations: the first 8 of the window
         job.profile.kineto_iters = min(8, job.profile.active)
     job.profile.dry_run = job.profile.dry_run or args.dry_run
-    job.predict_np = predict_np or job.world_size
+    job.predict = PredictConfig(np=predict_np or job.launch.world_size)
     if args.bandwidth:
         from dprorun.offline_cli import parse_bandwidth
 
-        job.predict_bandwidth_gbit = parse_bandwidth(args.bandwidth)
+        job.predict.bandwidth_gbit = parse_bandwidth(args.bandwidth)
     job_id = args.job_id or job.profile.job_id or (scheduler.job_id if scheduler else None)
-    if not job_id and job.nnodes > 1:  # every node must name the job alike, as torchrun's --rdzv-id does
-        job_id = f"job-{job.master_addr}-{job.master_port}".replace(":", "_")
+    if not job_id and job.launch.nnodes > 1:  # every node must name the job alike, as torchrun's --rdzv-id does
+        job_id = f"job-{job.launch.master_addr}-{job.launch.master_port}".replace(":", "_")
     job_id = job_id or (time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
     job.profile.job_id = job_id
-    job.run_dir = os.path.abspath(args.run_dir or job.profile.run_dir or os.path.join("dpro_runs", job_id))
-    job.profile.run_dir = job.run_dir
+    job.output.run_dir = os.path.abspath(args.run_dir or job.profile.run_dir or os.path.join("dpro_runs", job_id))
+    job.profile.run_dir = job.output.run_dir
     job.profile.launch_host = socket.gethostname()
     return job
+
+
+def _local_np(args: argparse.Namespace) -> Optional[int]:
+    """--dry-run --local-np L: L ranks run here, the prediction is for -np x --nnodes (returned; else None)."""
+    if args.nproc < 1 or args.nnodes < 1:
+        raise ValueError("-np and --nnodes must be at least 1")
+    if args.local_np is None:
+        return None
+    if not args.dry_run:
+        raise ValueError("--local-np goes with --dry-run")
+    if args.local_np < 1:
+        raise ValueError("--local-np must be at least 1")
+    predict_np, args.nproc = args.nproc * args.nnodes, args.local_np
+    return predict_np
+
+
+def launch_config(args: argparse.Namespace) -> LaunchConfig:
+    """Where the ranks start: the launch flags (after the scheduler's defaults), --hosts, the PS roles."""
+    launch = LaunchConfig(nproc_per_node=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                          master_addr=args.master_addr, master_port=args.master_port, launcher=args.launcher,
+                          backend=args.backend, timeout_s=args.timeout, join_timeout_s=args.join_timeout)
+    if args.hosts:
+        hosts = _parse_hosts(args.hosts)
+        slots = {s for _, s in hosts}
+        if len(slots) != 1:
+            raise ValueError("--hosts: every host needs the same number of slots")
+        launch.hosts = [h for h, _ in hosts]
+        launch.nnodes, launch.nproc_per_node = len(hosts), slots.pop()
+        # Horovod: horovodrun on this host starts every host's ranks (over ssh), so dprorun runs once, here
+        launch.node_rank = 0 if args.backend == "horovod" else _node_rank_for(hosts)
+        launch.master_addr = hosts[0][0]
+        launch.master_port = launch.master_port or 29500
+    if launch.nnodes > 1 and launch.master_port is None:
+        launch.master_port = 29500
+    if args.backend == "mxnet":
+        if args.servers < 1:
+            raise ValueError("--servers must be at least 1")
+        if launch.nnodes > 1 or launch.hosts:
+            raise ValueError("--backend mxnet runs on one host for now (scheduler, servers and workers on "
+                             "127.0.0.1); across hosts, MXNet's own launch recipe runs the roles")
+        launch.servers = args.servers
+        launch.mxnet_python = args.mxnet_python or ""
+    elif args.servers != 1:
+        raise ValueError("--servers goes with --backend mxnet")
+    return launch
+
+
+def horovod_config(args: argparse.Namespace) -> HorovodConfig:
+    """horovodrun's knobs and ssh settings (--backend horovod; empty otherwise)."""
+    if args.backend != "horovod":
+        return HorovodConfig()
+    ssh = (["--ssh-identity-file", os.path.abspath(args.ssh_identity_file)] if args.ssh_identity_file else []) + \
+        (["--ssh-port", str(args.ssh_port)] if args.ssh_port else []) + \
+        (["--network-interfaces", args.network_interfaces] if args.network_interfaces else [])
+    return HorovodConfig(args=horovod_arguments(args), full_timeline=args.horovod_full_timeline, ssh_args=ssh)
+
+
+def autotune_config(args: argparse.Namespace) -> AutotuneConfig:
+    if args.autotune and args.dry_run:
+        raise ValueError("--autotune and --dry-run are separate modes")
+    if args.autotune and args.strategy:
+        raise ValueError("--autotune searches its own strategy; --strategy runs a given one")
+    if not 0 <= args.autotune_min_gain < 1:
+        raise ValueError("--autotune-min-gain is a fraction in [0, 1)")
+    if args.allow_bf16 and not args.autotune:
+        raise ValueError("--allow-bf16 goes with --autotune (dpro optimize has its own --allow-bf16)")
+    budget = None
+    if args.memory_budget:
+        from dprorun.offline_cli import parse_bytes
+
+        budget = parse_bytes(args.memory_budget)
+    return AutotuneConfig(enabled=args.autotune, min_gain=args.autotune_min_gain, variants=not args.no_compute_passes,
+                          allow_bf16=args.allow_bf16, memory_budget_bytes=budget)
+
+
+def _strategy_file(args: argparse.Namespace) -> Optional[str]:
+    if not args.strategy:
+        return None
+    from dprorun.strategy import load_strategy
+
+    load_strategy(args.strategy)  # a bad file is an error now, not a warning in every rank
+    return os.path.abspath(args.strategy)
 
 
 def run_byteps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -321,10 +361,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TraceError as exc:
         print(f"dprorun: error: {exc}", file=sys.stderr)
         return 2
-    if job.node_rank == 0:  # node 0 owns the run directory (others may share its filesystem)
+    if job.launch.node_rank == 0:  # node 0 owns the run directory (others may share its filesystem)
         from dprorun.layout import claim_run_dir
 
-        problem = claim_run_dir(job.run_dir, overwrite=args.overwrite)
+        problem = claim_run_dir(job.output.run_dir, overwrite=args.overwrite)
         if problem:
             print(f"dprorun: error: {problem}", file=sys.stderr)
             return 2
@@ -332,7 +372,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from dprorun.finalize import finalize_run
 
     try:
-        if job.autotune:
+        if job.autotune.enabled:
             from dprorun.autotune import run_autotune
 
             return run_autotune(job, launch, finalize_run)

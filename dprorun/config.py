@@ -116,10 +116,9 @@ class ProfileConfig:
 
 
 @dataclass
-class JobConfig:
-    """One dprorun invocation, as parsed from the command line."""
+class LaunchConfig:
+    """Where and how the ranks start: the launch engine's settings (torch elastic, horovodrun, the PS roles)."""
 
-    command: list[str]
     nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int = 0
@@ -127,31 +126,67 @@ class JobConfig:
     master_port: Optional[int] = None
     hosts: list[str] = field(default_factory=list)
     launcher: str = "elastic"  # "elastic" (torch.distributed.elastic in-process) or "torchrun"
-    backend: str = "ddp"
-    run_dir: str = ""
+    backend: str = "ddp"  # ddp | horovod | tf | mxnet
     timeout_s: Optional[float] = None
     join_timeout_s: Optional[float] = None  # rendezvous: how long node 0 waits for the others (900 s multi-node)
-    quiet: bool = False
-    json_summary: bool = False
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
-    predict_np: Optional[int] = None  # --dry-run: world size to predict for
-    predict_bandwidth_gbit: Optional[float] = None
-    strategy_file: Optional[str] = None  # --strategy / autotune: applied by the hooks (DPRO_STRATEGY)
-    autotune: bool = False
-    autotune_min_gain: float = 0.01  # a strategy is kept only when measured faster by more than this fraction
-    autotune_variants: bool = True  # autotune's profiling phase times torch.compile / bf16 (op fusion, precision)
-    autotune_allow_bf16: bool = False  # bf16 autocast changes the numerics: searched only when the user says so
-    memory_budget_bytes: Optional[int] = None
-    horovod_args: list[str] = field(default_factory=list)  # passed to horovodrun (fusion threshold, cycle time)
-    horovod_full_timeline: bool = False  # Horovod's timeline for the whole job (else the profiling window's first iterations)
-    horovod_ssh_args: list[str] = field(default_factory=list)  # horovodrun's ssh identity / port / NICs (multi-host)
     servers: int = 1  # --backend mxnet: parameter servers
     mxnet_python: str = ""  # --backend mxnet: the interpreter of the roles ("": found at launch)
-    low_disk: Optional[str] = None  # set at launch: why profiling is off (too little free disk), or None
 
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
+
+
+@dataclass
+class HorovodConfig:
+    """What goes to horovodrun (--backend horovod)."""
+
+    args: list[str] = field(default_factory=list)  # fusion threshold, cycle time
+    full_timeline: bool = False  # Horovod's timeline for the whole job (else the window's first iterations)
+    ssh_args: list[str] = field(default_factory=list)  # ssh identity / port / NICs (multi-host)
+
+
+@dataclass
+class OutputConfig:
+    """Where the run goes and what is printed."""
+
+    run_dir: str = ""
+    quiet: bool = False
+    json_summary: bool = False
+
+
+@dataclass
+class PredictConfig:
+    """--dry-run: the world size and bandwidth to predict for (None: as run)."""
+
+    np: Optional[int] = None
+    bandwidth_gbit: Optional[float] = None
+
+
+@dataclass
+class AutotuneConfig:
+    """--autotune: the search and the rule that keeps its strategy."""
+
+    enabled: bool = False
+    min_gain: float = 0.01  # a strategy is kept only when measured faster by more than this fraction
+    variants: bool = True  # the profiling phase times torch.compile / bf16 (op fusion, precision)
+    allow_bf16: bool = False  # bf16 autocast changes the numerics: searched only when the user says so
+    memory_budget_bytes: Optional[int] = None
+
+
+@dataclass
+class JobConfig:
+    """One dprorun invocation, as parsed from the command line: the command and one config per concern."""
+
+    command: list[str]
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    horovod: HorovodConfig = field(default_factory=HorovodConfig)
+    predict: PredictConfig = field(default_factory=PredictConfig)
+    autotune: AutotuneConfig = field(default_factory=AutotuneConfig)
+    strategy_file: Optional[str] = None  # --strategy / autotune's trials: applied by the hooks (DPRO_STRATEGY)
+    low_disk: Optional[str] = None  # decided at launch: why profiling is off (too little free disk), or None
 
 
 def profile_enabled(environ: Mapping[str, str] = os.environ) -> bool:

@@ -43,22 +43,22 @@ def _print_prediction(job: JobConfig, summary: dict, analysis: RunAnalysis) -> i
     from dprorun.replay.whatif import WhatIf
     from dprorun.replay.predict import predict
 
-    whatif = WhatIf(world_size=job.predict_np if job.predict_np != job.world_size else None,
-                    bandwidth_gbit=job.predict_bandwidth_gbit)
+    whatif = WhatIf(world_size=job.predict.np if job.predict.np != job.launch.world_size else None,
+                    bandwidth_gbit=job.predict.bandwidth_gbit)
     model = analysis.model
     prediction = analysis.prediction if whatif.is_identity() else predict(model, whatif)
     if prediction.self_check is None:  # a what-if: the check of the job as it ran comes with it
         prediction.self_check = analysis.prediction.self_check
     doc = prediction.to_json()
-    atomic_write_json(os.path.join(job.run_dir, "prediction.json"), doc, indent=2)
-    if job.json_summary:
+    atomic_write_json(os.path.join(job.output.run_dir, "prediction.json"), doc, indent=2)
+    if job.output.json_summary:
         print(json.dumps({"predicted_iteration_time_ms": prediction.predicted_iteration_time_ms,
-                          "world_size": prediction.world_size, "profiled_world_size": job.world_size,
+                          "world_size": prediction.world_size, "profiled_world_size": job.launch.world_size,
                           "measured_iteration_time_ms": summary.get("iteration_time_ms"),
                           "prediction": doc}, indent=2, default=float))
         return 0
     share = prediction.critical_path["share_pct"]
-    print(f"profiled {job.world_size} ranks: measured iteration time {summary.get('iteration_time_ms')} ms")
+    print(f"profiled {job.launch.world_size} ranks: measured iteration time {summary.get('iteration_time_ms')} ms")
     low, high = prediction.spread_ms or (None, None)
     print(f"predicted iteration time: {prediction.predicted_iteration_time_ms:.3f} ms "
           f"(for {prediction.world_size} ranks" + (f"; p10-p90 {low:.3f}-{high:.3f} ms" if low is not None else "")
@@ -72,13 +72,13 @@ def _print_prediction(job: JobConfig, summary: dict, analysis: RunAnalysis) -> i
         print(f"  {row['time_on_path_ms']:9.3f} ms  {row['kind']:7} rank {row['rank']:<4} {row['op']}")
     for note in prediction.notes:
         print(f"note: {note}")
-    print(f"dprorun: run directory {job.run_dir}")
+    print(f"dprorun: run directory {job.output.run_dir}")
     return 0
 
 
 def _progress(job: JobConfig, what: str) -> None:
     """One line per end-of-job phase on stderr (the summary itself goes to stdout)."""
-    if not job.quiet and not job.json_summary:
+    if not job.output.quiet and not job.output.json_summary:
         print(f"dprorun: {what} ...", file=sys.stderr, flush=True)
 
 
@@ -101,7 +101,7 @@ def _horovod_timeline(job: JobConfig) -> Optional[dict]:
     from dprorun.launch import HOROVOD_TIMELINE
     from dprorun.trace.horovod import read_horovod_timeline, timeline_summary
 
-    path = os.path.join(job.run_dir, HOROVOD_TIMELINE)
+    path = os.path.join(job.output.run_dir, HOROVOD_TIMELINE)
     if not os.path.exists(path):
         print(f"dprorun: warning: Horovod wrote no timeline ({path})", file=sys.stderr)
         return None
@@ -129,69 +129,69 @@ def _finalize_ps(job: JobConfig, result: LaunchResult, with_events: list[int]) -
 
     _progress(job, f"reading the traces of {len(with_events)} workers and the servers' updates")
     try:
-        model = build_ps_model(job.run_dir)
+        model = build_ps_model(job.output.run_dir)
         as_run = predict_ps(model)
-        whatif = PSWhatIf(workers=job.predict_np if job.predict_np != job.world_size else None,
-                          bandwidth_gbit=job.predict_bandwidth_gbit)
+        whatif = PSWhatIf(workers=job.predict.np if job.predict.np != job.launch.world_size else None,
+                          bandwidth_gbit=job.predict.bandwidth_gbit)
         prediction = predict_ps(model, whatif) if job.profile.dry_run else as_run
     except Exception as exc:  # the job's outcome stands; the traces stay for dpro replay
         print(f"dprorun: warning: no parameter-server replay: {exc}", file=sys.stderr)
-        if not job.quiet:
-            print(f"dprorun: run directory {job.run_dir}")
+        if not job.output.quiet:
+            print(f"dprorun: run directory {job.output.run_dir}")
         return result.exit_code
     measured = model.measured_iteration_us
     summary = {"backend": "mxnet", "iteration_time_ms": None if measured is None else round(measured / 1000, 3),
                "iteration_reference": model.reference, "model": model.to_json(), "as_run": as_run.to_json(),
                "prediction": prediction.to_json()}
-    atomic_write_json(os.path.join(job.run_dir, "summary.json"), summary, indent=2)
+    atomic_write_json(os.path.join(job.output.run_dir, "summary.json"), summary, indent=2)
     if job.profile.dry_run:
-        atomic_write_json(os.path.join(job.run_dir, "prediction.json"), prediction.to_json(), indent=2)
-    if job.json_summary:
+        atomic_write_json(os.path.join(job.output.run_dir, "prediction.json"), prediction.to_json(), indent=2)
+    if job.output.json_summary:
         print(json.dumps(summary, indent=2, default=float))
-    elif not job.quiet:
+    elif not job.output.quiet:
         print(format_ps_prediction(model, prediction))
-        print(f"dprorun: run directory {job.run_dir}")
+        print(f"dprorun: run directory {job.output.run_dir}")
     return result.exit_code
 
 
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     status = "completed" if result.exit_code == 0 else "failed"
-    folders = rank_folders(job.run_dir) if os.path.isdir(job.run_dir) else {}
+    folders = rank_folders(job.output.run_dir) if os.path.isdir(job.output.run_dir) else {}
     with_events = sorted(r for r, d in folders.items() if os.path.exists(os.path.join(d, "events.json")))
     extra = {"exit_code": result.exit_code, "message": result.message, "elapsed_s": round(result.elapsed_s, 3),
              "ranks_with_traces": with_events, "failed_rank": result.failed_rank}
-    if job.node_rank == 0:
+    if job.launch.node_rank == 0:
         try:
             write_manifest(job, status, extra)
         except OSError as exc:  # e.g. the disk filled up: the job's outcome stands, say what is missing
-            print(f"dprorun: warning: cannot write {job.run_dir}/manifest.json ({exc.strerror}); the run "
+            print(f"dprorun: warning: cannot write {job.output.run_dir}/manifest.json ({exc.strerror}); the run "
                   "directory is incomplete", file=sys.stderr)
     if result.exit_code != 0:
         print(f"dprorun: error: {result.message}", file=sys.stderr)
-        missing = sorted(set(range(job.world_size)) - set(with_events))
+        missing = sorted(set(range(job.launch.world_size)) - set(with_events))
         kept = f"traces kept for ranks {with_events}" if with_events else "no trace was recorded"
         if missing and with_events:
             kept += f"; missing for ranks {missing}"
-        print(f"dprorun: {kept} in {job.run_dir}", file=sys.stderr)
-    if job.backend == "mxnet" and with_events:
+        print(f"dprorun: {kept} in {job.output.run_dir}", file=sys.stderr)
+    if job.launch.backend == "mxnet" and with_events:
         return _finalize_ps(job, result, with_events)
-    horovod = _horovod_timeline(job) if job.backend == "horovod" and job.node_rank == 0 else None
-    if job.node_rank != 0 or not with_events:
+    horovod = _horovod_timeline(job) if job.launch.backend == "horovod" and job.launch.node_rank == 0 else None
+    if job.launch.node_rank != 0 or not with_events:
         if horovod is not None:
-            atomic_write_json(os.path.join(job.run_dir, "summary.json"), {"backend": "horovod", "horovod": horovod},
-                              indent=2)
-            if not job.quiet:
+            atomic_write_json(os.path.join(job.output.run_dir, "summary.json"),
+                              {"backend": "horovod", "horovod": horovod}, indent=2)
+            if not job.output.quiet:
                 print(_horovod_line(horovod))
-        if result.exit_code == 0 and not with_events and job.node_rank == 0 and job.backend != "byteps":
+        if result.exit_code == 0 and not with_events and job.launch.node_rank == 0 and job.launch.backend != "byteps":
             from dprorun.runtime.session import SUPPORTED_WRAPPERS
 
             print(f"dprorun: nothing was profiled: no rank built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
                   "FSDP, hand-written all-reduce loops and jobs without a distributed wrapper run unprofiled "
                   "(rank 0's log says what it saw)", file=sys.stderr)
-        if result.exit_code == 0 and not job.quiet:
-            print(f"dprorun: run directory {job.run_dir}")
+        if result.exit_code == 0 and not job.output.quiet:
+            print(f"dprorun: run directory {job.output.run_dir}")
         return result.exit_code
-    analysis = RunAnalysis(job.run_dir)  # read once, aligned once, replayed once for everything below
+    analysis = RunAnalysis(job.output.run_dir)  # read once, aligned once, replayed once for everything below
     try:  # summary.json and alignment.json are written whatever is printed
         from dprorun.summary import format_summary
 
@@ -201,10 +201,10 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         summary["alignment"] = _align_at_job_end(analysis)
         _progress(job, "replaying the job as it ran")
         summary["self_check"] = _self_check_at_job_end(analysis)
-        summary["backend"] = job.backend
+        summary["backend"] = job.launch.backend
         if horovod is not None:
             summary["horovod"] = horovod
-        atomic_write_json(os.path.join(job.run_dir, "summary.json"), summary, indent=2)
+        atomic_write_json(os.path.join(job.output.run_dir, "summary.json"), summary, indent=2)
     except Exception as exc:  # the job's outcome stands; only the summary is missing
         print(f"dprorun: warning: could not summarise the run: {exc}", file=sys.stderr)
         return result.exit_code
@@ -212,11 +212,11 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     _write_report(analysis)
     if job.profile.dry_run and result.exit_code == 0:
         return _print_prediction(job, summary, analysis)
-    if job.json_summary:
+    if job.output.json_summary:
         print(json.dumps(summary, indent=2))
-    elif not job.quiet:
+    elif not job.output.quiet:
         print(format_summary(summary))
         if horovod is not None:
             print(_horovod_line(horovod))
-        print(f"dprorun: run directory {job.run_dir}")
+        print(f"dprorun: run directory {job.output.run_dir}")
     return result.exit_code

@@ -28,7 +28,7 @@ from dprorun.procs import LaunchResult, Watchdog, error_message, free_port, rank
 def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) -> str:
     from dprorun import __version__
 
-    path = os.path.join(job.run_dir, "manifest.json")
+    path = os.path.join(job.output.run_dir, "manifest.json")
     previous = {}
     if os.path.exists(path):
         try:
@@ -43,15 +43,15 @@ def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) ->
         "job_id": job.profile.job_id,
         "status": status,
         "command": job.command,
-        "backend": job.backend,
-        "horovod_args": job.horovod_args,
+        "backend": job.launch.backend,
+        "horovod_args": job.horovod.args,
         "strategy": job.strategy_file,
-        "launcher": job.launcher,
-        "world_size": job.world_size,
-        "nnodes": job.nnodes,
-        "nproc_per_node": job.nproc_per_node,
-        "node_rank": job.node_rank,
-        "master_addr": job.master_addr,
+        "launcher": job.launch.launcher,
+        "world_size": job.launch.world_size,
+        "nnodes": job.launch.nnodes,
+        "nproc_per_node": job.launch.nproc_per_node,
+        "node_rank": job.launch.node_rank,
+        "master_addr": job.launch.master_addr,
         "launch_host": job.profile.launch_host,
         "profiling_window": {"warmup": job.profile.warmup, "active": job.profile.active,
                              "clean": job.profile.clean, "kineto": job.profile.kineto,
@@ -82,16 +82,16 @@ def _versions(dprorun_version: str) -> dict:
 
 def low_disk(job: JobConfig) -> Optional[str]:
     """Why the run directory's filesystem is too full to profile, or None."""
-    free = free_mb(job.run_dir)
+    free = free_mb(job.output.run_dir)
     if free < job.profile.min_free_mb:
-        return (f"only {free:.0f} MB free on the run directory's filesystem ({job.run_dir}; DPRO_MIN_FREE_MB="
+        return (f"only {free:.0f} MB free on the run directory's filesystem ({job.output.run_dir}; DPRO_MIN_FREE_MB="
                 f"{job.profile.min_free_mb:.0f}): profiling and per-rank log files are off, the job runs as under "
                 "torchrun")
     return None
 
 
 def launch(job: JobConfig) -> LaunchResult:
-    make_private_dir(job.run_dir)
+    make_private_dir(job.output.run_dir)
     job.low_disk = low_disk(job)
     if job.low_disk:
         print(f"dprorun: warning: {job.low_disk}", file=sys.stderr, flush=True)
@@ -100,13 +100,13 @@ def launch(job: JobConfig) -> LaunchResult:
     except OSError as exc:
         print(f"dprorun: warning: cannot write the manifest ({exc.strerror})", file=sys.stderr, flush=True)
     started = time.monotonic()
-    if job.backend == "horovod":
+    if job.launch.backend == "horovod":
         result = _launch_horovod(job)
-    elif job.backend == "mxnet":
+    elif job.launch.backend == "mxnet":
         from dprorun.launch_ps import launch_ps
 
         result = launch_ps(job)
-    elif job.launcher == "torchrun":
+    elif job.launch.launcher == "torchrun":
         result = _launch_torchrun(job)
     else:
         result = _launch_elastic(job)
@@ -155,31 +155,32 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    port = job.master_port or free_port(job.master_addr if job.nnodes == 1 else "0.0.0.0")
+    port = job.launch.master_port or free_port(job.launch.master_addr if job.launch.nnodes == 1 else "0.0.0.0")
     entrypoint, args = split_command(job.command)
     os.environ.update(rank_environment(job))
     backend = "static"
-    if job.nnodes == 1 and job.master_addr in ("127.0.0.1", "localhost"):
+    if job.launch.nnodes == 1 and job.launch.master_addr in ("127.0.0.1", "localhost"):
         _register_loopback_rendezvous()
         backend = LOOPBACK_RENDEZVOUS
     settings = dict(
-        min_nodes=job.nnodes,
-        max_nodes=job.nnodes,
-        nproc_per_node=job.nproc_per_node,
+        min_nodes=job.launch.nnodes,
+        max_nodes=job.launch.nnodes,
+        nproc_per_node=job.launch.nproc_per_node,
         run_id=job.profile.job_id,
-        rdzv_endpoint=f"{job.master_addr}:{port}",
+        rdzv_endpoint=f"{job.launch.master_addr}:{port}",
         rdzv_backend=backend,
-        rdzv_configs={"rank": job.node_rank, "timeout": job.join_timeout_s or (900 if job.nnodes > 1 else 60)},
+        rdzv_configs={"rank": job.launch.node_rank,
+                      "timeout": job.launch.join_timeout_s or (900 if job.launch.nnodes > 1 else 60)},
         max_restarts=0,
         monitor_interval=0.1,
-        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.run_dir, "logs"),
+        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.output.run_dir, "logs"),
                                     tee=Std.NONE if job.low_disk else Std.ALL),
         log_line_prefix_template="[rank${rank}]: ",
         shutdown_timeout=5,  # seconds between SIGTERM and SIGKILL at teardown (torch >= 2.12; 30 s before)
     )
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
     config = LaunchConfig(**{key: value for key, value in settings.items() if key in known})
-    with Watchdog(job.timeout_s) as watchdog:
+    with Watchdog(job.launch.timeout_s) as watchdog:
         try:
             elastic_launch(config, entrypoint)(*args)
             return LaunchResult(0, "all ranks finished")
@@ -203,7 +204,7 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
         except SignalException as exc:
             signum = int(exc.sigval)
             if watchdog.fired:
-                return LaunchResult(124, f"timed out after {job.timeout_s:g} s (--timeout); all ranks stopped")
+                return LaunchResult(124, f"timed out after {job.launch.timeout_s:g} s (--timeout); all ranks stopped")
             return LaunchResult(128 + signum, f"interrupted by {signal_name(signum)}; all ranks stopped")
         except Exception as exc:  # rendezvous / store errors: before any rank ran
             return LaunchResult(1, _launch_error(exc, job, port))
@@ -231,15 +232,15 @@ def _root_failure(err) -> tuple[int, object]:
 def _launch_error(exc: Exception, job: JobConfig, port: int) -> str:
     text = str(exc)
     if "EADDRINUSE" in text or "address already in use" in text.lower():
-        return (f"port {port} on {job.master_addr} is already in use (--master-port); choose another port, or "
+        return (f"port {port} on {job.launch.master_addr} is already in use (--master-port); choose another port, or "
                 "leave --master-port out for a free one")
     if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
-        return (f"rendezvous with {job.master_addr}:{port} timed out: not every node joined "
-                f"({job.nnodes} expected); {type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+        return (f"rendezvous with {job.launch.master_addr}:{port} timed out: not every node joined "
+                f"({job.launch.nnodes} expected); {type(exc).__name__}: {text.splitlines()[0] if text else ''}")
     first = text.splitlines()[0] if text else ""
     if isinstance(exc, ValueError) and "Expecting value" in text:  # json.JSONDecodeError from an error file
-        return (f"a rank failed and its error file under {job.run_dir}/logs could not be read (empty: was the disk "
-                f"full?); see the rank's output above")
+        return (f"a rank failed and its error file under {job.output.run_dir}/logs could not be read (empty: was the "
+                f"disk full?); see the rank's output above")
     return f"could not start the ranks: {type(exc).__name__}: {first}"
 
 
@@ -247,11 +248,11 @@ def _launch_torchrun(job: JobConfig) -> LaunchResult:
     """Hand rendezvous and process management to the torchrun CLI, with the hooks on PYTHONPATH."""
     entrypoint, args = split_command(job.command)
     cmd = [sys.executable, "-m", "torch.distributed.run",
-           f"--nnodes={job.nnodes}", f"--nproc-per-node={job.nproc_per_node}",
-           f"--node-rank={job.node_rank}", f"--master-addr={job.master_addr}",
-           f"--master-port={job.master_port or free_port(job.master_addr)}",
+           f"--nnodes={job.launch.nnodes}", f"--nproc-per-node={job.launch.nproc_per_node}",
+           f"--node-rank={job.launch.node_rank}", f"--master-addr={job.launch.master_addr}",
+           f"--master-port={job.launch.master_port or free_port(job.launch.master_addr)}",
            f"--rdzv-id={job.profile.job_id}", "--max-restarts=0", "--tee=3",
-           f"--log-dir={os.path.join(job.run_dir, 'logs')}"]
+           f"--log-dir={os.path.join(job.output.run_dir, 'logs')}"]
     if entrypoint == sys.executable or os.path.basename(entrypoint).startswith("python"):
         cmd += [a for a in args if a != "-u"]
     else:
@@ -268,15 +269,15 @@ def _launch_horovod(job: JobConfig) -> LaunchResult:
     if horovodrun is None:
         return LaunchResult(2, "horovodrun was not found: install Horovod (scripts/install-horovod builds stock "
                                "Horovod 0.28.1 for this torch)")
-    timeline = os.path.join(job.run_dir, HOROVOD_TIMELINE)
-    if job.horovod_full_timeline:
-        cmd = [horovodrun, "-np", str(job.world_size), "--gloo", "--timeline-filename", timeline]
+    timeline = os.path.join(job.output.run_dir, HOROVOD_TIMELINE)
+    if job.horovod.full_timeline:
+        cmd = [horovodrun, "-np", str(job.launch.world_size), "--gloo", "--timeline-filename", timeline]
     else:  # the hooks record it in the profiling window's detailed tier only (hvd.start_timeline / stop_timeline)
-        cmd = [horovodrun, "-np", str(job.world_size), "--gloo", "--timeline-filename", "DYNAMIC"]
+        cmd = [horovodrun, "-np", str(job.launch.world_size), "--gloo", "--timeline-filename", "DYNAMIC"]
         job = dataclasses.replace(job, profile=dataclasses.replace(job.profile, horovod_timeline=timeline))
-    if job.hosts:
-        cmd += ["-H", ",".join(f"{host}:{job.nproc_per_node}" for host in job.hosts)]
-    cmd += list(job.horovod_ssh_args) + list(job.horovod_args) + list(job.command)
+    if job.launch.hosts:
+        cmd += ["-H", ",".join(f"{host}:{job.launch.nproc_per_node}" for host in job.launch.hosts)]
+    cmd += list(job.horovod.ssh_args) + list(job.horovod.args) + list(job.command)
     return _run_engine(cmd, job, "horovodrun")
 
 
@@ -305,9 +306,9 @@ def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
     """Run a launcher CLI as a child with the hooks' environment; forward SIGINT/SIGTERM; --timeout stops it."""
     env = dict(os.environ)
     env.update(rank_environment(job))
-    code, signum, timed_out = call_forwarding_signals(cmd, env, job.timeout_s)
+    code, signum, timed_out = call_forwarding_signals(cmd, env, job.launch.timeout_s)
     if timed_out:
-        return LaunchResult(124, f"timed out after {job.timeout_s:g} s (--timeout); all ranks stopped")
+        return LaunchResult(124, f"timed out after {job.launch.timeout_s:g} s (--timeout); all ranks stopped")
     if signum is not None:
         return LaunchResult(128 + signum, f"interrupted by {signal_name(signum)}")
     if code != 0:

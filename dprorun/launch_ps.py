@@ -18,7 +18,7 @@ MXNET_VENV_DEFAULT = os.path.join("~", ".cache", "dprorun", "mxnet-venv")
 def mxnet_python(job: JobConfig) -> str:
     """The interpreter of an MXNet job's roles when its command starts with python: --mxnet-python, else
     $DPRO_MXNET_PYTHON, else this Python if it can import mxnet, else the environment scripts/install-mxnet made."""
-    chosen = job.mxnet_python or os.environ.get("DPRO_MXNET_PYTHON", "")
+    chosen = job.launch.mxnet_python or os.environ.get("DPRO_MXNET_PYTHON", "")
     if chosen:
         return chosen
     if importlib.util.find_spec("mxnet") is not None:
@@ -33,8 +33,8 @@ def mxnet_python(job: JobConfig) -> str:
 
 def mxnet_roles(job: JobConfig) -> list[tuple[str, int]]:
     """(role, index) of every process of a parameter-server job, in start order: scheduler, servers, workers."""
-    return ([("scheduler", 0)] + [("server", i) for i in range(job.servers)]
-            + [("worker", i) for i in range(job.nproc_per_node)])
+    return ([("scheduler", 0)] + [("server", i) for i in range(job.launch.servers)]
+            + [("worker", i) for i in range(job.launch.nproc_per_node)])
 
 
 SHUTDOWN_GRACE_S = 20.0
@@ -51,8 +51,8 @@ def _workers_succeeded(context, roles: list[tuple[str, int]]) -> bool:
 
 
 def launch_ps(job: JobConfig) -> LaunchResult:
-    """A kvstore parameter-server job on this host: the scheduler, job.servers servers and job.nproc_per_node
-    workers, each the user's command with its DMLC_* role variables (MXNet turns a server or scheduler process
+    """A kvstore parameter-server job on this host: the scheduler, `servers` servers and `nproc_per_node`
+    workers (job.launch), each the user's command with its DMLC_* role variables (MXNet turns a server or scheduler process
     into that role when it imports mxnet). torch elastic's start_processes spawns them, tees their output with a
     role prefix into run_dir/logs, and stops them all when one fails."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
@@ -76,8 +76,8 @@ def launch_ps(job: JobConfig) -> LaunchResult:
         bound = load_strategy(job.strategy_file).mxnet_bigarray_bound
         if bound is not None:
             common["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(int(bound))
-    common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(job.master_port or free_port()),
-                   "DMLC_NUM_SERVER": str(job.servers), "DMLC_NUM_WORKER": str(job.nproc_per_node),
+    common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(job.launch.master_port or free_port()),
+                   "DMLC_NUM_SERVER": str(job.launch.servers), "DMLC_NUM_WORKER": str(job.launch.nproc_per_node),
                    "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"})
     envs = {}
     for slot, (role, index) in enumerate(roles):
@@ -86,14 +86,14 @@ def launch_ps(job: JobConfig) -> LaunchResult:
         envs[slot] = env
     prefixes = {slot: (f"[{role}]: " if role == "scheduler" else f"[{role}{index}]: ")
                 for slot, (role, index) in enumerate(roles)}
-    logs = DefaultLogsSpecs(log_dir=os.path.join(job.run_dir, "logs"), tee=Std.NONE if job.low_disk else Std.ALL)
+    logs = DefaultLogsSpecs(log_dir=os.path.join(job.output.run_dir, "logs"), tee=Std.NONE if job.low_disk else Std.ALL)
     context = None
 
     def stop(signum, frame):  # as torch elastic's agent does: the loop below closes every role
         raise SignalException(f"dprorun got {signal_name(signum)}", sigval=signal.Signals(signum))
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    with Watchdog(job.timeout_s) as watchdog:
+    with Watchdog(job.launch.timeout_s) as watchdog:
         try:
             context = start_processes(name=job.profile.job_id or "mxnet", entrypoint=entrypoint,
                                       args={slot: tuple(args) for slot in envs}, envs=envs, logs_specs=logs,
@@ -116,7 +116,7 @@ def launch_ps(job: JobConfig) -> LaunchResult:
                 context.close()
             signum = int(exc.sigval)
             if watchdog.fired:
-                return LaunchResult(124, f"timed out after {job.timeout_s:g} s (--timeout); every role stopped")
+                return LaunchResult(124, f"timed out after {job.launch.timeout_s:g} s (--timeout); every role stopped")
             return LaunchResult(128 + signum, f"interrupted by {signal_name(signum)}; every role stopped")
         finally:
             for s, handler in previous.items():

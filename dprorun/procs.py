@@ -51,8 +51,8 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
     env = {"PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
     env.update(job.profile.to_env())
     env["DPRO_STRATEGY"] = os.path.abspath(job.strategy_file) if job.strategy_file else ""
-    env["DPRO_BACKEND"] = job.backend
-    if job.backend == "tf":
+    env["DPRO_BACKEND"] = job.launch.backend
+    if job.launch.backend == "tf":
         env[TF_WORKERS_ENV] = ",".join(tf_worker_addresses(job))
     if job.low_disk:
         env["DPRO_ENABLED"] = "0"  # no hooks: nothing of ours competes with the job for the disk
@@ -60,8 +60,8 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
     # Kineto leaves CUPTI subscribed after the profiler stops unless told to tear it down; on GPU that kept every
     # kernel launch slower for the rest of the job (benchmarks/gpu_overhead.py). A user's own setting wins.
     env.setdefault("TEARDOWN_CUPTI", os.environ.get("TEARDOWN_CUPTI", "1"))
-    if "OMP_NUM_THREADS" not in os.environ and job.nproc_per_node > 1 and job.backend not in ("horovod", "tf",
-                                                                                             "mxnet"):
+    if "OMP_NUM_THREADS" not in os.environ and job.launch.nproc_per_node > 1 and job.launch.backend not in (
+            "horovod", "tf", "mxnet"):
         env["OMP_NUM_THREADS"] = "1"  # as torchrun does (horovodrun does not: its jobs keep their threads)
     return env
 
@@ -72,13 +72,13 @@ TF_BASE_PORT_ENV = "DPRO_TF_BASE_PORT"  # multi-host TF: worker k of a host list
 def tf_worker_addresses(job: JobConfig) -> list[str]:
     """Every TF worker's host:port in rank order: free loopback ports on one host; across --hosts, port
     DPRO_TF_BASE_PORT (29600) + local rank on each host, so every node computes the same list."""
-    if job.nnodes == 1 and not job.hosts:
-        return [f"127.0.0.1:{free_port()}" for _ in range(job.nproc_per_node)]
-    if not job.hosts:
+    if job.launch.nnodes == 1 and not job.launch.hosts:
+        return [f"127.0.0.1:{free_port()}" for _ in range(job.launch.nproc_per_node)]
+    if not job.launch.hosts:
         raise ValueError("--backend tf across several nodes needs --hosts (each worker's address goes into every "
                          "worker's TF_CONFIG)")
     base = int(os.environ.get(TF_BASE_PORT_ENV, "29600"))
-    return [f"{host}:{base + k}" for host in job.hosts for k in range(job.nproc_per_node)]
+    return [f"{host}:{base + k}" for host in job.launch.hosts for k in range(job.launch.nproc_per_node)]
 
 
 def split_command(command: list[str]) -> tuple[str, list[str]]:

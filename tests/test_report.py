@@ -80,7 +80,7 @@ def test_job_end_analysis_and_dpro_report_read_and_align_once(mlp_run, tmp_path,
     and solve the alignment once."""
     import dprorun.align
     import dprorun.trace.rundir
-    from dprorun.config import JobConfig
+    from dprorun.config import JobConfig, LaunchConfig, OutputConfig
     from dprorun.finalize import finalize_run
     from dprorun.launch import LaunchResult
     from dprorun.offline_cli import main as dpro
@@ -101,7 +101,8 @@ def test_job_end_analysis_and_dpro_report_read_and_align_once(mlp_run, tmp_path,
     monkeypatch.setattr(dprorun.trace.rundir, "load_run", counted_load)
     monkeypatch.setattr(dprorun.align, "align", counted_align)
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    job = JobConfig(command=["python", "x.py"], nproc_per_node=2, run_dir=str(run_dir), quiet=True)
+    job = JobConfig(command=["python", "x.py"], launch=LaunchConfig(nproc_per_node=2),
+                    output=OutputConfig(run_dir=str(run_dir), quiet=True))
     job.profile.run_dir = str(run_dir)
     assert manifest["world_size"] == 2
     assert finalize_run(job, LaunchResult(0, "all ranks finished")) == 0

@@ -220,9 +220,10 @@ def test_cli_takes_the_launch_from_a_slurm_step(scheduler_env_vars, capsys, tmp_
     monkeypatch.chdir(tmp_path)
     scheduler_env_vars(slurm_step(1))
     job = job_for("-np", "4")
-    assert (job.nnodes, job.node_rank, job.master_addr, job.master_port) == (2, 1, "node07", 23210)
-    assert job.world_size == 8 and job.profile.job_id == "slurm-4321"
-    assert job.run_dir == str(tmp_path / "dpro_runs" / "slurm-4321")  # the same name on every node
+    assert (job.launch.nnodes, job.launch.node_rank, job.launch.master_addr,
+            job.launch.master_port) == (2, 1, "node07", 23210)
+    assert job.launch.world_size == 8 and job.profile.job_id == "slurm-4321"
+    assert job.output.run_dir == str(tmp_path / "dpro_runs" / "slurm-4321")  # the same name on every node
     assert "dprorun: SLURM job 4321 step 0: node 1 of 2" in capsys.readouterr().err
 
 
@@ -230,11 +231,12 @@ def test_cli_explicit_flags_win_over_the_scheduler(scheduler_env_vars, capsys, t
     scheduler_env_vars(slurm_step(1))
     job = job_for("--master-addr", "127.0.0.1", "--master-port", "29610", "--run-dir", str(tmp_path / "r"),
                   "--job-id", "mine")
-    assert (job.nnodes, job.node_rank, job.master_addr, job.master_port) == (2, 1, "127.0.0.1", 29610)
-    assert job.run_dir == str(tmp_path / "r") and job.profile.job_id == "mine"
+    assert (job.launch.nnodes, job.launch.node_rank, job.launch.master_addr,
+            job.launch.master_port) == (2, 1, "127.0.0.1", 29610)
+    assert job.output.run_dir == str(tmp_path / "r") and job.profile.job_id == "mine"
     assert "(--master-addr, --master-port given: the flags win)" in capsys.readouterr().err
     job = job_for("--nnodes", "3", "--node-rank", "2")
-    assert (job.nnodes, job.node_rank, job.master_addr) == (3, 2, "node07")
+    assert (job.launch.nnodes, job.launch.node_rank, job.launch.master_addr) == (3, 2, "node07")
     with pytest.raises(ValueError, match="node rank 1 is outside 0..0"):
         job_for("--nnodes", "1")  # SLURM's node rank 1 does not fit one node: say so instead of hanging
 
@@ -242,32 +244,36 @@ def test_cli_explicit_flags_win_over_the_scheduler(scheduler_env_vars, capsys, t
 def test_cli_hosts_turns_detection_off(scheduler_env_vars, capsys):
     scheduler_env_vars(slurm_step(1))
     job = job_for("--hosts", "localhost:2")
-    assert (job.nnodes, job.node_rank, job.master_addr, job.nproc_per_node) == (1, 0, "localhost", 2)
+    assert (job.launch.nnodes, job.launch.node_rank, job.launch.master_addr,
+            job.launch.nproc_per_node) == (1, 0, "localhost", 2)
     assert "SLURM" not in capsys.readouterr().err
 
 
 def test_cli_defaults_outside_a_scheduler(scheduler_env_vars, capsys):
     job = job_for()
-    assert (job.nnodes, job.node_rank, job.master_addr, job.master_port) == (1, 0, "127.0.0.1", None)
+    assert (job.launch.nnodes, job.launch.node_rank, job.launch.master_addr,
+            job.launch.master_port) == (1, 0, "127.0.0.1", None)
     assert not job.profile.job_id.startswith(("slurm", "job-")) and capsys.readouterr().err == ""
 
 
 def test_cli_takes_the_launch_from_a_pytorchjob_pod(scheduler_env_vars, capsys):
     scheduler_env_vars(dict(POD, MASTER_ADDR="train-master-0", MASTER_PORT="23456", WORLD_SIZE="2", RANK="1"))
     job = job_for("-np", "2")
-    assert (job.nnodes, job.node_rank, job.master_addr, job.master_port) == (2, 1, "train-master-0", 23456)
+    assert (job.launch.nnodes, job.launch.node_rank, job.launch.master_addr,
+            job.launch.master_port) == (2, 1, "train-master-0", 23456)
     assert job.profile.job_id == "job-train-master-0-23456"  # every pod names the job alike
     assert "Kubernetes PyTorchJob: node 1 of 2" in capsys.readouterr().err
     job = job_for("--node-rank", "0")
-    assert job.node_rank == 0
+    assert job.launch.node_rank == 0
 
 
 def test_cli_horovod_under_slurm_uses_the_jobs_nodes_as_hosts(scheduler_env_vars, capsys):
     scheduler_env_vars({"SLURM_JOB_ID": "9", "SLURM_NNODES": "2", "SLURM_NODEID": "0",
                         "SLURM_JOB_NODELIST": "g[1-2]"})
     job = job_for("--backend", "horovod", "-np", "4")
-    assert job.hosts == ["g1", "g2"] and (job.nnodes, job.node_rank, job.nproc_per_node) == (2, 0, 4)
-    assert job.master_addr == "g1" and job.profile.job_id == "slurm-9"
+    assert job.launch.hosts == ["g1", "g2"]
+    assert (job.launch.nnodes, job.launch.node_rank, job.launch.nproc_per_node) == (2, 0, 4)
+    assert job.launch.master_addr == "g1" and job.profile.job_id == "slurm-9"
     assert "horovodrun on the job's nodes g1,g2" in capsys.readouterr().err
     scheduler_env_vars(slurm_step(0))
     with pytest.raises(ValueError, match="run dprorun once"):

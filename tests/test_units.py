@@ -121,10 +121,10 @@ def test_bootstrap_skips_subprocesses_of_a_rank(tmp_path):
 def test_ranks_tear_cupti_down_after_the_window_unless_the_user_says_otherwise(monkeypatch):
     """Kineto keeps CUPTI subscribed after the profiler stops unless TEARDOWN_CUPTI=1; measured on an H200 that
     left the rest of the job up to 42 % slower (benchmarks/RESULTS.md, GPU)."""
-    from dprorun.config import JobConfig
+    from dprorun.config import JobConfig, OutputConfig
     from dprorun.launch import rank_environment
 
-    job = JobConfig(command=["python", "train.py"], run_dir="/tmp/x")
+    job = JobConfig(command=["python", "train.py"], output=OutputConfig(run_dir="/tmp/x"))
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     assert rank_environment(job)["TEARDOWN_CUPTI"] == "1"
     monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # e.g. CUDA graphs, where torch itself asks for 0
@@ -168,13 +168,14 @@ def test_the_reported_failure_is_the_cause_not_a_rank_stopped_at_teardown():
 def test_horovod_jobs_keep_their_thread_settings(monkeypatch):
     """torchrun sets OMP_NUM_THREADS=1 for multi-rank jobs and dprorun does too; horovodrun does not, and a
     profiler must not change the job it profiles."""
-    from dprorun.config import JobConfig
+    from dprorun.config import JobConfig, LaunchConfig
     from dprorun.launch import rank_environment
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert rank_environment(JobConfig(command=["python", "t.py"], nproc_per_node=2))["OMP_NUM_THREADS"] == "1"
-    assert "OMP_NUM_THREADS" not in rank_environment(JobConfig(command=["python", "t.py"], nproc_per_node=2,
-                                                               backend="horovod"))
+    two = LaunchConfig(nproc_per_node=2)
+    assert rank_environment(JobConfig(command=["python", "t.py"], launch=two))["OMP_NUM_THREADS"] == "1"
+    two_horovod = LaunchConfig(nproc_per_node=2, backend="horovod")
+    assert "OMP_NUM_THREADS" not in rank_environment(JobConfig(command=["python", "t.py"], launch=two_horovod))
 
 
 def test_fusion_blocks_and_the_per_block_compiled_call_leave_the_model_as_it_was(monkeypatch):
