@@ -13,7 +13,7 @@ import os
 import random
 import re
 import shutil
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -25,10 +25,23 @@ from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplat
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace
 
 
+@dataclass
+class _RingSpec:
+    """The synthetic job's shape: ranks, buckets and the link they share."""
+
+    world: int
+    buckets: int
+    bucket_bytes: int
+    transfer_us: float  # one chunk over one link: latency + chunk bytes / bandwidth
+    noise_us: float
+
+
 def synthetic_ring_run(world: int = 4, iterations: int = 10, buckets: int = 4, bucket_bytes: int = 4 << 20,
                        skew_us: Optional[list[float]] = None, seed: int = 0, bandwidth_gbps: float = 10.0,
                        latency_us: float = 30.0, noise_us: float = 20.0, probes: int = 20,
                        hosts: Optional[list[str]] = None) -> tuple[RunTrace, dict[int, float]]:
+    """A DDP-like job whose buckets are all-reduced by a chunked ring (every SEND and RECV with its transaction id),
+    clock probes after the iterations, and each rank's clock shifted by its skew: the run and the true offsets."""
     rng = np.random.default_rng(seed)
     skew = list(skew_us) if skew_us is not None else [float(x) for x in rng.uniform(-5000, 5000, world)]
     skew[0] = 0.0
@@ -37,80 +50,110 @@ def synthetic_ring_run(world: int = 4, iterations: int = 10, buckets: int = 4, b
     for r in range(world):
         traces[r].buckets = [Bucket(index=b, nbytes=bucket_bytes, params=[f"p{b}"]) for b in range(buckets)]
         traces[r].meta["kineto_iterations"] = []
-    chunk_bytes = bucket_bytes // world
-    transfer_us = latency_us + chunk_bytes * 8 / (bandwidth_gbps * 1e3)
+    spec = _RingSpec(world, buckets, bucket_bytes, latency_us + (bucket_bytes // world) * 8 / (bandwidth_gbps * 1e3),
+                     noise_us)
     t = 1.7e15
     for it in range(iterations):
-        start = {r: t + rng.uniform(0, 50) for r in range(world)}
-        fw_end = {r: start[r] + 2000 + rng.normal(0, 30) for r in range(world)}
-        ready = {r: [] for r in range(world)}
-        clock = dict(fw_end)
-        for b in range(buckets):
-            for r in range(world):
-                clock[r] += 1500 + rng.normal(0, 30)
-                ready[r].append(clock[r])
-        link_free = {r: 0.0 for r in range(world)}
-        bucket_done = {r: [] for r in range(world)}
-        ring_free = dict.fromkeys(range(world), 0.0)
-        for b in range(buckets):
-            key = f"bucket{b}"
-            step_ready = {r: max(ready[r][b], ring_free[r]) for r in range(world)}
-            first_send = {}
-            for step in range(2 * (world - 1)):
-                sends = {}
-                for r in range(world):
-                    stage, _, send_c, recv_c = ring_schedule(r, world)[step]
-                    s0 = step_ready[r] + rng.uniform(0, 10)
-                    first_send.setdefault(r, s0)
-                    sends[r] = (s0, send_c)
-                new_ready = {}
-                for r in range(world):
-                    left = (r - 1) % world
-                    s0, chunk = sends[left]
-                    arrive = max(s0, link_free[left]) + transfer_us + abs(rng.normal(0, noise_us))
-                    link_free[left] = arrive
-                    posted = step_ready[r] + rng.uniform(0, 5)
-                    recv_end = max(arrive, posted + 1.0)
-                    send_end = arrive + rng.uniform(0, 5)
-                    txn = transaction_id(key, it, step, chunk, left, r)
-                    traces[left].ops.append(Op(name=f"send.{key}.s{step}.c{chunk}", kind=OpKind.COMM, rank=left,
-                                               start_us=s0, end_us=send_end, iteration=it, stream="comm",
-                                               tensor=key, nbytes=chunk_bytes, peer=r, chunk=chunk, step=step,
-                                               txn_id=txn, phase="send", source="synth", granularity="chunk"))
-                    traces[r].ops.append(Op(name=f"recv.{key}.s{step}.c{chunk}", kind=OpKind.COMM, rank=r,
-                                            start_us=posted, end_us=recv_end, iteration=it, stream="comm",
-                                            tensor=key, nbytes=chunk_bytes, peer=left, chunk=chunk, step=step,
-                                            txn_id=txn, phase="recv", source="synth", granularity="chunk",
-                                            args={"posted_us": posted}))
-                    new_ready[r] = recv_end
-                for r in range(world):
-                    step_ready[r] = max(new_ready[r], sends[r][0])
-            for r in range(world):
-                ring_free[r] = step_ready[r]
-                bucket_done[r].append(step_ready[r])
-                traces[r].ops.append(Op(name=f"queue.{key}", kind=OpKind.QUEUE, rank=r, start_us=ready[r][b],
-                                        end_us=first_send[r], iteration=it, stream="comm", tensor=key,
-                                        nbytes=bucket_bytes, phase="queue", source="synth"))
-                traces[r].ops.append(Op(name=f"allreduce.{key}", kind=OpKind.COMM, rank=r,
-                                        start_us=first_send[r], end_us=step_ready[r], iteration=it, stream="comm",
-                                        tensor=key, nbytes=bucket_bytes, phase="transmit", granularity="chunk",
-                                        source="synth"))
-        ends = {}
+        t = _synthetic_iteration(traces, spec, it, t, rng)
+    _synthetic_probes(traces, world, probes, t, rng)
+    for r in range(world):  # what each rank's clock would have recorded
+        _shift_clock(traces[r], skew[r])
+    manifest = {"schema": "dprorun-run", "job_id": f"synthetic-{world}x{iterations}", "world_size": world}
+    true_offsets = {r: skew[0] - skew[r] for r in range(world)}
+    return RunTrace(run_dir="<synthetic>", manifest=manifest, ranks=traces), true_offsets
+
+
+def _synthetic_iteration(traces: dict[int, RankTrace], spec: _RingSpec, it: int, t: float,
+                         rng: np.random.Generator) -> float:
+    """One iteration from time t: forward, backward with a bucket ready every 1.5 ms, each bucket's ring, update.
+    Returns when the next iteration starts."""
+    world = spec.world
+    start = {r: t + rng.uniform(0, 50) for r in range(world)}
+    fw_end = {r: start[r] + 2000 + rng.normal(0, 30) for r in range(world)}
+    ready = {r: [] for r in range(world)}
+    clock = dict(fw_end)
+    for b in range(spec.buckets):
         for r in range(world):
-            update_start = max(clock[r], max(bucket_done[r]))
-            ends[r] = update_start + 800
-            traces[r].ops += [
-                Op(name="forward0", kind=OpKind.FW, rank=r, start_us=start[r], end_us=fw_end[r], iteration=it,
-                   stream="phase", source="synth"),
-                Op(name="backward0", kind=OpKind.BW, rank=r, start_us=fw_end[r], end_us=clock[r], iteration=it,
-                   stream="phase", source="synth"),
-                Op(name="update", kind=OpKind.UPDATE, rank=r, start_us=update_start, end_us=ends[r], iteration=it,
-                   stream="phase", source="synth")]
-            traces[r].grad_ready += [(it, f"p{b}", ready[r][b]) for b in range(buckets)]
-        t = max(ends.values()) + 100
+            clock[r] += 1500 + rng.normal(0, 30)
+            ready[r].append(clock[r])
+    link_free = {r: 0.0 for r in range(world)}
+    bucket_done = {r: [] for r in range(world)}
+    ring_free = dict.fromkeys(range(world), 0.0)
+    for b in range(spec.buckets):
+        step_ready = {r: max(ready[r][b], ring_free[r]) for r in range(world)}
+        first_send = _synthetic_ring(traces, spec, f"bucket{b}", it, step_ready, link_free, rng)
         for r in range(world):
-            traces[r].iterations.append((it, start[r], t))
-            traces[r].profiled_iterations.append(it)
+            ring_free[r] = step_ready[r]
+            bucket_done[r].append(step_ready[r])
+            traces[r].ops.append(Op(name=f"queue.bucket{b}", kind=OpKind.QUEUE, rank=r, start_us=ready[r][b],
+                                    end_us=first_send[r], iteration=it, stream="comm", tensor=f"bucket{b}",
+                                    nbytes=spec.bucket_bytes, phase="queue", source="synth"))
+            traces[r].ops.append(Op(name=f"allreduce.bucket{b}", kind=OpKind.COMM, rank=r,
+                                    start_us=first_send[r], end_us=step_ready[r], iteration=it, stream="comm",
+                                    tensor=f"bucket{b}", nbytes=spec.bucket_bytes, phase="transmit",
+                                    granularity="chunk", source="synth"))
+    ends = {}
+    for r in range(world):
+        update_start = max(clock[r], max(bucket_done[r]))
+        ends[r] = update_start + 800
+        traces[r].ops += [
+            Op(name="forward0", kind=OpKind.FW, rank=r, start_us=start[r], end_us=fw_end[r], iteration=it,
+               stream="phase", source="synth"),
+            Op(name="backward0", kind=OpKind.BW, rank=r, start_us=fw_end[r], end_us=clock[r], iteration=it,
+               stream="phase", source="synth"),
+            Op(name="update", kind=OpKind.UPDATE, rank=r, start_us=update_start, end_us=ends[r], iteration=it,
+               stream="phase", source="synth")]
+        traces[r].grad_ready += [(it, f"p{b}", ready[r][b]) for b in range(spec.buckets)]
+    t = max(ends.values()) + 100
+    for r in range(world):
+        traces[r].iterations.append((it, start[r], t))
+        traces[r].profiled_iterations.append(it)
+    return t
+
+
+def _synthetic_ring(traces: dict[int, RankTrace], spec: _RingSpec, key: str, it: int, step_ready: dict[int, float],
+                    link_free: dict[int, float], rng: np.random.Generator) -> dict[int, float]:
+    """The 2(N-1) steps of one bucket's ring: a SEND on the left rank and a RECV on the right one per step and rank,
+    each link busy one chunk at a time. step_ready is advanced to each rank's end of the ring; returns each rank's
+    first send."""
+    world = spec.world
+    chunk_bytes = spec.bucket_bytes // world
+    first_send = {}
+    for step in range(2 * (world - 1)):
+        sends = {}
+        for r in range(world):
+            stage, _, send_c, recv_c = ring_schedule(r, world)[step]
+            s0 = step_ready[r] + rng.uniform(0, 10)
+            first_send.setdefault(r, s0)
+            sends[r] = (s0, send_c)
+        new_ready = {}
+        for r in range(world):
+            left = (r - 1) % world
+            s0, chunk = sends[left]
+            arrive = max(s0, link_free[left]) + spec.transfer_us + abs(rng.normal(0, spec.noise_us))
+            link_free[left] = arrive
+            posted = step_ready[r] + rng.uniform(0, 5)
+            recv_end = max(arrive, posted + 1.0)
+            send_end = arrive + rng.uniform(0, 5)
+            txn = transaction_id(key, it, step, chunk, left, r)
+            traces[left].ops.append(Op(name=f"send.{key}.s{step}.c{chunk}", kind=OpKind.COMM, rank=left,
+                                       start_us=s0, end_us=send_end, iteration=it, stream="comm",
+                                       tensor=key, nbytes=chunk_bytes, peer=r, chunk=chunk, step=step,
+                                       txn_id=txn, phase="send", source="synth", granularity="chunk"))
+            traces[r].ops.append(Op(name=f"recv.{key}.s{step}.c{chunk}", kind=OpKind.COMM, rank=r,
+                                    start_us=posted, end_us=recv_end, iteration=it, stream="comm",
+                                    tensor=key, nbytes=chunk_bytes, peer=left, chunk=chunk, step=step,
+                                    txn_id=txn, phase="recv", source="synth", granularity="chunk",
+                                    args={"posted_us": posted}))
+            new_ready[r] = recv_end
+        for r in range(world):
+            step_ready[r] = max(new_ready[r], sends[r][0])
+    return first_send
+
+
+def _synthetic_probes(traces: dict[int, RankTrace], world: int, probes: int, t: float,
+                      rng: np.random.Generator) -> None:
+    """Clock probes between rank 0 and every other rank after the iterations (round trips of 40-70 µs)."""
     for r in range(1, world):
         rows_origin, rows_echo = [], []
         for k in range(probes):
@@ -122,21 +165,19 @@ def synthetic_ring_run(world: int = 4, iterations: int = 10, buckets: int = 4, b
             rows_echo.append([0, k, "echo", t1, t2])
         traces[0].clock.setdefault("probes", []).extend(rows_origin)
         traces[r].clock.setdefault("probes", []).extend(rows_echo)
-    for r in range(world):  # what each rank's clock would have recorded
-        shift = skew[r]
-        for op in traces[r].ops:
-            op.start_us += shift
-            op.end_us += shift
-            if "posted_us" in op.args:
-                op.args["posted_us"] += shift
-        traces[r].iterations = [(i, s + shift, e + shift) for i, s, e in traces[r].iterations]
-        traces[r].grad_ready = [(i, n, x + shift) for i, n, x in traces[r].grad_ready]
-        traces[r].clock["probes"] = [[p, k, role, a + shift, b + shift] for p, k, role, a, b
-                                     in traces[r].clock.get("probes", [])]
-        traces[r].ops.sort(key=lambda op: op.start_us)
-    manifest = {"schema": "dprorun-run", "job_id": f"synthetic-{world}x{iterations}", "world_size": world}
-    true_offsets = {r: skew[0] - skew[r] for r in range(world)}
-    return RunTrace(run_dir="<synthetic>", manifest=manifest, ranks=traces), true_offsets
+
+
+def _shift_clock(trace: RankTrace, shift: float) -> None:
+    """Every timestamp of one rank moved by its clock's skew."""
+    for op in trace.ops:
+        op.start_us += shift
+        op.end_us += shift
+        if "posted_us" in op.args:
+            op.args["posted_us"] += shift
+    trace.iterations = [(i, s + shift, e + shift) for i, s, e in trace.iterations]
+    trace.grad_ready = [(i, n, x + shift) for i, n, x in trace.grad_ready]
+    trace.clock["probes"] = [[p, k, role, a + shift, b + shift] for p, k, role, a, b in trace.clock.get("probes", [])]
+    trace.ops.sort(key=lambda op: op.start_us)
 
 
 def resnet50_params() -> dict[str, int]:
