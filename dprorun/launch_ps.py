@@ -51,42 +51,23 @@ def _workers_succeeded(context, roles: list[tuple[str, int]]) -> bool:
 
 
 def launch_ps(job: JobConfig) -> LaunchResult:
-    """A kvstore parameter-server job on this host: the scheduler, `servers` servers and `nproc_per_node`
-    workers (job.launch), each the user's command with its DMLC_* role variables (MXNet turns a server or scheduler process
-    into that role when it imports mxnet). torch elastic's start_processes spawns them, tees their output with a
-    role prefix into run_dir/logs, and stops them all when one fails."""
+    """A kvstore parameter-server job on this host: the scheduler, `servers` servers and `nproc_per_node` workers
+    (job.launch), each the user's command with its DMLC_* role variables (MXNet turns a server or scheduler
+    process into that role when it imports mxnet). torch elastic's start_processes spawns them, tees their output
+    with a role prefix into run_dir/logs, and stops them all when one fails."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     try:
-        python = mxnet_python(job)
+        entrypoint, args = _role_command(job)
     except FileNotFoundError as exc:
         return LaunchResult(2, str(exc))
-    head = job.command[0] if job.command else ""
-    if head.endswith(".py") or os.path.basename(head).startswith("python"):
-        command = job.command[1:] if not head.endswith(".py") else job.command
-        entrypoint, args = python, ["-u"] + command
-    else:
-        entrypoint, args = split_command(job.command)
     roles = mxnet_roles(job)
-    common = rank_environment(job)
-    if job.strategy_file:  # a strategy's key-partition bound goes to every role (workers place keys by it)
-        from dprorun.strategy import load_strategy
-
-        bound = load_strategy(job.strategy_file).mxnet_bigarray_bound
-        if bound is not None:
-            common["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(int(bound))
-    common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(job.launch.master_port or free_port()),
-                   "DMLC_NUM_SERVER": str(job.launch.servers), "DMLC_NUM_WORKER": str(job.launch.nproc_per_node),
-                   "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"})
-    envs = {}
-    for slot, (role, index) in enumerate(roles):
-        env = dict(common)
-        env.update({"DMLC_ROLE": role, "DPRO_MX_INDEX": str(index)})
-        envs[slot] = env
+    envs = _role_environments(job, roles)
     prefixes = {slot: (f"[{role}]: " if role == "scheduler" else f"[{role}{index}]: ")
                 for slot, (role, index) in enumerate(roles)}
-    logs = DefaultLogsSpecs(log_dir=os.path.join(job.output.run_dir, "logs"), tee=Std.NONE if job.low_disk else Std.ALL)
+    logs = DefaultLogsSpecs(log_dir=os.path.join(job.output.run_dir, "logs"),
+                            tee=Std.NONE if job.low_disk else Std.ALL)
     context = None
 
     def stop(signum, frame):  # as torch elastic's agent does: the loop below closes every role
@@ -98,19 +79,9 @@ def launch_ps(job: JobConfig) -> LaunchResult:
             context = start_processes(name=job.profile.job_id or "mxnet", entrypoint=entrypoint,
                                       args={slot: tuple(args) for slot in envs}, envs=envs, logs_specs=logs,
                                       log_line_prefixes=prefixes)
-            result = None
-            workers_done_at = None
-            while result is None:
-                result = context.wait(timeout=1.0, period=0.1)
-                if result is None and _workers_succeeded(context, roles):
-                    # every worker finished: the scheduler and servers end with them (ps-lite's shutdown); one
-                    # that has not after SHUTDOWN_GRACE_S is stopped, and the job counts as done
-                    workers_done_at = workers_done_at or time.monotonic()
-                    if time.monotonic() - workers_done_at > SHUTDOWN_GRACE_S:
-                        print(f"dprorun: every worker finished; the scheduler and servers had not after "
-                              f"{SHUTDOWN_GRACE_S:g} s and were stopped", file=sys.stderr, flush=True)
-                        context.close()
-                        return LaunchResult(0, "all workers finished (scheduler and servers stopped)")
+            result = _wait_for_roles(context, roles)
+            if result is None:
+                return LaunchResult(0, "all workers finished (scheduler and servers stopped)")
         except SignalException as exc:
             if context is not None:
                 context.close()
@@ -123,7 +94,54 @@ def launch_ps(job: JobConfig) -> LaunchResult:
                 signal.signal(s, handler)
     if not result.failures:
         return LaunchResult(0, "all roles finished")
+    return _failed_role(result, roles)
 
+
+def _role_command(job: JobConfig) -> tuple[str, list[str]]:
+    """The entry point and arguments every role runs: `python train.py` with MXNet's interpreter."""
+    python = mxnet_python(job)
+    head = job.command[0] if job.command else ""
+    if head.endswith(".py") or os.path.basename(head).startswith("python"):
+        command = job.command[1:] if not head.endswith(".py") else job.command
+        return python, ["-u"] + command
+    return split_command(job.command)
+
+
+def _role_environments(job: JobConfig, roles: list[tuple[str, int]]) -> dict[int, dict[str, str]]:
+    """Per role slot: the ranks' variables, ps-lite's DMLC_* ones (on loopback) and the role itself."""
+    common = rank_environment(job)
+    if job.strategy_file:  # a strategy's key-partition bound goes to every role (workers place keys by it)
+        from dprorun.strategy import load_strategy
+
+        bound = load_strategy(job.strategy_file).mxnet_bigarray_bound
+        if bound is not None:
+            common["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(int(bound))
+    common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(job.launch.master_port or free_port()),
+                   "DMLC_NUM_SERVER": str(job.launch.servers), "DMLC_NUM_WORKER": str(job.launch.nproc_per_node),
+                   "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"})
+    return {slot: {**common, "DMLC_ROLE": role, "DPRO_MX_INDEX": str(index)}
+            for slot, (role, index) in enumerate(roles)}
+
+
+def _wait_for_roles(context, roles: list[tuple[str, int]]):
+    """torch elastic's result once every role ended, or None when every worker finished and the scheduler and
+    servers (which end with them, ps-lite's shutdown) had not after SHUTDOWN_GRACE_S: those are then stopped."""
+    workers_done_at = None
+    while True:
+        result = context.wait(timeout=1.0, period=0.1)
+        if result is not None:
+            return result
+        if _workers_succeeded(context, roles):
+            workers_done_at = workers_done_at or time.monotonic()
+            if time.monotonic() - workers_done_at > SHUTDOWN_GRACE_S:
+                print(f"dprorun: every worker finished; the scheduler and servers had not after "
+                      f"{SHUTDOWN_GRACE_S:g} s and were stopped", file=sys.stderr, flush=True)
+                context.close()
+                return None
+
+
+def _failed_role(result, roles: list[tuple[str, int]]) -> LaunchResult:
+    """The role that failed first named, with its exit code or signal; every role's failure in the details."""
     def order(item):  # a role killed by a signal first (the others then fail or are stopped), then the earliest
         slot, failure = item
         code = failure.exitcode

@@ -144,34 +144,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         raise argparse.ArgumentTypeError("--servers, --bigarray-bound and --links are parameter-server what-ifs "
                                          "(runs of dprorun --backend mxnet)")
     from dprorun.fsutil import atomic_write_json
-    from dprorun.optimize.search import compiled_ready_groups
     from dprorun.replay.engine import execution_graph, replay_chrome_trace
+    from dprorun.replay.predict import predict_replayed
     from dprorun.replay.template import build_job_model
     from dprorun.replay.whatif import WhatIf
-    from dprorun.replay.predict import predict_replayed
 
     run, alignment = load_aligned(args.run_dir)
     model = build_job_model(run)
-    forward_scale = backward_scale = 1.0
-    if args.compile and args.compile_blocks:
-        raise argparse.ArgumentTypeError("--compile (the whole model) and --compile-blocks (each block) are "
-                                         "alternatives")
-    for wanted, variant in ((args.compile, "compiled"), (args.compile_blocks, "compiled_blocks"), (args.bf16, "bf16")):
-        if not wanted:
-            continue
-        scales = model.compute_scales(variant)
-        if scales is None:
-            error = model.compute_variants.get(variant, {}).get("error")
-            raise TraceError(args.run_dir, f"no measured {variant} timings" + (f" ({error})" if error else
-                             ": profile with dprorun --measure-variants"))
-        forward_scale, backward_scale = forward_scale * scales[0], backward_scale * scales[1]
-    whatif = WhatIf(world_size=args.np, bandwidth_gbit=args.bandwidth, bandwidth_scale=args.bandwidth_scale,
-                    latency_us=args.latency_us, bucket_mb=args.bucket_mb, partitions=args.partitions,
-                    horovod_fusion_mb=args.horovod_fusion_mb, horovod_cycle_ms=args.horovod_cycle_ms,
-                    baseline=args.baseline, forward_scale=forward_scale, backward_scale=backward_scale,
-                    ready_groups=compiled_ready_groups(model, "compiled" if args.compile else "compiled_blocks"
-                                                       if args.compile_blocks else None, model.fusion_blocks()),
-                    op_scale=dict(args.op_scale or []))
+    whatif = _replay_whatif(args, model)
     detail = "coarse" if args.coarse else "ops"
     prediction, graph, result = predict_replayed(model, whatif, detail)
     as_run = predict_replayed(model, WhatIf(), detail)[0] if whatif.op_scale else None
@@ -187,6 +167,40 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2, default=float))
         return 0
+    _print_replay(prediction, as_run)
+    return 0
+
+
+def _replay_whatif(args: argparse.Namespace, model):
+    """dpro replay's flags as one WhatIf; compute variants (--compile, --compile-blocks, --bf16) at the ratios
+    the run measured."""
+    from dprorun.optimize.search import compiled_ready_groups
+    from dprorun.replay.whatif import WhatIf
+
+    forward_scale = backward_scale = 1.0
+    if args.compile and args.compile_blocks:
+        raise argparse.ArgumentTypeError("--compile (the whole model) and --compile-blocks (each block) are "
+                                         "alternatives")
+    for wanted, variant in ((args.compile, "compiled"), (args.compile_blocks, "compiled_blocks"), (args.bf16, "bf16")):
+        if not wanted:
+            continue
+        scales = model.compute_scales(variant)
+        if scales is None:
+            error = model.compute_variants.get(variant, {}).get("error")
+            raise TraceError(args.run_dir, f"no measured {variant} timings" + (f" ({error})" if error else
+                             ": profile with dprorun --measure-variants"))
+        forward_scale, backward_scale = forward_scale * scales[0], backward_scale * scales[1]
+    compiled = "compiled" if args.compile else "compiled_blocks" if args.compile_blocks else None
+    return WhatIf(world_size=args.np, bandwidth_gbit=args.bandwidth, bandwidth_scale=args.bandwidth_scale,
+                  latency_us=args.latency_us, bucket_mb=args.bucket_mb, partitions=args.partitions,
+                  horovod_fusion_mb=args.horovod_fusion_mb, horovod_cycle_ms=args.horovod_cycle_ms,
+                  baseline=args.baseline, forward_scale=forward_scale, backward_scale=backward_scale,
+                  ready_groups=compiled_ready_groups(model, compiled, model.fusion_blocks()),
+                  op_scale=dict(args.op_scale or []))
+
+
+def _print_replay(prediction, as_run) -> None:
+    """dpro replay's terminal output: the prediction, its check against the run, the critical path."""
     spread = (f", p10-p90 {prediction.spread_ms[0]:.3f}-{prediction.spread_ms[1]:.3f}" if prediction.spread_ms
               else "")
     print(f"predicted iteration time: {prediction.predicted_iteration_time_ms:.3f} ms{spread} "
@@ -208,13 +222,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print(f"  {row['time_on_path_ms']:9.3f} ms  {row['kind']:7} rank {row['rank']:<3} {row['op']}")
     busiest = sorted(prediction.device_utilisation.items(), key=lambda kv: -kv[1])[:6]
     print("device utilisation: " + ", ".join(f"{name} {100 * share:.0f} %" for name, share in busiest))
-    model = prediction.comm_model
     comm = prediction.comm_model
     print(f"comm model: {comm['collective_us']:.1f} us per collective + {comm['alpha_us']:.1f} us per ring step + "
           f"bytes at {comm['bandwidth_gbit_s']:.3f} Gbit/s ({comm['source']})")
     for note in prediction.notes:
         print(f"note: {note}")
-    return 0
 
 
 def parse_op_scale(text: str) -> tuple[str, float]:
@@ -388,30 +400,9 @@ def _print_stage_whatif(whatif: dict) -> None:
         print(f"  note: {note}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpro", description="Analyse a dprorun run directory.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    summary = sub.add_parser("summary", help="per-rank iteration time and compute/communication breakdown")
-    summary.add_argument("run_dir")
-    summary.add_argument("--json", action="store_true", help="print the summary as JSON")
-    summary.set_defaults(func=_cmd_summary)
-    al = sub.add_parser("align", help="solve per-rank clock offsets (cvxpy) and count causality violations")
-    al.add_argument("run_dir")
-    al.add_argument("--json", action="store_true")
-    al.set_defaults(func=_cmd_align)
-    graph = sub.add_parser("graph", help="the global dataflow graph that is replayed (op level and coarsened), "
-                                         "or with --measured one profiled iteration's trace view, checked")
-    graph.add_argument("run_dir")
-    graph.add_argument("--measured", action="store_true",
-                       help="the measured DFG of one profiled iteration (SEND/RECV transaction ids), checked")
-    graph.add_argument("--iteration", type=int, default=None, help="with --measured: the iteration")
-    graph.set_defaults(func=_cmd_graph)
-    tl = sub.add_parser("timeline", help="export the aligned global timeline as Chrome-trace JSON")
-    tl.add_argument("run_dir")
-    tl.add_argument("-o", "--output", required=True)
-    tl.add_argument("--hta-dir", default=None, help="also write per-rank Kineto-format files for HTA")
-    tl.set_defaults(func=_cmd_timeline)
-    rp = sub.add_parser("replay", help="predict the iteration time (and what-ifs) by replaying the global DFG")
+def _replay_arguments(rp: argparse.ArgumentParser) -> None:
+    """dpro replay's what-ifs: world size, links, buckets and partitions, op scales, Horovod knobs, compute
+    variants, parameter-server layout; and its outputs."""
     rp.add_argument("run_dir")
     rp.add_argument("--np", type=int, default=None, help="world size to predict")
     rp.add_argument("--bandwidth", type=parse_bandwidth, default=None, help="link bandwidth, e.g. 10Gbit")
@@ -446,6 +437,33 @@ def build_parser() -> argparse.ArgumentParser:
                     "(a process per rank, a thread per device; open in Perfetto)")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=_cmd_replay)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpro", description="Analyse a dprorun run directory.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    summary = sub.add_parser("summary", help="per-rank iteration time and compute/communication breakdown")
+    summary.add_argument("run_dir")
+    summary.add_argument("--json", action="store_true", help="print the summary as JSON")
+    summary.set_defaults(func=_cmd_summary)
+    al = sub.add_parser("align", help="solve per-rank clock offsets (cvxpy) and count causality violations")
+    al.add_argument("run_dir")
+    al.add_argument("--json", action="store_true")
+    al.set_defaults(func=_cmd_align)
+    graph = sub.add_parser("graph", help="the global dataflow graph that is replayed (op level and coarsened), "
+                                         "or with --measured one profiled iteration's trace view, checked")
+    graph.add_argument("run_dir")
+    graph.add_argument("--measured", action="store_true",
+                       help="the measured DFG of one profiled iteration (SEND/RECV transaction ids), checked")
+    graph.add_argument("--iteration", type=int, default=None, help="with --measured: the iteration")
+    graph.set_defaults(func=_cmd_graph)
+    tl = sub.add_parser("timeline", help="export the aligned global timeline as Chrome-trace JSON")
+    tl.add_argument("run_dir")
+    tl.add_argument("-o", "--output", required=True)
+    tl.add_argument("--hta-dir", default=None, help="also write per-rank Kineto-format files for HTA")
+    tl.set_defaults(func=_cmd_timeline)
+    _replay_arguments(sub.add_parser("replay", help="predict the iteration time (and what-ifs) by replaying the "
+                                                   "global DFG"))
     op = sub.add_parser("optimize", help="search the fastest strategy (tensor fusion/partition, memory passes)")
     op.add_argument("run_dir")
     op.add_argument("--memory-budget", type=parse_bytes, default=None, help="per-rank peak memory, e.g. 8GiB")

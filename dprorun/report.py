@@ -137,6 +137,21 @@ def _fmt(value) -> str:
 
 
 def render_html(data: dict) -> str:
+    """The self-contained page: sections in HTML, the report's data as JSON, the drawing in the page's script."""
+    parts = (_header_section(data) + _breakdown_section(data) + _timeline_sections(data)
+             + _critical_path_section(data) + _whatif_section(data) + _strategy_section(data)
+             + _variants_section(data) + _autotune_section(data) + _memory_section(data))
+    parts.append("<h2>Host and GPU samples</h2><div id=samples class=charts></div>")
+    parts.append("<p class=note>rendered: <span id=render-status>script did not run</span> "
+                 "<span id=render-errors></span></p>")
+    payload = json.dumps(data, default=float).replace("</", "<\\/")
+    return ("<!doctype html><html><head><meta charset=utf-8><title>dprorun report</title>"
+            f"<style>{_STYLE}</style><script>{_ERRORS}</script></head><body>{''.join(parts)}"
+            f"<script type='application/json' id=report-data>{payload}</script>"
+            f"<script>{_SCRIPT}</script></body></html>")
+
+
+def _header_section(data: dict) -> list[str]:
     s = data["summary"]
     pred = data.get("prediction") or {}
     parts = [f"<h1>dprorun report: job {html.escape(str(s.get('job_id')))}</h1>",
@@ -155,74 +170,97 @@ def render_html(data: dict) -> str:
         parts.append(f"<p class=note>{html.escape(check['message'])}</p>")
     for note in data.get("notes", []) + (s.get("problems") or []):
         parts.append(f"<p class=note>{html.escape(str(note))}</p>")
-    parts.append("<h2>Breakdown per rank (ms, medians over the profiled window)</h2>")
+    return parts
+
+
+def _breakdown_section(data: dict) -> list[str]:
     keys = ["iteration_time_ms", "forward_ms", "backward_ms", "update_ms", "comm_ms", "exposed_comm_ms",
             "queue_ms", "idle_ms"]
-    parts.append(_table(["rank", "iteration", "forward", "backward", "update", "communication", "exposed comm",
-                         "queueing", "idle/other"],
-                        [[r["rank"]] + [r.get(k) for k in keys] for r in s.get("ranks", [])]))
+    return ["<h2>Breakdown per rank (ms, medians over the profiled window)</h2>",
+            _table(["rank", "iteration", "forward", "backward", "update", "communication", "exposed comm",
+                    "queueing", "idle/other"],
+                   [[r["rank"]] + [r.get(k) for k in keys] for r in data["summary"].get("ranks", [])])]
+
+
+def _timeline_sections(data: dict) -> list[str]:
     legend = "".join(f"<span><i style='background:{c}'></i>{k}</span>" for k, c in
                      (("FW", "#4e79a7"), ("BW", "#f28e2b"), ("UPDATE", "#59a14f"), ("COMM", "#e15759"),
                       ("QUEUE", "#edc948")))
     mt = data.get("measured_timeline") or {}
-    parts.append(f"<h2>Global timeline, measured (iteration {mt.get('iteration')}, aligned clocks)</h2>"
-                 f"<div class=legend>{legend}</div><div id=tl-measured></div>"
-                 "<p class=note>mouse wheel: zoom, drag: pan; hover an op for its name and times</p>")
     rt = data.get("replayed_timeline") or {}
-    parts.append(f"<h2>Replayed iteration of the median durations ({_fmt(rt.get('iteration_ms'))} ms; the "
-                 f"prediction above is the median of the per-iteration replays), critical path outlined</h2>"
-                 f"<div class=legend>{legend}</div><div id=tl-replayed></div>")
-    cp = pred.get("critical_path") or {}
-    if cp:
-        share = cp.get("share_pct", {})
-        parts.append(f"<h2>Critical path ({cp.get('length')} ops): compute {share.get('compute')} %, "
-                     f"communication {share.get('communication')} %, queueing {share.get('queueing')} %</h2>")
-        parts.append(_table(["op", "rank", "kind", "device", "time on path ms"],
-                            [[r["op"], r["rank"], r["kind"], r["device"], r["time_on_path_ms"]]
-                             for r in cp.get("top", [])[:15]]))
-    parts.append("<h2>What if</h2><div class=charts><div id=ch-world></div><div id=ch-bw></div>"
-                 "<div id=ch-bucket></div></div>")
+    return [f"<h2>Global timeline, measured (iteration {mt.get('iteration')}, aligned clocks)</h2>"
+            f"<div class=legend>{legend}</div><div id=tl-measured></div>"
+            "<p class=note>mouse wheel: zoom, drag: pan; hover an op for its name and times</p>",
+            f"<h2>Replayed iteration of the median durations ({_fmt(rt.get('iteration_ms'))} ms; the "
+            f"prediction above is the median of the per-iteration replays), critical path outlined</h2>"
+            f"<div class=legend>{legend}</div><div id=tl-replayed></div>"]
+
+
+def _critical_path_section(data: dict) -> list[str]:
+    cp = (data.get("prediction") or {}).get("critical_path") or {}
+    if not cp:
+        return []
+    share = cp.get("share_pct", {})
+    return [f"<h2>Critical path ({cp.get('length')} ops): compute {share.get('compute')} %, "
+            f"communication {share.get('communication')} %, queueing {share.get('queueing')} %</h2>",
+            _table(["op", "rank", "kind", "device", "time on path ms"],
+                   [[r["op"], r["rank"], r["kind"], r["device"], r["time_on_path_ms"]]
+                    for r in cp.get("top", [])[:15]])]
+
+
+def _whatif_section(data: dict) -> list[str]:
+    parts = ["<h2>What if</h2><div class=charts><div id=ch-world></div><div id=ch-bw></div>"
+             "<div id=ch-bucket></div></div>"]
     skipped = (data.get("whatif") or {}).get("skipped")
     if skipped:
         parts.append(f"<p class=note>not replayed (graph too large or time budget spent): "
                      f"{html.escape(', '.join(skipped))}</p>")
+    return parts
+
+
+def _strategy_section(data: dict) -> list[str]:
     strategy = data.get("strategy")
-    if strategy:
-        parts.append(f"<h2>Optimizer strategy: {_fmt(strategy.get('baseline_ms'))} ms -> "
-                     f"{_fmt(strategy.get('predicted_ms'))} ms predicted</h2>")
-        parts.append(_table(["pass", "decision", "before ms", "after ms", "predicted gain ms"],
-                            [[d["pass_name"], d["choice"], d["before_ms"], d["after_ms"], d.get("gain_ms")]
-                             for d in strategy.get("decisions", [])] or [["-", "nothing to change", None,
-                                                                          None, None]]))
-        for note in strategy.get("search", {}).get("recommendations", []):
-            parts.append(f"<p class=note>not applied: {html.escape(note)}</p>")
+    if not strategy:
+        return []
+    parts = [f"<h2>Optimizer strategy: {_fmt(strategy.get('baseline_ms'))} ms -> "
+             f"{_fmt(strategy.get('predicted_ms'))} ms predicted</h2>",
+             _table(["pass", "decision", "before ms", "after ms", "predicted gain ms"],
+                    [[d["pass_name"], d["choice"], d["before_ms"], d["after_ms"], d.get("gain_ms")]
+                     for d in strategy.get("decisions", [])] or [["-", "nothing to change", None, None, None]])]
+    for note in strategy.get("search", {}).get("recommendations", []):
+        parts.append(f"<p class=note>not applied: {html.escape(note)}</p>")
+    return parts
+
+
+def _variants_section(data: dict) -> list[str]:
     variants = data.get("compute_variants")
-    if variants:
-        parts.append("<h2>Compute variants (rank 0's model and batch, timed after the window)</h2>")
-        parts.append(_table(["variant", "forward ms", "backward ms", "x eager forward", "x eager backward",
-                             "first call s / error"], _variant_rows(variants)))
+    if not variants:
+        return []
+    return ["<h2>Compute variants (rank 0's model and batch, timed after the window)</h2>",
+            _table(["variant", "forward ms", "backward ms", "x eager forward", "x eager backward",
+                    "first call s / error"], _variant_rows(variants))]
+
+
+def _autotune_section(data: dict) -> list[str]:
     autotune = data.get("autotune")
-    if autotune:
-        phases = {p["phase"]: p for p in autotune.get("phases", [])}
-        decide = phases.get("deciding", {})
-        parts.append("<h2>Autotune: measured before / after</h2>")
-        trials = [p for p in autotune.get("phases", []) if p["phase"] == "trial"]
-        parts.append(_table(["profile (job's settings) ms", "trials ms", "judged trial ms", "kept", "reason"],
-                            [[decide.get("baseline_ms"),
-                              ", ".join(f"{t['measured_ms']:.2f}" for t in trials if t.get("measured_ms")) or "-",
-                              decide.get("trial_ms"), decide.get("keep"), decide.get("reason")]]))
-    parts.append("<h2>Peak memory per rank</h2>")
-    parts.append(_table(["rank", "device", "estimated MiB", "measured MiB", "error %"],
-                        [[m["rank"], m["device"], (m["estimated_peak_bytes"] or 0) / 2 ** 20,
-                          (m["measured_peak_bytes"] or 0) / 2 ** 20, m["error_pct"]] for m in s.get("memory", [])]))
-    parts.append("<h2>Host and GPU samples</h2><div id=samples class=charts></div>")
-    parts.append("<p class=note>rendered: <span id=render-status>script did not run</span> "
-                 "<span id=render-errors></span></p>")
-    payload = json.dumps(data, default=float).replace("</", "<\\/")
-    return ("<!doctype html><html><head><meta charset=utf-8><title>dprorun report</title>"
-            f"<style>{_STYLE}</style><script>{_ERRORS}</script></head><body>{''.join(parts)}"
-            f"<script type='application/json' id=report-data>{payload}</script>"
-            f"<script>{_SCRIPT}</script></body></html>")
+    if not autotune:
+        return []
+    phases = {p["phase"]: p for p in autotune.get("phases", [])}
+    decide = phases.get("deciding", {})
+    trials = [p for p in autotune.get("phases", []) if p["phase"] == "trial"]
+    return ["<h2>Autotune: measured before / after</h2>",
+            _table(["profile (job's settings) ms", "trials ms", "judged trial ms", "kept", "reason"],
+                   [[decide.get("baseline_ms"),
+                     ", ".join(f"{t['measured_ms']:.2f}" for t in trials if t.get("measured_ms")) or "-",
+                     decide.get("trial_ms"), decide.get("keep"), decide.get("reason")]])]
+
+
+def _memory_section(data: dict) -> list[str]:
+    return ["<h2>Peak memory per rank</h2>",
+            _table(["rank", "device", "estimated MiB", "measured MiB", "error %"],
+                   [[m["rank"], m["device"], (m["estimated_peak_bytes"] or 0) / 2 ** 20,
+                     (m["measured_peak_bytes"] or 0) / 2 ** 20, m["error_pct"]]
+                    for m in data["summary"].get("memory", [])])]
 
 
 def write_report(analysis: "RunAnalysis", output: Optional[str] = None, whatif_time_budget_s: float = 60.0,

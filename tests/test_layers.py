@@ -60,3 +60,23 @@ def test_the_library_never_imports_a_cli_module():
     graph = import_graph()
     offenders = [(a, b) for a, b in graph.edges if b in CLI_MODULES and a not in CLI_MODULES]
     assert offenders == []
+
+
+MAX_FUNCTION_LINES = 80  # the "about 80": every function of the package, CLIs and report included
+
+
+def test_no_function_of_the_package_is_longer_than_80_lines():
+    too_long = []
+    for folder, _, files in os.walk(os.path.join(REPO, "dprorun")):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            with open(path) as handle:
+                tree = ast.parse(handle.read())
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        too_long.append(f"{os.path.relpath(path, REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not too_long, too_long

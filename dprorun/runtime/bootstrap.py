@@ -77,39 +77,8 @@ def install(environ=os.environ) -> Optional[object]:
     sess = RankSession(cfg, rank, local_rank, world)
     _SESSION = sess
 
-    def patch_ddp():
-        from dprorun.runtime.ddp import patch_ddp_class
-
-        sess.guard("patching DistributedDataParallel", patch_ddp_class, sess)
-
-    def patch_hvd():
-        from dprorun.runtime.horovod import patch_horovod
-
-        sess.guard("patching horovod.torch", patch_horovod, sess)
-
-    def patch_tf():
-        from dprorun.runtime.tf import patch_tensorflow
-
-        sess.guard("patching TensorFlow", patch_tensorflow, sess)
-
-    callbacks = {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd}
-    def patch_keras3():
-        from dprorun.runtime.tf import patch_keras3_fit
-
-        sess.guard("patching Keras 3's fit", patch_keras3_fit, sess)
-
-    def patch_mxnet():
-        from dprorun.runtime.mxnet import patch_mxnet_worker
-
-        sess.guard("patching MXNet", patch_mxnet_worker, sess)
-
-    if environ.get("DPRO_BACKEND") == "tf":  # TensorFlow workers: steps found through tf.function calls
-        callbacks = {"tensorflow": patch_tf, "keras.src.backend.tensorflow.trainer": patch_keras3}
-    elif mxnet_role:  # MXNet workers: iterations are Trainer.step calls (patched once gluon's trainer exists)
-        sess.framework = "mxnet"
-        callbacks = {"mxnet.gluon.trainer": patch_mxnet}
     pending = {}
-    for name, callback in callbacks.items():
+    for name, callback in _framework_patches(sess, environ.get("DPRO_BACKEND"), mxnet_role).items():
         if name in sys.modules:
             callback()
         else:
@@ -131,6 +100,42 @@ def install(environ=os.environ) -> Optional[object]:
     _install_sigterm(sess)
     _guard_output_files(sess)
     return sess
+
+
+def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[str, Callable[[], None]]:
+    """Module name -> the patch to apply once it is imported: DDP and horovod.torch in torch jobs, tf.function
+    (and Keras 3's fit) in TensorFlow workers, gluon's Trainer in MXNet workers. Each patch runs guarded."""
+    def patch_ddp():
+        from dprorun.runtime.ddp import patch_ddp_class
+
+        sess.guard("patching DistributedDataParallel", patch_ddp_class, sess)
+
+    def patch_hvd():
+        from dprorun.runtime.horovod import patch_horovod
+
+        sess.guard("patching horovod.torch", patch_horovod, sess)
+
+    def patch_tf():
+        from dprorun.runtime.tf import patch_tensorflow
+
+        sess.guard("patching TensorFlow", patch_tensorflow, sess)
+
+    def patch_keras3():
+        from dprorun.runtime.tf import patch_keras3_fit
+
+        sess.guard("patching Keras 3's fit", patch_keras3_fit, sess)
+
+    def patch_mxnet():
+        from dprorun.runtime.mxnet import patch_mxnet_worker
+
+        sess.guard("patching MXNet", patch_mxnet_worker, sess)
+
+    if backend == "tf":  # TensorFlow workers: steps found through tf.function calls
+        return {"tensorflow": patch_tf, "keras.src.backend.tensorflow.trainer": patch_keras3}
+    if mxnet_role:  # MXNet workers: iterations are Trainer.step calls (patched once gluon's trainer exists)
+        sess.framework = "mxnet"
+        return {"mxnet.gluon.trainer": patch_mxnet}
+    return {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd}
 
 
 def _install_mxnet_server(environ) -> Optional[object]:
