@@ -52,6 +52,40 @@ def test_critical_path_of_a_constructed_graph_and_its_coarsened_view():
     assert replay(coarse).iteration_time_us == pytest.approx(result.iteration_time_us)
 
 
+def _tagged():
+    """Rank 0: forward (a linear op 2 ms, a relu 1 ms), backward (a linear's backward 4 ms), the enqueue of DDP's
+    bucket hook (0.1 ms), update (1 ms), each node tagged with its phase and profiled op, as synthesize tags."""
+    g = GraphBuilder()
+    linear = ProfiledOp("aten::linear", "FW", "fc1", 0.0, 0.6)
+    relu = ProfiledOp("aten::relu", "FW", "", 0.6, 1.0)
+    grad = ProfiledOp("AddmmBackward0", "BW", "fc1", 0.0, 1.0)
+    nodes = [g.op("r0.forward:aten::linear@fc1", "FW", 0, "rank0.compute", 2000, phase="forward",
+                  parts=((linear, 1.0),)),
+             g.op("r0.forward:aten::relu", "FW", 0, "rank0.compute", 1000, phase="forward", parts=((relu, 1.0),)),
+             g.op("r0.backward.seg0:AddmmBackward0@fc1", "BW", 0, "rank0.compute", 4000, phase="backward",
+                  parts=((grad, 1.0),)),
+             g.op("r0.backward.seg0.enqueue", "BW", 0, "rank0.compute", 100, phase="enqueue"),
+             g.op("r0.update", "UPDATE", 0, "rank0.compute", 1000, phase="update")]
+    g.chain(nodes)
+    return g.build()
+
+
+def test_compute_what_ifs_are_passes_on_the_graph():
+    from dprorun.replay.passes import scale_compute, scale_ops
+
+    graph = _tagged()
+    variant = scale_compute(graph, 0.5, 0.25)  # forward x0.5, backward compute x0.25; enqueue and update as they were
+    assert list(variant.durations) == [1000, 500, 1000, 100, 1000] and list(graph.durations)[0] == 2000
+    faster, matched = scale_ops(graph, {"fc1": 0.5, "aten::relu": 0.0, "nothing*": 2.0})
+    assert list(faster.durations) == [1000, 0, 2000, 100, 1000] and matched == {"fc1", "aten::relu"}
+    # coarsening keeps the ops a merged chain is made of (by share): the per-op pass gives the same time either way
+    coarse = coarsen(graph)
+    assert coarse.size == 1 and coarse.phases[0] == 0  # one chain of several phases
+    scaled_coarse, _ = scale_ops(coarse, {"fc1": 0.5, "aten::relu": 0.0})
+    assert replay(scaled_coarse).iteration_time_us == pytest.approx(replay(coarsen(faster)).iteration_time_us)
+    assert replay(scaled_coarse).iteration_time_us == pytest.approx(1000 + 0 + 2000 + 100 + 1000)
+
+
 def test_a_phase_profile_slices_into_ops_with_shares_that_sum_to_one():
     ops = [ProfiledOp("linear", "BW", "fc1", 0.0, 0.5), ProfiledOp("(between ops)", "OTHER", "", 0.5, 0.6),
            ProfiledOp("relu", "BW", "", 0.6, 1.0)]
@@ -104,6 +138,18 @@ def test_a_real_run_replays_at_op_level_and_its_critical_path_names_the_models_o
     ops = [row["op"] for row in doc["critical_path"]["top"]]
     assert any(re.search(r":(aten::linear|AddmmBackward0|aten::addmm)@\d+$", op) for op in ops), ops
     assert doc["replay_ops"] > 200 and any(n.startswith("op level:") for n in doc["notes"])
+
+    # the per-op what-if is a pass on the graph as built, and commutes with coarsening
+    from dprorun.replay.passes import scale_ops
+
+    patterns = {"aten::linear": 0.5, "AddmmBackward0": 0.5}
+    built = synthesize(model, WhatIf(), [])
+    asked = synthesize(model, WhatIf(op_scale=patterns), [])
+    passed, matched = scale_ops(built, patterns)
+    assert matched == set(patterns) and list(asked.durations) == list(passed.durations)
+    t_asked = replay(asked).iteration_time_us
+    assert t_asked < replay(built).iteration_time_us
+    assert replay(scale_ops(coarsen(built), patterns)[0]).iteration_time_us == pytest.approx(t_asked, rel=1e-9)
 
     faster = _replay_json(run_dir, "--op-scale", "aten::linear=0.5", "--op-scale", "AddmmBackward0=0.5")
     assert faster["as_run_ms"] == pytest.approx(doc["predicted_iteration_time_ms"], rel=1e-6)

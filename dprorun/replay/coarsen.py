@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dprorun.replay.engine import KIND_CODE, KIND_NAMES, GraphBuilder, ReplayGraph
+from dprorun.replay.engine import KIND_CODE, KIND_NAMES, PHASES, GraphBuilder, ReplayGraph
 
 _KEEP = {KIND_CODE["COMM"], KIND_CODE["QUEUE"], KIND_CODE["VIRTUAL"]}
 
@@ -50,8 +50,11 @@ def coarsen(graph: ReplayGraph) -> ReplayGraph:
     for h, chain in members.items():
         device = graph.device_names[graph.devices[h]] if graph.devices[h] >= 0 else None
         capacity = int(graph.device_capacity[graph.devices[h]]) if graph.devices[h] >= 0 else 1
+        phases = {int(graph.phases[v]) for v in chain}
         new_id[h] = builder.op(_chain_name([graph.names[v] for v in chain]), _kind_name(graph.kinds[h]),
-                               int(graph.ranks[h]), device, float(graph.durations[chain].sum()), capacity)
+                               int(graph.ranks[h]), device, float(graph.durations[chain].sum()), capacity,
+                               phase=PHASES[phases.pop()] if len(phases) == 1 else "",
+                               parts=_chain_parts(graph, chain))
     seen: set[tuple[int, int]] = set()
     for u in range(n):
         for e in range(graph.indptr[u], graph.indptr[u + 1]):
@@ -61,6 +64,19 @@ def coarsen(graph: ReplayGraph) -> ReplayGraph:
                 builder.edge(a, b)
     coarse = builder.build(dict(graph.meta, coarsened_from=n))
     return coarse
+
+
+def _chain_parts(graph: ReplayGraph, chain: list[int]) -> tuple:
+    """The profiled ops a merged chain is made of, each with its share of the chain's duration (ops of no
+    profiled op as (None, share)); () when none of the chain's nodes has profiled ops."""
+    if not any(v in graph.parts for v in chain):
+        return ()
+    total = float(graph.durations[chain].sum()) or 1.0
+    parts = []
+    for v in chain:
+        weight = float(graph.durations[v]) / total
+        parts.extend((op, share * weight) for op, share in graph.parts.get(v, ((None, 1.0),)))
+    return tuple(parts)
 
 
 def _chain_name(names: list[str]) -> str:

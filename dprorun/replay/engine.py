@@ -32,10 +32,16 @@ class ReplayGraph:
     device_names: list[str]
     device_capacity: np.ndarray = None  # parallel slots per device (gloo runs 2 collectives at once)
     meta: dict = field(default_factory=dict)
+    # what the compute passes (replay/passes.py) read: each node's compute phase (a PHASES code; 0: none or
+    # mixed) and, for nodes made of profiled ops, those ops with their shares of the node's duration
+    phases: np.ndarray = None  # int8
+    parts: dict[int, tuple] = field(default_factory=dict)  # node -> ((ProfiledOp, share), ...)
 
     def __post_init__(self) -> None:
         if self.device_capacity is None:
             self.device_capacity = np.ones(len(self.device_names), dtype=np.int32)
+        if self.phases is None:
+            self.phases = np.zeros(len(self.durations), dtype=np.int8)
 
     @property
     def size(self) -> int:
@@ -55,6 +61,10 @@ class ReplayGraph:
 
 KIND_NAMES = ("FW", "BW", "COMM", "QUEUE", "UPDATE", "IO", "VIRTUAL", "OTHER")
 KIND_CODE = {k: i for i, k in enumerate(KIND_NAMES)}
+# a compute node's phase: what the compute passes scale ("backward" is backward compute; DDP's per-bucket
+# enqueue cost and re-computed forward are phases of their own)
+PHASES = ("", "forward", "loss", "backward", "recompute", "enqueue", "finalize", "update", "tail")
+PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
 
 
 class GraphBuilder:
@@ -70,6 +80,8 @@ class GraphBuilder:
         self.dst: list[int] = []
         self.device_index: dict[str, int] = {}
         self.capacity: dict[str, int] = {}
+        self.phases: list[int] = []
+        self.parts: dict[int, tuple] = {}
 
     def device(self, name: Optional[str], capacity: int = 1) -> int:
         if name is None:
@@ -80,12 +92,15 @@ class GraphBuilder:
         return self.device_index[name]
 
     def op(self, name: str, kind: str, rank: int, device: Optional[str], duration_us: float,
-           capacity: int = 1) -> int:
+           capacity: int = 1, phase: str = "", parts: tuple = ()) -> int:
         self.names.append(name)
         self.kinds.append(KIND_CODE[kind])
         self.ranks.append(rank)
         self.devices.append(self.device(device, capacity))
         self.durations.append(max(0.0, float(duration_us)))
+        self.phases.append(PHASE_CODE[phase])
+        if parts:
+            self.parts[len(self.names) - 1] = parts
         return len(self.names) - 1
 
     def edge(self, u: int, v: int) -> None:
@@ -109,7 +124,7 @@ class GraphBuilder:
         return ReplayGraph(self.names, np.asarray(self.kinds, dtype=np.int8), np.asarray(self.ranks, dtype=np.int32),
                            np.asarray(self.devices, dtype=np.int32), np.asarray(self.durations, dtype=np.float64),
                            indptr, indices, devices, np.asarray([self.capacity[d] for d in devices], dtype=np.int32),
-                           dict(meta or {}))
+                           dict(meta or {}), np.asarray(self.phases, dtype=np.int8), self.parts)
 
 
 def _simulate(durations, devices, indptr, indices, capacity):

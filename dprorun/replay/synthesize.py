@@ -1,8 +1,7 @@
 """The global DFG that is replayed: local DFGs of every rank joined by the communication topology.
 
-`synthesize(model, whatif)` builds it in four steps, each a function:
-  1. `compute_durations`: the measured iteration's per-rank phase durations, with the compute what-ifs applied
-     (forward/backward scale of a measured variant);
+`synthesize(model, whatif)` builds it in steps, each a function:
+  1. the measured iteration's per-rank phase durations (one sample's, or the medians);
   2. the bucket plan (`whatif.plan_syncs`): which collectives there are, when each becomes ready (measured
      layout, re-bucketing, Horovod's fusion, compiled regions, partitions);
   3. `local_dfg` per rank: the compute chain forward -> loss -> backward segments (an In node after the segment
@@ -12,7 +11,9 @@
      (`ring_allreduce`: 2(N-1) steps; each rank's SEND on its outgoing link, the receiver's RECV joining it),
      the collapsed ring beyond COLLAPSE_FROM_RANKS built ranks (`collapsed_allreduce`), or Daydream's baseline
      (`daydream_sync`: bytes / bandwidth on the rank's own device, no cross-rank edge); each priced by
-     `CommPricing` (measured transmissions for the job as it ran, else the fitted cost model scaled to them).
+     `CommPricing` (measured transmissions for the job as it ran, else the fitted cost model scaled to them);
+  5. `compute_passes`: the compute what-ifs as passes on the built graph (replay/passes.py): a measured variant's
+     forward/backward scale, the per-op scale.
 
 Modelled steps of a backend with several channels (gloo) are split in two: the step latency on one of the
 backend's channels (`channel r->r+1`, as many slots as collectives in flight), the bytes on the link, which
@@ -21,14 +22,14 @@ behaves the same at rank r and r + m, so only m ranks are built and rank 0 recei
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from dprorun.fsutil import UnanswerableError
 from dprorun.graph.local import OpProfile
 from dprorun.replay.engine import GraphBuilder, ReplayGraph
+from dprorun.replay.passes import scale_compute, scale_ops
 from dprorun.replay.template import JobModel, MeasuredIteration, RankTemplate
 from dprorun.replay.whatif import Sync, WhatIf, comm_scale, plan_syncs, with_ready_groups
 
@@ -43,10 +44,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     one op per phase (dPRO's coarsened view, what `coarsen()` makes of the op-level graph; the optimizer's
     search replays it). `fold=False` builds every rank even where the ring repeats (see the module doc); a
     model with one template (`representative`) is the identical-ranks case: one rank built."""
-    if whatif.op_scale and not any(model.op_profiles.get(r) for r in model.templates):
-        raise UnanswerableError("--op-scale needs the profiler's ops, which this run lacks (no kineto_trace.json, "
-                                "or run without --no-kineto)")
-    templates = compute_durations(sample.templates if sample is not None else model.templates, whatif, notes)
+    templates = sample.templates if sample is not None else model.templates
     world = whatif.world_size or model.world_size
     model = with_ready_groups(model, whatif, notes)
     syncs, measured_layout = plan_syncs(model, whatif, notes)
@@ -64,11 +62,10 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                      f"rank is ready (step-level rings up to {COLLAPSE_FROM_RANKS} ranks: N^2 ops)")
     g = GraphBuilder()
     ends: list[RankEnds] = []
-    matched: set[str] = set()
     for r in range(built):
         measured_rank = measured_ranks[r % period]
         ends.append(local_dfg(g, r, templates[measured_rank], model.op_profiles.get(measured_rank), model, whatif,
-                              syncs, measured_layout, detail, matched))
+                              syncs, measured_layout, detail))
     for s in syncs:
         for p in range(whatif.pieces(s.key)):
             ins = [e.ins[(s.key, p)] for e in ends]
@@ -83,23 +80,24 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                 topology = collapsed_allreduce if collapse else ring_allreduce
                 topology(g, f"{s.key}.p{p}", ins, outs, world, duration, latency, model.channels,
                          split=pricing.split(s, sample))
+    graph = g.build({"world_size": world, "buckets": len(syncs), "partitions": whatif.partitions,
+                     "ranks_built": built})
+    return compute_passes(graph, whatif, notes)
+
+
+def compute_passes(graph: ReplayGraph, whatif: WhatIf, notes: list[str]) -> ReplayGraph:
+    """The compute what-ifs as passes on the built graph (replay/passes.py): a measured variant's forward and
+    backward scale, then the per-op scale."""
+    fs, bs = whatif.forward_scale, whatif.backward_scale
+    if fs != 1.0 or bs != 1.0:
+        notes.append(f"model compute scaled as measured for the variant: forward x{fs:.3f}, backward x{bs:.3f}")
+        graph = scale_compute(graph, fs, bs)
     if whatif.op_scale:
+        graph, matched = scale_ops(graph, whatif.op_scale)
         missing = [p for p in whatif.op_scale if p not in matched]
         notes.append(f"op scale {', '.join(f'{p} x{v:g}' for p, v in whatif.op_scale.items())}: "
                      + (f"no profiled op matches {', '.join(missing)}" if missing else "every pattern matched"))
-    return g.build({"world_size": world, "buckets": len(syncs), "partitions": whatif.partitions,
-                    "ranks_built": built})
-
-
-def compute_durations(templates: dict[int, RankTemplate], whatif: WhatIf,
-                      notes: list[str]) -> dict[int, RankTemplate]:
-    """The ranks' phase durations with a measured compute variant's forward/backward scale applied."""
-    if whatif.forward_scale == 1.0 and whatif.backward_scale == 1.0:
-        return templates
-    fs, bs = whatif.forward_scale, whatif.backward_scale
-    notes.append(f"model compute scaled as measured for the variant: forward x{fs:.3f}, backward x{bs:.3f}")
-    return {r: replace(t, forward_us=t.forward_us * fs, backward_us=t.backward_us * bs,
-                       backward_segments_us=[x * bs for x in t.backward_segments_us]) for r, t in templates.items()}
+    return graph
 
 
 def _compute_notes(whatif: WhatIf, notes: list[str]) -> None:
@@ -186,37 +184,45 @@ class RankEnds:
 
 
 def local_dfg(g: GraphBuilder, r: int, t: RankTemplate, profile: Optional[OpProfile], model: JobModel,
-              whatif: WhatIf, syncs: list[Sync], measured_layout: bool, detail: str, matched: set[str]) -> RankEnds:
-    """One rank's compute chain with its In and Out nodes (see the module doc)."""
+              whatif: WhatIf, syncs: list[Sync], measured_layout: bool, detail: str) -> RankEnds:
+    """One rank's compute chain with its In and Out nodes (see the module doc). Every compute node carries its
+    phase, and the profiled ops it is made of, for the compute passes."""
     dev = f"rank{r}.compute"
 
     def phase(name: str, kind: str, which: str, duration: float, a: float = 0.0, b: float = 1.0) -> list[int]:
-        return phase_nodes(g, r, dev, name, kind, profile, which, a, b, duration, whatif, detail, matched)
+        return phase_nodes(g, r, dev, name, kind, profile, which, a, b, duration, detail)
 
     acc = max(1, whatif.accumulation_steps)
     segments_rc = max(0, whatif.recompute_segments)
     chain = []
     if acc > 1:  # the first acc-1 micro-batches: forward + backward without synchronisation
-        chain.append(g.op(f"r{r}.microbatches", "FW", r, dev,
-                          (acc - 1) / acc * (t.forward_us + t.loss_us + t.backward_us)))
+        for which, kind, us in (("forward", "FW", t.forward_us), ("loss", "FW", t.loss_us),
+                                ("backward", "BW", t.backward_us)):
+            chain.append(g.op(f"r{r}.microbatches.{which}", kind, r, dev, (acc - 1) / acc * us, phase=which))
     chain += phase(f"r{r}.forward", "FW", "forward", t.forward_us / acc)
     chain += phase(f"r{r}.loss", "FW", "loss", t.loss_us / acc)
     recompute_us = t.forward_us / acc * (segments_rc - 1) / segments_rc if segments_rc > 1 else 0.0
     if measured_layout and acc == 1 and not recompute_us and not whatif.ready_groups and t.bucket_ready_order \
             and len(t.backward_segments_us) == len(t.bucket_ready_order) + 1:
-        order, segments = t.bucket_ready_order, t.backward_segments_us
+        order, segments = t.bucket_ready_order, t.backward_segments_us  # measured: enqueue cost included
         bounds = measured_cuts(profile, order, segments)
+        enqueue_us = 0.0
     else:
         ordered = sorted(syncs, key=lambda s: s.ready_fraction)
         order = [s.key for s in ordered]
-        compute = max(0.0, t.backward_us - t.enqueue_cost_us * len(model.buckets)) / acc + recompute_us
+        compute = max(0.0, t.backward_us - t.enqueue_cost_us * len(model.buckets)) / acc
         bounds = [0.0] + [s.ready_fraction for s in ordered] + [1.0]
-        segments = [compute * (b - a) + (t.enqueue_cost_us if k < len(order) else 0.0)
-                    for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        segments = [compute * (b - a) for a, b in zip(bounds, bounds[1:])]
+        enqueue_us = t.enqueue_cost_us
     delays = {s.key: s.delay_us for s in syncs if s.delay_us > 0}
     ins: dict[tuple[str, int], int] = {}
     for k, seg in enumerate(segments):
         chain += phase(f"r{r}.backward.seg{k}", "BW", "backward", seg, bounds[k], bounds[k + 1])
+        if recompute_us:  # the segment's share of the re-computed forward
+            chain.append(g.op(f"r{r}.backward.seg{k}.recompute", "BW", r, dev,
+                              recompute_us * (bounds[k + 1] - bounds[k]), phase="recompute"))
+        if k < len(order) and enqueue_us:  # DDP's hook handing the bucket over (measured, not model compute)
+            chain.append(g.op(f"r{r}.backward.seg{k}.enqueue", "BW", r, dev, enqueue_us, phase="enqueue"))
         if k < len(order):
             for p in range(whatif.pieces(order[k])):
                 ins[(order[k], p)] = g.op(f"r{r}.In.{order[k]}.p{p}", "VIRTUAL", r, None, delays.get(order[k], 0.0))
@@ -247,22 +253,19 @@ def measured_cuts(profile: Optional[OpProfile], order: list[str], segments: list
 
 
 def phase_nodes(g: GraphBuilder, rank: int, device: str, name: str, kind: str, profile: Optional[OpProfile],
-                phase: str, a: float, b: float, duration_us: float, whatif: WhatIf, detail: str,
-                matched: set[str]) -> list[int]:
+                phase: str, a: float, b: float, duration_us: float, detail: str) -> list[int]:
     """One compute phase (or the slice [a, b] of it) of one rank: its profiled ops in order, scaled so that they
-    sum to `duration_us` (times any `op_scale` factor), or with `detail="coarse"` one op of that total. A phase
+    sum to `duration_us`, or with `detail="coarse"` one op of that total (made of those ops, by share). A phase
     the profiler did not see is one op."""
     pieces = profile.phases[phase].slice(a, b) if profile is not None and phase in profile.phases else []
     if not pieces:
-        return [g.op(name, kind, rank, device, duration_us)]
-    factors = [whatif.op_factor(op) for op, _ in pieces] if whatif.op_scale else [1.0] * len(pieces)
-    if whatif.op_scale:
-        for op, _ in pieces:
-            matched.update(whatif.op_patterns(op))
+        return [g.op(name, kind, rank, device, duration_us, phase=phase)]
     if detail == "coarse":
-        return [g.op(name, kind, rank, device, duration_us * sum(s * f for (_, s), f in zip(pieces, factors)))]
-    return [g.op(f"{name}:{op.label}", kind, rank, device, duration_us * share * f)
-            for (op, share), f in zip(pieces, factors)]
+        total = sum(share for _, share in pieces) or 1.0
+        return [g.op(name, kind, rank, device, duration_us * total, phase=phase,
+                     parts=tuple((op, share / total) for op, share in pieces))]
+    return [g.op(f"{name}:{op.label}", kind, rank, device, duration_us * share, phase=phase, parts=((op, 1.0),))
+            for op, share in pieces]
 
 
 def ring_allreduce(g: GraphBuilder, key: str, ins: list[int], outs: list[int], world: int, duration: float,

@@ -8,13 +8,11 @@ The graph they are replayed on is built by `replay/synthesize.py`; predictions b
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields, replace
-from fnmatch import fnmatchcase
 from typing import Optional
 
 import numpy as np
 
 from dprorun.fsutil import UnanswerableError
-from dprorun.graph.local import ProfiledOp
 from dprorun.replay.template import JobModel, ddp_buckets, horovod_knobs_as_run
 
 MB = 1 << 20
@@ -66,19 +64,6 @@ class WhatIf:
 
     def pieces(self, bucket_key: str) -> int:
         return max(1, int(self.bucket_partitions.get(bucket_key, self.partitions)))
-
-    def op_patterns(self, op: ProfiledOp) -> list[str]:
-        """The `op_scale` patterns a profiled op matches (by name, module scope or name@scope)."""
-        return [pattern for pattern in self.op_scale
-                if fnmatchcase(op.name, pattern) or (op.scope and fnmatchcase(op.scope, pattern))
-                or fnmatchcase(op.label, pattern)]
-
-    def op_factor(self, op: ProfiledOp) -> float:
-        """The factor `op_scale` gives a profiled op (the product of every pattern it matches; 1 if none)."""
-        factor = 1.0
-        for pattern in self.op_patterns(op):
-            factor *= self.op_scale[pattern]
-        return factor
 
 
 @dataclass
