@@ -146,6 +146,14 @@ def _finalize_ps(job: JobConfig, result: LaunchResult, with_events: list[int]) -
     atomic_write_json(os.path.join(job.output.run_dir, "summary.json"), summary, indent=2)
     if job.profile.dry_run:
         atomic_write_json(os.path.join(job.output.run_dir, "prediction.json"), prediction.to_json(), indent=2)
+    if os.environ.get("DPRO_REPORT", "1") != "0":
+        _progress(job, "writing report.html")
+        try:
+            from dprorun.report import write_ps_report
+
+            write_ps_report(job.output.run_dir, model=model)
+        except Exception as exc:  # the summary and the traces stand; `dpro report` can try again
+            print(f"dprorun: warning: no report.html: {type(exc).__name__}: {exc}", file=sys.stderr)
     if job.output.json_summary:
         print(json.dumps(summary, indent=2, default=float))
     elif not job.output.quiet:

@@ -537,11 +537,20 @@ def _ps_command(args: argparse.Namespace) -> Optional[int]:
         print("parameter-server run on one host: every worker and server stamps time.time_ns on the same clock; "
               "nothing to align (offsets 0, uncertainty 0)")
         return 0
-    if name == "_cmd_report":
-        raise UnanswerableError("an HTML report does not cover parameter-server runs yet: `dpro summary`, `dpro "
-                                "replay` (what-ifs: --servers, --bigarray-bound, --np, --bandwidth), `dpro timeline`, "
-                                "`dpro optimize` and `dprorun --backend mxnet --autotune` do")
     model = build_ps_model(run_dir)
+    if name == "_cmd_report":
+        from dprorun.report import write_ps_report
+
+        path, data = write_ps_report(run_dir, args.output, model)
+        if args.json:
+            print(json.dumps(data, indent=2, default=float))
+            return 0
+        print(format_ps_prediction(model, predict_ps(model)))
+        print("what if: " + "; ".join(f"{label} " + ", ".join(f"{x:g}: {y:.2f} ms" for x, y in data["whatif"][curve])
+                                      for curve, label in (("servers", "servers"), ("world_size", "workers"),
+                                                           ("bandwidth_gbit", "Gbit/s"))))
+        print(f"report written to {path} (self-contained HTML: open it in a browser)")
+        return 0
     if name == "_cmd_optimize":
         return _optimize_ps(args, model)
     if name == "_cmd_graph":

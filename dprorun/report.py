@@ -106,12 +106,15 @@ function chart(id, title, points, xlabel, logx, unit){
   const yl=el('text',{x:4,y:P-14,'font-size':10},svg);yl.textContent=`${y1.toFixed(1)}${unit||' ms'}`;
   const xl=el('text',{x:W/2-30,y:H-10,'font-size':11},svg);xl.textContent=xlabel; return points.length;}
 const drawn={};
-drawn.measured=timeline('tl-measured',(D.measured_timeline||{}).ops||[],o=>`rank ${o[0]} ${o[1]}`,false);
-drawn.replayed=timeline('tl-replayed',(D.replayed_timeline||{}).ops||[],o=>`rank ${o[0]} ${o[1]}`,true);
+const lane=o=>(typeof o[0]==='string'?o[0]:(D.backend==='mxnet'?'worker ':'rank ')+o[0])+' '+o[1];
+drawn.measured=timeline('tl-measured',(D.measured_timeline||{}).ops||[],lane,false);
+drawn.replayed=timeline('tl-replayed',(D.replayed_timeline||{}).ops||[],lane,true);
 const W=D.whatif||{};
 drawn.world=chart('ch-world','iteration time vs world size',W.world_size||[],'ranks',true);
 drawn.bw=chart('ch-bw','iteration time vs bandwidth',W.bandwidth_gbit||[],'Gbit/s',true);
-drawn.bucket=chart('ch-bucket','iteration time vs bucket size',W.bucket_mb||[],'MB',true);
+const has=id=>document.getElementById(id)!==null;
+if(has('ch-bucket'))drawn.bucket=chart('ch-bucket','iteration time vs bucket size',W.bucket_mb||[],'MB',true);
+if(has('ch-servers'))drawn.servers=chart('ch-servers','iteration time vs servers',W.servers||[],'servers',false);
 const S=D.samples||[]; const cpu=S.filter(s=>s.metric==='proc_cpu_pct'||s.metric==='gpu_util_pct');
 drawn.samples=0; cpu.slice(0,4).forEach((s,i)=>{const d=document.createElement('div');d.id='ch-s'+i;
   document.getElementById('samples').appendChild(d);
@@ -136,12 +139,16 @@ def _fmt(value) -> str:
     return str(value)
 
 
+REPLAYED_LABEL = "replayed (median of the per-iteration replays)"
+
+
 def render_html(data: dict) -> str:
     """The self-contained page: sections in HTML, the report's data as JSON, the drawing in the page's script."""
     parts = (_header_section(data) + _breakdown_section(data) + _timeline_sections(data)
              + _critical_path_section(data) + _whatif_section(data) + _strategy_section(data)
              + _variants_section(data) + _autotune_section(data) + _memory_section(data))
-    parts.append("<h2>Host and GPU samples</h2><div id=samples class=charts></div>")
+    if data.get("samples"):
+        parts.append("<h2>Host and GPU samples</h2><div id=samples class=charts></div>")
     parts.append("<p class=note>rendered: <span id=render-status>script did not run</span> "
                  "<span id=render-errors></span></p>")
     payload = json.dumps(data, default=float).replace("</", "<\\/")
@@ -161,12 +168,12 @@ def _header_section(data: dict) -> list[str]:
              f"<span class=kpi>world size<b>{s.get('world_size')}</b></span>"
              f"<span class=kpi>iteration (measured)<b>{_fmt(s.get('iteration_time_ms'))} ms</b></span>"
              f"<span class=kpi>without profiler<b>{_fmt(s.get('clean_iteration_time_ms'))} ms</b></span>"
-             f"<span class=kpi>replayed (median of the per-iteration replays)"
+             f"<span class=kpi>{html.escape(data.get('replayed_label', REPLAYED_LABEL))}"
              f"<b>{_fmt(pred.get('predicted_iteration_time_ms'))} ms</b></span>"
              f"<span class=kpi>clock alignment<b>{html.escape(data['alignment']['method'])}"
              f"{_uncertainty_kpi(data['alignment'])}</b></span></div>"]
     check = pred.get("self_check") or {}
-    if check.get("message") and check.get("status") == "agrees":
+    if check.get("message") and check.get("status") in ("agrees", "fitted"):
         parts.append(f"<p class=note>{html.escape(check['message'])}</p>")
     for note in data.get("notes", []) + (s.get("problems") or []):
         parts.append(f"<p class=note>{html.escape(str(note))}</p>")
@@ -174,6 +181,9 @@ def _header_section(data: dict) -> list[str]:
 
 
 def _breakdown_section(data: dict) -> list[str]:
+    if data.get("breakdown"):  # a layout of its own (parameter-server runs)
+        table = data["breakdown"]
+        return [f"<h2>{html.escape(table['title'])}</h2>", _table(table["headers"], table["rows"])]
     keys = ["iteration_time_ms", "forward_ms", "backward_ms", "update_ms", "comm_ms", "exposed_comm_ms",
             "queue_ms", "idle_ms"]
     return ["<h2>Breakdown per rank (ms, medians over the profiled window)</h2>",
@@ -188,11 +198,13 @@ def _timeline_sections(data: dict) -> list[str]:
                       ("QUEUE", "#edc948")))
     mt = data.get("measured_timeline") or {}
     rt = data.get("replayed_timeline") or {}
-    return [f"<h2>Global timeline, measured (iteration {mt.get('iteration')}, aligned clocks)</h2>"
+    clocks = "one host's clock" if data.get("backend") == "mxnet" else "aligned clocks"
+    return [f"<h2>Global timeline, measured (iteration {mt.get('iteration')}, {clocks})</h2>"
             f"<div class=legend>{legend}</div><div id=tl-measured></div>"
             "<p class=note>mouse wheel: zoom, drag: pan; hover an op for its name and times</p>",
-            f"<h2>Replayed iteration of the median durations ({_fmt(rt.get('iteration_ms'))} ms; the "
-            f"prediction above is the median of the per-iteration replays), critical path outlined</h2>"
+            f"<h2>Replayed iteration of the median durations ({_fmt(rt.get('iteration_ms'))} ms"
+            + ("" if data.get("backend") == "mxnet" else "; the prediction above is the median of the per-iteration "
+               "replays") + "), critical path outlined</h2>"
             f"<div class=legend>{legend}</div><div id=tl-replayed></div>"]
 
 
@@ -209,8 +221,8 @@ def _critical_path_section(data: dict) -> list[str]:
 
 
 def _whatif_section(data: dict) -> list[str]:
-    parts = ["<h2>What if</h2><div class=charts><div id=ch-world></div><div id=ch-bw></div>"
-             "<div id=ch-bucket></div></div>"]
+    curves = "<div id=ch-servers></div>" if (data.get("whatif") or {}).get("servers") else "<div id=ch-bucket></div>"
+    parts = [f"<h2>What if</h2><div class=charts><div id=ch-world></div><div id=ch-bw></div>{curves}</div>"]
     skipped = (data.get("whatif") or {}).get("skipped")
     if skipped:
         parts.append(f"<p class=note>not replayed (graph too large or time budget spent): "
@@ -256,11 +268,23 @@ def _autotune_section(data: dict) -> list[str]:
 
 
 def _memory_section(data: dict) -> list[str]:
+    if not data["summary"].get("memory"):
+        return []
     return ["<h2>Peak memory per rank</h2>",
             _table(["rank", "device", "estimated MiB", "measured MiB", "error %"],
                    [[m["rank"], m["device"], (m["estimated_peak_bytes"] or 0) / 2 ** 20,
                      (m["measured_peak_bytes"] or 0) / 2 ** 20, m["error_pct"]]
                     for m in data["summary"].get("memory", [])])]
+
+
+def write_ps_report(run_dir: str, output: Optional[str] = None, model=None) -> tuple[str, dict]:
+    """report.html of a parameter-server run (report_ps.py builds its data)."""
+    from dprorun.report_ps import build_ps_report
+
+    data = build_ps_report(run_dir, model)
+    path = output or os.path.join(run_dir, "report.html")
+    atomic_write_bytes(path, render_html(data).encode())
+    return path, data
 
 
 def write_report(analysis: "RunAnalysis", output: Optional[str] = None, whatif_time_budget_s: float = 60.0,

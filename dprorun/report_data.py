@@ -62,12 +62,20 @@ SHOWN_RANKS = 16  # timelines on the page show the first ranks of a large run
 
 
 def _replayed_timeline(model) -> dict:
-    from dprorun.replay.engine import KIND_NAMES, critical_path_report, replay
+    from dprorun.replay.engine import replay
     from dprorun.replay.whatif import WhatIf
     from dprorun.replay.synthesize import synthesize
 
     graph = synthesize(model, WhatIf(), [])
-    result = replay(graph)
+    return graph_timeline(graph, replay(graph))
+
+
+def graph_timeline(graph, result, lane=None) -> dict:
+    """A replayed graph on the page: its ops' [lane, device, kind, name, start ms, end ms, on the critical path]
+    (lanes: the op's rank, or what `lane(graph, node)` says), ranks beyond SHOWN_RANKS left out; the critical
+    path's top ops."""
+    from dprorun.replay.engine import KIND_NAMES, critical_path_report
+
     critical = set(result.critical_path)
     ops = []
     for k in range(graph.size):
@@ -75,8 +83,9 @@ def _replayed_timeline(model) -> dict:
         if kind == "VIRTUAL" or result.end_us[k] <= result.start_us[k] or graph.ranks[k] >= SHOWN_RANKS:
             continue
         device = graph.device_names[graph.devices[k]] if graph.devices[k] >= 0 else "-"
-        ops.append([int(graph.ranks[k]), device, kind, graph.names[k], round(float(result.start_us[k]) / 1000, 4),
-                    round(float(result.end_us[k]) / 1000, 4), k in critical])
+        ops.append([lane(graph, k) if lane else int(graph.ranks[k]), device, kind, graph.names[k],
+                    round(float(result.start_us[k]) / 1000, 4), round(float(result.end_us[k]) / 1000, 4),
+                    k in critical])
     path = critical_path_report(graph, result, top=15)
     return {"iteration_ms": round(result.iteration_time_us / 1000, 4), "ops": ops,
             "critical_path": {k: v for k, v in path.items() if k != "path"}}

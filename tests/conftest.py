@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,3 +40,23 @@ def mlp_run(tmp_path_factory):
                           run_dir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir, proc
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def render_page(path, profile_dir):
+    """A report page rendered by headless Chromium: (what its script says it drew, the errors it caught, the
+    rendered DOM). Needs CHROMIUM."""
+    import json
+    import re
+
+    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                           "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+                           f"--user-data-dir={profile_dir}", "--virtual-time-budget=10000", "--dump-dom",
+                           "file://" + os.path.abspath(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    status = re.search(r'id="render-status">([^<]*)<', proc.stdout)
+    errors = re.search(r'id="render-errors">([^<]*)<', proc.stdout)
+    assert status and errors, proc.stdout[-2000:]
+    return json.loads(status.group(1).replace("&quot;", '"')), errors.group(1), proc.stdout

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import EXAMPLES, REPO, run_dprorun
+from conftest import CHROMIUM, EXAMPLES, REPO, render_page, run_dprorun
 from dprorun.replay.engine import replay
 from dprorun.replay.ps import (PSKey, PSModel, PSWhatIf, WorkerOps, build_ps_model, calibration_graph, fit_links,
                                key_parts, predict_ps, ps_graph)
@@ -80,17 +80,19 @@ def test_ps_replay_and_what_ifs(ps_run):
     as_run = predict_ps(model)
     # the job as it ran replays to its own iterations without the profiler (compute scaled to the clean ones)
     reference = as_run.clean_ms if model.reference == "clean" else as_run.window_ms
-    assert as_run.iteration_ms == pytest.approx(reference, rel=0.02)
+    context = (as_run.iteration_ms, reference, model.reference, model.compute_scale, model.link_level)
+    assert as_run.iteration_ms == pytest.approx(reference, rel=0.02), context
     assert any(name.startswith("s") and ".update" in name for name in as_run.critical_path) or \
         any("push" in name for name in as_run.critical_path)
     one = predict_ps(model, PSWhatIf(servers=1))
     # on this host's one loopback the bytes cross the same link whatever the servers; on a link per role (servers
     # on their own machines) one server carries every byte
-    assert one.iteration_ms == pytest.approx(as_run.iteration_ms, rel=0.1)
+    assert one.iteration_ms == pytest.approx(as_run.iteration_ms, rel=0.1), (one.iteration_ms, *context)
     per_node = predict_ps(model, PSWhatIf(links="per-node")).iteration_ms
-    assert predict_ps(model, PSWhatIf(links="per-node", servers=1)).iteration_ms > per_node
+    one_per_node = predict_ps(model, PSWhatIf(links="per-node", servers=1)).iteration_ms
+    assert one_per_node > per_node, (one_per_node, per_node, *context)
     slow = predict_ps(model, PSWhatIf(bandwidth_scale=0.1))
-    assert slow.iteration_ms > as_run.iteration_ms
+    assert slow.iteration_ms > as_run.iteration_ms, (slow.iteration_ms, *context)
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--servers", "1",
                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -112,14 +114,39 @@ def test_offline_commands_answer_for_the_ps_model(ps_run):
     assert "nothing to align" in dpro("align").stdout
     graph = dpro("graph")
     assert graph.returncode == 0 and "devices (w0, w1, link, s0, s1)" in graph.stdout
-    report = dpro("report")
-    assert report.returncode == 2 and "does not cover parameter-server runs yet" in report.stderr
+    # report.html at job end, and `dpro report`: the PS model's page (timelines, critical path, what-if curves)
+    assert (run_dir / "report.html").stat().st_size > 10_000
+    report = dpro("report", "--json")
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert data["backend"] == "mxnet" and data["summary"]["world_size"] == 2
+    assert {row[0] for row in data["breakdown"]["rows"]} == {0, 1}
+    lanes = {op[0] for op in data["measured_timeline"]["ops"]}
+    assert {0, 1, "server 0", "server 1"} <= lanes  # both workers' compute and push/pull, both servers' updates
+    assert {"server 0", "server 1"} <= {op[0] for op in data["replayed_timeline"]["ops"]}
+    assert [x for x, _ in data["whatif"]["servers"]] == [1, 2, 4, 8] and len(data["whatif"]["world_size"]) == 5
+    assert data["prediction"]["self_check"]["status"] in ("fitted", "disagrees")
+    assert data["prediction"]["critical_path"]["top"]
+    text = dpro("report")
+    assert text.returncode == 0 and "what if: servers 1:" in text.stdout and "report written to" in text.stdout
     optimized = dpro("optimize", "--json", "-o", str(run_dir.parent / "ps_strategy.json"))
     assert optimized.returncode == 0, optimized.stderr
     strategy = json.loads((run_dir.parent / "ps_strategy.json").read_text())
     assert "mxnet_bigarray_bound" in strategy
     if strategy["mxnet_bigarray_bound"] is not None:  # a bound the replay finds faster than the job's own
         assert strategy["predicted_ms"] < strategy["baseline_ms"]
+
+
+@needs_mxnet
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian package chromium; .ci/run installs "
+                                             "it): the page cannot be rendered here")
+def test_the_ps_report_renders(ps_run, tmp_path):
+    run_dir, _ = ps_run
+    drawn, errors, dom = render_page(run_dir / "report.html", tmp_path / "profile")
+    assert errors == "no errors"
+    assert drawn["measured"] > 20 and drawn["replayed"] > 20
+    assert drawn["world"] == 5 and drawn["bw"] == 5 and drawn["servers"] == 4 and "bucket" not in drawn
+    assert "worker 0 compute" in dom and "server 1 update" in dom
 
 
 @needs_mxnet

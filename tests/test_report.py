@@ -1,7 +1,6 @@
 """`dpro report` on a real 2-rank run: the data, a self-contained page, and the page rendered in headless
 Chromium with no console errors and every timeline and plot drawn."""
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -12,7 +11,8 @@ import pytest
 from dprorun.analysis import RunAnalysis
 from dprorun.report import write_report
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from conftest import CHROMIUM, render_page
+
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +60,11 @@ def test_dpro_report_cli(mlp_run, tmp_path):
                                              "it): the page cannot be rendered here")
 def test_report_renders_in_headless_chromium(report, tmp_path):
     path, _ = report
-    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                           "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-                           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom",
-                           "file://" + os.path.abspath(path)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    status = re.search(r'id="render-status">([^<]*)<', proc.stdout)
-    errors = re.search(r'id="render-errors">([^<]*)<', proc.stdout)
-    assert status and errors, proc.stdout[-2000:]
-    assert errors.group(1) == "no errors"
-    drawn = json.loads(status.group(1).replace("&quot;", '"'))
+    drawn, errors, dom = render_page(path, tmp_path / "profile")
+    assert errors == "no errors"
     assert drawn["measured"] > 0 and drawn["replayed"] > 0
     assert drawn["world"] >= 3 and drawn["bw"] >= 3 and drawn["bucket"] >= 3 and drawn["samples"] > 0
-    assert proc.stdout.count("<rect") > 50 and proc.stdout.count("<polyline") >= 3
+    assert dom.count("<rect") > 50 and dom.count("<polyline") >= 3
 
 
 def test_job_end_analysis_and_dpro_report_read_and_align_once(mlp_run, tmp_path, monkeypatch, capsys):
