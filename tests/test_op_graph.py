@@ -151,6 +151,18 @@ def test_a_real_run_replays_at_op_level_and_its_critical_path_names_the_models_o
     assert t_asked < replay(built).iteration_time_us
     assert replay(scale_ops(coarsen(built), patterns)[0]).iteration_time_us == pytest.approx(t_asked, rel=1e-9)
 
+    # the network what-ifs are a pass too: the topology regenerated from the graph's plan, priced for the question
+    from dprorun.replay.comm import set_network
+
+    slow = synthesize(model, WhatIf(bandwidth_gbit=0.5, latency_us=80.0), [])
+    passed = set_network(built, bandwidth_gbit=0.5, latency_us=80.0)
+    assert replay(passed).iteration_time_us == replay(slow).iteration_time_us > replay(built).iteration_time_us
+    assert passed.size == slow.size and list(passed.durations) == list(slow.durations)
+    back = set_network(passed)  # the job's own network again: the graph as built
+    assert back.names == built.names and list(back.durations) == list(built.durations)
+    with pytest.raises(ValueError, match="coarsen after"):
+        set_network(coarsen(built), bandwidth_gbit=1.0)
+
     faster = _replay_json(run_dir, "--op-scale", "aten::linear=0.5", "--op-scale", "AddmmBackward0=0.5")
     assert faster["as_run_ms"] == pytest.approx(doc["predicted_iteration_time_ms"], rel=1e-6)
     # halving these ops shortens the prediction; by how much depends on the share of the path they hold

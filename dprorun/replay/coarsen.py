@@ -62,7 +62,9 @@ def coarsen(graph: ReplayGraph) -> ReplayGraph:
             if a != b and (a, b) not in seen:
                 seen.add((a, b))
                 builder.edge(a, b)
-    coarse = builder.build(dict(graph.meta, coarsened_from=n))
+    # the communication plan names nodes of the graph as built: a coarsened graph has other ids
+    meta = {k: v for k, v in graph.meta.items() if k != "comm_plan"}
+    coarse = builder.build(dict(meta, coarsened_from=n))
     return coarse
 
 

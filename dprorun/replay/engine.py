@@ -83,6 +83,33 @@ class GraphBuilder:
         self.phases: list[int] = []
         self.parts: dict[int, tuple] = {}
 
+    @classmethod
+    def prefix_of(cls, graph: ReplayGraph, nodes: int) -> "GraphBuilder":
+        """A builder holding the graph's first `nodes` nodes and the edges among them, as they were built (same
+        ids, devices registered in the same order, edges in the same order), to append to."""
+        g = cls()
+        g.names = list(graph.names[:nodes])
+        g.kinds = graph.kinds[:nodes].tolist()
+        g.ranks = graph.ranks[:nodes].tolist()
+        g.durations = graph.durations[:nodes].tolist()
+        g.phases = graph.phases[:nodes].tolist()
+        g.parts = {k: v for k, v in graph.parts.items() if k < nodes}
+        used = sorted({int(d) for d in graph.devices[:nodes] if d >= 0})
+        remap = {old: new for new, old in enumerate(used)}
+        for old in used:
+            g.device_index[graph.device_names[old]] = remap[old]
+            g.capacity[graph.device_names[old]] = int(graph.device_capacity[old])
+        g.devices = [remap[int(d)] if d >= 0 else -1 for d in graph.devices[:nodes]]
+        src = np.repeat(np.arange(nodes), np.diff(graph.indptr[:nodes + 1]))
+        dst = graph.indices[:graph.indptr[nodes]]
+        inside = dst < nodes
+        g.src, g.dst = src[inside].tolist(), dst[inside].tolist()
+        return g
+
+    @property
+    def size(self) -> int:
+        return len(self.names)
+
     def device(self, name: Optional[str], capacity: int = 1) -> int:
         if name is None:
             return -1

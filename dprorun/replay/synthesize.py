@@ -7,11 +7,11 @@
   3. `local_dfg` per rank: the compute chain forward -> loss -> backward segments (an In node after the segment
      in which each bucket's last gradient became ready) -> finalize (after every Out node) -> update -> tail;
      at op level every phase is the profiled ops that ran in it (graph/local.py), scaled to the phase;
-  4. per collective and piece the topology that joins the ranks' In and Out nodes: a step-level ring
-     (`ring_allreduce`: 2(N-1) steps; each rank's SEND on its outgoing link, the receiver's RECV joining it),
-     the collapsed ring beyond COLLAPSE_FROM_RANKS built ranks (`collapsed_allreduce`), or Daydream's baseline
-     (`daydream_sync`: bytes / bandwidth on the rank's own device, no cross-rank edge); each priced by
-     `CommPricing` (measured transmissions for the job as it ran, else the fitted cost model scaled to them);
+  4. the communication plan (`replay/comm.CommPlan`: each collective's In nodes per piece and Out nodes on every
+     built rank), then the network pass `replay/comm.set_network`, which joins them by the topology (a step-level
+     ring, the collapsed ring beyond COLLAPSE_FROM_RANKS built ranks, or Daydream's baseline) priced by
+     `CommPricing` for the question's bandwidth and latency (measured transmissions for the job as it ran, else
+     the fitted cost model scaled to them); on a built graph the same pass answers another network;
   5. `compute_passes`: the compute what-ifs as passes on the built graph (replay/passes.py): a measured variant's
      forward/backward scale, the per-op scale.
 
@@ -28,10 +28,11 @@ from typing import Optional
 import numpy as np
 
 from dprorun.graph.local import OpProfile
+from dprorun.replay.comm import CommPlan, set_network
 from dprorun.replay.engine import GraphBuilder, ReplayGraph
 from dprorun.replay.passes import scale_compute, scale_ops
 from dprorun.replay.template import JobModel, MeasuredIteration, RankTemplate
-from dprorun.replay.whatif import Sync, WhatIf, comm_scale, plan_syncs, with_ready_groups
+from dprorun.replay.whatif import Sync, WhatIf, plan_syncs, with_ready_groups
 
 COLLAPSE_FROM_RANKS = 64
 
@@ -48,7 +49,6 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     world = whatif.world_size or model.world_size
     model = with_ready_groups(model, whatif, notes)
     syncs, measured_layout = plan_syncs(model, whatif, notes)
-    pricing = CommPricing.for_whatif(model, whatif, world, measured_layout, notes)
     _compute_notes(whatif, notes)
     measured_ranks = sorted(templates)
     period = len(measured_ranks)
@@ -66,22 +66,15 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
         measured_rank = measured_ranks[r % period]
         ends.append(local_dfg(g, r, templates[measured_rank], model.op_profiles.get(measured_rank), model, whatif,
                               syncs, measured_layout, detail))
-    for s in syncs:
-        for p in range(whatif.pieces(s.key)):
-            ins = [e.ins[(s.key, p)] for e in ends]
-            outs = [e.outs[s.key] for e in ends]
-            if whatif.baseline == "daydream":
-                daydream_sync(g, s, p, whatif.pieces(s.key), ins, outs, pricing, model.channels)
-            elif world == 1:
-                for u, v in zip(ins, outs):
-                    g.edge(u, v)
-            else:
-                duration, latency = pricing.step(s, whatif.pieces(s.key), sample)
-                topology = collapsed_allreduce if collapse else ring_allreduce
-                topology(g, f"{s.key}.p{p}", ins, outs, world, duration, latency, model.channels,
-                         split=pricing.split(s, sample))
-    graph = g.build({"world_size": world, "buckets": len(syncs), "partitions": whatif.partitions,
-                     "ranks_built": built})
+    plan = CommPlan(model, whatif, syncs, measured_layout, sample,
+                    ins={(s.key, p): [e.ins[(s.key, p)] for e in ends] for s in syncs
+                         for p in range(whatif.pieces(s.key))},
+                    outs={s.key: [e.outs[s.key] for e in ends] for s in syncs}, world=world, collapse=collapse,
+                    local_nodes=g.size)
+    local = g.build({"world_size": world, "buckets": len(syncs), "partitions": whatif.partitions,
+                     "ranks_built": built, "comm_plan": plan})
+    # the ranks joined by the communication topology, priced for the question's network (the network pass)
+    graph = set_network(local, whatif.bandwidth_gbit, whatif.bandwidth_scale, whatif.latency_us, notes)
     return compute_passes(graph, whatif, notes)
 
 
@@ -108,71 +101,6 @@ def _compute_notes(whatif: WhatIf, notes: list[str]) -> None:
     if segments:
         notes.append(f"re-computation in {segments} segments: backward repeats {segments - 1}/{segments} "
                      "of the forward")
-
-
-@dataclass
-class CommPricing:
-    """How long one ring step of a collective takes: measured (the job as it ran: each bucket's measured
-    transmission spread over its steps) or modelled (the cost model scaled to the measured transmissions; a
-    world-size change alone adds the longer ring's messages and bytes to the collective as measured)."""
-
-    model: JobModel
-    world: int
-    use_measured: bool
-    ring_delta: bool
-    scale: float
-    bandwidth: float  # bytes/µs
-    alpha_us: float
-
-    @classmethod
-    def for_whatif(cls, model: JobModel, whatif: WhatIf, world: int, measured_layout: bool,
-                   notes: list[str]) -> "CommPricing":
-        comm = model.comm
-        scale = comm_scale(model)
-        bandwidth = comm.bandwidth_bytes_per_us * whatif.bandwidth_scale
-        if whatif.bandwidth_gbit is not None:
-            bandwidth = whatif.bandwidth_gbit * 1e3 / 8.0 / max(scale, 1e-9)
-        network_same = whatif.latency_us is None and whatif.bandwidth_gbit is None and whatif.bandwidth_scale == 1.0
-        use_measured = measured_layout and world == model.world_size and max(1, whatif.partitions) == 1 \
-            and network_same and not whatif.bucket_partitions
-        ring_delta = model.network is not None and world != model.world_size and network_same \
-            and whatif.baseline != "daydream"
-        if ring_delta:
-            notes.append(f"{world} ranks: each collective as measured at {model.world_size} ranks plus the longer "
-                         f"ring's messages ({comm.alpha_us:.0f} µs each) and bytes at the calibrated "
-                         f"{model.network.bandwidth_bytes_per_us * 8e-3:.3g} Gbit/s")
-        alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us
-        return cls(model, world, use_measured, ring_delta, scale, bandwidth, alpha)
-
-    def measured_us(self, sync: Sync, sample: Optional[MeasuredIteration]) -> Optional[float]:
-        measured = sample.transmit_us.get(sync.key, sync.measured_us) if sample is not None else sync.measured_us
-        return measured if self.use_measured and measured else None
-
-    def split(self, sync: Sync, sample: Optional[MeasuredIteration]) -> bool:
-        """Modelled steps of a backend with several channels: latency on a channel, bytes on the link."""
-        return self.measured_us(sync, sample) is None and self.model.channels > 1
-
-    def step(self, sync: Sync, pieces: int, sample: Optional[MeasuredIteration]) -> tuple[float, float]:
-        """(one ring step's duration, the part of it that is latency rather than bytes on the link)."""
-        steps = 2 * max(self.world - 1, 1)
-        measured = self.measured_us(sync, sample)
-        if measured is not None:
-            return measured / steps, 0.0
-        nbytes = sync.nbytes / pieces
-        model, comm = self.model, self.model.comm
-        if self.ring_delta:
-            net_bw = model.network.bandwidth_bytes_per_us
-            total = self.scale * comm.allreduce_us(nbytes, model.world_size) \
-                + 2 * (self.world - model.world_size) * comm.alpha_us \
-                + (_wire_share(self.world) - _wire_share(model.world_size)) * nbytes / net_bw
-            wire = _wire_share(self.world) * nbytes / net_bw
-            return total / steps, max(0.0, total - wire) / steps
-        latency = comm.step_latency_us(self.world, self.alpha_us)
-        return self.scale * (latency + nbytes / (self.world * self.bandwidth)), self.scale * latency
-
-
-def _wire_share(n: int) -> float:
-    return 2 * (n - 1) / n if n > 1 else 0.0
 
 
 @dataclass
@@ -266,59 +194,3 @@ def phase_nodes(g: GraphBuilder, rank: int, device: str, name: str, kind: str, p
                      parts=tuple((op, share / total) for op, share in pieces))]
     return [g.op(f"{name}:{op.label}", kind, rank, device, duration_us * share, phase=phase, parts=((op, 1.0),))
             for op, share in pieces]
-
-
-def ring_allreduce(g: GraphBuilder, key: str, ins: list[int], outs: list[int], world: int, duration: float,
-                   latency: float, channels: int, split: bool) -> None:
-    """A step-level ring of 2(N-1) steps between the built ranks' In and Out nodes: at each step every rank's
-    SEND occupies its outgoing link and the right neighbour's RECV (no device) joins it; the next step needs
-    both the rank's own SEND and RECV. Built < world: the ring's repeating part, rank 0 receiving from the last
-    built rank."""
-    built = len(ins)
-    previous = {r: [ins[r]] for r in range(built)}
-    for step in range(2 * (world - 1)):
-        sends = {}
-        for r in range(built):
-            link = f"{r}->{(r + 1) % world}"
-            if split:
-                lat = g.op(f"r{r}.latency.{key}.s{step}", "COMM", r, f"channel{link}", latency, capacity=channels)
-                for u in previous[r]:
-                    g.edge(u, lat)
-                previous[r] = [lat]
-                sends[r] = g.op(f"r{r}.send.{key}.s{step}", "COMM", r, f"link{link}", duration - latency)
-            else:
-                sends[r] = g.op(f"r{r}.send.{key}.s{step}", "COMM", r, f"link{link}", duration, capacity=channels)
-        current = {}
-        for r in range(built):
-            recv = g.op(f"r{r}.recv.{key}.s{step}", "VIRTUAL", r, None, 0.0)
-            g.edge(sends[(r - 1) % built], recv)
-            current[r] = [sends[r], recv]
-        for r in range(built):
-            for u in previous[r]:
-                g.edge(u, sends[r])
-        previous = current
-    for r in range(built):
-        for u in previous[r]:
-            g.edge(u, outs[r])
-
-
-def collapsed_allreduce(g: GraphBuilder, key: str, ins: list[int], outs: list[int], world: int, duration: float,
-                        latency: float, channels: int, split: bool) -> None:
-    """The whole ring as one op per rank, after every rank's ready point (large rings: N ops, not N^2)."""
-    join = g.op(f"join.{key}", "VIRTUAL", 0, None, 0.0)
-    for r, (u, v) in enumerate(zip(ins, outs)):
-        g.edge(u, join)
-        op = g.op(f"r{r}.allreduce.{key}", "COMM", r, f"link{r}->{(r + 1) % world}", duration * 2 * (world - 1),
-                  capacity=channels)
-        g.edge(join, op)
-        g.edge(op, v)
-
-
-def daydream_sync(g: GraphBuilder, sync: Sync, piece: int, pieces: int, ins: list[int], outs: list[int],
-                  pricing: CommPricing, channels: int) -> None:
-    """Daydream's baseline: bytes / bandwidth on the rank's own comm device, no cross-rank dependency."""
-    for r, (u, v) in enumerate(zip(ins, outs)):
-        op = g.op(f"r{r}.comm.{sync.key}.p{piece}", "COMM", r, f"rank{r}.comm",
-                  sync.nbytes / pieces / pricing.bandwidth, capacity=channels)
-        g.edge(u, op)
-        g.edge(op, v)

@@ -1,0 +1,194 @@
+"""The communication topology of the global DFG, and its price: what joins the ranks' local DFGs.
+
+`CommPlan` (kept on a built graph, `graph.meta["comm_plan"]`) says what the topology joins: each collective's
+In nodes (per piece) and Out nodes on every built rank. `set_network(graph, ...)` is the network pass: it
+(re)generates the topology of a graph from its plan, priced by `CommPricing` for the link bandwidth and latency
+asked (none: the job's own network), and replaces whatever topology the graph had. `synthesize` joins the ranks
+with it. Per collective and piece: a step-level ring (`ring_allreduce`: 2(N-1) steps; each rank's SEND on its
+outgoing link, the receiver's RECV joining it), the collapsed ring for large built worlds (`collapsed_allreduce`),
+or Daydream's baseline (`daydream_sync`: bytes / bandwidth on the rank's own device, no cross-rank edge).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from dprorun.replay.engine import GraphBuilder, ReplayGraph
+from dprorun.replay.template import JobModel, MeasuredIteration
+from dprorun.replay.whatif import Sync, WhatIf, comm_scale
+
+
+@dataclass
+class CommPlan:
+    """What the topology of a built graph joins. Nodes [0, local_nodes) are the ranks' local DFGs (their In and
+    Out nodes included); the topology's nodes follow them."""
+
+    model: JobModel  # with the question's ready groups
+    whatif: WhatIf  # the question the graph was built for (network included)
+    syncs: list[Sync]
+    measured_layout: bool
+    sample: Optional[MeasuredIteration]
+    ins: dict[tuple[str, int], list[int]]  # (collective, piece) -> In node per built rank
+    outs: dict[str, list[int]]  # collective -> Out node per built rank
+    world: int
+    collapse: bool
+    local_nodes: int
+
+
+def set_network(graph: ReplayGraph, bandwidth_gbit: Optional[float] = None, bandwidth_scale: float = 1.0,
+                latency_us: Optional[float] = None, notes: Optional[list[str]] = None) -> ReplayGraph:
+    """The network pass: the graph's topology regenerated from its plan for this link bandwidth (absolute, or a
+    scale of the measured one) and per-step latency; None and 1.0: the job's own network (measured transmissions
+    where the plan's layout is the one measured)."""
+    plan: Optional[CommPlan] = graph.meta.get("comm_plan")
+    if plan is None:
+        raise ValueError("the network pass regenerates the topology of a graph as synthesize built it (its "
+                         "communication plan); a coarsened graph has none: coarsen after this pass")
+    whatif = replace(plan.whatif, bandwidth_gbit=bandwidth_gbit, bandwidth_scale=bandwidth_scale,
+                     latency_us=latency_us)
+    pricing = CommPricing.for_whatif(plan.model, whatif, plan.world, plan.measured_layout,
+                                     notes if notes is not None else [])
+    plan = replace(plan, whatif=whatif)
+    g = GraphBuilder.prefix_of(graph, plan.local_nodes)
+    join_ranks(g, plan, pricing)
+    return g.build(dict(graph.meta, comm_plan=plan))
+
+
+def join_ranks(g: GraphBuilder, plan: CommPlan, pricing: "CommPricing") -> None:
+    """Every collective's topology between its In and Out nodes, appended to g."""
+    whatif, model = plan.whatif, plan.model
+    for s in plan.syncs:
+        pieces = whatif.pieces(s.key)
+        for p in range(pieces):
+            ins, outs = plan.ins[(s.key, p)], plan.outs[s.key]
+            if whatif.baseline == "daydream":
+                daydream_sync(g, s, p, pieces, ins, outs, pricing, model.channels)
+            elif plan.world == 1:
+                for u, v in zip(ins, outs):
+                    g.edge(u, v)
+            else:
+                duration, latency = pricing.step(s, pieces, plan.sample)
+                topology = collapsed_allreduce if plan.collapse else ring_allreduce
+                topology(g, f"{s.key}.p{p}", ins, outs, plan.world, duration, latency, model.channels,
+                         split=pricing.split(s, plan.sample))
+
+
+@dataclass
+class CommPricing:
+    """How long one ring step of a collective takes: measured (the job as it ran: each bucket's measured
+    transmission spread over its steps) or modelled (the cost model scaled to the measured transmissions; a
+    world-size change alone adds the longer ring's messages and bytes to the collective as measured)."""
+
+    model: JobModel
+    world: int
+    use_measured: bool
+    ring_delta: bool
+    scale: float
+    bandwidth: float  # bytes/µs
+    alpha_us: float
+
+    @classmethod
+    def for_whatif(cls, model: JobModel, whatif: WhatIf, world: int, measured_layout: bool,
+                   notes: list[str]) -> "CommPricing":
+        comm = model.comm
+        scale = comm_scale(model)
+        bandwidth = comm.bandwidth_bytes_per_us * whatif.bandwidth_scale
+        if whatif.bandwidth_gbit is not None:
+            bandwidth = whatif.bandwidth_gbit * 1e3 / 8.0 / max(scale, 1e-9)
+        network_same = whatif.latency_us is None and whatif.bandwidth_gbit is None and whatif.bandwidth_scale == 1.0
+        use_measured = measured_layout and world == model.world_size and max(1, whatif.partitions) == 1 \
+            and network_same and not whatif.bucket_partitions
+        ring_delta = model.network is not None and world != model.world_size and network_same \
+            and whatif.baseline != "daydream"
+        if ring_delta:
+            notes.append(f"{world} ranks: each collective as measured at {model.world_size} ranks plus the longer "
+                         f"ring's messages ({comm.alpha_us:.0f} µs each) and bytes at the calibrated "
+                         f"{model.network.bandwidth_bytes_per_us * 8e-3:.3g} Gbit/s")
+        alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us
+        return cls(model, world, use_measured, ring_delta, scale, bandwidth, alpha)
+
+    def measured_us(self, sync: Sync, sample: Optional[MeasuredIteration]) -> Optional[float]:
+        measured = sample.transmit_us.get(sync.key, sync.measured_us) if sample is not None else sync.measured_us
+        return measured if self.use_measured and measured else None
+
+    def split(self, sync: Sync, sample: Optional[MeasuredIteration]) -> bool:
+        """Modelled steps of a backend with several channels: latency on a channel, bytes on the link."""
+        return self.measured_us(sync, sample) is None and self.model.channels > 1
+
+    def step(self, sync: Sync, pieces: int, sample: Optional[MeasuredIteration]) -> tuple[float, float]:
+        """(one ring step's duration, the part of it that is latency rather than bytes on the link)."""
+        steps = 2 * max(self.world - 1, 1)
+        measured = self.measured_us(sync, sample)
+        if measured is not None:
+            return measured / steps, 0.0
+        nbytes = sync.nbytes / pieces
+        model, comm = self.model, self.model.comm
+        if self.ring_delta:
+            net_bw = model.network.bandwidth_bytes_per_us
+            total = self.scale * comm.allreduce_us(nbytes, model.world_size) \
+                + 2 * (self.world - model.world_size) * comm.alpha_us \
+                + (_wire_share(self.world) - _wire_share(model.world_size)) * nbytes / net_bw
+            wire = _wire_share(self.world) * nbytes / net_bw
+            return total / steps, max(0.0, total - wire) / steps
+        latency = comm.step_latency_us(self.world, self.alpha_us)
+        return self.scale * (latency + nbytes / (self.world * self.bandwidth)), self.scale * latency
+
+
+def _wire_share(n: int) -> float:
+    return 2 * (n - 1) / n if n > 1 else 0.0
+
+
+def ring_allreduce(g: GraphBuilder, key: str, ins: list[int], outs: list[int], world: int, duration: float,
+                   latency: float, channels: int, split: bool) -> None:
+    """A step-level ring of 2(N-1) steps between the built ranks' In and Out nodes: at each step every rank's
+    SEND occupies its outgoing link and the right neighbour's RECV (no device) joins it; the next step needs
+    both the rank's own SEND and RECV. Built < world: the ring's repeating part, rank 0 receiving from the last
+    built rank."""
+    built = len(ins)
+    previous = {r: [ins[r]] for r in range(built)}
+    for step in range(2 * (world - 1)):
+        sends = {}
+        for r in range(built):
+            link = f"{r}->{(r + 1) % world}"
+            if split:
+                lat = g.op(f"r{r}.latency.{key}.s{step}", "COMM", r, f"channel{link}", latency, capacity=channels)
+                for u in previous[r]:
+                    g.edge(u, lat)
+                previous[r] = [lat]
+                sends[r] = g.op(f"r{r}.send.{key}.s{step}", "COMM", r, f"link{link}", duration - latency)
+            else:
+                sends[r] = g.op(f"r{r}.send.{key}.s{step}", "COMM", r, f"link{link}", duration, capacity=channels)
+        current = {}
+        for r in range(built):
+            recv = g.op(f"r{r}.recv.{key}.s{step}", "VIRTUAL", r, None, 0.0)
+            g.edge(sends[(r - 1) % built], recv)
+            current[r] = [sends[r], recv]
+        for r in range(built):
+            for u in previous[r]:
+                g.edge(u, sends[r])
+        previous = current
+    for r in range(built):
+        for u in previous[r]:
+            g.edge(u, outs[r])
+
+
+def collapsed_allreduce(g: GraphBuilder, key: str, ins: list[int], outs: list[int], world: int, duration: float,
+                        latency: float, channels: int, split: bool) -> None:
+    """The whole ring as one op per rank, after every rank's ready point (large rings: N ops, not N^2)."""
+    join = g.op(f"join.{key}", "VIRTUAL", 0, None, 0.0)
+    for r, (u, v) in enumerate(zip(ins, outs)):
+        g.edge(u, join)
+        op = g.op(f"r{r}.allreduce.{key}", "COMM", r, f"link{r}->{(r + 1) % world}", duration * 2 * (world - 1),
+                  capacity=channels)
+        g.edge(join, op)
+        g.edge(op, v)
+
+
+def daydream_sync(g: GraphBuilder, sync: Sync, piece: int, pieces: int, ins: list[int], outs: list[int],
+                  pricing: CommPricing, channels: int) -> None:
+    """Daydream's baseline: bytes / bandwidth on the rank's own comm device, no cross-rank dependency."""
+    for r, (u, v) in enumerate(zip(ins, outs)):
+        op = g.op(f"r{r}.comm.{sync.key}.p{piece}", "COMM", r, f"rank{r}.comm",
+                  sync.nbytes / pieces / pricing.bandwidth, capacity=channels)
+        g.edge(u, op)
+        g.edge(op, v)
