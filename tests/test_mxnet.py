@@ -175,6 +175,43 @@ def test_the_timeline_shows_push_update_pull_per_key(ps_run, tmp_path):
 
 
 @needs_mxnet
+def test_a_module_api_job_is_profiled_with_its_string_keys(tmp_path):
+    """Module.fit: iterations are Module.update calls; the parameters' names are the kvstore's keys, numbered as the
+    kvstore numbers them (init order); the calibration uses string keys too (a kvstore refuses mixed kinds)."""
+    run_dir = tmp_path / "module"
+    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", *WINDOW, "python",
+                           os.path.join(EXAMPLES, "mxnet_module.py"), "--steps", "24", "--width", "256"],
+                          run_dir, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "predicted iteration time:" in proc.stdout and "Module API" in proc.stdout
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    tracker = events["trackers"][0]
+    # 3 hidden layers and the head: weight and bias each, keyed 0..7 in the order Module.fit initialised them
+    assert [k["key"] for k in tracker["keys"]] == list(range(8)) and tracker["update_on_kvstore"] is True
+    assert tracker["keys"][0]["bytes"] == 3072 * 256 * 4
+    assert len(events["calibration"]) == 6, events["warnings"]
+    assert len(events["iteration_starts_us"]) == 24
+    model = build_ps_model(str(run_dir))
+    assert len(model.keys) == 8 and all(w.profiled_iterations >= 2 for w in model.worker_ops.values())
+    assert predict_ps(model, PSWhatIf(bandwidth_scale=0.5)).iteration_ms > predict_ps(model).iteration_ms
+    assert (run_dir / "report.html").exists()
+
+
+@needs_mxnet
+def test_a_truncated_worker_profile_is_named_and_nothing_else_is_lost(ps_run, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "cut"
+    shutil.copytree(ps_run[0], run_dir)
+    profile = run_dir / "rank_1" / "mx_profile.json"
+    profile.write_bytes(profile.read_bytes()[:5000])
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir)], capture_output=True,
+                         text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 2 and "rank_1/mx_profile.json: not a readable mx.profiler dump" in out.stderr
+    assert "Traceback" not in out.stderr and (run_dir / "rank_0" / "mx_profile.json").exists()
+
+
+@needs_mxnet
 def test_a_killed_server_stops_the_job_names_it_and_keeps_the_workers_traces(tmp_path):
     import psutil
 

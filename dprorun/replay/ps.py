@@ -259,20 +259,20 @@ def _load(path: str) -> dict:
         with open(path) as handle:
             return json.load(handle)
     except (OSError, ValueError) as exc:
-        raise TraceError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+        raise TraceError(path, f"unreadable ({type(exc).__name__}: {exc})") from None
 
 
 def build_ps_model(run_dir: str) -> PSModel:
     """Read the workers' events, profiles and calibration and the servers' updates; fit the costs; scale compute."""
     workers = {r: _load(path) for r, path in numbered_files(run_dir, rank_dir, EVENTS_FILE).items()}
     if not workers:
-        raise TraceError(f"{run_dir}: no worker recorded events (rank_0/{EVENTS_FILE})")
+        raise TraceError(run_dir, f"no worker recorded events (rank_0/{EVENTS_FILE})")
     first = workers[0]
     tracker = next((t for t in first.get("trackers", []) if t.get("framework") == "mxnet"), None)
     if tracker is None or not tracker.get("keys") or not first.get("iteration_starts_us"):
-        raise TraceError(f"{run_dir}: worker 0 recorded no iteration with kvstore keys: the hooks count "
-                         "gluon.Trainer.step calls on a dist kvstore; scripts on the Module API (Module.fit) or "
-                         "calling kv.push/pull by hand are not profiled yet")
+        raise TraceError(run_dir, "worker 0 recorded no iteration with kvstore keys: the hooks count "
+                         "gluon.Trainer.step or Module.update calls on a dist kvstore; scripts calling kv.push/pull "
+                         "by hand are not profiled yet")
     keys = [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
             for k in tracker["keys"]]
     notes: list[str] = []

@@ -3,11 +3,12 @@
 They run in MXNet's own environment (numpy 1.23, no torch): standard library and mxnet only.
 
 Workers (DMLC_ROLE=worker):
-  iterations  each `gluon.Trainer.step` call starts one (its entry is the boundary: MXNet runs the ops
-              asynchronously, so the period between two entries is the iteration time of a script that waits for
-              its results somewhere, as every training loop does);
+  iterations  each `gluon.Trainer.step` call starts one, or each `Module.update` call (the Module API, `fit`):
+              its entry is the boundary (MXNet runs the ops asynchronously, so the period between two entries is
+              the iteration time of a script that waits for its results somewhere, as every training loop does);
   keys        every kvstore `pushpull` / `push` / `pull` call: the key, its bytes, its priority, in call order
-              (the profiler's push/pull events carry neither key nor size);
+              (the profiler's push/pull events carry neither key nor size); a string key (the Module API names
+              parameters) is the integer the kvstore gives it: the order of its `init` calls, from 0;
   profiler    `mx.profiler` (operators, imperative and symbolic) over the window's first --kineto-iters
               iterations, dumped as Chrome JSON to rank_<r>/mx_profile.json (trace/mxprofile.py reads it);
   calibration at the end of the window every worker pushes and pulls arrays of 4 KiB - 16 MiB through the job's
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
 
 CALIBRATION_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20, 16 << 20)
+CALIBRATION_KEY_NAME = "dprorun.calibration."  # the calibration's keys in a job whose keys are strings
 MAX_SERVER_RECORDS = 200_000
 
 
@@ -58,6 +60,7 @@ class MXTracker:
         self.profiling = False
         self.profile_path = os.path.join(session.rank_dir, MX_PROFILE_FILE)
         self.update_on_kvstore: Optional[bool] = None
+        self.string_keys: dict[str, int] = {}  # a string key -> the kvstore's integer for it (init order)
         session.trackers.append(self)
 
     def describe(self) -> dict:
@@ -91,10 +94,19 @@ class MXTracker:
             session.skew_us = session.cfg.skew_for(rank)
             self.profile_path = os.path.join(session.rank_dir, MX_PROFILE_FILE)
 
+    def key_init(self, key) -> None:
+        """kvstore.init / broadcast: string keys get the kvstore's integers in the order they are initialised (MXNet's
+        KVStoreLocal numbers them so; the servers see those integers)."""
+        for k in key if isinstance(key, (list, tuple)) else [key]:
+            if isinstance(k, str) and k not in self.string_keys:
+                self.string_keys[k] = len(self.string_keys)
+
     def key_call(self, op: str, key, value, priority: int) -> None:
         keys = key if isinstance(key, (list, tuple)) else [key]
         values = value if isinstance(key, (list, tuple)) else [value]
         for k, v in zip(keys, values):
+            if isinstance(k, str):
+                k = None if k.startswith(CALIBRATION_KEY_NAME) else self.string_keys.get(k)
             if not isinstance(k, int):
                 continue
             if k >= CALIBRATION_KEY_BASE:
@@ -167,6 +179,15 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
         session.guard("reading the kvstore's rank", tracker.kvstore_created, self)
 
     kv_class.__init__ = init
+    for op in ("init", "broadcast"):  # broadcast = init + pull (Module.fit with the optimizer on the servers)
+        original = getattr(kv_class, op)
+
+        def key_init(self, key, *args, _original=original, **kwargs):
+            if self is tracker.kvstore:
+                session.guard("recording the kvstore's keys", tracker.key_init, key)
+            return _original(self, key, *args, **kwargs)
+
+        setattr(kv_class, op, key_init)
     for op in ("pushpull", "push", "pull"):
         original = getattr(kv_class, op)
 
@@ -188,7 +209,22 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
         return tracker.run_step(trainer_step, self, *args, **kwargs)
 
     Trainer.step = step
+    _patch_module_update(tracker)
     return tracker
+
+
+def _patch_module_update(tracker: MXTracker) -> None:
+    """The Module API: `Module.update` (once per batch in `fit`, after forward_backward) starts an iteration."""
+    from mxnet.module import Module
+
+    module_update = Module.update
+
+    def update(self, *args, **kwargs):
+        if tracker.update_on_kvstore is None and getattr(self, "optimizer_initialized", False):
+            tracker.update_on_kvstore = bool(getattr(self, "_update_on_kvstore", False))
+        return tracker.run_step(module_update, self, *args, **kwargs)
+
+    Module.update = update
 
 
 def calibrate_kvstore(tracker: MXTracker, repeats: int = 5) -> list[list[float]]:
@@ -207,7 +243,9 @@ def calibrate_kvstore(tracker: MXTracker, repeats: int = 5) -> list[list[float]]
     mx.nd.waitall()
     out = []
     for i, size in enumerate(CALIBRATION_SIZES):
-        key = CALIBRATION_KEY_BASE + i
+        # a kvstore takes integer or string keys, not both: the job's kind (string keys reach the servers as the
+        # integers after the job's own, so the servers write their records at exit instead of at this point)
+        key = f"{CALIBRATION_KEY_NAME}{i}" if tracker.string_keys else CALIBRATION_KEY_BASE + i
         count = size // 4
         grad = mx.nd.ones((count,))
         weight = mx.nd.zeros((count,))

@@ -39,10 +39,10 @@ def read_mx_profile(path: str) -> list[MXOp]:
         with open(path) as handle:
             doc = json.load(handle)
     except (OSError, ValueError) as exc:
-        raise TraceError(f"{path}: not a readable mx.profiler dump ({type(exc).__name__}: {exc})") from None
+        raise TraceError(path, f"not a readable mx.profiler dump ({type(exc).__name__}: {exc})") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
-        raise TraceError(f"{path}: no traceEvents (not an mx.profiler dump)")
+        raise TraceError(path, "no traceEvents (not an mx.profiler dump)")
     devices = {e.get("pid"): str(e.get("args", {}).get("name", "")) for e in events
                if e.get("ph") == "M" and e.get("name") == "process_name"}
     open_ops: dict[tuple, list[float]] = {}
