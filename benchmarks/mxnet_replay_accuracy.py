@@ -10,7 +10,8 @@ Reported: medians over rounds, the plain launches' spread (max-min over median),
 iterations without the profiler (hooks on) against the plain launches (the hooks' cost). Networks: loopback, and
 with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
-usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam] [--nets loopback,1gbit] [--reps 3]
+usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module] [--nets loopback,1gbit]
+       [--reps 3]
        [--steps 60]
 """
 from __future__ import annotations
@@ -32,7 +33,14 @@ EXAMPLE = os.path.join(REPO, "examples", "mxnet_gluon.py")
 STEPS = 60
 BOUND = 100_000
 MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600"],
-          "mlp-adam": ["--model", "mlp", "--width", "600", "--optimizer", "adam"]}
+          "mlp-adam": ["--model", "mlp", "--width", "600", "--optimizer", "adam"],
+          # the Module API (Module.fit, string keys), a symbolic MLP: examples/mxnet_module.py
+          "module": ["--width", "512"]}
+SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py")}
+
+
+def example(model: str) -> str:
+    return SCRIPTS.get(model, EXAMPLE)
 
 
 def wrap(net: str, cmd: list[str]) -> list[str]:
@@ -58,7 +66,7 @@ def plain_ms(model: str, servers: int, net: str, bound: int | None = None) -> fl
     env = (f"DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT={free_port()} DMLC_NUM_SERVER={servers} "
            f"DMLC_NUM_WORKER=2 DMLC_NODE_HOST=127.0.0.1 DMLC_INTERFACE=lo"
            + (f" MXNET_KVSTORE_BIGARRAY_BOUND={bound}" if bound else ""))
-    script = f"{python} -u {EXAMPLE} --steps {STEPS} {' '.join(MODELS[model])}"
+    script = f"{python} -u {example(model)} --steps {STEPS} {' '.join(MODELS[model])}"
     roles = ["scheduler"] + ["server"] * servers
     shell = (f"export {env}; " + " ".join(f"DMLC_ROLE={r} {script} & " for r in roles)
              + f"DMLC_ROLE=worker {script} & DMLC_ROLE=worker {script}; wait")
@@ -75,7 +83,7 @@ def profiled(model: str, net: str) -> dict[str, float]:
         run_dir = os.path.join(tmp, "run")
         cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "-np", "2", "--servers", "2",
                          "--run-dir", run_dir, "-q", "--warmup", "10", "--active", "20", "--clean", str(STEPS - 40),
-                         "python", EXAMPLE, "--steps", str(STEPS), *MODELS[model]])
+                         "python", example(model), "--steps", str(STEPS), *MODELS[model]])
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
         if done.returncode != 0:
             raise SystemExit(f"dprorun failed: {done.stderr[-2000:]}")
