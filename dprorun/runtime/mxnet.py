@@ -201,30 +201,25 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
             return _original(self, key, *args, **kwargs)
 
         setattr(kv_class, op, wrapped)
-    trainer_step = Trainer.step
+    from mxnet.module import Module
 
-    def step(self, *args, **kwargs):
-        if tracker.update_on_kvstore is None and getattr(self, "_kv_initialized", False):
-            tracker.update_on_kvstore = bool(getattr(self, "_update_on_kvstore", False))
-        return tracker.run_step(trainer_step, self, *args, **kwargs)
-
-    Trainer.step = step
-    _patch_module_update(tracker)
+    _patch_iteration(tracker, Trainer, "step", "_kv_initialized")
+    # the Module API: `Module.update` (once per batch in `fit`, after forward_backward)
+    _patch_iteration(tracker, Module, "update", "optimizer_initialized")
     return tracker
 
 
-def _patch_module_update(tracker: MXTracker) -> None:
-    """The Module API: `Module.update` (once per batch in `fit`, after forward_backward) starts an iteration."""
-    from mxnet.module import Module
+def _patch_iteration(tracker: MXTracker, cls, method: str, ready_attr: str) -> None:
+    """Each call of cls.method starts an iteration; the first call after the object's `ready_attr` is set says
+    whether the optimizer runs on the kvstore's servers."""
+    original = getattr(cls, method)
 
-    module_update = Module.update
-
-    def update(self, *args, **kwargs):
-        if tracker.update_on_kvstore is None and getattr(self, "optimizer_initialized", False):
+    def patched(self, *args, **kwargs):
+        if tracker.update_on_kvstore is None and getattr(self, ready_attr, False):
             tracker.update_on_kvstore = bool(getattr(self, "_update_on_kvstore", False))
-        return tracker.run_step(module_update, self, *args, **kwargs)
+        return tracker.run_step(original, self, *args, **kwargs)
 
-    Module.update = update
+    setattr(cls, method, patched)
 
 
 def calibrate_kvstore(tracker: MXTracker, repeats: int = 5) -> list[list[float]]:
