@@ -3,6 +3,7 @@ unchanged (workers' profiles, keys, calibration, servers' timed updates, the PS 
 killed mid-job, and the PS topology on a model made by hand (placement as MXNet's kvstore, the link fit)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,11 @@ from conftest import CHROMIUM, EXAMPLES, REPO, render_page, run_dprorun
 from dprorun.replay.engine import replay
 from dprorun.replay.ps import (PSKey, PSModel, PSWhatIf, WorkerOps, build_ps_model, calibration_graph, fit_links,
                                key_parts, predict_ps, ps_graph)
+
+
+def _log_tail(run_dir) -> str:
+    logs = sorted((run_dir / "logs").rglob("*.log")) if (run_dir / "logs").exists() else []
+    return "\n".join(f"{p}: {p.read_text()[-600:]}" for p in logs[:3])
 
 
 def _mxnet_python():
@@ -115,15 +121,17 @@ def test_offline_commands_answer_for_the_ps_model(ps_run):
     graph = dpro("graph")
     assert graph.returncode == 0 and "devices (w0, w1, link, s0, s1)" in graph.stdout
     # report.html at job end, and `dpro report`: the PS model's page (timelines, critical path, what-if curves)
-    assert (run_dir / "report.html").stat().st_size > 10_000
+    assert (run_dir / "report.html").stat().st_size > 10_000, _log_tail(run_dir)
     report = dpro("report", "--json")
     assert report.returncode == 0, report.stderr
     data = json.loads(report.stdout)
     assert data["backend"] == "mxnet" and data["summary"]["world_size"] == 2
-    assert {row[0] for row in data["breakdown"]["rows"]} == {0, 1}
+    assert {row[0] for row in data["breakdown"]["rows"]} == {0, 1}, data["breakdown"]
     lanes = {op[0] for op in data["measured_timeline"]["ops"]}
-    assert {0, 1, "server 0", "server 1"} <= lanes  # both workers' compute and push/pull, both servers' updates
-    assert {"server 0", "server 1"} <= {op[0] for op in data["replayed_timeline"]["ops"]}
+    # both workers' compute and push/pull, both servers' updates
+    assert {0, 1, "server 0", "server 1"} <= lanes, (lanes, data["measured_timeline"]["iteration"])
+    replayed = {op[0] for op in data["replayed_timeline"]["ops"]}
+    assert {"server 0", "server 1"} <= replayed, replayed
     assert [x for x, _ in data["whatif"]["servers"]] == [1, 2, 4, 8] and len(data["whatif"]["world_size"]) == 5
     assert data["prediction"]["self_check"]["status"] in ("fitted", "disagrees")
     assert data["prediction"]["critical_path"]["top"]
@@ -144,9 +152,10 @@ def test_the_ps_report_renders(ps_run, tmp_path):
     run_dir, _ = ps_run
     drawn, errors, dom = render_page(run_dir / "report.html", tmp_path / "profile")
     assert errors == "no errors"
-    assert drawn["measured"] > 20 and drawn["replayed"] > 20
-    assert drawn["world"] == 5 and drawn["bw"] == 5 and drawn["servers"] == 4 and "bucket" not in drawn
-    assert "worker 0 compute" in dom and "server 1 update" in dom
+    assert drawn["measured"] > 20 and drawn["replayed"] > 20, drawn
+    assert drawn["world"] == 5 and drawn["bw"] == 5 and drawn["servers"] == 4 and "bucket" not in drawn, drawn
+    lanes = sorted(set(re.findall(r">((?:worker|server) \d+ [a-z0-9-]+)<", dom)))
+    assert "worker 0 compute" in lanes and "server 1 update" in lanes, lanes
 
 
 @needs_mxnet
@@ -169,9 +178,11 @@ def test_the_timeline_shows_push_update_pull_per_key(ps_run, tmp_path):
     ids = sorted(flows)
     for push, pull in zip(ids[0::2], ids[1::2]):  # push: worker -> server update start; pull: update end -> worker
         assert flows[push]["s"] <= flows[push]["f"] <= flows[pull]["s"] <= flows[pull]["f"]
-    # the split key: its updates on both servers
+    # every key once per iteration and worker; the split key's events hold its updates on both servers
+    per_key = {k: sum(1 for e in keyed if e["args"]["key"] == k) for k in range(10)}
+    assert len(set(per_key.values())) == 1, per_key
     big = [e for e in keyed if len(e["args"]["servers"]) == 2]
-    assert big
+    assert big and len(big) == per_key[big[0]["args"]["key"]], (len(big), per_key)
 
 
 @needs_mxnet

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
+
 from dprorun.fsutil import TraceError
 
 KVSTORE_PREFIX = "KVStoreDist"  # KVStoreDistDefaultStoragePushPull, ...Push, ...Pull
@@ -71,28 +73,54 @@ class ServerUpdate:
     nbytes: int
 
 
+def comm_phases(comm: list[MXOp]) -> list[list[MXOp]]:
+    """The push/pull events grouped per iteration: maximal runs whose spans overlap (within an iteration every
+    key's push/pull is in flight before the last one ends; the next iteration's forward waits for the pulls, so
+    compute separates two iterations). Push/pull as one op or as separate push and pull ops alike."""
+    groups: list[list[MXOp]] = []
+    end = None
+    for op in sorted(comm, key=lambda o: o.start_us):
+        if end is None or op.start_us > end:
+            groups.append([])
+            end = op.end_us
+        groups[-1].append(op)
+        end = max(end, op.end_us)
+    return groups
+
+
 def attribute_keys(events: list[MXOp], updates: list[ServerUpdate]) -> list[tuple[MXOp, int, list[ServerUpdate]]]:
     """A worker's push/pull events with the key each carried, found through the servers' updates (which name
     their key): the update of key k for an iteration falls inside that iteration's push/pull of k on every worker
-    (push -> aggregation and update -> pull). Each update, earliest end first, goes to the event that contains it
-    and ends soonest after it (the pull follows the update); a key split over several servers has one update per
-    server inside the same event. Events no update falls in are left out."""
-    keyed: dict[int, int] = {}  # event index -> key
-    parts: dict[int, list[ServerUpdate]] = {}
-    for update in sorted(updates, key=lambda u: u.end_us):
-        best = None
-        for i, event in enumerate(events):
-            if event.start_us > update.start_us or event.end_us < update.end_us:
-                continue
-            if i in keyed and (keyed[i] != update.key or any(p.server == update.server for p in parts[i])):
-                continue
-            rank = (0 if keyed.get(i) == update.key else 1, event.end_us - update.end_us)
-            if best is None or rank < best[0]:
-                best = (rank, i)
-        if best is not None:
-            keyed[best[1]] = update.key
-            parts.setdefault(best[1], []).append(update)
-    return [(events[i], keyed[i], parts[i]) for i in sorted(keyed)]
+    (push -> aggregation and update -> pull). Per iteration (`comm_phases`) each key goes to one event and each
+    event to one key, an assignment (scipy's linear_sum_assignment) that prefers the event holding the key's
+    updates from the most servers (a key split over servers has one update per server inside its event), then the
+    one that ends soonest after them (the pull follows the update). Events no key fits are left out."""
+    from scipy.optimize import linear_sum_assignment
+
+    out = []
+    for group in comm_phases(events):
+        lo, hi = min(e.start_us for e in group), max(e.end_us for e in group)
+        inside = [u for u in updates if lo <= u.start_us and u.end_us <= hi]
+        keys = sorted({u.key for u in inside})
+        if not keys:
+            continue
+        cost = np.full((len(group), len(keys)), np.inf)
+        held: dict[tuple[int, int], list[ServerUpdate]] = {}
+        for i, event in enumerate(group):
+            for j, key in enumerate(keys):
+                ups = [u for u in inside if u.key == key and event.start_us <= u.start_us and u.end_us <= event.end_us]
+                if ups:
+                    latest = {}
+                    for u in ups:
+                        if u.server not in latest or u.end_us > latest[u.server].end_us:
+                            latest[u.server] = u
+                    held[(i, j)] = sorted(latest.values(), key=lambda u: u.server)
+                    cost[i, j] = -1e9 * len(latest) + (event.end_us - max(u.end_us for u in ups))
+        finite = np.where(np.isfinite(cost), cost, 1e18)
+        rows, cols = linear_sum_assignment(finite)
+        out += [(group[i], keys[j], held[(i, j)]) for i, j in zip(rows, cols) if (i, j) in held]
+    order = {id(e): k for k, e in enumerate(events)}
+    return sorted(out, key=lambda item: order[id(item[0])])
 
 
 def numbered_files(run_dir: str, folder, name: str) -> dict[int, str]:
