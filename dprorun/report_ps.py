@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Union
 
 from dprorun.fsutil import read_json
 from dprorun.layout import MANIFEST_FILE, MX_PROFILE_FILE, rank_dir
@@ -59,7 +60,7 @@ def _manifest(run_dir: str) -> dict:
     return read_json(path) if os.path.exists(path) else {}
 
 
-def _lane(graph, node: int) -> tuple:
+def _lane(graph, node: int) -> Union[int, str]:
     """A PS graph's op on the page: workers by rank, servers (rank -1 - s) by name."""
     rank = int(graph.ranks[node])
     return rank if rank >= 0 else f"server {-1 - rank}"

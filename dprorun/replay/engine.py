@@ -94,12 +94,14 @@ class GraphBuilder:
         g.durations = graph.durations[:nodes].tolist()
         g.phases = graph.phases[:nodes].tolist()
         g.parts = {k: v for k, v in graph.parts.items() if k < nodes}
-        used = sorted({int(d) for d in graph.devices[:nodes] if d >= 0})
-        remap = {old: new for new, old in enumerate(used)}
-        for old in used:
-            g.device_index[graph.device_names[old]] = remap[old]
+        devices = graph.devices[:nodes]
+        used = np.unique(devices[devices >= 0])
+        remap = np.full(len(graph.device_names) + 1, -1, dtype=np.int64)  # index -1 (no device) stays -1
+        remap[used] = np.arange(len(used))
+        for new, old in enumerate(used.tolist()):
+            g.device_index[graph.device_names[old]] = new
             g.capacity[graph.device_names[old]] = int(graph.device_capacity[old])
-        g.devices = [remap[int(d)] if d >= 0 else -1 for d in graph.devices[:nodes]]
+        g.devices = remap[devices].tolist()
         src = np.repeat(np.arange(nodes), np.diff(graph.indptr[:nodes + 1]))
         dst = graph.indices[:graph.indptr[nodes]]
         inside = dst < nodes
