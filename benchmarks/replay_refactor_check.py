@@ -1,4 +1,4 @@
-"""Predictions of recorded runs under 24 what-ifs, to compare two checkouts of the replayer (a refactor must not
+"""Predictions of recorded runs under 25 what-ifs, to compare two checkouts of the replayer (a refactor must not
 move them). Each run's model is replayed for every what-if on the op-level graph and its coarsened view, for the
 median durations and the first two measured iterations.
 
@@ -24,6 +24,7 @@ WHATIFS = {
     "variant + bucket 4MB": {"forward_scale": 0.8, "backward_scale": 0.9, "bucket_mb": 4},
     "variant + accumulate 2": {"forward_scale": 0.8, "backward_scale": 0.9, "accumulation_steps": 2},
     "variant + recompute 2": {"forward_scale": 0.8, "backward_scale": 0.9, "recompute_segments": 2},
+    "accumulate 2 + recompute 2": {"accumulation_steps": 2, "recompute_segments": 2},
     "op scale": {"op_scale": {"aten::linear": 0.5, "*Backward0": 0.7}},
     "op scale + bucket 4MB": {"op_scale": {"aten::linear": 0.5, "*Backward0": 0.7}, "bucket_mb": 4},
     "daydream": {"baseline": "daydream"}, "daydream 1 Gbit": {"baseline": "daydream", "bandwidth_gbit": 1.0},

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -171,3 +172,45 @@ def test_a_real_run_replays_at_op_level_and_its_critical_path_names_the_models_o
     none = _replay_json(run_dir, "--op-scale", "no_such_op=0.5")
     assert none["predicted_iteration_time_ms"] == pytest.approx(doc["predicted_iteration_time_ms"], rel=1e-6)
     assert any("no profiled op matches no_such_op" in n for n in none["notes"])
+
+
+def test_recompute_and_accumulation_are_passes_on_a_built_graph(mlp_run):
+    """Re-computation and accumulation insert nodes into every rank's compute chain of a built graph and
+    regenerate its topology: the same graph `synthesize` builds for the question; compute is conserved."""
+    from dprorun.analysis import RunAnalysis
+    from dprorun.replay.engine import PHASE_CODE
+    from dprorun.replay.passes import accumulate, recompute
+    from dprorun.replay.synthesize import synthesize
+    from dprorun.replay.whatif import WhatIf
+
+    run_dir, _ = mlp_run
+    model = RunAnalysis(str(run_dir)).model
+    built = synthesize(model, WhatIf(bucket_mb=4), [])  # the modelled layout these passes read
+    segments = len(built.meta["comm_plan"].syncs) + 1
+    ranks = sorted(set(built.ranks[built.ranks >= 0].tolist()))
+
+    def per_rank(graph, *phases):
+        mask = np.isin(graph.phases, [PHASE_CODE[p] for p in phases])
+        return [float(graph.durations[mask & (graph.ranks == r)].sum()) for r in ranks]
+
+    checkpointed = recompute(built, 2)
+    asked = synthesize(model, WhatIf(bucket_mb=4, recompute_segments=2), [])
+    assert checkpointed.names == asked.names and list(checkpointed.durations) == list(asked.durations)
+    assert checkpointed.size == built.size + segments * len(ranks)  # one re-computation per backward segment
+    for forward, again in zip(per_rank(built, "forward"), per_rank(checkpointed, "recompute")):
+        assert again == pytest.approx(forward / 2, rel=1e-9)
+    t_built, t_checkpointed = replay(built).iteration_time_us, replay(checkpointed).iteration_time_us
+    assert replay(asked).iteration_time_us == t_checkpointed > t_built
+
+    both = accumulate(checkpointed, 2)
+    asked = synthesize(model, WhatIf(bucket_mb=4, recompute_segments=2, accumulation_steps=2), [])
+    assert both.names == asked.names and list(both.durations) == list(asked.durations)
+    compute = ("forward", "loss", "backward", "recompute")
+    assert per_rank(both, *compute) == pytest.approx(per_rank(checkpointed, *compute), rel=1e-9)
+    first = [n for n in both.names if ".microbatches." in n]
+    assert len(first) == 4 * len(ranks)  # forward, loss, backward and its re-computation per rank
+    assert replay(both).iteration_time_us == replay(asked).iteration_time_us
+    with pytest.raises(ValueError, match="before accumulate"):
+        recompute(accumulate(built, 2), 2)
+    with pytest.raises(ValueError, match="coarsen after"):
+        accumulate(coarsen(built), 2)

@@ -6,7 +6,9 @@
      layout, re-bucketing, Horovod's fusion, compiled regions, partitions);
   3. `local_dfg` per rank: the compute chain forward -> loss -> backward segments (an In node after the segment
      in which each bucket's last gradient became ready) -> finalize (after every Out node) -> update -> tail;
-     at op level every phase is the profiled ops that ran in it (graph/local.py), scaled to the phase;
+     at op level every phase is the profiled ops that ran in it (graph/local.py), scaled to the phase; then the
+     structural passes on these local DFGs (replay/passes.py): `recompute` (a re-computed forward after each
+     backward segment) and `accumulate` (the micro-batches before the synchronised one);
   4. the communication plan (`replay/comm.CommPlan`: each collective's In nodes per piece and Out nodes on every
      built rank), then the network pass `replay/comm.set_network`, which joins them by the topology (a step-level
      ring, the collapsed ring beyond COLLAPSE_FROM_RANKS built ranks, or Daydream's baseline) priced by
@@ -30,7 +32,7 @@ import numpy as np
 from dprorun.graph.local import OpProfile
 from dprorun.replay.comm import CommPlan, set_network
 from dprorun.replay.engine import GraphBuilder, ReplayGraph
-from dprorun.replay.passes import scale_compute, scale_ops
+from dprorun.replay.passes import accumulate, recompute, scale_compute, scale_ops
 from dprorun.replay.template import JobModel, MeasuredIteration, RankTemplate
 from dprorun.replay.whatif import Sync, WhatIf, plan_syncs, with_ready_groups
 
@@ -49,7 +51,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     world = whatif.world_size or model.world_size
     model = with_ready_groups(model, whatif, notes)
     syncs, measured_layout = plan_syncs(model, whatif, notes)
-    _compute_notes(whatif, notes)
+    _structure_notes(whatif, notes)
     measured_ranks = sorted(templates)
     period = len(measured_ranks)
     built = period if fold and world > period and world % period == 0 else world
@@ -73,6 +75,8 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
                     local_nodes=g.size)
     local = g.build({"world_size": world, "buckets": len(syncs), "partitions": whatif.partitions,
                      "ranks_built": built, "comm_plan": plan})
+    # re-computation and accumulation: passes on the local DFGs (replay/passes.py)
+    local = accumulate(recompute(local, whatif.recompute_segments), whatif.accumulation_steps)
     # the ranks joined by the communication topology, priced for the question's network (the network pass)
     graph = set_network(local, whatif.bandwidth_gbit, whatif.bandwidth_scale, whatif.latency_us, notes)
     return compute_passes(graph, whatif, notes)
@@ -93,7 +97,13 @@ def compute_passes(graph: ReplayGraph, whatif: WhatIf, notes: list[str]) -> Repl
     return graph
 
 
-def _compute_notes(whatif: WhatIf, notes: list[str]) -> None:
+def restructured(whatif: WhatIf) -> bool:
+    """Re-computation and accumulation are passes on a backward laid out by the model (cut at the collectives'
+    ready points, DDP's enqueue cost apart), not on the measured segments (which include that cost)."""
+    return whatif.accumulation_steps > 1 or whatif.recompute_segments > 1
+
+
+def _structure_notes(whatif: WhatIf, notes: list[str]) -> None:
     acc, segments = max(1, whatif.accumulation_steps), max(0, whatif.recompute_segments)
     if acc > 1:
         notes.append(f"gradient accumulation over {acc} micro-batches: compute assumed linear in the batch, "
@@ -120,17 +130,9 @@ def local_dfg(g: GraphBuilder, r: int, t: RankTemplate, profile: Optional[OpProf
     def phase(name: str, kind: str, which: str, duration: float, a: float = 0.0, b: float = 1.0) -> list[int]:
         return phase_nodes(g, r, dev, name, kind, profile, which, a, b, duration, detail)
 
-    acc = max(1, whatif.accumulation_steps)
-    segments_rc = max(0, whatif.recompute_segments)
-    chain = []
-    if acc > 1:  # the first acc-1 micro-batches: forward + backward without synchronisation
-        for which, kind, us in (("forward", "FW", t.forward_us), ("loss", "FW", t.loss_us),
-                                ("backward", "BW", t.backward_us)):
-            chain.append(g.op(f"r{r}.microbatches.{which}", kind, r, dev, (acc - 1) / acc * us, phase=which))
-    chain += phase(f"r{r}.forward", "FW", "forward", t.forward_us / acc)
-    chain += phase(f"r{r}.loss", "FW", "loss", t.loss_us / acc)
-    recompute_us = t.forward_us / acc * (segments_rc - 1) / segments_rc if segments_rc > 1 else 0.0
-    if measured_layout and acc == 1 and not recompute_us and not whatif.ready_groups and t.bucket_ready_order \
+    chain = phase(f"r{r}.forward", "FW", "forward", t.forward_us)
+    chain += phase(f"r{r}.loss", "FW", "loss", t.loss_us)
+    if measured_layout and not restructured(whatif) and not whatif.ready_groups and t.bucket_ready_order \
             and len(t.backward_segments_us) == len(t.bucket_ready_order) + 1:
         order, segments = t.bucket_ready_order, t.backward_segments_us  # measured: enqueue cost included
         bounds = measured_cuts(profile, order, segments)
@@ -138,7 +140,7 @@ def local_dfg(g: GraphBuilder, r: int, t: RankTemplate, profile: Optional[OpProf
     else:
         ordered = sorted(syncs, key=lambda s: s.ready_fraction)
         order = [s.key for s in ordered]
-        compute = max(0.0, t.backward_us - t.enqueue_cost_us * len(model.buckets)) / acc
+        compute = max(0.0, t.backward_us - t.enqueue_cost_us * len(model.buckets))
         bounds = [0.0] + [s.ready_fraction for s in ordered] + [1.0]
         segments = [compute * (b - a) for a, b in zip(bounds, bounds[1:])]
         enqueue_us = t.enqueue_cost_us
@@ -146,9 +148,6 @@ def local_dfg(g: GraphBuilder, r: int, t: RankTemplate, profile: Optional[OpProf
     ins: dict[tuple[str, int], int] = {}
     for k, seg in enumerate(segments):
         chain += phase(f"r{r}.backward.seg{k}", "BW", "backward", seg, bounds[k], bounds[k + 1])
-        if recompute_us:  # the segment's share of the re-computed forward
-            chain.append(g.op(f"r{r}.backward.seg{k}.recompute", "BW", r, dev,
-                              recompute_us * (bounds[k + 1] - bounds[k]), phase="recompute"))
         if k < len(order) and enqueue_us:  # DDP's hook handing the bucket over (measured, not model compute)
             chain.append(g.op(f"r{r}.backward.seg{k}.enqueue", "BW", r, dev, enqueue_us, phase="enqueue"))
         if k < len(order):
