@@ -15,7 +15,7 @@ import time
 
 from dprorun.replay.engine import ENGINE, replay
 from dprorun.replay.whatif import WhatIf
-from dprorun.replay import synthesize as synthesize_module
+from dprorun.replay import comm as comm_module
 from dprorun.replay.synthesize import synthesize
 from dprorun.synth import resnet50_job_model
 
@@ -30,7 +30,7 @@ def main() -> None:
                              "so the graph has about 1M ops)")
     args = parser.parse_args()
     if not args.collapse:
-        synthesize_module.COLLAPSE_FROM_RANKS = 1 << 30
+        comm_module.COLLAPSE_FROM_RANKS = 1 << 30
     model = resnet50_job_model(args.np)
     started = time.perf_counter()
     # every rank built: the point is the engine's speed on a graph of this size (predictions fold the ring's

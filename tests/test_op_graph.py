@@ -214,3 +214,33 @@ def test_recompute_and_accumulation_are_passes_on_a_built_graph(mlp_run):
         recompute(accumulate(built, 2), 2)
     with pytest.raises(ValueError, match="coarsen after"):
         accumulate(coarsen(built), 2)
+
+
+def test_world_size_is_a_pass_on_a_built_graph(mlp_run):
+    """The world-size pass copies the built ranks' local DFGs round-robin to the new world's ranks (folded where
+    the ring repeats) and regenerates the topology: the graph synthesize builds for that world."""
+    from dprorun.analysis import RunAnalysis
+    from dprorun.replay.comm import set_world_size
+    from dprorun.replay.passes import recompute
+    from dprorun.replay.synthesize import synthesize
+    from dprorun.replay.whatif import WhatIf
+
+    run_dir, _ = mlp_run
+    model = RunAnalysis(str(run_dir)).model
+    built = synthesize(model, WhatIf(), [])
+    for world, fold, ranks_built in ((4, True, 2), (3, True, 3), (1, True, 1), (6, False, 6), (130, True, 2)):
+        notes: list[str] = []
+        passed = set_world_size(built, world, fold, notes)
+        asked = synthesize(model, WhatIf(world_size=world), [], fold=fold)
+        assert passed.meta["ranks_built"] == asked.meta["ranks_built"] == ranks_built
+        assert passed.names == asked.names and list(passed.durations) == list(asked.durations)
+        assert replay(passed).iteration_time_us == replay(asked).iteration_time_us
+        assert (world > 2) == any("round-robin" in n for n in notes)
+    assert set_world_size(built, 2) is built
+    # beyond 64 built ranks the rings collapse to one op per rank; with a structural pass before it (on the
+    # modelled layout, which synthesize lays out for re-computation)
+    rebucketed = synthesize(model, WhatIf(bucket_mb=4), [])
+    wide = set_world_size(recompute(rebucketed, 2), 66, fold=False)
+    asked = synthesize(model, WhatIf(bucket_mb=4, world_size=66, recompute_segments=2), [], fold=False)
+    assert wide.meta["comm_plan"].collapse and wide.meta["ranks_built"] == 66
+    assert replay(wide).iteration_time_us == pytest.approx(replay(asked).iteration_time_us, rel=1e-12)

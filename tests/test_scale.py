@@ -7,7 +7,7 @@ import random
 import pytest
 
 from dprorun.analysis import RunAnalysis
-from dprorun.replay import predict as replay_predict, synthesize as replay_synthesize
+from dprorun.replay import comm as replay_comm, predict as replay_predict
 from dprorun.report_data import build_report
 from dprorun.synth import replicate_run_dir
 from dprorun.trace import rundir
@@ -56,7 +56,7 @@ def test_collapsed_ring_gives_the_step_level_as_run_prediction(mlp_run, monkeypa
     beyond 64 built ranks."""
     model = replay_predict.representative(RunAnalysis(str(mlp_run[0])).model)
     stepwise = replay_predict.predict(model).predicted_iteration_time_ms
-    monkeypatch.setattr(replay_synthesize, "COLLAPSE_FROM_RANKS", 0)
+    monkeypatch.setattr(replay_comm, "COLLAPSE_FROM_RANKS", 0)
     collapsed = replay_predict.predict(model)
     assert any("one op per rank" in note for note in collapsed.notes)
     assert collapsed.predicted_iteration_time_ms == pytest.approx(stepwise, rel=1e-6)

@@ -7,15 +7,26 @@ asked (none: the job's own network), and replaces whatever topology the graph ha
 with it. Per collective and piece: a step-level ring (`ring_allreduce`: 2(N-1) steps; each rank's SEND on its
 outgoing link, the receiver's RECV joining it), the collapsed ring for large built worlds (`collapsed_allreduce`),
 or Daydream's baseline (`daydream_sync`: bytes / bandwidth on the rank's own device, no cross-rank edge).
+
+`set_world_size(graph, world)` is the world-size pass: the ranks' local DFGs the graph holds are copied round-robin
+to the ranks the new world builds (symmetry: a ring whose ranks repeat every m built ranks is built for m only,
+rank 0 receiving from rank m-1: exact), the plan's In and Out nodes with them, and the topology regenerated for
+that world (the collapsed ring beyond COLLAPSE_FROM_RANKS built ranks).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Optional
 
+import numpy as np
+
+from dprorun.fsutil import UnanswerableError
 from dprorun.replay.engine import GraphBuilder, ReplayGraph
 from dprorun.replay.template import JobModel, MeasuredIteration
 from dprorun.replay.whatif import Sync, WhatIf, comm_scale
+
+
+COLLAPSE_FROM_RANKS = 64
 
 
 @dataclass
@@ -40,10 +51,7 @@ def set_network(graph: ReplayGraph, bandwidth_gbit: Optional[float] = None, band
     """The network pass: the graph's topology regenerated from its plan for this link bandwidth (absolute, or a
     scale of the measured one) and per-step latency; None and 1.0: the job's own network (measured transmissions
     where the plan's layout is the one measured)."""
-    plan: Optional[CommPlan] = graph.meta.get("comm_plan")
-    if plan is None:
-        raise ValueError("the network pass regenerates the topology of a graph as synthesize built it (its "
-                         "communication plan); a coarsened graph has none: coarsen after this pass")
+    plan = plan_of(graph)
     whatif = replace(plan.whatif, bandwidth_gbit=bandwidth_gbit, bandwidth_scale=bandwidth_scale,
                      latency_us=latency_us)
     pricing = CommPricing.for_whatif(plan.model, whatif, plan.world, plan.measured_layout,
@@ -52,6 +60,88 @@ def set_network(graph: ReplayGraph, bandwidth_gbit: Optional[float] = None, band
     g = GraphBuilder.prefix_of(graph, plan.local_nodes)
     join_ranks(g, plan, pricing)
     return g.build(dict(graph.meta, comm_plan=plan))
+
+
+def set_world_size(graph: ReplayGraph, world: int, fold: bool = True,
+                   notes: Optional[list[str]] = None) -> ReplayGraph:
+    """The world-size pass (see the module doc). `fold=False` builds every rank even where the ring repeats."""
+    plan = plan_of(graph)
+    notes = notes if notes is not None else []
+    period = int(graph.meta["ranks_built"])  # the ranks whose local DFGs the graph holds, cycled through
+    built = period if fold and world > period and world % period == 0 else world
+    collapse = built > COLLAPSE_FROM_RANKS and plan.whatif.baseline != "daydream"
+    if world == plan.world and built == period and collapse == plan.collapse:
+        return graph
+    model = plan.model
+    if model.framework == "horovod" and plan.measured_layout and world != model.world_size \
+            and plan.whatif.baseline != "daydream":
+        raise UnanswerableError("Horovod fuses tensors into responses at run time: another world size re-plans "
+                                "them (synthesize the graph for that question)")
+    if world > period:
+        notes.append(f"{world} ranks synthesised from the {period} measured ranks' templates "
+                     "(round-robin); compute contention between ranks on one host is not modelled")
+    if collapse:
+        notes.append(f"{built} ranks built: each collective replayed as one op per rank that starts when every "
+                     f"rank is ready (step-level rings up to {COLLAPSE_FROM_RANKS} ranks: N^2 ops)")
+    g, ins, outs = _copy_ranks(graph, plan, period, built)
+    plan = replace(plan, whatif=replace(plan.whatif, world_size=world), ins=ins, outs=outs, world=world,
+                   collapse=collapse, local_nodes=g.size)
+    local = g.build(dict(graph.meta, world_size=world, ranks_built=built, comm_plan=plan))
+    if graph.size == plan.local_nodes:
+        return local
+    return set_network(local, plan.whatif.bandwidth_gbit, plan.whatif.bandwidth_scale, plan.whatif.latency_us)
+
+
+def plan_of(graph: ReplayGraph) -> "CommPlan":
+    plan = graph.meta.get("comm_plan")
+    if plan is None:
+        raise ValueError("this pass regenerates the topology of a graph as synthesize built it (its communication "
+                         "plan); a coarsened graph has none: coarsen after this pass")
+    return plan
+
+
+def _copy_ranks(graph: ReplayGraph, plan: "CommPlan", period: int,
+                built: int) -> tuple[GraphBuilder, dict, dict]:
+    """Built rank b's local DFG: a copy of rank b % period's (names, devices and rank renumbered), edges among
+    its nodes, and the plan's In / Out nodes per built rank."""
+    local = plan.local_nodes
+    ranks = graph.ranks[:local]
+    if ((ranks < 0) | (ranks >= period)).any():
+        raise ValueError("the local DFGs hold nodes of no built rank: the world-size pass cannot copy them")
+    src = np.repeat(np.arange(local), np.diff(graph.indptr[:local + 1]))
+    dst = graph.indices[:graph.indptr[local]]
+    inside = dst < local
+    src, dst = src[inside], dst[inside]
+    g = GraphBuilder()
+    ins: dict[tuple[str, int], list[int]] = {key: [] for key in plan.ins}
+    outs: dict[str, list[int]] = {key: [] for key in plan.outs}
+    for b in range(built):
+        s = b % period
+        nodes = np.flatnonzero(ranks == s)
+        mapping = np.full(local, -1, dtype=np.int64)
+        mapping[nodes] = g.size + np.arange(len(nodes))
+        old, new = f"r{s}.", f"r{b}."
+        g.names += [new + name[len(old):] if name.startswith(old) else name
+                    for name in (graph.names[n] for n in nodes.tolist())]
+        g.kinds += graph.kinds[nodes].tolist()
+        g.ranks += [b] * len(nodes)
+        g.durations += graph.durations[nodes].tolist()
+        g.phases += graph.phases[nodes].tolist()
+        device_ids = {-1: -1}
+        for d in np.unique(graph.devices[nodes]).tolist():
+            if d >= 0:
+                name = graph.device_names[d].replace(f"rank{s}.", f"rank{b}.", 1)
+                device_ids[d] = g.device(name, int(graph.device_capacity[d]))
+        g.devices += [device_ids[d] for d in graph.devices[nodes].tolist()]
+        g.parts.update({int(mapping[n]): graph.parts[n] for n in nodes.tolist() if n in graph.parts})
+        edges = ranks[src] == s
+        g.src += mapping[src[edges]].tolist()
+        g.dst += mapping[dst[edges]].tolist()
+        for key, per_rank in plan.ins.items():
+            ins[key].append(int(mapping[per_rank[s]]))
+        for key, per_rank in plan.outs.items():
+            outs[key].append(int(mapping[per_rank[s]]))
+    return g, ins, outs
 
 
 def join_ranks(g: GraphBuilder, plan: CommPlan, pricing: "CommPricing") -> None:

@@ -32,7 +32,7 @@ import numpy as np
 
 from dprorun.fsutil import UnanswerableError
 from dprorun.graph.local import ProfiledOp
-from dprorun.replay.comm import set_network
+from dprorun.replay.comm import plan_of, set_network
 from dprorun.replay.engine import KIND_CODE, PHASE_CODE, GraphBuilder, ReplayGraph
 
 
@@ -125,10 +125,7 @@ class LocalEdit:
 
     def __init__(self, graph: ReplayGraph) -> None:
         self.graph = graph
-        self.plan = graph.meta.get("comm_plan")
-        if self.plan is None:
-            raise ValueError("a structural pass edits a graph as synthesize built it (its communication plan); a "
-                             "coarsened graph has none: coarsen after this pass")
+        self.plan = plan_of(graph)
         self.local = self.plan.local_nodes
         self.builder = GraphBuilder.prefix_of(graph, self.local)
         self.redirect_src: dict[int, int] = {}  # node -> the last node inserted after it (takes its successors)

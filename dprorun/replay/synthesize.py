@@ -1,16 +1,17 @@
 """The global DFG that is replayed: local DFGs of every rank joined by the communication topology.
 
-`synthesize(model, whatif)` builds it in steps, each a function:
+`synthesize(model, whatif)` builds it in steps, each a function or a pass on the graph:
   1. the measured iteration's per-rank phase durations (one sample's, or the medians);
   2. the bucket plan (`whatif.plan_syncs`): which collectives there are, when each becomes ready (measured
      layout, re-bucketing, Horovod's fusion, compiled regions, partitions);
-  3. `local_dfg` per rank: the compute chain forward -> loss -> backward segments (an In node after the segment
+  3. `local_dfg` per measured rank: the compute chain forward -> loss -> backward segments (an In node after the segment
      in which each bucket's last gradient became ready) -> finalize (after every Out node) -> update -> tail;
      at op level every phase is the profiled ops that ran in it (graph/local.py), scaled to the phase; then the
      structural passes on these local DFGs (replay/passes.py): `recompute` (a re-computed forward after each
      backward segment) and `accumulate` (the micro-batches before the synchronised one);
   4. the communication plan (`replay/comm.CommPlan`: each collective's In nodes per piece and Out nodes on every
-     built rank), then the network pass `replay/comm.set_network`, which joins them by the topology (a step-level
+     built rank); the world-size pass `replay/comm.set_world_size` copies the measured ranks' local DFGs to the
+     ranks the question's world builds (round-robin, folded where the ring repeats); then the network pass `replay/comm.set_network`, which joins them by the topology (a step-level
      ring, the collapsed ring beyond COLLAPSE_FROM_RANKS built ranks, or Daydream's baseline) priced by
      `CommPricing` for the question's bandwidth and latency (measured transmissions for the job as it ran, else
      the fitted cost model scaled to them); on a built graph the same pass answers another network;
@@ -30,14 +31,11 @@ from typing import Optional
 import numpy as np
 
 from dprorun.graph.local import OpProfile
-from dprorun.replay.comm import CommPlan, set_network
+from dprorun.replay.comm import CommPlan, set_network, set_world_size
 from dprorun.replay.engine import GraphBuilder, ReplayGraph
 from dprorun.replay.passes import accumulate, recompute, scale_compute, scale_ops
 from dprorun.replay.template import JobModel, MeasuredIteration, RankTemplate
 from dprorun.replay.whatif import Sync, WhatIf, plan_syncs, with_ready_groups
-
-COLLAPSE_FROM_RANKS = 64
-
 
 def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[MeasuredIteration] = None,
                fold: bool = True, detail: str = "ops") -> ReplayGraph:
@@ -53,30 +51,21 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     syncs, measured_layout = plan_syncs(model, whatif, notes)
     _structure_notes(whatif, notes)
     measured_ranks = sorted(templates)
-    period = len(measured_ranks)
-    built = period if fold and world > period and world % period == 0 else world
-    if world > period:
-        notes.append(f"{world} ranks synthesised from the {period} measured ranks' templates "
-                     "(round-robin); compute contention between ranks on one host is not modelled")
-    collapse = built > COLLAPSE_FROM_RANKS and whatif.baseline != "daydream"
-    if collapse:
-        notes.append(f"{built} ranks built: each collective replayed as one op per rank that starts when every "
-                     f"rank is ready (step-level rings up to {COLLAPSE_FROM_RANKS} ranks: N^2 ops)")
     g = GraphBuilder()
-    ends: list[RankEnds] = []
-    for r in range(built):
-        measured_rank = measured_ranks[r % period]
-        ends.append(local_dfg(g, r, templates[measured_rank], model.op_profiles.get(measured_rank), model, whatif,
-                              syncs, measured_layout, detail))
+    ends = [local_dfg(g, r, templates[measured], model.op_profiles.get(measured), model, whatif, syncs,
+                      measured_layout, detail) for r, measured in enumerate(measured_ranks)]
+    period = len(measured_ranks)
     plan = CommPlan(model, whatif, syncs, measured_layout, sample,
                     ins={(s.key, p): [e.ins[(s.key, p)] for e in ends] for s in syncs
                          for p in range(whatif.pieces(s.key))},
-                    outs={s.key: [e.outs[s.key] for e in ends] for s in syncs}, world=world, collapse=collapse,
+                    outs={s.key: [e.outs[s.key] for e in ends] for s in syncs}, world=period, collapse=False,
                     local_nodes=g.size)
-    local = g.build({"world_size": world, "buckets": len(syncs), "partitions": whatif.partitions,
-                     "ranks_built": built, "comm_plan": plan})
-    # re-computation and accumulation: passes on the local DFGs (replay/passes.py)
+    local = g.build({"world_size": period, "buckets": len(syncs), "partitions": whatif.partitions,
+                     "ranks_built": period, "comm_plan": plan})
+    # re-computation and accumulation: passes on the measured ranks' local DFGs (replay/passes.py); then the
+    # world-size pass copies them to the ranks the question's world builds (replay/comm.py)
     local = accumulate(recompute(local, whatif.recompute_segments), whatif.accumulation_steps)
+    local = set_world_size(local, world, fold, notes)
     # the ranks joined by the communication topology, priced for the question's network (the network pass)
     graph = set_network(local, whatif.bandwidth_gbit, whatif.bandwidth_scale, whatif.latency_us, notes)
     return compute_passes(graph, whatif, notes)
