@@ -237,3 +237,28 @@ def test_a_strategy_groups_horovod_allreduces(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     applied = json.load(open(run_dir / "rank_0" / "events.json"))["strategy"]["applied"]
     assert applied["horovod_groups"] == [26, 26]
+
+
+def _horovod_tf() -> str:
+    try:
+        import horovod.tensorflow  # noqa: F401
+
+        return ""
+    except Exception as exc:  # not built with TensorFlow (scripts/install-horovod after scripts/install-tf does)
+        return f"horovod.tensorflow is not importable ({type(exc).__name__}: {str(exc)[:80]})"
+
+
+@pytest.mark.skipif(bool(_horovod_tf()), reason=_horovod_tf() or "")
+def test_a_horovod_tensorflow_job_runs_and_says_what_is_not_profiled(tmp_path):
+    """A horovod.tensorflow job under --backend horovod: it runs to the end with its exit code, Horovod's timeline
+    of the whole job is kept and summarised, and the job's end says its ops are not profiled (no silent nothing)."""
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["--backend", "horovod", "--horovod-full-timeline", "-np", "2", "python",
+                           os.path.join(EXAMPLES, "horovod_tf.py"), "--steps", "12", "--width", "64"], run_dir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "median step" in proc.stdout
+    assert "horovod.tensorflow (its ops are not profiled yet" in proc.stdout + proc.stderr
+    assert "nothing was profiled" in proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["backend"] == "horovod" and summary["horovod"]["steps"] >= 10
+    assert summary["horovod"]["tensors"] >= 8  # the model's 8 gradients (and the broadcasts)

@@ -321,6 +321,10 @@ def nothing_to_profile() -> str:
     seen = []
     if any(name.startswith(("torch.distributed.fsdp", "torch.distributed._composable.fsdp")) for name in sys.modules):
         seen.append("FSDP (FullyShardedDataParallel / fully_shard)")
+    if "horovod.tensorflow" in sys.modules:
+        seen.append("horovod.tensorflow (its ops are not profiled yet; `dprorun --backend horovod "
+                    "--horovod-full-timeline` keeps Horovod's own timeline of the whole job: its summary and `dpro "
+                    "import-horovod` read it)")
     distributed = sys.modules.get("torch.distributed")
     try:
         if distributed is not None and distributed.is_available() and distributed.is_initialized():
