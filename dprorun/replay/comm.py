@@ -83,11 +83,12 @@ def set_world_size(graph: ReplayGraph, world: int, fold: bool = True,
     if collapse:
         notes.append(f"{built} ranks built: each collective replayed as one op per rank that starts when every "
                      f"rank is ready (step-level rings up to {COLLAPSE_FROM_RANKS} ranks: N^2 ops)")
+    had_topology = graph.size > plan.local_nodes
     g, ins, outs = _copy_ranks(graph, plan, period, built)
     plan = replace(plan, whatif=replace(plan.whatif, world_size=world), ins=ins, outs=outs, world=world,
                    collapse=collapse, local_nodes=g.size)
     local = g.build(dict(graph.meta, world_size=world, ranks_built=built, comm_plan=plan))
-    if graph.size == plan.local_nodes:
+    if not had_topology:
         return local
     return set_network(local, plan.whatif.bandwidth_gbit, plan.whatif.bandwidth_scale, plan.whatif.latency_us)
 
