@@ -244,3 +244,59 @@ def test_world_size_is_a_pass_on_a_built_graph(mlp_run):
     asked = synthesize(model, WhatIf(bucket_mb=4, world_size=66, recompute_segments=2), [], fold=False)
     assert wide.meta["comm_plan"].collapse and wide.meta["ranks_built"] == 66
     assert replay(wide).iteration_time_us == pytest.approx(replay(asked).iteration_time_us, rel=1e-12)
+
+
+def test_tensor_fusion_and_partition_are_passes_on_a_built_graph(mlp_run):
+    """set_buckets re-cuts every rank's backward at the new collectives' ready points (exact on a backward the
+    model laid out, so re-bucketing twice is re-bucketing once); partition splits collectives and undoes itself."""
+    from dprorun.analysis import RunAnalysis
+    from dprorun.replay.comm import set_network
+    from dprorun.replay.engine import KIND_CODE, PHASE_CODE
+    from dprorun.replay.fusion import partition, set_buckets
+    from dprorun.replay.passes import recompute
+    from dprorun.replay.synthesize import synthesize
+    from dprorun.replay.whatif import WhatIf, plan_syncs
+
+    run_dir, _ = mlp_run
+    model = RunAnalysis(str(run_dir)).model
+    as_run = synthesize(model, WhatIf(), [])
+    small, _ = plan_syncs(model, WhatIf(bucket_mb=0.25), [])
+    large, _ = plan_syncs(model, WhatIf(bucket_mb=8), [])
+    assert len(small) > len(large) >= 1
+    asked = synthesize(model, WhatIf(bucket_mb=0.25), [])
+    modelled = synthesize(model, WhatIf(bucket_mb=8), [])
+    # re-bucketing a backward the model laid out: the same graph as laying it out for those buckets directly
+    again = set_buckets(modelled, small)
+    assert again.names == asked.names
+    assert np.allclose(again.durations, asked.durations, rtol=1e-12, atol=1e-9)
+    assert replay(again).iteration_time_us == pytest.approx(replay(asked).iteration_time_us, rel=1e-12)
+    # each collective's In node starts after its ready fraction of the rank's backward compute
+    result = replay(again)
+    for r in (0, 1):
+        backward = [n for n in range(again.size) if again.ranks[n] == r
+                    and again.phases[n] == PHASE_CODE["backward"]]
+        total = float(again.durations[backward].sum())
+        first = result.start_us[backward[0]]
+        for s in small:
+            node = again.meta["comm_plan"].ins[(s.key, 0)][r]
+            enqueue = again.meta["comm_plan"].enqueue_us[r] * (1 + sorted(x.ready_fraction for x in small).index(
+                s.ready_fraction))
+            assert result.start_us[node] - first >= s.ready_fraction * total - 1e-6
+            assert result.start_us[node] - first <= s.ready_fraction * total + enqueue * len(small) + 1e-6
+    # fewer, larger collectives: fewer communication ops on the links
+    comm = lambda g: int((g.kinds == KIND_CODE["COMM"]).sum())  # noqa: E731
+    assert comm(set_buckets(as_run, large)) < comm(set_buckets(as_run, small))
+    # on the graph as measured the pass still answers (ops placed by time); the topology follows the new plan
+    rebucketed = set_buckets(as_run, small)
+    assert rebucketed.meta["buckets"] == len(small) and rebucketed.meta["backward_layout"] == "model"
+    assert replay(rebucketed).iteration_time_us == pytest.approx(
+        replay(set_network(rebucketed)).iteration_time_us, rel=1e-12)
+
+    split = partition(as_run, 3)
+    assert split.meta["partitions"] == 3 and len(split.meta["comm_plan"].ins) == 3 * len(as_run.meta["comm_plan"].ins)
+    assert replay(split).iteration_time_us == replay(synthesize(model, WhatIf(partitions=3), [])).iteration_time_us
+    back = partition(split, 1)
+    assert back.names == as_run.names and list(back.durations) == list(as_run.durations)
+    assert partition(as_run, 1) is as_run
+    with pytest.raises(ValueError, match="before recompute"):
+        set_buckets(recompute(modelled, 2), small)

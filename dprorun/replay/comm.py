@@ -44,6 +44,7 @@ class CommPlan:
     world: int
     collapse: bool
     local_nodes: int
+    enqueue_us: list[float]  # per built rank: DDP's hook handing one collective over (0: none measured)
 
 
 def set_network(graph: ReplayGraph, bandwidth_gbit: Optional[float] = None, bandwidth_scale: float = 1.0,
@@ -86,7 +87,8 @@ def set_world_size(graph: ReplayGraph, world: int, fold: bool = True,
     had_topology = graph.size > plan.local_nodes
     g, ins, outs = _copy_ranks(graph, plan, period, built)
     plan = replace(plan, whatif=replace(plan.whatif, world_size=world), ins=ins, outs=outs, world=world,
-                   collapse=collapse, local_nodes=g.size)
+                   collapse=collapse, local_nodes=g.size,
+                   enqueue_us=[plan.enqueue_us[b % period] for b in range(built)] if plan.enqueue_us else [])
     local = g.build(dict(graph.meta, world_size=world, ranks_built=built, comm_plan=plan))
     if not had_topology:
         return local
