@@ -7,7 +7,8 @@ Evidence, all from the run directory:
   - clock probes: ping-pong rounds between rank 0 and each rank give  t0 - t1 <= θ_r <= t3 - t2  (hard);
   - point-to-point transfers (`--comm-detail ring`): a RECV cannot complete before its SEND started:
         recv_end + θ_recv >= send_start + θ_send                                     (hard);
-  - whole collectives (bucket mode): a collective cannot end on rank i before it started on rank j:
+  - whole collectives (bucket mode; TensorFlow's collective ops by instance key): a collective cannot end on
+    rank i before it started on rank j:
         end_i + θ_i >= start_j + θ_j  for every pair, written with one variable L_c per collective (its latest
         start on the reference clock):  start_j + θ_j <= L_c <= end_i + θ_i  for every rank, the same feasible
         offsets with 2N rows per collective instead of N(N-1)                        (hard);
@@ -182,11 +183,13 @@ def collect_evidence(run: RunTrace) -> _Evidence:
             sends[op.txn_id] = op
         elif op.phase == "recv" and op.txn_id:
             recvs[op.txn_id] = op
-        elif op.granularity == "collective" and op.phase == "transmit" and op.source == "hooks":
-            seen = spans[(op.tensor, op.iteration)].get(op.rank)
+        elif op.granularity == "collective" and op.phase == "transmit" and op.source in ("hooks", "xplane"):
+            # DDP's and Horovod's per-bucket records; TensorFlow's collective ops (one instance key per launch)
+            key = (op.tensor or op.txn_id, op.iteration)
+            seen = spans[key].get(op.rank)
             # a rank with two spans in one collective: its earliest start and latest end (weaker, never wrong)
-            spans[(op.tensor, op.iteration)][op.rank] = ([op.start_us, op.end_us] if seen is None
-                                                         else [min(seen[0], op.start_us), max(seen[1], op.end_us)])
+            spans[key][op.rank] = ([op.start_us, op.end_us] if seen is None
+                                   else [min(seen[0], op.start_us), max(seen[1], op.end_us)])
     recv_rows = []
     for txn, recv in recvs.items():
         send = sends.get(txn)

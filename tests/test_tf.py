@@ -15,14 +15,14 @@ tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed (pip 
 WINDOW = ["--warmup", "3", "--active", "8", "--kineto-iters", "3", "--clean", "7"]
 
 
-def run_tf_job(args, run_dir, timeout=400):
+def run_tf_job(args, run_dir, timeout=400, env=None):
     """`run_dprorun` for a TF job, launched again once when a worker was killed by a signal: TensorFlow's
     profiler crashes now and then when it stops (SIGSEGV / SIGABRT; in plain TensorFlow launches too: 3 of 12
     with step markers, and 3 of 16 dprorun launches without them; benchmarks/RESULTS.md, TensorFlow)."""
-    proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout)
+    proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout, env=env)
     if proc.returncode != 0 and "killed by signal" in proc.stderr:
         print(f"TF launch retried after a worker crash: {proc.stderr.strip().splitlines()[-3:]}")
-        proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout)
+        proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout, env=env)
     return proc, elapsed
 
 
@@ -172,3 +172,26 @@ def test_keras3_fit_users_are_told_the_upstream_issue_and_the_workaround(tmp_pat
     assert "keras-team/keras#20585" in proc.stderr and "tf-keras" in proc.stderr
     if proc.returncode != 0:  # as upstream has it: the job's own error and exit code are kept
         assert proc.returncode == 1 and "rank" in proc.stderr
+
+
+def test_workers_on_two_hosts_probe_their_clocks_and_gather_over_a_side_group(tmp_path):
+    """TensorFlow workers have no torch process group: a gloo group over the launcher's rendezvous store carries
+    the clock probes, the gather and the clean iterations' start times, as in DDP jobs. Two workers declared on
+    two hosts (the test knob DPRO_TEST_HOSTS: rank 1 ships its files as from another disk) with an injected
+    skew: its files reach rank 0's run directory over the group, and its offset lies within the uncertainty
+    the alignment states (the collectives' instance keys add their evidence)."""
+    run_dir = tmp_path / "run"
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "-q", "python",
+                          os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "22", "--width", "64"],
+                         run_dir, env={"DPRO_TEST_HOSTS": "h0,h1", "DPRO_TEST_CLOCK_SKEW_US": "0,4000"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (run_dir / "rank_1" / "GATHERED_FROM").is_file() and (run_dir / "rank_1" / "xplane.pb").is_file()
+    assert len(json.loads((run_dir / "rank_0" / "events.json").read_text())["clock_probes"]) == 40
+    assert json.loads((run_dir / "rank_1" / "clean.json").read_text())["rank"] == 1
+    out = _dpro("align", run_dir, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc["probe_intervals_us"]) == {"1"}
+    error = abs(doc["offsets_us"]["1"] - (-4000.0))
+    assert error <= max(50.0, doc["uncertainty_us"]["1"]), (error, doc["uncertainty_us"])
+    assert doc["uncertainty_us"]["1"] < 4000.0  # the probes bound it (without them: unbounded)

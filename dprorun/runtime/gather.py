@@ -68,7 +68,16 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
             session.records.cpu_budget = cpu_budget(tf_compute_threads())
         except Exception as exc:  # informative only
             session.records.warnings.append(f"CPU budget unreadable: {exc}")
+        group = side_group(session, timeout_s)
+        if group is not None:
+            try:
+                probe_clocks(session, group)
+            except Exception as exc:  # alignment falls back to trace-only evidence
+                session.records.warnings.append(f"clock probes failed: {exc}")
         _write_events_keeping_step(session)
+        if group is not None:
+            gather_to_rank0(session, group)
+            session.window_group = group  # released after the clean iterations (exchange_clean_starts)
         return
     import torch.distributed as dist
 
@@ -108,6 +117,30 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     _write_events_keeping_step(session)
     gather_to_rank0(session, group)
     session.window_group = group  # released after the clean iterations (exchange_clean_starts)
+
+
+def side_group(session: RankSession, timeout_s: float):
+    """The world as a gloo process group, for workers of a framework that has no torch process group of its own
+    (TensorFlow): made over the launcher's rendezvous store (the torch elastic agent's, MASTER_ADDR / MASTER_PORT,
+    which dprorun's launch gives every worker), it carries the clock probes, the gather to rank 0's node and the
+    clean iterations' start times as in DDP jobs. None (and the reason recorded) where there is none."""
+    if session.world_size < 2:
+        return None
+    if not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+        session.records.warnings.append("no rendezvous store in the environment (MASTER_ADDR / MASTER_PORT): no "
+                                        "clock probes, and ranks on other hosts keep their traces there")
+        return None
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method="env://", rank=session.rank, world_size=session.world_size,
+                                    timeout=timedelta(seconds=timeout_s))
+        return dist.group.WORLD
+    except Exception as exc:
+        session.records.warnings.append(f"no process group for the clock probes and the gather: "
+                                        f"{type(exc).__name__}: {exc}")
+        return None
 
 
 def _write_events_keeping_step(session: RankSession) -> None:

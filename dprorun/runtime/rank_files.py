@@ -36,7 +36,10 @@ def events_document(session: RankSession) -> dict:
                    "kineto_iterations": list(range(cfg.warmup, session.kineto_end_iteration))},
         "disturbed_iterations": session.records.disturbed_iterations,
         "clock": {"source": "time.time_ns", "wall_start_us": session.wall_start_us,
-                  "monotonic_start_ns": session.monotonic_at_start_ns},
+                  "monotonic_start_ns": session.monotonic_at_start_ns,
+                  # the test knob's shift of every hook timestamp; a profiler file that keeps the process's own
+                  # clock (TensorFlow's xplane) is shifted by it when read
+                  "test_skew_us": session.skew_us},
         "iteration_starts_us": session.records.iteration_starts,
         "spans": session.records.spans,
         "comm": [c.row() for c in session.records.comm if c.done_us is not None],

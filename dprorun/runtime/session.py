@@ -57,7 +57,7 @@ class RankSession:
         # start_profiler() / stop_profiler(write) / step(): torch.profiler (runtime/torch_profiler.py) by default;
         # TensorFlow's and MXNet's hooks set their own (runtime/tf.py, runtime/mxnet.py)
         self.profiler_backend: Optional[Any] = None
-        self.framework = "torch"  # "tf" in TensorFlow workers: no torch process group, no torch import
+        self.framework = "torch"  # "tf" in TensorFlow workers: no torch process group of the job's own
         self.window_hooks: list[Any] = []
         self.open_marks: dict[str, float] = {}
         self.wall_start_us = self.now_us()
@@ -281,7 +281,7 @@ class RankSession:
         complete = len(self.records.iteration_starts) > self.cfg.warmup + self.cfg.active + self.cfg.clean
         make_private_dir(self.rank_dir)
         atomic_write_json(os.path.join(self.rank_dir, CLEAN_FILE), self.clean_document(complete=complete))
-        if exchange and self.window_work_done and self.framework == "torch":
+        if exchange and self.window_work_done and (self.framework == "torch" or self.window_group is not None):
             from dprorun.runtime.gather import exchange_clean_starts
 
             exchange_clean_starts(self, complete)

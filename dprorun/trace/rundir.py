@@ -360,7 +360,8 @@ def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = T
     tf_profile = None
     xplane_path = os.path.join(folder, XPLANE_FILE)
     if os.path.exists(xplane_path):
-        tf_profile = read_tf_profile(xplane_path, doc["rank"])
+        skew = float(doc.get("clock", {}).get("test_skew_us") or 0.0)
+        tf_profile = read_tf_profile(xplane_path, doc["rank"], shift_us=skew)
         add_tf_records(doc, tf_profile)
     trace = rank_from_events(doc, kineto, samples)
     if tf_profile is not None and detail:

@@ -230,12 +230,14 @@ class TFProfile:
     steps: list[tuple[int, float, float]]  # (step_num, start, end)
 
 
-def read_tf_profile(path: str, rank: int) -> TFProfile:
+def read_tf_profile(path: str, rank: int, shift_us: float = 0.0) -> TFProfile:
+    """The worker's profile; `shift_us` moves every time (the hooks' test clock skew, which TensorFlow's
+    profiler does not see)."""
     space = read_xspace(path)
     compute, collectives, steps = [], [], []
     allocations = [e for e in space.events if e.name == "MemoryAllocation" and e.thread in COLLECTIVE_THREADS]
     for event in space.events:
-        start, end = event.start_ns / 1000.0, event.end_ns / 1000.0
+        start, end = event.start_ns / 1000.0 + shift_us, event.end_ns / 1000.0 + shift_us
         if event.thread == "python" and event.name == "train" and "step_num" in event.stats:
             steps.append((int(event.stats["step_num"]), start, end))
         elif event.thread in COLLECTIVE_THREADS and ":Collective" in event.name:
