@@ -10,7 +10,8 @@ import pytest
 
 from conftest import EXAMPLES, REPO, run_dprorun
 from dprorun.align import align, apply_alignment
-from dprorun.graph.build import build_global_dfg
+from dprorun.graph.build import build_global_dfg, replay_graph
+from dprorun.replay.engine import replay
 from dprorun.graph.dfg import GlobalDFG
 from dprorun.graph.topology import SyncSpec, join_transactions, parameter_server, ring_schedule
 from dprorun.synth import synthetic_ring_run
@@ -141,6 +142,21 @@ def test_global_dfg_with_measured_ring_steps(skewed_ring_run):
     sends = [op for op in dfg.nodes if op.phase == "send"]
     assert all(op.granularity == "chunk" and op.source == "hooks" for op in sends)
     assert len({op.step for op in sends}) == 2 * (4 - 1)
+    # the measured DFG replays with the engine that replays the synthesized graph: every measured SEND on its
+    # link with its measured duration, every rank's compute in order; `dpro graph --measured` reports it
+    graph = replay_graph(dfg)
+    assert graph.size == len(dfg.nodes) and sum(name.startswith("link") for name in graph.device_names) == 4
+    result = replay(graph)
+    busy = max(sum(op.end_us - op.start_us for op in dfg.nodes if op.rank == r and op.kind in
+                   (OpKind.FW, OpKind.BW, OpKind.UPDATE, OpKind.IO, OpKind.OTHER)) for r in range(4))
+    spans = [e - s for r in range(4) for i, s, e in run.ranks[r].iterations if i == dfg.nodes[0].iteration]
+    assert busy <= result.iteration_time_us <= 1.5 * max(spans)
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "graph", str(skewed_ring_run), "--measured"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["replay"]["iteration_time_ms"] == pytest.approx(result.iteration_time_us / 1000, abs=1e-3)
+    assert set(doc["replay"]["measured_span_ms"]) == {"0", "1", "2", "3"}
 
 
 def _check_in_out_order(dfg: GlobalDFG) -> None:

@@ -8,6 +8,10 @@ Per rank (the local DFG):
 Across ranks: each bucket's synchronisation through the communication topology (ring all-reduce here), with
 measured SEND/RECV ops where `--comm-detail ring` recorded them and estimated ones (flagged) otherwise; the
 Middleman joins SEND and RECV by transaction id.
+
+`replay_graph(dfg)` gives it the replay engine's graph type (each op its measured duration on its device), so the
+measured DFG replays with the same engine as the synthesized one: `dpro graph RUN --measured` compares that replay
+with the iteration it was measured on (what the dependencies explain, and what lies in the gaps between ops).
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import bisect
 from typing import Optional
 
 from dprorun.graph.dfg import GlobalDFG
+from dprorun.replay.engine import GraphBuilder, ReplayGraph
 from dprorun.graph.topology import SyncSpec, join_transactions, ring_allreduce
 from dprorun.trace.model import Op, OpKind, RankTrace, RunTrace
 from dprorun.fsutil import UnanswerableError
@@ -114,3 +119,30 @@ def build_global_dfg(run: RunTrace, iteration: Optional[int] = None) -> GlobalDF
         dfg.notes.append(f"{estimated} SEND/RECV ops are estimated from whole-collective spans (only the "
                          "collective's time was measured; run with --comm-detail ring to measure every chunk)")
     return dfg
+
+
+def replay_graph(dfg: GlobalDFG) -> ReplayGraph:
+    """The measured DFG as a ReplayGraph: compute ops on their rank's compute device with their measured
+    durations; a SEND on the link to its peer with the measured transfer (estimated ones: the collective's span
+    in equal slices); a RECV joins its SEND and takes no device; In/Out and other virtual ops take no time.
+    The profiler's gaps between top-level ops (Python between them, waits) are not ops, so a rank's replayed
+    compute is its ops' busy time."""
+    g = GraphBuilder()
+    for op in dfg.nodes:
+        duration = max(0.0, op.end_us - op.start_us)
+        if op.kind is OpKind.VIRTUAL:
+            g.op(op.name, "VIRTUAL", op.rank, None, 0.0)
+        elif op.kind in (OpKind.COMM, OpKind.QUEUE):
+            if op.phase == "send" and op.peer is not None:
+                g.op(op.name, "COMM", op.rank, f"link{op.rank}->{op.peer}", duration)
+            elif op.phase == "recv":
+                g.op(op.name, "VIRTUAL", op.rank, None, 0.0)
+            else:  # a server's aggregation, a whole collective
+                g.op(op.name, op.kind.value, op.rank, f"{op.stream or 'comm'}{op.rank}", duration)
+        else:
+            g.op(op.name, op.kind.value, op.rank, f"rank{op.rank}.compute", duration)
+    for v, preds in enumerate(dfg.preds):
+        for u in preds:
+            g.edge(u, v)
+    return g.build({"measured": True, "ranks_built": len({op.rank for op in dfg.nodes}),
+                    "world_size": len({op.rank for op in dfg.nodes})})
