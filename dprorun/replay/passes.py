@@ -8,6 +8,8 @@ joins the ranks. The compute what-ifs are passes on that graph:
   - `scale_ops(graph, op_scale)`: the per-op what-if (`dpro replay --op-scale PATTERN=FACTOR`): each node made of
     profiled ops takes, per op, the factor of every pattern that op matches (by name, module scope or
     name@scope), weighted by the op's share of the node;
+  - `scale_devices(graph, factors)`: the nodes on the devices a glob pattern names x a factor (BytePS's stage
+    what-if: replay/pipeline.scale_stages);
   - `coarsen(graph)` (replay/coarsen.py): chains of compute ops merged (dPRO's coarsened view).
 Two passes change the structure of the ranks' local DFGs (nodes inserted into each rank's compute chain) and
 then regenerate the topology that joins them, if the graph had one (`replay/comm.set_network`):
@@ -62,6 +64,20 @@ def scale_ops(graph: ReplayGraph, op_scale: dict[str, float]) -> tuple[ReplayGra
             total += share * float(np.prod([op_scale[p] for p in patterns])) if patterns else share
         durations[node] *= total
     return replace(graph, durations=durations), matched
+
+
+def scale_devices(graph: ReplayGraph, factors: dict[str, float]) -> ReplayGraph:
+    """Every node on a device whose name matches a glob pattern, its duration x that pattern's factor (the
+    product where several match): a faster link, a BytePS stage's service (replay/pipeline.scale_stages)."""
+    factor = np.ones(len(graph.device_names))
+    for d, name in enumerate(graph.device_names):
+        for pattern, value in factors.items():
+            if fnmatchcase(name, pattern):
+                factor[d] *= value
+    on_device = graph.devices >= 0
+    durations = graph.durations.copy()
+    durations[on_device] = durations[on_device] * factor[graph.devices[on_device]]
+    return replace(graph, durations=durations)
 
 
 def op_patterns(op: ProfiledOp, op_scale: dict[str, float]) -> list[str]:

@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, critical_path_report, replay
+from dprorun.replay.passes import scale_devices
 from dprorun.trace.byteps import BytePSTrace
 from dprorun.trace.model import OpKind
 from dprorun.fsutil import UnanswerableError
@@ -116,9 +117,20 @@ def median_times(samples: list[ChainTimes]) -> ChainTimes:
 
 def machine_graph(gpus: list[ChainTimes], stage_scale: Optional[dict[str, float]] = None) -> ReplayGraph:
     """The replay graph of one step of one GPU, or of one machine's GPUs (the first is the root, which pushes
-    and pulls): per partition, entry delay -> (hand-off -> stage) x stages, on the GPU's own stage devices; a stage listed in `after_root` also waits for the root's PULL of the same
-    partition (plus the measured delay after it) instead of its measured hand-off."""
-    scale = {k.upper(): v for k, v in (stage_scale or {}).items()}
+    and pulls): per partition, entry delay -> (hand-off -> stage) x stages, on the GPU's own stage devices
+    (`byteps.<stage>`, `gpu<k>.byteps.<stage>`); a stage listed in `after_root` also waits for the root's PULL of
+    the same partition (plus the measured delay after it) instead of its measured hand-off. `stage_scale` is the
+    stage what-if, a pass on the built graph (`scale_stages`)."""
+    graph = _stage_graph(gpus)
+    return scale_stages(graph, stage_scale) if stage_scale else graph
+
+
+def scale_stages(graph: ReplayGraph, stage_scale: dict[str, float]) -> ReplayGraph:
+    """The stage what-if as a pass (replay/passes.scale_devices): every GPU's service of that stage x factor."""
+    return scale_devices(graph, {f"*byteps.{stage.lower()}": factor for stage, factor in stage_scale.items()})
+
+
+def _stage_graph(gpus: list[ChainTimes]) -> ReplayGraph:
     builder = GraphBuilder()
     pulls: dict[tuple[str, int], int] = {}
     for rank, times in enumerate(gpus):
@@ -142,7 +154,7 @@ def machine_graph(gpus: list[ChainTimes], stage_scale: Optional[dict[str, float]
                     node_inputs = [previous]
                 node = builder.op(f"{stage}.{label}", "QUEUE" if kind == OpKind.QUEUE.value else "COMM", rank,
                                   f"gpu{rank}.byteps.{stage.lower()}" if len(gpus) > 1 else f"byteps.{stage.lower()}",
-                                  service * scale.get(stage, 1.0))
+                                  service)
                 for u in node_inputs:
                     builder.edge(u, node)
                 previous = node
