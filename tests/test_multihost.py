@@ -1,6 +1,7 @@
 """Two hosts that share nothing but a network: an emulated cluster (scripts/emulated_cluster.py: one network
 namespace, CPU quota and 1 Gbit link per host). Each node gets its own run directory, as on two machines; the
 traces must reach node 0's over the job's process group, and a world-size dry run must predict from them."""
+import importlib
 import os
 import shutil
 import subprocess
@@ -63,19 +64,20 @@ def test_two_hosts_gather_into_node0_and_dry_run_predicts_four(tmp_path):
         assert cpu["cgroup_quota_cores"] == pytest.approx(0.9) and cpu["cores_per_rank"] == pytest.approx(0.9)
 
 
-def _horovod_multihost_unavailable() -> str:
+def _missing(module: str, how: str) -> str:
+    """Why a test that needs `module` (and the emulated cluster) cannot run here; "" when it can."""
     if UNAVAILABLE:
         return UNAVAILABLE
-    if not os.path.exists("/usr/sbin/sshd"):
-        return "needs sshd (Debian openssh-server) for horovodrun -H between emulated hosts"
     try:
-        import horovod.torch  # noqa: F401
-    except Exception as exc:
-        return f"Horovod is not installed ({type(exc).__name__}); scripts/install-horovod builds it"
+        importlib.import_module(module)
+    except Exception as exc:  # ImportError, or a build that does not match this torch
+        return f"{module} is not importable ({type(exc).__name__}); {how}"
     return ""
 
 
-HOROVOD_UNAVAILABLE = _horovod_multihost_unavailable()
+HOROVOD_UNAVAILABLE = ("needs sshd (Debian openssh-server) for horovodrun -H between emulated hosts"
+                       if not UNAVAILABLE and not os.path.exists("/usr/sbin/sshd") else
+                       _missing("horovod.torch", "scripts/install-horovod builds it"))
 
 
 @pytest.mark.skipif(bool(HOROVOD_UNAVAILABLE), reason=HOROVOD_UNAVAILABLE)
@@ -108,17 +110,7 @@ def test_horovod_across_two_hosts_with_separate_disks():
         shutil.rmtree(private, ignore_errors=True)
 
 
-def _tf_unavailable() -> str:
-    if UNAVAILABLE:
-        return UNAVAILABLE
-    try:
-        import tensorflow  # noqa: F401
-    except Exception as exc:
-        return f"TensorFlow is not installed ({type(exc).__name__}); scripts/install-tf installs it"
-    return ""
-
-
-TF_UNAVAILABLE = _tf_unavailable()
+TF_UNAVAILABLE = _missing("tensorflow", "scripts/install-tf installs it")
 
 
 @pytest.mark.skipif(bool(TF_UNAVAILABLE), reason=TF_UNAVAILABLE)
