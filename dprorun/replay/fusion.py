@@ -19,7 +19,7 @@ them before `recompute` and `accumulate`, which insert nodes into the backward.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -76,8 +76,8 @@ def _rejoin(graph: ReplayGraph, syncs: list[Sync], partitions: int, bucket_parti
     return set_network(local, whatif.bandwidth_gbit, whatif.bandwidth_scale, whatif.latency_us)
 
 
-def _rejoin_rank(graph: ReplayGraph, plan: CommPlan, g: GraphBuilder, r: int, syncs: list[Sync], pieces,
-                 recut: bool) -> tuple[dict[tuple[str, int], int], dict[str, int]]:
+def _rejoin_rank(graph: ReplayGraph, plan: CommPlan, g: GraphBuilder, r: int, syncs: list[Sync],
+                 pieces: Callable[[str], int], recut: bool) -> tuple[dict[tuple[str, int], int], dict[str, int]]:
     """Rank r's local DFG rebuilt into g: its compute chain copied, the backward re-cut (recut) or kept, In nodes
     per piece at each collective's ready point, Out nodes into finalize."""
     chain = compute_chain(graph, r, plan.local_nodes)
@@ -89,10 +89,12 @@ def _rejoin_rank(graph: ReplayGraph, plan: CommPlan, g: GraphBuilder, r: int, sy
             ins[(key, p)] = g.op(f"r{r}.In.{key}.p{p}", "VIRTUAL", r, None, delays.get(key, 0.0))
             g.edge(after, ins[(key, p)])
 
-    phases = graph.phases[chain]
-    start = int(np.argmax(np.isin(phases, BACKWARD)))
-    stop = start + int(np.argmin(np.isin(phases[start:], BACKWARD))) if not np.isin(phases[start:], BACKWARD).all() \
-        else len(chain)
+    in_backward = np.isin(graph.phases[chain], BACKWARD)
+    if not in_backward.any():
+        raise ValueError(f"rank {r}'s compute chain has no backward to hand collectives over from")
+    start = int(np.argmax(in_backward))  # the backward block: its first node, and the first node after it
+    after = np.flatnonzero(~in_backward[start:])
+    stop = start + int(after[0]) if len(after) else len(chain)
     new_chain = [_copy(g, graph, n) for n in chain[:start]]
     if recut:
         new_chain += _recut_backward(graph, plan, g, r, chain[start:stop], syncs, attach)
@@ -112,7 +114,7 @@ def _rejoin_rank(graph: ReplayGraph, plan: CommPlan, g: GraphBuilder, r: int, sy
 
 
 def _recut_backward(graph: ReplayGraph, plan: CommPlan, g: GraphBuilder, r: int, block: list[int],
-                    syncs: list[Sync], attach) -> list[int]:
+                    syncs: list[Sync], attach: Callable[[int, str], None]) -> list[int]:
     """The backward's compute, cut at the collectives' ready points: its profiled ops sliced per segment (the
     profile's own slice), DDP's enqueue cost after each cut, the collective's In nodes after that."""
     compute = [n for n in block if graph.phases[n] == PHASE_CODE["backward"]]

@@ -40,7 +40,8 @@ def as_measured(templates: dict[int, RankTemplate], whatif: WhatIf, measured_lay
 def local_dfg(g: GraphBuilder, r: int, t: RankTemplate, profile: Optional[OpProfile], model: JobModel,
               syncs: list[Sync], measured: bool, detail: str) -> RankEnds:
     """One rank's compute chain with its In and Out nodes (see the module doc): `measured`, the backward cut
-    at the measured buckets' ready points (`syncs`, one In node each: the partition pass adds pieces); else uncut, with no In or Out node.
+    at the measured buckets' ready points (`syncs`, one In node each: the partition pass adds pieces); else
+    uncut, with no In or Out node.
     Every compute node carries its phase, and the profiled ops it is made of, for the compute passes."""
     dev = f"rank{r}.compute"
 

@@ -1,22 +1,23 @@
 """The global DFG that is replayed: local DFGs of every rank joined by the communication topology.
 
-`synthesize(model, whatif)` builds it in steps, each a function or a pass on the graph:
-  1. the measured iteration's per-rank phase durations (one sample's, or the medians);
-  2. the bucket plan (`whatif.plan_syncs`): which collectives there are, when each becomes ready (measured
-     layout, re-bucketing, Horovod's fusion, compiled regions, partitions);
-  3. `local_dfg` per measured rank: the compute chain forward -> loss -> backward segments (an In node after the segment
-     in which each bucket's last gradient became ready) -> finalize (after every Out node) -> update -> tail;
-     at op level every phase is the profiled ops that ran in it (graph/local.py), scaled to the phase; then the
-     structural passes on these local DFGs (replay/passes.py): `recompute` (a re-computed forward after each
-     backward segment) and `accumulate` (the micro-batches before the synchronised one);
-  4. the communication plan (`replay/comm.CommPlan`: each collective's In nodes per piece and Out nodes on every
-     built rank); the world-size pass `replay/comm.set_world_size` copies the measured ranks' local DFGs to the
-     ranks the question's world builds (round-robin, folded where the ring repeats); then the network pass `replay/comm.set_network`, which joins them by the topology (a step-level
-     ring, the collapsed ring beyond COLLAPSE_FROM_RANKS built ranks, or Daydream's baseline) priced by
-     `CommPricing` for the question's bandwidth and latency (measured transmissions for the job as it ran, else
-     the fitted cost model scaled to them); on a built graph the same pass answers another network;
-  5. `compute_passes`: the compute what-ifs as passes on the built graph (replay/passes.py): a measured variant's
-     forward/backward scale, the per-op scale.
+`synthesize(model, whatif)` builds the measured ranks' local DFGs and answers the question with passes on them,
+each one function `ReplayGraph -> ReplayGraph`:
+  1. the measured iteration's per-rank phase durations (one sample's, or the medians) and the bucket plan
+     (`whatif.plan_syncs`: the measured layout, re-bucketing, Horovod's fusion, TF's packs, compiled regions);
+  2. `local_dfg` per measured rank (replay/local_dfg.py): forward -> loss -> backward -> finalize -> update ->
+     tail, each phase the profiled ops that ran in it (graph/local.py) scaled to the phase; the backward cut as
+     measured (an In node where each measured bucket's hook ran), or uncut for any other bucket plan; a
+     communication plan (`replay/comm.CommPlan`) names the In and Out nodes;
+  3. `fusion.partition` (the measured buckets in pieces) or `fusion.set_buckets` (the uncut backward cut at the
+     plan's ready points, In nodes per piece, DDP's enqueue cost after each cut);
+  4. `passes.recompute` (a re-computed forward after each backward segment), `passes.accumulate` (the
+     micro-batches before the synchronised one);
+  5. `comm.set_world_size`: the local DFGs copied to the ranks the question's world builds (round-robin, folded
+     where the ring repeats);
+  6. `comm.set_network`: the ranks joined by the topology (a step-level ring, the collapsed ring beyond
+     COLLAPSE_FROM_RANKS built ranks, or Daydream's baseline) priced by `CommPricing` for the question's bandwidth
+     and latency (measured transmissions for the job as it ran, else the fitted cost model scaled to them);
+  7. `compute_passes`: a measured variant's forward/backward scale, the per-op scale (replay/passes.py).
 
 Modelled steps of a backend with several channels (gloo) are split in two: the step latency on one of the
 backend's channels (`channel r->r+1`, as many slots as collectives in flight), the bytes on the link, which
