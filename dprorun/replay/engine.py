@@ -4,7 +4,8 @@ Every op has a duration and a device (a rank's compute stream, a communication l
 that take no device). An op becomes ready when all its predecessors have finished; it then waits in its
 device's queue. The simulation repeatedly advances the device whose next op can start earliest, runs that op
 (start = max(ready time, device time)), and releases its successors. Ops on one device run in the order they
-became ready. The iteration time is the latest end. Every op remembers what decided its start (its last
+became ready (to the nanosecond: times equal but for float rounding tie, and the op built first goes first). The
+iteration time is the latest end. Every op remembers what decided its start (its last
 finishing predecessor, or the op before it on a busy device), which yields the critical path by walking back
 from the last op: the execution graph is the DFG plus those same-device ordering edges.
 
@@ -156,6 +157,13 @@ class GraphBuilder:
                            dict(meta or {}), np.asarray(self.phases, dtype=np.int8), self.parts)
 
 
+def _tick(t):
+    """An op's place in the ready queue: its ready time to the nanosecond, so that times equal but for float
+    rounding (a chain's ops summed one by one, or merged into one by coarsening) tie, and the op built first goes
+    first in both."""
+    return np.floor(t * 1000.0 + 0.5) / 1000.0
+
+
 def _simulate(durations, devices, indptr, indices, capacity):
     n = durations.shape[0]
     n_devices = capacity.shape[0]
@@ -191,8 +199,8 @@ def _simulate(durations, devices, indptr, indices, capacity):
                     slot = k
         if slot >= 0 and slot_time[slot] > begin:
             begin = slot_time[slot]
-            if begin > key:  # every slot of the device got busy since this op was queued: wait
-                heapq.heappush(heap, (begin, u))
+            if _tick(begin) > key:  # every slot of the device got busy since this op was queued: wait
+                heapq.heappush(heap, (_tick(begin), u))
                 continue
             crit[u] = slot_last[slot]
         else:
@@ -211,13 +219,14 @@ def _simulate(durations, devices, indptr, indices, capacity):
                 dep[v] = u
             indeg[v] -= 1
             if indeg[v] == 0:
-                heapq.heappush(heap, (ready[v], v))
+                heapq.heappush(heap, (_tick(ready[v]), v))
     return start, end, crit, done
 
 
 try:  # pragma: no cover - exercised where numba is installed
     import numba
 
+    _tick = numba.njit(cache=True)(_tick)
     _simulate_fast = numba.njit(cache=True)(_simulate)
     ENGINE = "numba"
 except ImportError:  # pragma: no cover
