@@ -6,6 +6,10 @@ median durations and the first two measured iterations.
     PYTHONPATH=. python benchmarks/replay_refactor_check.py RUN_DIR... --out /tmp/after.json
     python benchmarks/replay_refactor_check.py --compare /tmp/before.json /tmp/after.json
 
+Parameter-server runs (`dprorun --backend mxnet`) get the PS what-ifs (`PS_WHATIFS`, model fitted once per run), and
+`--byteps FILE...` adds recorded BytePS comm.json files (every step predicted from the others, as run and with
+the stage what-ifs).
+
 The comparison prints every prediction that moved (relative difference over 1e-9) and, last, the largest
 difference.
 """
@@ -30,6 +34,53 @@ WHATIFS = {
     "daydream": {"baseline": "daydream"}, "daydream 1 Gbit": {"baseline": "daydream", "bandwidth_gbit": 1.0},
 }
 
+PS_WHATIFS = {
+    "as run": {}, "servers 1": {"servers": 1}, "servers 3": {"servers": 3}, "bound 1000": {"bigarray_bound": 1000},
+    "bound 100000": {"bigarray_bound": 100000}, "workers 4": {"workers": 4}, "workers 3": {"workers": 3},
+    "bandwidth x0.5": {"bandwidth_scale": 0.5}, "1 Gbit": {"bandwidth_gbit": 1.0}, "per-node": {"links": "per-node"},
+    "per-node + servers 1": {"links": "per-node", "servers": 1},
+    "workers 4 + servers 3 + 1 Gbit": {"workers": 4, "servers": 3, "bandwidth_gbit": 1.0},
+}
+BYTEPS_WHATIFS = {"as run": None, "push+pull x0.5": {"PUSH": 0.5, "PULL": 0.5}, "reduce x0.5": {"REDUCE": 0.5},
+                  "copyd2h x2 + push x0.7": {"COPYD2H": 2.0, "PUSH": 0.7}}
+
+
+def ps_predictions(run: str) -> dict:
+    from dprorun.replay.ps import PSWhatIf, build_ps_model, predict_ps
+
+    model = build_ps_model(run)
+    out = {}
+    for name, kwargs in PS_WHATIFS.items():
+        try:
+            times = [predict_ps(model, PSWhatIf(**kwargs)).iteration_ms * 1000]
+        except Exception as exc:
+            times = f"{type(exc).__name__}: {exc}"
+        out[f"{run.rstrip('/').split('/')[-1]} | ps {name}"] = times
+    return out
+
+
+def byteps_predictions(paths: list[str]) -> dict:
+    from dprorun.replay.pipeline import predict_steps
+    from dprorun.trace.byteps import read_byteps_comm
+
+    out = {}
+    for path in paths:
+        trace = read_byteps_comm(path)
+        for name, scale in BYTEPS_WHATIFS.items():
+            out[f"{path.split('/')[-1]} | byteps {name}"] = [p.predicted_us for p in predict_steps(trace, scale)]
+    return out
+
+
+def byteps_machine_predictions(root: str, others: list[str]) -> dict:
+    """A machine's files replayed together (the root GPU's first), from constructed or recorded files."""
+    from dprorun.replay.pipeline import predict_machine_steps
+    from dprorun.trace.byteps import read_byteps_comm
+
+    traces = [read_byteps_comm(path, rank=r) for r, path in enumerate([root, *others])]
+    return {f"machine {root.split('/')[-1]} | byteps {name}": [p.predicted_us for p in
+                                                             predict_machine_steps(traces[0], traces[1:], scale)]
+            for name, scale in BYTEPS_WHATIFS.items()}
+
 
 def predictions(runs: list[str]) -> dict:
     from dprorun.analysis import RunAnalysis
@@ -37,8 +88,13 @@ def predictions(runs: list[str]) -> dict:
     from dprorun.replay.synthesize import synthesize
     from dprorun.replay.whatif import WhatIf
 
+    from dprorun.replay.ps import is_ps_run
+
     out = {}
     for run in runs:
+        if is_ps_run(run):
+            out.update(ps_predictions(run))
+            continue
         model = RunAnalysis(run).model
         for name, kwargs in WHATIFS.items():
             for detail in ("ops", "coarse"):
@@ -73,6 +129,9 @@ def compare(before: dict, after: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*")
+    parser.add_argument("--byteps", nargs="*", default=[], metavar="COMM_JSON")
+    parser.add_argument("--byteps-machine", nargs="*", default=[], metavar="COMM_JSON",
+                        help="one machine's files, the root GPU's first")
     parser.add_argument("--out")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     args = parser.parse_args()
@@ -81,6 +140,9 @@ def main() -> None:
             compare(json.load(a), json.load(b))
         return
     doc = predictions(args.runs)
+    doc.update(byteps_predictions(args.byteps))
+    if args.byteps_machine:
+        doc.update(byteps_machine_predictions(args.byteps_machine[0], args.byteps_machine[1:]))
     with open(args.out, "w") as handle:
         json.dump(doc, handle)
     print(f"{len(doc)} predictions written to {args.out}")
