@@ -130,6 +130,29 @@ def test_one_machines_gpus_replayed_together(tmp_path):
         machine_summary([worker, worker])
 
 
+def test_byteps_push_and_pull_run_on_the_parameter_server_topology(tmp_path):
+    """The root GPU's PUSH and PULL are the PS topology of the one graph (replay/ps_topology.py): the network pass
+    scales them as the stage what-if does; the servers and the other workers were not recorded, so placement and
+    worker-count questions say why they cannot be answered."""
+    from dprorun.fsutil import UnanswerableError
+    from dprorun.replay.engine import replay
+    from dprorun.replay.pipeline import machine_graph, scale_stages
+    from dprorun.replay.ps_topology import plan_of, set_placement, set_ps_network, set_workers
+
+    bt = read_byteps_comm(write_comm(str(tmp_path / "comm.json"), constructed_events()))
+    graph = machine_graph([step_times(bt, 1)])
+    plan = plan_of(graph)
+    assert len(plan.order) == 4 and plan.links.layout == "worker-side"
+    assert any(name.startswith("push byteps.Gradient.w.p0.s0") for name in graph.names)
+    faster = replay(set_ps_network(graph, bandwidth_scale=2.0)).iteration_time_us
+    staged = replay(scale_stages(graph, {"PUSH": 0.5, "PULL": 0.5})).iteration_time_us
+    assert faster == pytest.approx(staged, rel=1e-12) and faster < replay(graph).iteration_time_us
+    with pytest.raises(UnanswerableError, match="servers are not in the files"):
+        set_placement(graph, servers=2)
+    with pytest.raises(UnanswerableError, match="one worker was recorded"):
+        set_workers(graph, 2)
+
+
 def test_cut_short_file_keeps_complete_events_and_bad_files_are_named(tmp_path):
     path = write_comm(str(tmp_path / "comm.json"), constructed_events())
     text = open(path).read()

@@ -14,8 +14,9 @@ import pytest
 
 from conftest import CHROMIUM, EXAMPLES, REPO, render_page, run_dprorun
 from dprorun.replay.engine import replay
-from dprorun.replay.ps import (PSKey, PSModel, PSWhatIf, WorkerOps, build_ps_model, calibration_graph, fit_links,
-                               key_parts, predict_ps, ps_graph)
+from dprorun.replay.ps import (PSModel, PSWhatIf, WorkerOps, build_ps_model, calibration_graph, fit_links,
+                               predict_ps, ps_graph)
+from dprorun.replay.ps_topology import PSKey, key_parts
 
 
 def _log_tail(run_dir) -> str:
@@ -291,6 +292,28 @@ def test_the_ps_graph_joins_workers_through_the_servers():
     assert one > result.iteration_time_us  # the big key on one server: twice the bytes through one link
     more = replay(ps_graph(model, PSWhatIf(workers=4))).iteration_time_us
     assert more > result.iteration_time_us  # more workers: more bytes into each server
+
+
+def test_ps_what_ifs_are_passes_on_the_graph_in_any_order():
+    """Workers, key placement and network are passes on one graph (replay/ps_topology.py): applied to a graph
+    that already has its topology, in another order, they give the graph the composed question builds."""
+    from dprorun.replay.ps import local_dfgs
+    from dprorun.replay.ps_topology import plan_of, set_placement, set_ps_network, set_workers
+
+    model = _model()
+    asked = replay(ps_graph(model, PSWhatIf(workers=3, servers=3, bandwidth_scale=0.5))).iteration_time_us
+    graph = set_ps_network(local_dfgs(model))  # the job as it ran, topology included
+    graph = set_ps_network(graph, bandwidth_scale=0.5)
+    graph = set_placement(graph, servers=3)
+    graph = set_workers(graph, 3)
+    assert replay(graph).iteration_time_us == pytest.approx(asked, rel=1e-12)
+    plan = plan_of(graph)
+    assert (plan.workers, plan.servers, len(plan.parts["k0"])) == (3, 3, 3)
+    assert sum(name.startswith("w2.") for name in graph.names) == sum(name.startswith("w0.") for name in graph.names)
+    # the network pass alone prices the transfers: the per-node layout's RECV ops move bytes only
+    per_node = set_ps_network(graph, links="per-node")
+    recv = [d for n, d in zip(per_node.names, per_node.durations) if n.startswith("push k1.") and n.endswith("RECV")]
+    assert recv and all(d == pytest.approx(400 / 100.0) for d in recv)
 
 
 def test_on_a_shared_link_every_transfer_takes_a_slot_of_it():

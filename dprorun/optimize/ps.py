@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 
-from dprorun.replay.ps import PSModel, PSWhatIf, key_parts, predict_ps
+from dprorun.replay.ps import PSModel, PSWhatIf, predict_ps
+from dprorun.replay.ps_topology import key_parts
 from dprorun.strategy import Decision, Strategy
 
 BOUNDS = (50_000, 100_000, 200_000, 500_000, 1_000_000, 4_000_000, 100_000_000)

@@ -18,10 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-import numpy as np
-
 from dprorun.fsutil import UnanswerableError
-from dprorun.replay.engine import GraphBuilder, ReplayGraph
+from dprorun.replay.engine import GraphBuilder, ReplayGraph, copy_ranks
 from dprorun.replay.template import JobModel, MeasuredIteration
 from dprorun.replay.whatif import Sync, WhatIf, comm_scale
 
@@ -105,45 +103,12 @@ def plan_of(graph: ReplayGraph) -> "CommPlan":
 
 def _copy_ranks(graph: ReplayGraph, plan: "CommPlan", period: int,
                 built: int) -> tuple[GraphBuilder, dict, dict]:
-    """Built rank b's local DFG: a copy of rank b % period's (names, devices and rank renumbered), edges among
-    its nodes, and the plan's In / Out nodes per built rank."""
-    local = plan.local_nodes
-    ranks = graph.ranks[:local]
-    if ((ranks < 0) | (ranks >= period)).any():
-        raise ValueError("the local DFGs hold nodes of no built rank: the world-size pass cannot copy them")
-    src = np.repeat(np.arange(local), np.diff(graph.indptr[:local + 1]))
-    dst = graph.indices[:graph.indptr[local]]
-    inside = dst < local
-    src, dst = src[inside], dst[inside]
-    g = GraphBuilder()
-    ins: dict[tuple[str, int], list[int]] = {key: [] for key in plan.ins}
-    outs: dict[str, list[int]] = {key: [] for key in plan.outs}
-    for b in range(built):
-        s = b % period
-        nodes = np.flatnonzero(ranks == s)
-        mapping = np.full(local, -1, dtype=np.int64)
-        mapping[nodes] = g.size + np.arange(len(nodes))
-        old, new = f"r{s}.", f"r{b}."
-        g.names += [new + name[len(old):] if name.startswith(old) else name
-                    for name in (graph.names[n] for n in nodes.tolist())]
-        g.kinds += graph.kinds[nodes].tolist()
-        g.ranks += [b] * len(nodes)
-        g.durations += graph.durations[nodes].tolist()
-        g.phases += graph.phases[nodes].tolist()
-        device_ids = {-1: -1}
-        for d in np.unique(graph.devices[nodes]).tolist():
-            if d >= 0:
-                name = graph.device_names[d].replace(f"rank{s}.", f"rank{b}.", 1)
-                device_ids[d] = g.device(name, int(graph.device_capacity[d]))
-        g.devices += [device_ids[d] for d in graph.devices[nodes].tolist()]
-        g.parts.update({int(mapping[n]): graph.parts[n] for n in nodes.tolist() if n in graph.parts})
-        edges = ranks[src] == s
-        g.src += mapping[src[edges]].tolist()
-        g.dst += mapping[dst[edges]].tolist()
-        for key, per_rank in plan.ins.items():
-            ins[key].append(int(mapping[per_rank[s]]))
-        for key, per_rank in plan.outs.items():
-            outs[key].append(int(mapping[per_rank[s]]))
+    """Built rank b's local DFG: a copy of rank b % period's (names and devices renumbered), and the plan's In /
+    Out nodes per built rank."""
+    g, mappings = copy_ranks(graph, plan.local_nodes, period, built, lambda r: f"r{r}.", lambda r: f"rank{r}.")
+    ins = {key: [int(mappings[b][per_rank[b % period]]) for b in range(built)] for key, per_rank in plan.ins.items()}
+    outs = {key: [int(mappings[b][per_rank[b % period]]) for b in range(built)]
+            for key, per_rank in plan.outs.items()}
     return g, ins, outs
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -155,6 +155,47 @@ class GraphBuilder:
                            np.asarray(self.devices, dtype=np.int32), np.asarray(self.durations, dtype=np.float64),
                            indptr, indices, devices, np.asarray([self.capacity[d] for d in devices], dtype=np.int32),
                            dict(meta or {}), np.asarray(self.phases, dtype=np.int8), self.parts)
+
+
+def copy_ranks(graph: ReplayGraph, local_nodes: int, period: int, built: int, name_prefix: Callable[[int], str],
+               device_prefix: Callable[[int], str]) -> tuple[GraphBuilder, list[np.ndarray]]:
+    """The world-size copy of local DFGs: built rank b gets a copy of rank b % period's nodes among the graph's
+    first `local_nodes` (names and devices renumbered: `name_prefix(s)` -> `name_prefix(b)` at the start of a name,
+    `device_prefix(s)` -> `device_prefix(b)` once in a device's name), with the edges among them. Returns the
+    builder and, per built rank, the map from the graph's node ids to the copy's (-1: not copied there)."""
+    ranks = graph.ranks[:local_nodes]
+    if ((ranks < 0) | (ranks >= period)).any():
+        raise ValueError("the local DFGs hold nodes of no built rank: the world-size pass cannot copy them")
+    src = np.repeat(np.arange(local_nodes), np.diff(graph.indptr[:local_nodes + 1]))
+    dst = graph.indices[:graph.indptr[local_nodes]]
+    inside = dst < local_nodes
+    src, dst = src[inside], dst[inside]
+    g = GraphBuilder()
+    mappings = []
+    for b in range(built):
+        s = b % period
+        nodes = np.flatnonzero(ranks == s)
+        mapping = np.full(local_nodes, -1, dtype=np.int64)
+        mapping[nodes] = g.size + np.arange(len(nodes))
+        old, new = name_prefix(s), name_prefix(b)
+        g.names += [new + name[len(old):] if name.startswith(old) else name
+                    for name in (graph.names[n] for n in nodes.tolist())]
+        g.kinds += graph.kinds[nodes].tolist()
+        g.ranks += [b] * len(nodes)
+        g.durations += graph.durations[nodes].tolist()
+        g.phases += graph.phases[nodes].tolist()
+        device_ids = {-1: -1}
+        for d in np.unique(graph.devices[nodes]).tolist():
+            if d >= 0:
+                name = graph.device_names[d].replace(device_prefix(s), device_prefix(b), 1)
+                device_ids[d] = g.device(name, int(graph.device_capacity[d]))
+        g.devices += [device_ids[d] for d in graph.devices[nodes].tolist()]
+        g.parts.update({int(mapping[n]): graph.parts[n] for n in nodes.tolist() if n in graph.parts})
+        edges = ranks[src] == s
+        g.src += mapping[src[edges]].tolist()
+        g.dst += mapping[dst[edges]].tolist()
+        mappings.append(mapping)
+    return g, mappings
 
 
 def _tick(t):

@@ -6,7 +6,8 @@ itself spent on it: end - max(entry, the stage's previous completion); the rest 
 replay graph of a step: per partition, its entry delay (when BytePS took it up, from the tensor's start),
 then its stages in order, with the measured hand-off between two stages (a loop thread picking it up; on a
 non-root GPU also the wait for the root's PUSH/PULL, which that file does not show) as a delay that takes no
-device. Replaying with the step's own times reproduces it; replaying with the other steps' medians predicts
+device. The root GPU's PUSH and PULL of a partition are the parameter-server topology of the one graph
+(replay/ps_topology.py, recorded at the worker: the server's part is the measured wait between them). Replaying with the step's own times reproduces it; replaying with the other steps' medians predicts
 it (`predict_steps`), and scaling a stage's service times answers what-ifs (e.g. PUSH and PULL x 0.5 for a
 network twice as fast). Several GPUs of one machine replay together (`predict_machine_steps`): a non-root
 GPU's stage that follows the gap waits for the root's PULL of the same partition instead.
@@ -20,6 +21,7 @@ import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, critical_path_report, replay
 from dprorun.replay.passes import scale_devices
+from dprorun.replay.ps_topology import PSLinks, PSPart, PSPlan, join_workers
 from dprorun.trace.byteps import BytePSTrace
 from dprorun.trace.model import OpKind
 from dprorun.fsutil import UnanswerableError
@@ -131,20 +133,43 @@ def scale_stages(graph: ReplayGraph, stage_scale: dict[str, float]) -> ReplayGra
 
 
 def _stage_graph(gpus: list[ChainTimes]) -> ReplayGraph:
+    """Each GPU's local DFG (per partition: entry delay, then its stages with their hand-offs, on the GPU's stage
+    devices) and, where the root GPU pushes and pulls a partition, the parameter-server topology between its In
+    and Out nodes (replay/ps_topology.py, recorded at the worker: PUSH on the push device, the server's part as
+    the measured wait between the PUSH's end and the PULL's start, PULL on the pull device)."""
     builder = GraphBuilder()
-    pulls: dict[tuple[str, int], int] = {}
+    multi = len(gpus) > 1
+
+    def device(rank: int, stage: str) -> str:
+        return f"gpu{rank}.byteps.{stage.lower()}" if multi else f"byteps.{stage.lower()}"
+
+    pulled: dict[tuple[str, int], int] = {}  # the root's node after each partition's PULL
+    order, parts, ins, outs = [], {}, {}, {}
     for rank, times in enumerate(gpus):
         # partitions reach BytePS in entry order; build them in that order so ties replay as recorded
         for key in sorted(times.stages, key=lambda k: (times.entry_us[k], k[1])):
             tensor, partition = key
-            label = f"{tensor}.p{partition}" + (f".gpu{rank}" if len(gpus) > 1 else "")
+            label = f"{tensor}.p{partition}" + (f".gpu{rank}" if multi else "")
             previous = builder.op(f"enter.{label}", "VIRTUAL", rank, None, times.entry_us[key])
             waits_for = times.after_root.get(key)
-            for stage, service, handoff, kind in times.stages[key]:
-                remote = waits_for is not None and waits_for[0] == stage and key in pulls
+            rows = times.stages[key]
+            push = _push_then_pull(rows) if rank == 0 else None
+            i = 0
+            while i < len(rows):
+                stage, service, handoff, kind = rows[i]
+                if i == push:  # In node (the PUSH's hand-off), the PS topology, Out node
+                    pull = rows[i + 1]
+                    ins[label] = builder.op(f"In.{label}", "VIRTUAL", rank, None, handoff)
+                    builder.edge(previous, ins[label])
+                    outs[label] = previous = pulled[key] = builder.op(f"Out.{label}", "VIRTUAL", rank, None, 0.0)
+                    order.append(label)
+                    parts[label] = [PSPart(0, 0, push_us=service, server_us=pull[2], pull_us=pull[1])]
+                    i += 2
+                    continue
+                remote = waits_for is not None and waits_for[0] == stage and key in pulled
                 if remote:
                     wait = builder.op(f"after_root.{stage}.{label}", "VIRTUAL", rank, None, waits_for[1])
-                    builder.edge(pulls[key], wait)
+                    builder.edge(pulled[key], wait)
                     node_inputs = [previous, wait]
                 elif handoff > 0:
                     wait = builder.op(f"handoff.{stage}.{label}", "VIRTUAL", rank, None, handoff)
@@ -153,14 +178,28 @@ def _stage_graph(gpus: list[ChainTimes]) -> ReplayGraph:
                 else:
                     node_inputs = [previous]
                 node = builder.op(f"{stage}.{label}", "QUEUE" if kind == OpKind.QUEUE.value else "COMM", rank,
-                                  f"gpu{rank}.byteps.{stage.lower()}" if len(gpus) > 1 else f"byteps.{stage.lower()}",
-                                  service)
+                                  device(rank, stage), service)
                 for u in node_inputs:
                     builder.edge(u, node)
                 previous = node
                 if rank == 0 and stage == "PULL":
-                    pulls[key] = node
-    return builder.build({"source": "byteps pipeline", "gpus": len(gpus)})
+                    pulled[key] = node
+                i += 1
+    plan = PSPlan(workers=1, servers=1, bigarray_bound=0, order=order, parts=parts, ins=[ins], outs=[outs],
+                  links=PSLinks("worker-side"), local_nodes=builder.size,
+                  worker_links=[(device(0, "PUSH"), device(0, "PULL"))])
+    join_workers(builder, plan)
+    return builder.build({"source": "byteps pipeline", "gpus": len(gpus), "ps_plan": plan, "ranks_built": 1})
+
+
+def _push_then_pull(rows: list[tuple[str, float, float, str]]) -> Optional[int]:
+    """Where a root GPU's chain hands a partition to the servers: the PUSH stage followed by its PULL."""
+    stages = [row[0] for row in rows]
+    if "PUSH" in stages:
+        k = stages.index("PUSH")
+        if k + 1 < len(stages) and stages[k + 1] == "PULL":
+            return k
+    return None
 
 
 def _prediction(step: int, times: ChainTimes, measured_us: float, stage_scale: Optional[dict[str, float]],

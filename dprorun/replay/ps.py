@@ -1,23 +1,11 @@
 """Parameter-server jobs (MXNet kvstore dist_sync) in the global DFG: the model measured from a run directory, the
 PS topology joining the workers' local DFGs through the servers, and its replay under what-ifs.
 
-The graph of one iteration (replayed by replay/engine.py, the engine every replay uses):
-  worker r   its profiled compute ops in order (forward, loss, backward; gaps between them as "(between ops)"),
-             on device `w<r>` -> the push/pull dispatch latency -> per key, in priority order, per server part:
-  push       on one host (links "shared", the default there): one op on the host's loopback `link`, which has as
-             many slots as the host has cores (the loopback moves bytes with them); with a link per role
-             ("per-node", a what-if for servers on machines of their own): SEND on the worker's uplink `w<r>.tx`,
-             RECV on the server's downlink `s<s>.rx`; bytes / bandwidth each, the message latency alpha on the op
-             that starts the transfer
-  server s   the update of part (k, s) on `s<s>` once every worker's push of it has arrived (the servers'
-             optimizer: update_on_kvstore), priced by the fit of the servers' timed updates; a server's ops carry
-             rank -1 - s (they belong to no worker)
-  pull       to every worker, on the `link` (shared) or as SEND on `s<s>.tx`, RECV on `w<r>.rx` (per-node)
-  copy       the pulled key copied into the parameter on `w<r>` once all its parts are in (MXNet's Broadcast)
-  tail       the worker's time from its last copy to the next iteration's first op (Python, data)
-Key placement as MXNet's kvstore does it: a key of fewer than MXNET_KVSTORE_BIGARRAY_BOUND elements goes whole to
-server (key * 9973) % servers, a larger one is split evenly over every server. Transaction ids: (key, server part,
-worker, push/pull) name the SEND/RECV pairs.
+The graph of one iteration: the workers' local DFGs (`local_dfgs`: worker r's profiled compute ops in order, gaps
+as "(between ops)", on device `w<r>` -> the push/pull dispatch latency, the In node of every key; per key the copy
+of the pulled key into the parameter, MXNet's Broadcast, its Out node; the tail from the last copy to the next
+iteration's first op), joined through the servers by the PS topology of replay/ps_topology.py (pushes, the
+servers' updates, pulls; MXNet's key placement), whose passes answer the what-ifs.
 
 Costs: alpha and the link bandwidth are fitted so that the same topology replays the end-of-window calibration
 (round trips of 4 KiB - 16 MiB through the job's kvstore) as measured, then scaled by one level so that the
@@ -41,20 +29,10 @@ import numpy as np
 from dprorun.fsutil import TraceError, UnanswerableError
 from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE, rank_dir, server_dir
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
+from dprorun.replay.ps_topology import PSKey, PSLinks, PSPlan, placed, set_placement, set_ps_network, set_workers
 from dprorun.stats import median
 from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, read_mx_profile, \
     read_server_updates
-
-HASH = 9973  # MXNet's kvstore: server = (key * 9973) % servers for a key below the big-array bound
-
-
-@dataclass
-class PSKey:
-    key: int
-    nbytes: int
-    elements: int
-    priority: int
-
 
 @dataclass
 class WorkerOps:
@@ -150,92 +128,53 @@ class PSPrediction:
                 "clean_spread_ms": self.spread_ms, "notes": self.notes}
 
 
-# ---- placement -------------------------------------------------------------------------------------------------
-def key_parts(key: PSKey, servers: int, bound: int) -> list[tuple[int, int]]:
-    """(server, bytes) of each part of `key`, as MXNet's kvstore places it."""
-    if key.elements < bound or servers == 1:
-        return [((key.key * HASH) % servers, key.nbytes)]
-    item = key.nbytes / max(key.elements, 1)
-    parts = []
-    for s in range(servers):
-        lo = int(round(key.elements / servers * s))
-        hi = int(round(key.elements / servers * (s + 1)))
-        parts.append((s, int((hi - lo) * item)))
-    return parts
-
-
 # ---- the graph -------------------------------------------------------------------------------------------------
 def ps_graph(model: PSModel, whatif: PSWhatIf, keys: Optional[list[PSKey]] = None,
              worker_ops: Optional[dict[int, WorkerOps]] = None) -> ReplayGraph:
-    """One iteration of the PS job under `whatif` (see the module doc)."""
-    servers = whatif.servers or model.servers
-    bound = whatif.bigarray_bound or model.bigarray_bound
-    workers = whatif.workers or model.workers
-    bandwidth = _bandwidth(model, whatif)
-    shared = (whatif.links or model.links) == "shared"
+    """One iteration of the PS job under `whatif`: the workers' local DFGs, then the passes (workers, key
+    placement, network: replay/ps_topology.py) in that order."""
+    graph = local_dfgs(model, keys, worker_ops)
+    if whatif.workers:
+        graph = set_workers(graph, whatif.workers)
+    graph = set_placement(graph, whatif.servers, whatif.bigarray_bound)
+    return set_ps_network(graph, whatif.bandwidth_gbit, whatif.bandwidth_scale, whatif.links)
+
+
+def local_dfgs(model: PSModel, keys: Optional[list[PSKey]] = None,
+               worker_ops: Optional[dict[int, WorkerOps]] = None) -> ReplayGraph:
+    """The measured workers' local DFGs, one per worker of the job (round-robin over those profiled), with the
+    job's PS plan and no topology: worker r's compute ops in order on `w<r>` (gaps as "(between ops)") -> the
+    push/pull dispatch latency (the In node of every key); per key, in push order, the pulled key copied into
+    the parameter (MXNet's Broadcast: the key's Out node) -> the tail to the next iteration's first op."""
     keys = model.keys if keys is None else keys
     worker_ops = model.worker_ops if worker_ops is None else worker_ops
     measured = sorted(worker_ops)
+    order = sorted(keys, key=lambda k: (-k.priority, k.key))
     g = GraphBuilder()
-    in_nodes, measured_ops = [], []
-    for w in range(workers):
+    ins, outs = [], []
+    for w in range(model.workers):
         ops = worker_ops[measured[w % len(measured)]]
         device = f"w{w}"
         chain = [g.op(f"w{w}.{i}:{name}", "OTHER" if name.startswith("(") else "FW", w, device,
                       d * model.compute_scale) for i, (name, d) in enumerate(ops.ops)]
-        chain.append(g.op(f"w{w}.dispatch", "QUEUE", w, None, ops.dispatch_us))
-        g.chain(chain)
-        in_nodes.append(chain[-1])
-        measured_ops.append(ops)
-    order = sorted(keys, key=lambda k: (-k.priority, k.key))
-    pulled: dict[tuple[int, int], list[int]] = {}
-
-    def transfer(name: str, rank: int, src: str, dst: str, wire: float, after: int) -> int:
-        """SEND on the sender's uplink, RECV on the receiver's downlink; on a shared medium one op on it."""
-        if shared:
-            op = g.op(name, "COMM", rank, "link", model.alpha_us + wire, capacity=model.link_slots)
-            g.edge(after, op)
-            return op
-        send = g.op(name, "COMM", rank, f"{src}.tx", model.alpha_us + wire)
-        recv = g.op(name + " RECV", "COMM", rank, f"{dst}.rx", wire)
-        g.edge(after, send)
-        g.edge(send, recv)
-        return recv
-
-    for key in order:
-        for s, nbytes in key_parts(key, servers, bound):
-            wire = nbytes / bandwidth
-            arrivals = [transfer(f"push k{key.key}.s{s} w{w}->s{s}", w, f"w{w}", f"s{s}", wire, in_nodes[w])
-                        for w in range(workers)]
-            update = g.op(f"s{s}.update k{key.key}", "UPDATE", -1 - s, f"s{s}",
-                          model.update_us[0] + model.update_us[1] * nbytes)
-            for recv in arrivals:
-                g.edge(recv, update)
-            for w in range(workers):
-                recv = transfer(f"pull k{key.key}.s{s} s{s}->w{w}", w, f"s{s}", f"w{w}", wire, update)
-                pulled.setdefault((w, key.key), []).append(recv)
-    for w in range(workers):
-        ops = measured_ops[w]
-        copies = []
-        for key in order:
-            copy = g.op(f"w{w}.copy k{key.key}", "IO", w, f"w{w}",
-                        ops.copy_us_per_byte * key.nbytes * model.compute_scale)
-            for recv in pulled[(w, key.key)]:
-                g.edge(recv, copy)
-            copies.append(copy)
-        tail = g.op(f"w{w}.tail", "OTHER", w, f"w{w}", ops.tail_us * model.compute_scale)
-        for copy in copies:
+        dispatch = g.op(f"w{w}.dispatch", "QUEUE", w, None, ops.dispatch_us)
+        g.chain(chain + [dispatch])
+        copies = {f"k{key.key}": g.op(f"w{w}.copy k{key.key}", "IO", w, device,
+                                      ops.copy_us_per_byte * key.nbytes * model.compute_scale) for key in order}
+        tail = g.op(f"w{w}.tail", "OTHER", w, device, ops.tail_us * model.compute_scale)
+        for copy in copies.values():
             g.edge(copy, tail)
         if not copies:
-            g.edge(in_nodes[w], tail)
-    return g.build({"world_size": workers, "servers": servers, "bigarray_bound": bound, "ranks_built": workers,
-                    "links": "shared" if shared else "per-node"})
-
-
-def _bandwidth(model: PSModel, whatif: PSWhatIf) -> float:
-    if whatif.bandwidth_gbit:
-        return whatif.bandwidth_gbit * 1e9 / 8 / 1e6
-    return model.bytes_per_us * model.link_level * whatif.bandwidth_scale
+            g.edge(dispatch, tail)
+        ins.append({label: dispatch for label in copies})
+        outs.append(copies)
+    labelled = {f"k{key.key}": key for key in order}
+    links = PSLinks(model.links, model.alpha_us, model.bytes_per_us, model.link_level, model.link_slots,
+                    model.update_us)
+    plan = PSPlan(model.workers, model.servers, model.bigarray_bound, list(labelled),
+                  placed(labelled, model.servers, model.bigarray_bound), ins, outs, links, g.size, keys=labelled)
+    return g.build({"ps_plan": plan, "world_size": model.workers, "servers": model.servers,
+                    "bigarray_bound": model.bigarray_bound, "ranks_built": model.workers, "links": model.links})
 
 
 def calibration_graph(model: PSModel, nbytes: int, parts: int) -> ReplayGraph:

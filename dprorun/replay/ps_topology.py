@@ -1,0 +1,217 @@
+"""The parameter-server topology of the global DFG: what joins the workers' local DFGs through the servers, for every
+PS reader (MXNet's kvstore: replay/ps.py; BytePS's recorded stages: replay/pipeline.py), and the passes on it.
+
+`PSPlan` (kept on a built graph, `graph.meta["ps_plan"]`) says what the topology joins: per built worker, per key,
+the node its push waits for (In) and the node that waits for its pulls (Out); the keys' parts over the servers;
+how transfers run (`PSLinks`). Nodes [0, local_nodes) are the workers' local DFGs; the topology's nodes follow.
+Per key (in push order), per part:
+  push     from every worker: on one shared medium one op on `link` (as many slots as the host moves transfers
+           at once); with a link per role ("per-node") SEND on the worker's uplink `w<r>.tx`, RECV on the server's
+           downlink `s<s>.rx`; as recorded at the worker ("worker-side": BytePS) one op on the worker's own push
+           device. Priced alpha + bytes / bandwidth (alpha on the op that starts the transfer), or the measured time
+  server   once every worker's push of the part has arrived: the server's update on `s<s>` (a + b x bytes), or,
+           worker-side, the measured wait between the push's end and the pull's start (no device: the server
+           was not recorded)
+  pull     to every worker, mirrored (SEND on `s<s>.tx`, RECV on `w<r>.rx` per node), into the worker's Out node
+Transaction ids: (key, part's server, worker, push/pull) name the SEND/RECV pairs. A server's ops carry rank -1 - s.
+
+Passes (ReplayGraph -> ReplayGraph; each regenerates the topology where the graph has one):
+  set_ps_network(graph, bandwidth_gbit, bandwidth_scale, links)  the topology, priced for that network
+  set_placement(graph, servers, bigarray_bound)                   the keys re-placed as MXNet's kvstore places them
+  set_workers(graph, workers)                                     the workers' local DFGs copied round-robin
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from dprorun.fsutil import UnanswerableError
+from dprorun.replay.engine import GraphBuilder, ReplayGraph, copy_ranks
+
+HASH = 9973  # MXNet's kvstore: server = (key * 9973) % servers for a key below the big-array bound
+LAYOUTS = ("shared", "per-node", "worker-side")
+
+
+@dataclass
+class PSKey:
+    key: int
+    nbytes: int
+    elements: int
+    priority: int
+
+
+@dataclass
+class PSPart:
+    """One key's part on one server; the measured times where a reader saw them (else priced from the bytes)."""
+
+    server: int
+    nbytes: int
+    push_us: Optional[float] = None
+    server_us: Optional[float] = None
+    pull_us: Optional[float] = None
+
+
+@dataclass
+class PSLinks:
+    """How the transfers run and are priced, as the job ran."""
+
+    layout: str  # one of LAYOUTS
+    alpha_us: float = 0.0
+    bytes_per_us: float = 125.0
+    level: float = 1.0  # the job's own transfers against the calibration's (a factor on bytes_per_us)
+    slots: int = 1  # transfers at once on a shared medium
+    update_us: tuple[float, float] = (0.0, 0.0)  # a server's update: a + b * bytes
+
+
+@dataclass
+class PSPlan:
+    workers: int  # built workers
+    servers: int
+    bigarray_bound: int
+    order: list[str]  # key labels in push order
+    parts: dict[str, list[PSPart]]
+    ins: list[dict[str, int]]  # per built worker: key -> the node its push waits for
+    outs: list[dict[str, int]]  # per built worker: key -> the node that waits for its pulls
+    links: PSLinks
+    local_nodes: int
+    keys: dict[str, PSKey] = field(default_factory=dict)  # MXNet's keys, for re-placement (empty: as recorded)
+    worker_links: list[tuple[str, str]] = field(default_factory=list)  # worker-side: per worker (push, pull) device
+    bandwidth_gbit: Optional[float] = None
+    bandwidth_scale: float = 1.0
+    layout: Optional[str] = None  # the links' layout asked (None: as the job ran)
+
+    @property
+    def bytes_per_us(self) -> float:
+        if self.bandwidth_gbit:
+            return self.bandwidth_gbit * 1e9 / 8 / 1e6
+        return self.links.bytes_per_us * self.links.level * self.bandwidth_scale
+
+
+def key_parts(key: PSKey, servers: int, bound: int) -> list[tuple[int, int]]:
+    """(server, bytes) of each part of `key`, as MXNet's kvstore places it: a key of fewer than `bound` elements
+    whole on server (key * 9973) % servers, a larger one split evenly over every server."""
+    if key.elements < bound or servers == 1:
+        return [((key.key * HASH) % servers, key.nbytes)]
+    item = key.nbytes / max(key.elements, 1)
+    parts = []
+    for s in range(servers):
+        lo = int(round(key.elements / servers * s))
+        hi = int(round(key.elements / servers * (s + 1)))
+        parts.append((s, int((hi - lo) * item)))
+    return parts
+
+
+def placed(keys: dict[str, PSKey], servers: int, bound: int) -> dict[str, list[PSPart]]:
+    return {label: [PSPart(s, nbytes) for s, nbytes in key_parts(key, servers, bound)] for label, key in keys.items()}
+
+
+def plan_of(graph: ReplayGraph) -> PSPlan:
+    plan = graph.meta.get("ps_plan")
+    if plan is None:
+        raise ValueError("this pass regenerates the parameter-server topology of a graph built by a PS reader "
+                         "(its plan)")
+    return plan
+
+
+def _with_plan(graph: ReplayGraph, plan: PSPlan, had_topology: bool) -> ReplayGraph:
+    """The graph's local DFGs with `plan`, its topology regenerated if it had one."""
+    g = GraphBuilder.prefix_of(graph, plan.local_nodes)
+    if had_topology:
+        join_workers(g, plan)
+    return g.build(_meta(graph.meta, plan))
+
+
+def _meta(meta: dict, plan: PSPlan) -> dict:
+    return dict(meta, ps_plan=plan, world_size=plan.workers, ranks_built=plan.workers, servers=plan.servers,
+                bigarray_bound=plan.bigarray_bound, links=plan.layout or plan.links.layout)
+
+
+def set_ps_network(graph: ReplayGraph, bandwidth_gbit: Optional[float] = None, bandwidth_scale: float = 1.0,
+                   links: Optional[str] = None) -> ReplayGraph:
+    """The network pass: the topology (re)generated for this bandwidth (absolute, or a factor on the job's own)
+    and links' layout ("shared", "per-node"; None: as the job ran)."""
+    plan = plan_of(graph)
+    if links is not None and links not in LAYOUTS[:2]:
+        raise ValueError(f"links: one of {LAYOUTS[:2]}, not {links!r}")
+    if plan.links.layout == "worker-side" and (links or bandwidth_gbit):
+        raise UnanswerableError("the transfers were recorded at the worker (BytePS): only a factor on their "
+                                "bandwidth can be asked, not another layout or an absolute bandwidth")
+    plan = replace(plan, bandwidth_gbit=bandwidth_gbit, bandwidth_scale=bandwidth_scale, layout=links)
+    return _with_plan(graph, plan, True)
+
+
+def set_placement(graph: ReplayGraph, servers: Optional[int] = None,
+                  bigarray_bound: Optional[int] = None) -> ReplayGraph:
+    """The key-placement pass: the keys over `servers` servers under `bigarray_bound` (MXNet's rule)."""
+    plan = plan_of(graph)
+    servers = servers or plan.servers
+    bound = bigarray_bound or plan.bigarray_bound
+    if (servers, bound) == (plan.servers, plan.bigarray_bound):
+        return graph
+    if not plan.keys:
+        raise UnanswerableError("the keys' placement was recorded, not derived (BytePS: the servers are not in the "
+                                "files): another server count or big-array bound cannot be placed")
+    plan = replace(plan, servers=servers, bigarray_bound=bound, parts=placed(plan.keys, servers, bound))
+    return _with_plan(graph, plan, graph.size > plan.local_nodes)
+
+
+def set_workers(graph: ReplayGraph, workers: int) -> ReplayGraph:
+    """The world-size pass of a PS graph: built worker b's local DFG a copy of worker b % (workers built)'s."""
+    plan = plan_of(graph)
+    if workers == plan.workers:
+        return graph
+    if plan.links.layout == "worker-side":
+        raise UnanswerableError("one worker was recorded (BytePS): the other workers' pushes are inside its "
+                                "measured server wait; another worker count cannot be built from it")
+    period, had_topology = plan.workers, graph.size > plan.local_nodes
+    g, mappings = copy_ranks(graph, plan.local_nodes, period, workers, lambda w: f"w{w}.", lambda w: f"w{w}")
+    ins = [{label: int(mappings[b][node]) for label, node in plan.ins[b % period].items()} for b in range(workers)]
+    outs = [{label: int(mappings[b][node]) for label, node in plan.outs[b % period].items()}
+            for b in range(workers)]
+    plan = replace(plan, workers=workers, ins=ins, outs=outs, local_nodes=g.size)
+    if had_topology:
+        join_workers(g, plan)
+    return g.build(_meta(graph.meta, plan))
+
+
+def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
+    """The PS topology (see the module doc) appended to g."""
+    layout = plan.layout or plan.links.layout
+    links = plan.links
+    bandwidth = plan.bytes_per_us
+
+    def wire(nbytes: int, measured: Optional[float]) -> float:
+        return measured / plan.bandwidth_scale if measured is not None else nbytes / bandwidth
+
+    def transfer(name: str, w: int, s: int, up: bool, seconds: float, after: int) -> int:
+        """One transfer: SEND on the sender's link, RECV on the receiver's; one op on a shared medium or, recorded
+        at the worker, on the worker's own push or pull device."""
+        start = (links.alpha_us if layout != "worker-side" else 0.0) + seconds
+        if layout == "shared":
+            op = g.op(name, "COMM", w, "link", start, capacity=links.slots)
+        elif layout == "worker-side":
+            op = g.op(name, "COMM", w, plan.worker_links[w][0 if up else 1], start)
+        else:
+            send = g.op(name, "COMM", w, f"w{w}.tx" if up else f"s{s}.tx", start)
+            g.edge(after, send)
+            op = g.op(name + " RECV", "COMM", w, f"s{s}.rx" if up else f"w{w}.rx", seconds)
+            g.edge(send, op)
+            return op
+        g.edge(after, op)
+        return op
+
+    for label in plan.order:
+        for part in plan.parts[label]:
+            s = part.server
+            arrivals = [transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True, wire(part.nbytes, part.push_us),
+                                 plan.ins[w][label]) for w in range(plan.workers)]
+            if part.server_us is not None:  # the wait at the server, as the worker saw it
+                server = g.op(f"s{s}.wait {label}", "VIRTUAL", -1 - s, None, part.server_us)
+            else:
+                server = g.op(f"s{s}.update {label}", "UPDATE", -1 - s, f"s{s}",
+                              links.update_us[0] + links.update_us[1] * part.nbytes)
+            for recv in arrivals:
+                g.edge(recv, server)
+            for w in range(plan.workers):
+                recv = transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(part.nbytes, part.pull_us), server)
+                g.edge(recv, plan.outs[w][label])
