@@ -359,6 +359,52 @@ def parse_stage_scale(text: str) -> dict[str, float]:
     return out
 
 
+def _cmd_import_kineto(args: argparse.Namespace) -> int:
+    """A PyTorch profiler trace (GPU or CPU) as the kernel-level local DFG of each profiled step (graph/kernels.py),
+    replayed: measured vs replayed step, how far the replayed GPU ops start from the measured ones, each stream's
+    busy time, the critical path, and with --op-scale the what-if."""
+    from dprorun.graph.kernels import replay_step
+    from dprorun.trace.kineto import read_kineto
+
+    trace = read_kineto(args.trace)
+    steps = [s for s, _, _ in trace.steps if args.step is None or s == args.step]
+    if not steps:
+        raise UnanswerableError(f"{args.trace}: no ProfilerStep#{args.step if args.step is not None else 'N'} "
+                                "annotation (profile with torch.profiler's schedule and call prof.step())")
+    op_scale = dict(args.op_scale or [])
+    rows = []
+    for step in steps:
+        as_run = replay_step(trace, step)
+        whatif = replay_step(trace, step, op_scale) if op_scale else None
+        rows.append({"step": step, "measured_ms": round(as_run.measured_us / 1000, 3),
+                     "replayed_ms": round(as_run.replayed_us / 1000, 3),
+                     "gpu_start_error_us": round(as_run.start_error_us, 1),
+                     "gpu_busy_ms": {d: round(us / 1000, 3) for d, us in as_run.gpu_busy_us.items()},
+                     "critical_path": as_run.critical_path, "notes": as_run.notes,
+                     **({"whatif_ms": round(whatif.replayed_us / 1000, 3)} if whatif else {})})
+    if args.json:
+        print(json.dumps({"trace": args.trace, "op_scale": op_scale, "steps": rows}, indent=2))
+        return 0
+    print(f"{args.trace}: {len(trace.gpu)} GPU ops on {len({op.stream for op in trace.gpu})} stream(s), "
+          f"{len(trace.runtime)} CUDA runtime calls; each step replayed as its kernel-level DFG")
+    for row in rows:
+        busy = ", ".join(f"{d.split('.', 1)[1]} {ms:.2f} ms" for d, ms in row["gpu_busy_ms"].items()) or "no GPU ops"
+        print(f"  step {row['step']}: measured {row['measured_ms']:.2f} ms, replayed {row['replayed_ms']:.2f} ms "
+              f"(GPU ops start {row['gpu_start_error_us']:.1f} us from their measured starts, median); busy: {busy}"
+              + (f"; what-if {row['whatif_ms']:.2f} ms" if "whatif_ms" in row else ""))
+        for note in row["notes"]:
+            if note.startswith("warning"):
+                print(f"    {note}")
+    for note in rows[-1]["notes"]:
+        if not note.startswith("warning"):
+            print(f"  note: {note}")
+    top = rows[-1]["critical_path"]
+    print(f"critical path of step {rows[-1]['step']} ({top['share_pct']}):")
+    for item in top["top"][:8]:
+        print(f"  {item['time_on_path_ms']:8.2f} ms  {item['op']}")
+    return 0
+
+
 def _cmd_import_byteps(args: argparse.Namespace) -> int:
     from dprorun.replay.pipeline import machine_summary, pipeline_summary
     from dprorun.trace.byteps import read_byteps_comm
@@ -510,6 +556,14 @@ def build_parser() -> argparse.ArgumentParser:
     hv.add_argument("-o", "--output", default=None, help="also write it as a Chrome trace in dprorun's model")
     hv.add_argument("--json", action="store_true")
     hv.set_defaults(func=_cmd_import_horovod)
+    kt = sub.add_parser("import-kineto", help="replay a PyTorch profiler trace's steps as kernel-level DFGs (CPU "
+                        "threads, CUDA runtime calls, GPU streams), with per-op what-ifs")
+    kt.add_argument("trace", help="a Kineto trace (.json or .json.gz), e.g. RUN_DIR/rank_0/kineto_trace.json")
+    kt.add_argument("--step", type=int, default=None, help="one ProfilerStep#N (default: every step)")
+    kt.add_argument("--op-scale", type=parse_op_scale, action="append", metavar="PATTERN=FACTOR",
+                    help="what-if: ops or kernels whose name matches x FACTOR (repeatable), e.g. '*gemm*=0.5'")
+    kt.add_argument("--json", action="store_true")
+    kt.set_defaults(func=_cmd_import_kineto)
     bp = sub.add_parser("import-byteps", help="read BytePS comm.json files (BYTEPS_TRACE_ON=1): per-stage service "
                         "and queueing, and a replay of the partition pipeline (with stage what-ifs)")
     bp.add_argument("comm_json", nargs="+", help="comm.json (or .json.gz), one per GPU")

@@ -17,6 +17,12 @@ from dprorun.fsutil import TraceError, read_json
 from dprorun.trace.model import Op, OpKind
 
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+# CUDA runtime calls the kernel-level DFG needs (graph/kernels.py): those that put work on a stream, those that
+# make the calling thread wait for the GPU, and the GPU-side wait of one stream for another
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaMemcpyAsync",
+                "cudaMemsetAsync", "cudaMemcpy2DAsync", "cuLaunchKernel", "cuLaunchKernelEx")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cudaMemcpy2D", "cudaMemset", "cudaStreamWaitEvent")
 COMM_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:")
 
 
@@ -30,6 +36,7 @@ class KinetoTrace:
     compute: list[Op] = field(default_factory=list)
     collectives: list[Op] = field(default_factory=list)
     gpu: list[Op] = field(default_factory=list)
+    runtime: list[Op] = field(default_factory=list)  # CUDA runtime calls: LAUNCH_CALLS and SYNC_CALLS
     steps: list[tuple[int, float, float]] = field(default_factory=list)
     annotations: list[Op] = field(default_factory=list)
 
@@ -101,6 +108,8 @@ def read_kineto(path: str, rank: Optional[int] = None, detail: bool = True) -> K
         args = event.get("args") or {}
         if cat == "cuda_runtime" and "correlation" in args:
             launches[args["correlation"]] = (event.get("tid"), span(event)[0])
+            if name in LAUNCH_CALLS or name in SYNC_CALLS:
+                trace.runtime.append(_runtime_call(event, span(event), rank))
         elif cat in ("user_annotation", "gpu_user_annotation") and name.startswith(COMM_PREFIXES):
             start, end = span(event)
             stream = "gpu" if cat == "gpu_user_annotation" else f"comm:{event.get('tid')}"
@@ -119,10 +128,19 @@ def read_kineto(path: str, rank: Optional[int] = None, detail: bool = True) -> K
             trace.annotations.append(Op(name=name, kind=name_kind(name), rank=rank, start_us=start,
                                         end_us=end, source="kineto"))
     trace.collectives.sort(key=lambda op: op.start_us)
+    trace.runtime.sort(key=lambda op: op.start_us)
     trace.steps.sort()
     if detail:
         _read_gpu(trace, events, launches, span, rank)
     return trace
+
+
+def _runtime_call(event: dict, span: tuple[float, float], rank: int) -> Op:
+    """A CUDA runtime call the kernel-level DFG needs: a launch, or a call that may wait (phase "sync")."""
+    name = str(event.get("name", ""))
+    return Op(name=name, kind=OpKind.QUEUE, rank=rank, start_us=span[0], end_us=span[1],
+              stream=f"thread:{event.get('tid')}", source="kineto", phase="launch" if name in LAUNCH_CALLS else "sync",
+              args={"tid": event.get("tid"), "correlation": (event.get("args") or {}).get("correlation")})
 
 
 def _read_gpu(trace: KinetoTrace, events: list, launches: dict, span, rank: int) -> None:
