@@ -64,7 +64,8 @@ def _job_arguments(job) -> None:
 
 
 def _mxnet_arguments(mxg) -> None:
-    mxg.add_argument("--servers", type=int, default=1, help="parameter servers (default 1)")
+    mxg.add_argument("--servers", type=int, default=1,
+                     help="parameter servers per node (default 1; across hosts every node starts this many)")
     mxg.add_argument("--mxnet-python", default=None,
                      help="the Python the roles run with when the command starts with python (default: "
                           "$DPRO_MXNET_PYTHON, else this Python if it imports mxnet, else the environment "
@@ -278,9 +279,6 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
     if args.backend == "mxnet":
         if args.servers < 1:
             raise ValueError("--servers must be at least 1")
-        if launch.nnodes > 1 or launch.hosts:
-            raise ValueError("--backend mxnet runs on one host for now (scheduler, servers and workers on "
-                             "127.0.0.1); across hosts, MXNet's own launch recipe runs the roles")
         launch.servers = args.servers
         launch.mxnet_python = args.mxnet_python or ""
     elif args.servers != 1:

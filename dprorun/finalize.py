@@ -181,6 +181,10 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         if missing and with_events:
             kept += f"; missing for ranks {missing}"
         print(f"dprorun: {kept} in {job.output.run_dir}", file=sys.stderr)
+    if job.launch.backend == "mxnet" and job.launch.node_rank != 0:
+        if not job.output.quiet:
+            print(f"dprorun: node {job.launch.node_rank}: traces sent to node 0 (kept in {job.output.run_dir})")
+        return result.exit_code
     if job.launch.backend == "mxnet" and with_events:
         return _finalize_ps(job, result, with_events)
     horovod = _horovod_timeline(job) if job.launch.backend == "horovod" and job.launch.node_rank == 0 else None

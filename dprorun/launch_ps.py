@@ -1,10 +1,15 @@
 """Launch of a parameter-server job (`--backend mxnet`): the scheduler, the servers and the workers of an MXNet
-kvstore job on this host, with MXNet's own Python."""
+kvstore job, with MXNet's own Python: on this host (loopback), or across hosts (`--nnodes/--node-rank/--master-addr`
+or `--hosts`, one dprorun per host): the scheduler on node 0 at the master address and port, every node its own
+servers and workers on the address it reaches the master by; the nodes' dprorun processes measure their clocks
+against node 0's, stop together when one node's roles fail, and send their traces to node 0 at the end
+(dprorun/node_link.py)."""
 from __future__ import annotations
 
 import importlib.util
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -32,12 +37,15 @@ def mxnet_python(job: JobConfig) -> str:
 
 
 def mxnet_roles(job: JobConfig) -> list[tuple[str, int]]:
-    """(role, index) of every process of a parameter-server job, in start order: scheduler, servers, workers."""
-    return ([("scheduler", 0)] + [("server", i) for i in range(job.launch.servers)]
-            + [("worker", i) for i in range(job.launch.nproc_per_node)])
+    """(role, index) of every process of this node of a parameter-server job, in start order: the scheduler (node 0),
+    its servers, its workers; indices count across nodes (node k's first server is k x servers per node)."""
+    node, servers, workers = job.launch.node_rank, job.launch.servers, job.launch.nproc_per_node
+    return ([("scheduler", 0)] if node == 0 else []) + [("server", node * servers + i) for i in range(servers)] \
+        + [("worker", node * workers + i) for i in range(workers)]
 
 
 SHUTDOWN_GRACE_S = 20.0
+PEER_FAILURE_GRACE_S = 5.0  # another node's roles failed: this node's get SIGTERM, then SIGKILL after this
 
 
 def _workers_succeeded(context, roles: list[tuple[str, int]]) -> bool:
@@ -51,17 +59,38 @@ def _workers_succeeded(context, roles: list[tuple[str, int]]) -> bool:
 
 
 def launch_ps(job: JobConfig) -> LaunchResult:
-    """A kvstore parameter-server job on this host: the scheduler, `servers` servers and `nproc_per_node` workers
-    (job.launch), each the user's command with its DMLC_* role variables (MXNet turns a server or scheduler
-    process into that role when it imports mxnet). torch elastic's start_processes spawns them, tees their output
-    with a role prefix into run_dir/logs, and stops them all when one fails."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
+    """A kvstore parameter-server job: this node's roles (job.launch; see mxnet_roles), each the user's command with
+    its DMLC_* role variables (MXNet turns a server or scheduler process into that role when it imports mxnet).
+    torch elastic's start_processes spawns them, tees their output with a role prefix into run_dir/logs, and stops
+    them all when one fails; across hosts, when another node's roles fail too."""
     try:
         entrypoint, args = _role_command(job)
     except FileNotFoundError as exc:
         return LaunchResult(2, str(exc))
+    link = None
+    if job.launch.nnodes > 1:
+        from dprorun.node_link import NodeLink
+
+        try:
+            link = NodeLink.connect(job.launch.node_rank, job.launch.nnodes, job.launch.master_addr,
+                                    int(job.launch.master_port), job.launch.join_timeout_s or 300.0)
+            clock = link.probe_clock()
+        except Exception as exc:  # node 0's dprorun never came: nothing was started here
+            return LaunchResult(1, f"node {job.launch.node_rank} could not reach node 0's dprorun at "
+                                   f"{job.launch.master_addr} ({type(exc).__name__}: {exc})")
+        if clock is not None and not job.output.quiet:
+            print(f"dprorun: node {clock.node}: clock {clock.offset_us:+.0f} us from node 0's "
+                  f"(+- {clock.rtt_us / 2:.0f} us)", file=sys.stderr, flush=True)
+    result = _run_roles(job, entrypoint, args, link)
+    if link is not None:
+        result = _exchange_with_nodes(job, link, result)
+    return result
+
+
+def _run_roles(job: JobConfig, entrypoint: str, args: list[str], link) -> LaunchResult:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     roles = mxnet_roles(job)
     envs = _role_environments(job, roles)
     prefixes = {slot: (f"[{role}]: " if role == "scheduler" else f"[{role}{index}]: ")
@@ -79,7 +108,9 @@ def launch_ps(job: JobConfig) -> LaunchResult:
             context = start_processes(name=job.profile.job_id or "mxnet", entrypoint=entrypoint,
                                       args={slot: tuple(args) for slot in envs}, envs=envs, logs_specs=logs,
                                       log_line_prefixes=prefixes)
-            result = _wait_for_roles(context, roles)
+            result = _wait_for_roles(context, roles, link)
+            if isinstance(result, LaunchResult):
+                return result
             if result is None:
                 return LaunchResult(0, "all workers finished (scheduler and servers stopped)")
         except SignalException as exc:
@@ -95,6 +126,34 @@ def launch_ps(job: JobConfig) -> LaunchResult:
     if not result.failures:
         return LaunchResult(0, "all roles finished")
     return _failed_role(result, roles)
+
+
+def _exchange_with_nodes(job: JobConfig, link, result: LaunchResult) -> LaunchResult:
+    """After this node's roles ended: a failure told to the other nodes; the traces sent to node 0 (other nodes), or
+    received from every node with their outcome and the nodes' clocks written (node 0)."""
+    if result.exit_code != 0:
+        link.fail(result.message)
+    if job.launch.node_rank != 0:
+        try:
+            link.send_run_dir(job.output.run_dir, result.exit_code, result.message)
+        except Exception as exc:
+            print(f"dprorun: warning: node {job.launch.node_rank} could not send its traces to node 0: {exc}; they "
+                  f"stay in {job.output.run_dir}", file=sys.stderr, flush=True)
+        return result
+    received = link.receive_run_dirs(job.output.run_dir, NODE_BUNDLE_TIMEOUT_S)
+    try:
+        link.write_clocks(job.output.run_dir, 10.0)
+    except OSError as exc:
+        print(f"dprorun: warning: cannot write the nodes' clocks ({exc})", file=sys.stderr)
+    failed = [(peer, doc) for peer, doc in sorted(received.items()) if "missing" in doc or doc.get("exit_code")]
+    if result.exit_code == 0 and failed:
+        peer, doc = failed[0]
+        why = doc.get("missing") or f"node {peer} ({doc['host']}): {doc['message']}"
+        return LaunchResult(int(doc.get("exit_code") or 1), why, None, {f"node{p}": d for p, d in failed})
+    return result
+
+
+NODE_BUNDLE_TIMEOUT_S = 120.0
 
 
 def _role_command(job: JobConfig) -> tuple[str, list[str]]:
@@ -116,21 +175,48 @@ def _role_environments(job: JobConfig, roles: list[tuple[str, int]]) -> dict[int
         bound = load_strategy(job.strategy_file).mxnet_bigarray_bound
         if bound is not None:
             common["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(int(bound))
-    common.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(job.launch.master_port or free_port()),
-                   "DMLC_NUM_SERVER": str(job.launch.servers), "DMLC_NUM_WORKER": str(job.launch.nproc_per_node),
-                   "DMLC_NODE_HOST": "127.0.0.1", "DMLC_INTERFACE": "lo"})
+    if job.launch.nnodes > 1:
+        root, port = socket.gethostbyname(job.launch.master_addr), str(job.launch.master_port)
+        host, interface = node_address(root)
+    else:
+        root, port, host, interface = "127.0.0.1", str(job.launch.master_port or free_port()), "127.0.0.1", "lo"
+    common.update({"DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": port,
+                   "DMLC_NUM_SERVER": str(job.launch.servers * job.launch.nnodes),
+                   "DMLC_NUM_WORKER": str(job.launch.nproc_per_node * job.launch.nnodes),
+                   "DMLC_NODE_HOST": host, "DMLC_INTERFACE": interface})
     return {slot: {**common, "DMLC_ROLE": role, "DPRO_MX_INDEX": str(index)}
             for slot, (role, index) in enumerate(roles)}
 
 
-def _wait_for_roles(context, roles: list[tuple[str, int]]):
-    """torch elastic's result once every role ended, or None when every worker finished and the scheduler and
-    servers (which end with them, ps-lite's shutdown) had not after SHUTDOWN_GRACE_S: those are then stopped."""
+def node_address(master_ip: str) -> tuple[str, str]:
+    """(this host's address towards the master, the interface that holds it): what ps-lite binds and announces."""
+    import psutil
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_ip, 9))  # no packet is sent: the kernel picks the route and source address
+        address = probe.getsockname()[0]
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addresses):
+            return address, name
+    return address, "lo" if address.startswith("127.") else ""
+
+
+def _wait_for_roles(context, roles: list[tuple[str, int]], link=None):
+    """torch elastic's result once every role ended; None when every worker finished and the scheduler and servers
+    (which end with them, ps-lite's shutdown) had not after SHUTDOWN_GRACE_S (those are then stopped); a
+    LaunchResult when another node's roles failed (this node's are stopped: the job cannot go on)."""
     workers_done_at = None
+    checked = time.monotonic()
     while True:
         result = context.wait(timeout=1.0, period=0.1)
         if result is not None:
             return result
+        if link is not None and time.monotonic() - checked > 1.0:
+            checked = time.monotonic()
+            peer = link.peer_failure()
+            if peer is not None:  # the job cannot go on: roles blocked in ps-lite ignore SIGTERM, so kill soon
+                context.close(timeout=PEER_FAILURE_GRACE_S)
+                return LaunchResult(1, f"{peer}; this node's roles were stopped")
         if _workers_succeeded(context, roles):
             workers_done_at = workers_done_at or time.monotonic()
             if time.monotonic() - workers_done_at > SHUTDOWN_GRACE_S:
@@ -142,11 +228,16 @@ def _wait_for_roles(context, roles: list[tuple[str, int]]):
 
 def _failed_role(result, roles: list[tuple[str, int]]) -> LaunchResult:
     """The role that failed first named, with its exit code or signal; every role's failure in the details."""
-    def order(item):  # a role killed by a signal first (the others then fail or are stopped), then the earliest
+    def order(item):
+        """A role whose script raised (an exit code and its error) first: the launcher then stops the others,
+        SIGKILLing those that ignore SIGTERM, so a kill is no evidence of a cause; then a role killed by a signal
+        other than SIGTERM (a server killed from outside), then any other exit code, then the stopped ones; within
+        each, the earliest."""
         slot, failure = item
         code = failure.exitcode
-        return (0 if code < 0 and code != -signal.SIGTERM else 1 if code != -signal.SIGTERM else 2,
-                failure.timestamp, slot)
+        rank = 0 if code > 0 and error_message(failure) else 1 if code < 0 and code != -signal.SIGTERM else \
+            2 if code != -signal.SIGTERM else 3
+        return (rank, failure.timestamp, slot)
 
     slot, failure = min(result.failures.items(), key=order)
     role, index = roles[slot]

@@ -74,6 +74,8 @@ SERVER_FILE = "server.json"
 SERVER_SCHEMA = "dprorun-ps-server"
 # keys of the end-of-window kvstore calibration's arrays (a model with this many parameters is unheard of)
 PS_CALIBRATION_KEY_BASE = 900_000
+NODE_CLOCKS_FILE = "node_clocks.json"  # a multi-host PS job: every node's clock against node 0's (node_link.py)
+GATHERED_MARK = "GATHERED_FROM"  # in a role folder another node sent: that node's host name
 
 
 def server_dir(run_dir: str, server: int) -> str:
@@ -130,3 +132,20 @@ class P2PRecord:
         iteration, ddp, bucket, step, chunk, src, dst, role, start, end, nbytes = row
         return cls(int(iteration), int(ddp), int(bucket), int(step), int(chunk), int(src), int(dst), str(role),
                    float(start), float(end), int(nbytes))
+
+
+def node_offset_us(role_dir: str) -> float:
+    """What to add to the times a role folder holds to put them on node 0's clock: the offset of the node it was
+    gathered from (run_dir/node_clocks.json); 0 for node 0's own folders and single-host runs."""
+    marker = os.path.join(role_dir, GATHERED_MARK)
+    clocks = os.path.join(os.path.dirname(os.path.abspath(role_dir)), NODE_CLOCKS_FILE)
+    if not os.path.exists(marker) or not os.path.exists(clocks):
+        return 0.0
+    try:
+        with open(marker) as handle:
+            host = handle.read().strip()
+        with open(clocks) as handle:
+            nodes = json.load(handle).get("nodes", {})
+    except (OSError, ValueError):
+        return 0.0
+    return float(next((n.get("offset_us", 0.0) for n in nodes.values() if n.get("host") == host), 0.0))

@@ -145,3 +145,69 @@ def test_tensorflow_across_two_hosts_gathers_into_node0_and_aligns(tmp_path):
     assert abs(doc["offsets_us"]["1"]) <= max(50.0, doc["uncertainty_us"]["1"]), doc
     summary = json.loads((node0 / "summary.json").read_text())
     assert [r["host"] for r in summary["ranks"]] == [cluster.hostname(0), cluster.hostname(1)]
+
+
+def _mxnet_unavailable() -> str:
+    if UNAVAILABLE:
+        return UNAVAILABLE
+    try:
+        from dprorun.config import JobConfig
+        from dprorun.launch_ps import mxnet_python
+
+        mxnet_python(JobConfig(command=["python"]))
+    except FileNotFoundError as exc:
+        return str(exc)
+    return ""
+
+
+MXNET_UNAVAILABLE = _mxnet_unavailable()
+
+
+@pytest.mark.skipif(bool(MXNET_UNAVAILABLE), reason=MXNET_UNAVAILABLE)
+def test_mxnet_parameter_server_across_two_hosts(tmp_path):
+    """dprorun --backend mxnet --hosts on each of two emulated hosts: the scheduler on node 0, a server and a worker
+    on each node (ps-lite over the hosts' link); node 1 measures its clock against node 0's and sends its worker's
+    and server's traces to node 0, which replays the job with both servers."""
+    import json
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with EmulatedCluster(2, 0.9) as cluster:
+        hosts = f"{cluster.hostname(0)}:1,{cluster.hostname(1)}:1"
+        results = cluster.run(
+            [sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "--hosts", hosts, "--servers", "1", "-q",
+             "--warmup", "3", "--active", "8", "--clean", "6", "--run-dir", str(tmp_path / "node{node_rank}"),
+             "python", os.path.join(REPO, "examples", "mxnet_gluon.py"), "--steps", "20", "--model", "mlp"],
+            400, env)
+    assert [r.returncode for r in results] == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    gathered = {p.parent.name for p in node0.glob("*/GATHERED_FROM")}
+    assert len(gathered) == 2 and {n[:5] for n in gathered} == {"rank_", "serve"}  # node 1's worker and server
+    assert all((node0 / role / "GATHERED_FROM").read_text() == cluster.hostname(1) for role in gathered)
+    assert (node0 / "rank_0" / "events.json").is_file() and (node0 / "rank_1" / "events.json").is_file()
+    assert (node0 / "server_0").is_dir() and (node0 / "server_1").is_dir()
+    assert not (node1 / "summary.json").exists()
+    clocks = json.loads((node0 / "node_clocks.json").read_text())["nodes"]
+    assert abs(clocks["1"]["offset_us"]) <= max(50.0, clocks["1"]["uncertainty_us"])  # one machine's clock
+    summary = json.loads((node0 / "summary.json").read_text())
+    assert summary["model"]["workers"] == 2 and summary["model"]["servers"] == 2
+    assert summary["as_run"]["predicted_iteration_ms"] > 0
+
+
+@pytest.mark.skipif(bool(MXNET_UNAVAILABLE), reason=MXNET_UNAVAILABLE)
+def test_a_failing_mxnet_worker_stops_both_hosts_and_names_it(tmp_path):
+    """A worker raises mid-job on one of two emulated hosts: its node stops its roles and tells the other, which
+    stops its own (ps-lite cannot go on without a role); both exit non-zero naming the worker's error, and node 0
+    still receives node 1's traces."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with EmulatedCluster(2, 0.9) as cluster:
+        hosts = f"{cluster.hostname(0)}:1,{cluster.hostname(1)}:1"
+        results = cluster.run(
+            [sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "--hosts", hosts, "-q", "--warmup", "2",
+             "--active", "5", "--clean", "3", "--run-dir", str(tmp_path / "node{node_rank}"), "python",
+             os.path.join(REPO, "examples", "mxnet_gluon.py"), "--steps", "30", "--model", "mlp",
+             "--fail-at-step", "10"], 300, env)
+    assert [r.returncode for r in results] == [1, 1], results[0].stderr[-3000:] + results[1].stderr[-3000:]
+    for r in results:
+        assert "RuntimeError: injected failure at step 10" in r.stderr, r.stderr[-2000:]
+    assert "this node's roles were stopped" in "".join(r.stderr for r in results)
+    assert len(list((tmp_path / "node0").glob("rank_*/events.json"))) == 2

@@ -259,6 +259,26 @@ def test_a_killed_server_stops_the_job_names_it_and_keeps_the_workers_traces(tmp
     assert manifest["status"] == "failed" and manifest["ranks_with_traces"] == [0, 1]
 
 
+@needs_mxnet
+def test_a_worker_that_raises_stops_the_job_at_once_and_names_its_error(tmp_path):
+    """An MXNet worker whose script raises would wait forever in its kvstore's shutdown (the other worker never
+    reaches that barrier): the hooks leave the process after keeping its traces, the launcher names the worker and
+    the error and stops every role; the profiles the killed roles left unfinished are still read."""
+    run_dir = tmp_path / "raised"
+    started = time.monotonic()
+    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "1", "--warmup", "3", "--active", "8",
+                           "--clean", "6", "python", os.path.join(EXAMPLES, "mxnet_gluon.py"), "--steps", "40",
+                           "--model", "mlp", "--fail-at-step", "14"], run_dir, timeout=240)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert time.monotonic() - started < 150
+    assert "exited with code 1: RuntimeError: injected failure at step 14" in proc.stderr, proc.stderr[-2000:]
+    assert (run_dir / "rank_0" / "events.json").exists() and (run_dir / "rank_1" / "events.json").exists()
+    replayed = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["predicted_iteration_ms"] > 0
+
+
 # ---- the PS topology on a model made by hand (no MXNet needed) ---------------------------------------------------
 def _model(servers=2, workers=2, keys=None, alpha=50.0, bw=100.0, links="per-node", slots=1):
     keys = keys or [PSKey(0, 4_000_000 * 4, 4_000_000, 0), PSKey(1, 400, 100, -1), PSKey(2, 40_000, 10_000, -2)]
@@ -369,3 +389,31 @@ def test_mxnet_launch_dropin_maps_launch_py_flags(tmp_path):
                               "--launcher", "ssh", "-H", "hosts", "python", "train.py"], capture_output=True,
                              text=True, cwd=REPO, timeout=60)
     assert refused.returncode == 2 and "one host" in refused.stderr
+
+
+def test_another_hosts_role_folders_are_read_on_node_0s_clock(tmp_path):
+    """A multi-host PS run: node 1's server and worker folders (marked with the host they came from) are shifted by
+    that node's clock offset (node_clocks.json) when read, so that every role's times are on node 0's clock."""
+    from dprorun.layout import node_offset_us
+    from dprorun.trace.mxprofile import read_mx_profile, read_server_updates
+
+    (tmp_path / "node_clocks.json").write_text(json.dumps({"nodes": {
+        "0": {"node": 0, "host": "a", "offset_us": 0.0}, "1": {"node": 1, "host": "b", "offset_us": 1500.0}}}))
+    for s, host in ((0, None), (1, "b")):
+        folder = tmp_path / f"server_{s}"
+        folder.mkdir()
+        (folder / "server.json").write_text(json.dumps({"updates": [[3, 100.0, 200.0, 4096]]}))
+        if host:
+            (folder / "GATHERED_FROM").write_text(host)
+    updates, servers = read_server_updates(str(tmp_path))
+    assert servers == 2 and sorted((u.server, u.start_us, u.end_us) for u in updates) == [
+        (0, 100.0, 200.0), (1, 1600.0, 1700.0)]
+    worker = tmp_path / "rank_1"
+    worker.mkdir()
+    (worker / "GATHERED_FROM").write_text("b")
+    (worker / "mx_profile.json").write_text(json.dumps({"traceEvents": [
+        {"ph": "B", "cat": "operator", "name": "FullyConnected", "pid": 0, "tid": 1, "ts": 10.0},
+        {"ph": "E", "cat": "operator", "name": "FullyConnected", "pid": 0, "tid": 1, "ts": 30.0}]}))
+    [op] = read_mx_profile(str(worker / "mx_profile.json"))
+    assert (op.start_us, op.end_us) == (1510.0, 1530.0)
+    assert node_offset_us(str(tmp_path / "server_0")) == 0.0  # node 0's own folder

@@ -27,7 +27,8 @@ from typing import Optional
 import numpy as np
 
 from dprorun.fsutil import TraceError, UnanswerableError
-from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE, rank_dir, server_dir
+from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE, node_offset_us, \
+    rank_dir, server_dir
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
 from dprorun.replay.ps_topology import PSKey, PSLinks, PSPlan, placed, set_placement, set_ps_network, set_workers
 from dprorun.stats import median
@@ -259,6 +260,11 @@ def build_ps_model(run_dir: str) -> PSModel:
         model.compute_scale = fit_compute_scale(model, model.measured_iteration_us)
         if model.compute_scale <= COMPUTE_SCALE_FLOOR * 1.5:
             _refit_links_to_reference(model)
+    hosts = sorted({str(events.get("host", "")) for events in workers.values()} - {""})
+    if len(hosts) > 1:
+        notes.append(f"the workers ran on {len(hosts)} hosts ({', '.join(hosts)}): every transfer is priced on one "
+                     "medium fitted to the job's own calibration; each host's own NIC (and the loopback between "
+                     "roles on one host) is not modelled yet, so what-ifs of servers and bandwidth are approximate")
     if window and clean:
         gap = median(window) / median(clean) - 1
         if abs(gap) > 0.05:
@@ -343,8 +349,10 @@ def _clean_iterations(run_dir: str, rank: int) -> list[float]:
 
 def _server_updates(run_dir: str, workers: dict) -> list[tuple[int, float]]:
     """(bytes, µs) of the servers' updates of model keys inside the workers' window."""
-    lo = min(w["window"]["start_us"] for w in workers.values() if w.get("window", {}).get("start_us"))
-    hi = max(w["window"]["end_us"] or lo for w in workers.values() if w.get("window", {}).get("start_us"))
+    shift = {r: node_offset_us(rank_dir(run_dir, r)) for r in workers}  # other hosts' workers: node 0's clock
+    lo = min(w["window"]["start_us"] + shift[r] for r, w in workers.items() if w.get("window", {}).get("start_us"))
+    hi = max((w["window"]["end_us"] or lo) + shift[r] for r, w in workers.items()
+             if w.get("window", {}).get("start_us"))
     updates, _ = read_server_updates(run_dir)
     return [(u.nbytes, u.end_us - u.start_us) for u in updates
             if u.key < PS_CALIBRATION_KEY_BASE and lo <= u.start_us <= hi]

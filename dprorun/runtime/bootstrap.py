@@ -210,20 +210,42 @@ def _install_excepthook(sess) -> None:
     def excepthook(exc_type, exc, tb):
         try:
             sess.records.warnings.append(f"training script raised {exc_type.__name__}: {exc}")
-            _write_torchelastic_error(exc)
+            _write_torchelastic_error(exc, tb)
         except Exception:
             pass
         previous(exc_type, exc, tb)
+        if sess.framework == "mxnet":
+            # an MXNet worker that raises never exits by itself: its kvstore's shutdown waits for the other workers
+            # at a barrier they will not reach, and the job hangs. Keep what was recorded, then leave now, so the
+            # launcher sees the failure and stops every role.
+            try:
+                sys.stderr.flush()
+                sess.at_exit()
+            finally:
+                os._exit(1)
 
     sys.excepthook = excepthook
 
 
-def _write_torchelastic_error(exc: BaseException) -> None:
-    """Per-rank error file in torchelastic's format, so the launcher names the failing rank and its error."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+def _write_torchelastic_error(exc: BaseException, tb=None) -> None:
+    """Per-rank error file in torchelastic's format, so the launcher names the failing rank and its error (written
+    by hand where torch is not importable: an MXNet job's own Python)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
         return
-    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+    except ImportError:
+        import json
+        import time
+        import traceback
 
+        stack = "".join(traceback.format_exception(type(exc), exc, tb))
+        with open(path, "w") as handle:
+            json.dump({"message": {"message": f"{type(exc).__name__}: {exc}",
+                                   "extraInfo": {"py_callstack": stack, "timestamp": str(int(time.time()))}}},
+                      handle)
+        return
     handler = get_error_handler()
     handler.initialize()
     handler.record_exception(exc)

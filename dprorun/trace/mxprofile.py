@@ -8,11 +8,13 @@ or pull event carries neither its key nor its bytes: the hooks record those from
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from dprorun.fsutil import TraceError
+from dprorun.layout import node_offset_us
 
 KVSTORE_PREFIX = "KVStoreDist"  # KVStoreDistDefaultStoragePushPull, ...Push, ...Pull
 COPY_OP = "CopyCPU2CPU"
@@ -39,9 +41,15 @@ def read_mx_profile(path: str) -> list[MXOp]:
     """The operators of one dump, sorted by start. A truncated or foreign file raises TraceError naming it."""
     try:
         with open(path) as handle:
-            doc = json.load(handle)
-    except (OSError, ValueError) as exc:
+            text = handle.read()
+    except OSError as exc:
         raise TraceError(path, f"not a readable mx.profiler dump ({type(exc).__name__}: {exc})") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        doc = _unfinished_dump(text)
+        if doc is None:
+            raise TraceError(path, f"not a readable mx.profiler dump ({type(exc).__name__}: {exc})") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise TraceError(path, "no traceEvents (not an mx.profiler dump)")
@@ -60,8 +68,28 @@ def read_mx_profile(path: str) -> list[MXOp]:
             start = open_ops[key].pop()
             ops.append(MXOp(str(event["name"]), devices.get(event.get("pid"), str(event.get("pid"))), start,
                             float(event["ts"])))
+    shift = node_offset_us(os.path.dirname(os.path.abspath(path)))  # another host's folder: node 0's clock
+    if shift:
+        ops = [MXOp(op.name, op.device, op.start_us + shift, op.end_us + shift) for op in ops]
     ops.sort(key=lambda op: op.start_us)
     return ops
+
+
+def _unfinished_dump(text: str):
+    """An mx.profiler dump its process never finished (`dump(finished=False)` leaves the event list open until the
+    process ends normally; a worker killed, or one that left at once after its script raised, never closes it):
+    its complete events, or None when it is not such a file."""
+    if not text.lstrip().startswith("{") or '"traceEvents"' not in text[:200]:
+        return None
+    end = text.rfind("}")
+    for _ in range(64):  # the last complete event ends at one of the last few braces (cut inside an event's args)
+        if end <= 0:
+            break
+        try:
+            return json.loads(text[:end + 1] + "\n]}")
+        except ValueError:
+            end = text.rfind("}", 0, end)
+    return None
 
 
 @dataclass(slots=True)
@@ -143,6 +171,7 @@ def read_server_updates(run_dir: str) -> tuple[list[ServerUpdate], int]:
     updates: list[ServerUpdate] = []
     files = numbered_files(run_dir, server_dir, SERVER_FILE)
     for s, path in files.items():
-        updates += [ServerUpdate(s, int(k), float(a), float(b), int(n))
+        shift = node_offset_us(os.path.dirname(path))  # a server of another host: on node 0's clock
+        updates += [ServerUpdate(s, int(k), float(a) + shift, float(b) + shift, int(n))
                     for k, a, b, n in read_json(path).get("updates", [])]
     return updates, len(files)
