@@ -65,6 +65,7 @@ XPLANE_FILE = "xplane.pb"
 # --backend tf: every worker's host:port, in rank order (the launcher sets it; hooks/sitecustomize.py turns it
 # into the worker's TF_CONFIG)
 TF_WORKERS_ENV = "DPRO_TF_WORKERS"
+TF_XLA_AUTO_JIT = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"  # Strategy.tf_xla: XLA auto-clustering, CPU ops too
 
 
 # --backend mxnet: a worker's mx.profiler dump (runtime/mxnet.py writes it, trace/mxprofile.py reads it), and each

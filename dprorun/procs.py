@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from dprorun.config import JobConfig
-from dprorun.layout import TF_WORKERS_ENV
+from dprorun.layout import TF_WORKERS_ENV, TF_XLA_AUTO_JIT
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,6 +54,11 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
     env["DPRO_BACKEND"] = job.launch.backend
     if job.launch.backend == "tf":
         env[TF_WORKERS_ENV] = ",".join(tf_worker_addresses(job))
+        if job.strategy_file:
+            from dprorun.strategy import load_strategy
+
+            if load_strategy(job.strategy_file).tf_xla:  # before TensorFlow initialises in the workers
+                env["TF_XLA_FLAGS"] = (os.environ.get("TF_XLA_FLAGS", "") + " " + TF_XLA_AUTO_JIT).strip()
     if job.low_disk:
         env["DPRO_ENABLED"] = "0"  # no hooks: nothing of ours competes with the job for the disk
     env.setdefault("KINETO_LOG_LEVEL", os.environ.get("KINETO_LOG_LEVEL", "6"))  # no profiler chatter per rank

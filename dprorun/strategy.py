@@ -19,6 +19,8 @@ strategy.json (schema version 1):
   tf_bytes_per_pack_mb
                       TensorFlow jobs: the all-reduce pack size (CommunicationOptions bytes_per_pack) the hooks
                       give MultiWorkerMirroredStrategy on restart (0: one pack)
+  tf_xla              TensorFlow jobs: XLA auto-clustering on every worker (TF_XLA_FLAGS, given by the launcher on
+                      restart): op fusion the replay cannot price, so --autotune measures it in a trial window
   mxnet_bigarray_bound
                       MXNet parameter-server jobs: MXNET_KVSTORE_BIGARRAY_BOUND (elements from which a key is split
                       over every server) that the launcher gives every role on restart
@@ -72,6 +74,7 @@ class Strategy:
     horovod_cycle_time_ms: Optional[float] = None  # Horovod jobs: HOROVOD_CYCLE_TIME
     horovod_groups: Optional[list[list[str]]] = None  # Horovod jobs: DistributedOptimizer(groups=), by name
     tf_bytes_per_pack_mb: Optional[float] = None  # TensorFlow jobs: CommunicationOptions(bytes_per_pack)
+    tf_xla: bool = False  # TensorFlow jobs: XLA auto-clustering (TF_XLA_FLAGS) on every worker
     mxnet_bigarray_bound: Optional[int] = None  # MXNet PS jobs: MXNET_KVSTORE_BIGARRAY_BOUND
     baseline_ms: Optional[float] = None  # the job as it ran, replayed
     predicted_ms: Optional[float] = None  # with this strategy
@@ -87,7 +90,7 @@ class Strategy:
                 and self.recompute_segments == 0 and self.accumulation_steps == 1 and self.precision == "fp32"
                 and not self.compiled_modules
                 and self.horovod_fusion_threshold_mb is None and self.horovod_cycle_time_ms is None
-                and not self.horovod_groups and self.tf_bytes_per_pack_mb is None
+                and not self.horovod_groups and self.tf_bytes_per_pack_mb is None and not self.tf_xla
                 and self.mxnet_bigarray_bound is None)
 
     def to_json(self) -> dict:
@@ -134,7 +137,8 @@ class Strategy:
             lines.append(f"predicted iteration time: {self.baseline_ms:.2f} ms as run -> {self.predicted_ms:.2f} ms "
                          f"with the strategy ({gain:+.1f} % faster)")
         for d in self.decisions:
-            lines.append(f"  {d.pass_name}: {d.choice} ({d.before_ms:.2f} -> {d.after_ms:.2f} ms"
+            after = f"{d.after_ms:.2f} ms" if d.after_ms is not None else "not predicted"
+            lines.append(f"  {d.pass_name}: {d.choice} ({d.before_ms:.2f} -> {after}"
                          f"{', ' + d.note if d.note else ''})")
         if self.accumulation_steps > 1:
             lines.append(f"  needs the script: accumulate gradients over {self.accumulation_steps} micro-batches "

@@ -164,6 +164,28 @@ def test_dry_run_and_a_pack_size_strategy_applied_on_restart(tmp_path):
     assert len(tracker["packs"]) > 1  # the script asked for one pack; the strategy's pack size made several
 
 
+def test_xla_is_a_measured_candidate_given_to_the_workers_on_restart(tf_run, tmp_path):
+    """XLA auto-clustering has no price in the replay: --autotune's TF candidates end with it (measured in a trial
+    window like the pack sizes), and a strategy with it makes the launcher set TF_XLA_FLAGS for every worker."""
+    from dprorun.autotune import _knob_candidates
+    from dprorun.config import JobConfig
+    from dprorun.procs import rank_environment
+    from dprorun.strategy import save_strategy
+
+    run_dir, _ = tf_run
+    candidates = _knob_candidates(str(run_dir), "tf")
+    xla = candidates[-1]
+    assert xla.tf_xla and all(not c.tf_xla for c in candidates[:-1])
+    assert "measured in a trial window" in xla.decisions[0].note and xla.search["measured_only"]
+    path = tmp_path / "xla.json"
+    save_strategy(xla, str(path))
+    job = JobConfig(command=["python", "train.py"])
+    job.launch.backend, job.launch.nproc_per_node, job.strategy_file = "tf", 2, str(path)
+    assert "--tf_xla_auto_jit=2" in rank_environment(job)["TF_XLA_FLAGS"]
+    job.strategy_file = None
+    assert "TF_XLA_FLAGS" not in rank_environment(job)
+
+
 def test_keras3_fit_users_are_told_the_upstream_issue_and_the_workaround(tmp_path):
     run_dir = tmp_path / "keras3"
     proc, _ = run_tf_job(["--backend", "tf", "-np", "2", "python", os.path.join(REPO, "tests", "data",

@@ -2,12 +2,17 @@
 candidate replayed with TensorFlow's packing (`WhatIf.bucket_mb` on a TF run: `whatif.tf_packs`), ranked by
 predicted iteration time. As for Horovod, the ranking chooses which candidates get a real trial window
 (`dprorun --autotune --backend tf` runs the top two and keeps the fastest measured if it beats the job's own
-setting); the replay alone does not decide."""
+setting); the replay alone does not decide.
+
+XLA (op fusion: auto-clustering, `Strategy.tf_xla`) has no price in the replay (what it fuses, and what it costs to
+compile, is known only by running it), so it is always a candidate of its own, measured in a trial window like the
+others and kept only if faster: on the bundled custom loop on this 2-core CPU it ran 16x slower (RESULTS.md)."""
 from __future__ import annotations
 
 import time
 
 from dprorun.fsutil import UnanswerableError
+from dprorun.layout import TF_XLA_AUTO_JIT
 from dprorun.replay.predict import replay_once
 from dprorun.replay.template import JobModel
 from dprorun.replay.whatif import MB, WhatIf, tf_packs
@@ -45,3 +50,19 @@ def rank_tf_packs(model: JobModel, packs_mb=PACKS_MB, top: int = 2) -> list[Stra
                             search={"evaluations": len(scored) + 1, "seconds": round(time.monotonic() - started, 3),
                                     "world_size": model.world_size, "framework": "tf"}))
     return out
+
+
+def xla_candidate(model: JobModel, best: "Strategy | None") -> Strategy:
+    """XLA auto-clustering on every worker, with the best pack size found (or the job's own): for a trial window,
+    since the replay cannot price it."""
+    baseline_us, _ = replay_once(model, WhatIf(bucket_mb=model.bucket_cap_mb or 0.0))
+    baseline = round(baseline_us / 1000, 4)
+    pack = best.tf_bytes_per_pack_mb if best is not None else None
+    decision = Decision("op_fusion", f"XLA auto-clustering (TF_XLA_FLAGS={TF_XLA_AUTO_JIT})"
+                        + (f" with packs of {pack:g} MB" if pack is not None else ""), baseline,
+                        best.predicted_ms if best is not None else baseline,
+                        "not priced by the replay (what XLA fuses and its compile time are known only by running "
+                        "it): measured in a trial window")
+    return Strategy(tf_bytes_per_pack_mb=pack, tf_xla=True, baseline_ms=baseline,
+                    predicted_ms=best.predicted_ms if best is not None else baseline, decisions=[decision],
+                    search={"framework": "tf", "measured_only": True})
