@@ -10,7 +10,7 @@ Reported: medians over rounds, the plain launches' spread (max-min over median),
 iterations without the profiler (hooks on) against the plain launches (the hooks' cost). Networks: loopback, and
 with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
-usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module] [--nets loopback,1gbit]
+usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module,handloop] [--nets loopback,1gbit]
        [--reps 3]
        [--steps 60]
 """
@@ -35,8 +35,11 @@ BOUND = 100_000
 MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600"],
           "mlp-adam": ["--model", "mlp", "--width", "600", "--optimizer", "adam"],
           # the Module API (Module.fit, string keys), a symbolic MLP: examples/mxnet_module.py
-          "module": ["--width", "512"]}
-SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py")}
+          "module": ["--width", "512"],
+          # hand-written kv.push / kv.pull per parameter, the optimizer on the servers: examples/mxnet_kvstore_loop.py
+          "handloop": ["--width", "512"]}
+SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
+           "handloop": os.path.join(REPO, "examples", "mxnet_kvstore_loop.py")}
 
 
 def example(model: str) -> str:

@@ -215,7 +215,14 @@ def test_a_truncated_worker_profile_is_named_and_nothing_else_is_lost(ps_run, tm
     run_dir = tmp_path / "cut"
     shutil.copytree(ps_run[0], run_dir)
     profile = run_dir / "rank_1" / "mx_profile.json"
-    profile.write_bytes(profile.read_bytes()[:5000])
+    whole = profile.read_bytes()
+    profile.write_bytes(whole[:5000])  # cut after a few events: read to its last complete one, and said
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir)], capture_output=True,
+                         text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "rank_1/mx_profile.json: the profiler's dump was never finished" in out.stdout
+    assert "worker 1: no complete profiled iteration" in out.stdout
+    profile.write_bytes(whole[:40])  # cut inside its first event: nothing to read
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir)], capture_output=True,
                          text=True, cwd=REPO, timeout=120)
     assert out.returncode == 2 and "rank_1/mx_profile.json: not a readable mx.profiler dump" in out.stderr
@@ -279,6 +286,24 @@ def test_a_worker_that_raises_stops_the_job_at_once_and_names_its_error(tmp_path
     assert json.loads(replayed.stdout)["predicted_iteration_ms"] > 0
 
 
+@needs_mxnet
+def test_a_script_that_pushes_and_pulls_by_hand_is_profiled_by_its_cycles(tmp_path):
+    """No Trainer.step, no Module.update: kv.push / kv.pull per parameter with the optimizer on the servers
+    (examples/mxnet_kvstore_loop.py). Each push/pull cycle is an iteration; the model has every parameter's key and
+    replays the job."""
+    run_dir = tmp_path / "handloop"
+    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "1", "--warmup", "3", "--active", "8",
+                           "--clean", "6", "python", os.path.join(EXAMPLES, "mxnet_kvstore_loop.py"), "--steps", "22",
+                           "--layers", "3"], run_dir, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    tracker = next(t for t in events["trackers"] if t["framework"] == "mxnet")
+    assert tracker["iterations"].startswith("push/pull cycles") and len(tracker["keys"]) == 8  # 4 dense layers
+    assert len(events["iteration_starts_us"]) >= 20
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["model"]["keys"] == 8 and summary["as_run"]["predicted_iteration_ms"] > 0
+
+
 # ---- the PS topology on a model made by hand (no MXNet needed) ---------------------------------------------------
 def _model(servers=2, workers=2, keys=None, alpha=50.0, bw=100.0, links="per-node", slots=1):
     keys = keys or [PSKey(0, 4_000_000 * 4, 4_000_000, 0), PSKey(1, 400, 100, -1), PSKey(2, 40_000, 10_000, -2)]
@@ -334,6 +359,35 @@ def test_ps_what_ifs_are_passes_on_the_graph_in_any_order():
     per_node = set_ps_network(graph, links="per-node")
     recv = [d for n, d in zip(per_node.names, per_node.durations) if n.startswith("push k1.") and n.endswith("RECV")]
     assert recv and all(d == pytest.approx(400 / 100.0) for d in recv)
+
+
+def test_an_imperative_backward_pushes_each_gradient_as_it_is_made():
+    """A non-hybridized net: its backward ops run while the first keys are already pushed. The profile says after
+    which op each push started; the graph starts each key's push there, beside the rest of the backward, so the
+    iteration replays shorter than with every push after the whole backward."""
+    from dprorun.replay.ps import local_dfgs, worker_ops_from_profile
+    from dprorun.replay.ps_topology import set_ps_network
+    from dprorun.trace.mxprofile import COPY_OP, MXOp
+
+    def iteration(t0):  # forward, three backward ops; key 0's push after the first, key 1's after the third
+        ops = [MXOp("FullyConnected", "cpu/0", t0, t0 + 1000), MXOp("_backward_FC", "cpu/0", t0 + 1000, t0 + 2000),
+               MXOp("KVStoreDistDefaultStoragePushPull", "cpu/0", t0 + 2010, t0 + 5000),
+               MXOp("_backward_FC", "cpu/0", t0 + 2000, t0 + 3000), MXOp("_backward_FC", "cpu/0", t0 + 3000, t0 + 4000),
+               MXOp("KVStoreDistDefaultStoragePushPull", "cpu/0", t0 + 4010, t0 + 6000),
+               MXOp(COPY_OP, "cpu/0", t0 + 6000, t0 + 6100)]
+        return ops
+
+    profile = sorted(iteration(0) + iteration(7000) + iteration(14000), key=lambda op: op.start_us)
+    keys = [PSKey(0, 40_000, 10_000, 0), PSKey(1, 40_000, 10_000, -1)]
+    ops = worker_ops_from_profile(0, profile, keys)
+    assert [name for name, _ in ops.ops] == ["FullyConnected", "_backward_FC", "_backward_FC", "_backward_FC"]
+    assert ops.push_after == [2, 4]  # key 0's push after two ops, key 1's after all four
+    model = _model(keys=keys)
+    model.worker_ops = {r: ops for r in (0, 1)}
+    overlapped = replay(set_ps_network(local_dfgs(model))).iteration_time_us
+    model.worker_ops = {r: replace(ops, push_after=[]) for r in (0, 1)}
+    after_all = replay(set_ps_network(local_dfgs(model))).iteration_time_us
+    assert overlapped < after_all - 100
 
 
 def test_on_a_shared_link_every_transfer_takes_a_slot_of_it():

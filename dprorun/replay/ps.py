@@ -32,8 +32,8 @@ from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PS_CALIBRAT
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
 from dprorun.replay.ps_topology import PSKey, PSLinks, PSPlan, placed, set_placement, set_ps_network, set_workers
 from dprorun.stats import median
-from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, read_mx_profile, \
-    read_server_updates
+from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, \
+    read_mx_profile_checked, read_server_updates
 
 @dataclass
 class WorkerOps:
@@ -46,6 +46,9 @@ class WorkerOps:
     copy_us_per_byte: float
     profiled_iterations: int
     period_us: float = 0.0  # the profiled iterations' own length (first op -> the next iteration's first op)
+    # where the i-th push (in start order) began: after this many nodes of `ops` (empty: every push after all of
+    # them, a hybridized net's one backward op); an imperative net pushes each gradient as its backward makes it
+    push_after: list[int] = field(default_factory=list)
 
     @property
     def compute_us(self) -> float:
@@ -165,9 +168,9 @@ def local_dfgs(model: PSModel, keys: Optional[list[PSKey]] = None,
         tail = g.op(f"w{w}.tail", "OTHER", w, device, ops.tail_us * model.compute_scale)
         for copy in copies.values():
             g.edge(copy, tail)
-        if not copies:
+        if not copies or ops.push_after:
             g.edge(dispatch, tail)
-        ins.append({label: dispatch for label in copies})
+        ins.append(_push_ready(g, w, list(copies), chain, dispatch, ops))
         outs.append(copies)
     labelled = {f"k{key.key}": key for key in order}
     links = PSLinks(model.links, model.alpha_us, model.bytes_per_us, model.link_level, model.link_slots,
@@ -186,6 +189,23 @@ def calibration_graph(model: PSModel, nbytes: int, parts: int) -> ReplayGraph:
     bound = elements if parts > 1 else elements + 1
     idle = {r: replace(w, ops=[], dispatch_us=0.0, tail_us=0.0) for r, w in model.worker_ops.items()}
     return ps_graph(replace(model, compute_scale=1.0, link_level=1.0), PSWhatIf(bigarray_bound=bound), [key], idle)
+
+
+def _push_ready(g: GraphBuilder, w: int, labels: list[str], chain: list[int], dispatch: int,
+                ops: WorkerOps) -> dict[str, int]:
+    """Per key (in push order), the node its push waits for: the dispatch after the whole chain, or, where the
+    profile saw the i-th push start earlier (an imperative backward), a ready node after the chain's node before
+    that point (with the dispatch latency)."""
+    ready = {}
+    for i, label in enumerate(labels):
+        cut = ops.push_after[i] if i < len(ops.push_after) else len(chain)
+        if cut >= len(chain):
+            ready[label] = dispatch
+            continue
+        ready[label] = g.op(f"w{w}.ready {label}", "VIRTUAL", w, None, ops.dispatch_us)
+        if cut > 0:
+            g.edge(chain[cut - 1], ready[label])
+    return ready
 
 
 # ---- the model from a run directory -----------------------------------------------------------------------------
@@ -214,8 +234,8 @@ def build_ps_model(run_dir: str) -> PSModel:
     tracker = next((t for t in first.get("trackers", []) if t.get("framework") == "mxnet"), None)
     if tracker is None or not tracker.get("keys") or not first.get("iteration_starts_us"):
         raise TraceError(run_dir, "worker 0 recorded no iteration with kvstore keys: the hooks count "
-                         "gluon.Trainer.step or Module.update calls on a dist kvstore; scripts calling kv.push/pull "
-                         "by hand are not profiled yet")
+                         "gluon.Trainer.step or Module.update calls on a dist kvstore, or else push/pull cycles of "
+                         "a script that pushes by hand; this one made none on a dist kvstore")
     keys = [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
             for k in tracker["keys"]]
     notes: list[str] = []
@@ -224,9 +244,16 @@ def build_ps_model(run_dir: str) -> PSModel:
     for r, events in workers.items():
         profile = os.path.join(rank_dir(run_dir, r), MX_PROFILE_FILE)
         if os.path.exists(profile):
-            measured = worker_ops_from_profile(r, read_mx_profile(profile), keys)
+            profiled, unfinished = read_mx_profile_checked(profile)
+            if unfinished:
+                notes.append(f"{profile}: the profiler's dump was never finished (its worker was stopped, or left "
+                             "after its script raised): read to its last complete event")
+            measured = worker_ops_from_profile(r, profiled, keys)
             if measured is not None:
                 ops[r] = measured
+            else:
+                notes.append(f"worker {r}: no complete profiled iteration in {profile}; the other workers' stand "
+                             "in for it")
         window += _unprofiled_window(events)
         clean += _clean_iterations(run_dir, r)
     if not ops:
@@ -277,52 +304,68 @@ def build_ps_model(run_dir: str) -> PSModel:
 
 def worker_ops_from_profile(rank: int, ops: list[MXOp], keys: list[PSKey]) -> Optional[WorkerOps]:
     """The worker's iterations in its profile: each ends with one push/pull per key (grouped in start order);
-    medians over the complete ones (compute ops between the previous iteration's copies and this one's first
-    push, this one's copies, the gap to the next iteration's first op)."""
+    medians over the complete ones (compute ops between the previous iteration's copies and this one's last push
+    start, this one's copies, the gap to the next iteration's first op), and where each push started among them:
+    an imperative (non-hybridized) net's pushes start as its backward makes each gradient, beside the rest of it."""
     groups = comm_phases([op for op in ops if op.is_kvstore])
     compute = [op for op in ops if not op.is_kvstore and op.name not in NOT_COMPUTE]
     iterations = []
     for j in range(1, len(groups)):
-        previous_end = max(op.end_us for op in groups[j - 1])
-        start = min(op.start_us for op in groups[j])
-        after_prev = [op for op in compute if op.start_us >= previous_end - 1.0]
-        copies_prev = [op for op in after_prev if op.name == COPY_OP and op.start_us < start]
-        body = [op for op in after_prev if op.name != COPY_OP and op.end_us <= start + 1.0]
-        if not body:
-            continue
-        copies_end = max((op.end_us for op in copies_prev if op.end_us <= body[0].start_us), default=previous_end)
-        own_end = max(op.end_us for op in groups[j])
-        next_ops = [op for op in compute if op.start_us >= own_end - 1.0]
-        copies = [op for op in next_ops if op.name == COPY_OP]
-        following = [op for op in next_ops if op.name != COPY_OP]
-        if not following:
-            continue
-        copies = [op for op in copies if op.end_us <= following[0].start_us]
-        chain: list[tuple[str, float]] = []
-        cursor = body[0].start_us
-        for op in body:
-            if op.start_us > cursor:
-                chain.append(("(between ops)", op.start_us - cursor))
-            chain.append((op.name, op.duration_us))
-            cursor = max(cursor, op.end_us)
-        copy_end = max((op.end_us for op in copies), default=own_end)
-        iterations.append({"ops": chain, "dispatch": max(0.0, start - cursor),
-                           "tail": max(0.0, following[0].start_us - copy_end),
-                           "copy": sum(op.duration_us for op in copies), "lead": body[0].start_us - copies_end,
-                           "period": following[0].start_us - body[0].start_us})
+        iteration = _profiled_iteration(groups, j, compute)
+        if iteration is not None:
+            iterations.append(iteration)
     if not iterations:
         return None
     shapes = {}
     for it in iterations:
-        shapes.setdefault(tuple(name for name, _ in it["ops"]), []).append(it)
+        shapes.setdefault((tuple(name for name, _ in it["ops"]), len(it["cuts"])), []).append(it)
     chosen = max(shapes.values(), key=len)  # the most frequent op sequence; durations: medians per position
     names = [name for name, _ in chosen[0]["ops"]]
     chain = [(name, statistics.median(it["ops"][i][1] for it in chosen)) for i, name in enumerate(names)]
     total_bytes = sum(k.nbytes for k in keys)
+    cuts = [int(statistics.median(it["cuts"][i] for it in chosen)) for i in range(len(chosen[0]["cuts"]))]
     return WorkerOps(rank=rank, ops=chain, dispatch_us=median(it["dispatch"] for it in chosen),
                      tail_us=median(it["tail"] + max(0.0, it["lead"]) for it in chosen),
                      copy_us_per_byte=median(it["copy"] for it in chosen) / max(total_bytes, 1),
-                     profiled_iterations=len(chosen), period_us=median(it["period"] for it in chosen))
+                     profiled_iterations=len(chosen), period_us=median(it["period"] for it in chosen),
+                     push_after=cuts if any(c < len(chain) for c in cuts) else [])
+
+
+def _profiled_iteration(groups: list[list[MXOp]], j: int, compute: list[MXOp]) -> Optional[dict]:
+    """Iteration j of the profile (see worker_ops_from_profile), or None where it is incomplete."""
+    previous_end = max(op.end_us for op in groups[j - 1])
+    starts = sorted(op.start_us for op in groups[j])
+    start, last_start = starts[0], starts[-1]
+    after_prev = [op for op in compute if op.start_us >= previous_end - 1.0]
+    copies_prev = [op for op in after_prev if op.name == COPY_OP and op.start_us < start]
+    body = [op for op in after_prev if op.name != COPY_OP and op.end_us <= last_start + 1.0]
+    if not body:
+        return None
+    copies_end = max((op.end_us for op in copies_prev if op.end_us <= body[0].start_us), default=previous_end)
+    own_end = max(op.end_us for op in groups[j])
+    next_ops = [op for op in compute if op.start_us >= own_end - 1.0]
+    copies = [op for op in next_ops if op.name == COPY_OP]
+    following = [op for op in next_ops if op.name != COPY_OP]
+    if not following:
+        return None
+    copies = [op for op in copies if op.end_us <= following[0].start_us]
+    chain: list[tuple[str, float]] = []
+    ends: list[float] = []
+    cursor = body[0].start_us
+    for op in body:
+        if op.start_us > cursor:
+            chain.append(("(between ops)", op.start_us - cursor))
+            ends.append(op.start_us)
+        chain.append((op.name, op.duration_us))
+        cursor = max(cursor, op.end_us)
+        ends.append(cursor)
+    # each push (in start order) after the chain's nodes that had ended by its start
+    cuts = [sum(1 for e in ends if e <= t + 1.0) for t in starts]
+    before_first = max((e for e in ends if e <= start + 1.0), default=body[0].start_us)
+    copy_end = max((op.end_us for op in copies), default=own_end)
+    return {"ops": chain, "cuts": cuts, "dispatch": max(0.0, start - before_first),
+            "tail": max(0.0, following[0].start_us - copy_end), "copy": sum(op.duration_us for op in copies),
+            "lead": body[0].start_us - copies_end, "period": following[0].start_us - body[0].start_us}
 
 
 def _unprofiled_window(events: dict) -> list[float]:

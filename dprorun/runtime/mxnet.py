@@ -61,6 +61,9 @@ class MXTracker:
         self.profile_path = os.path.join(session.rank_dir, MX_PROFILE_FILE)
         self.update_on_kvstore: Optional[bool] = None
         self.string_keys: dict[str, int] = {}  # a string key -> the kvstore's integer for it (init order)
+        self.step_calls = 0  # Trainer.step / Module.update calls: the iterations, when the script makes them
+        self.cycle: set[int] = set()  # a script pushing by hand: the keys pushed since this cycle's first push
+        self.cycles = 0
         session.trackers.append(self)
 
     def describe(self) -> dict:
@@ -70,7 +73,9 @@ class MXTracker:
                 "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000")),
                 "servers": int(os.environ.get("DMLC_NUM_SERVER", "1")),
                 "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-                "workers": int(os.environ.get("DMLC_NUM_WORKER", "1"))}
+                "workers": int(os.environ.get("DMLC_NUM_WORKER", "1")),
+                "iterations": "Trainer.step / Module.update" if self.step_calls else
+                ("push/pull cycles (the script pushes by hand)" if self.cycles else "none seen")}
 
     # ---- kvstore -----------------------------------------------------------------------------------------
     @property
@@ -111,6 +116,8 @@ class MXTracker:
                 continue
             if k >= CALIBRATION_KEY_BASE:
                 continue
+            if op != "pull" and self.step_calls == 0:
+                self._push_cycle(k)
             entry = self.keys.get(k)
             if entry is None:
                 first = _first(v)
@@ -121,8 +128,19 @@ class MXTracker:
 
     # ---- iterations --------------------------------------------------------------------------------------
     def run_step(self, call, *args, **kwargs):
+        self.step_calls += 1
         self.session.begin_iteration()
         return call(*args, **kwargs)
+
+    def _push_cycle(self, key: int) -> None:
+        """A script that pushes and pulls by hand (no Trainer.step or Module.update): each push/pull cycle is an
+        iteration; the first push of a key already pushed in this cycle starts the next (the iteration is then
+        counted from that push, after its forward and backward: the same period, shifted)."""
+        if not self.cycle or key in self.cycle:
+            self.cycle = set()
+            self.cycles += 1
+            self.session.begin_iteration()
+        self.cycle.add(key)
 
     # ---- profiler ----------------------------------------------------------------------------------------
     def start_profiler(self) -> None:

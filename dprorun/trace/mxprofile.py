@@ -38,16 +38,23 @@ class MXOp:
 
 
 def read_mx_profile(path: str) -> list[MXOp]:
-    """The operators of one dump, sorted by start. A truncated or foreign file raises TraceError naming it."""
+    """The operators of one dump, sorted by start (an unfinished dump: up to its last complete event). A foreign
+    file, or one cut inside its first event, raises TraceError naming it."""
+    return read_mx_profile_checked(path)[0]
+
+
+def read_mx_profile_checked(path: str) -> tuple[list[MXOp], bool]:
+    """read_mx_profile, and whether the dump was unfinished (read to its last complete event)."""
     try:
         with open(path) as handle:
             text = handle.read()
     except OSError as exc:
         raise TraceError(path, f"not a readable mx.profiler dump ({type(exc).__name__}: {exc})") from None
+    unfinished = False
     try:
         doc = json.loads(text)
     except ValueError as exc:
-        doc = _unfinished_dump(text)
+        doc, unfinished = _unfinished_dump(text), True
         if doc is None:
             raise TraceError(path, f"not a readable mx.profiler dump ({type(exc).__name__}: {exc})") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
@@ -72,7 +79,7 @@ def read_mx_profile(path: str) -> list[MXOp]:
     if shift:
         ops = [MXOp(op.name, op.device, op.start_us + shift, op.end_us + shift) for op in ops]
     ops.sort(key=lambda op: op.start_us)
-    return ops
+    return ops, unfinished
 
 
 def _unfinished_dump(text: str):
