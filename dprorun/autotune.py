@@ -275,10 +275,10 @@ def _knob_candidates(run_dir: str, backend: str) -> list:
     """Horovod runs: the best (fusion threshold, cycle time) settings by replay; TensorFlow runs: the best
     all-reduce pack sizes; for real trials."""
     if backend == "mxnet":
-        from dprorun.optimize.ps import rank_ps_bounds
+        from dprorun.optimize.ps import rank_ps_knobs
         from dprorun.replay.ps import build_ps_model
 
-        candidates = rank_ps_bounds(build_ps_model(run_dir))
+        candidates = rank_ps_knobs(build_ps_model(run_dir))
         for candidate in candidates:
             candidate.source_run = os.path.abspath(run_dir)
         return candidates

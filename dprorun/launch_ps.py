@@ -67,6 +67,7 @@ def launch_ps(job: JobConfig) -> LaunchResult:
         entrypoint, args = _role_command(job)
     except FileNotFoundError as exc:
         return LaunchResult(2, str(exc))
+    _apply_server_count(job)
     link = None
     if job.launch.nnodes > 1:
         from dprorun.node_link import NodeLink
@@ -85,6 +86,22 @@ def launch_ps(job: JobConfig) -> LaunchResult:
     if link is not None:
         result = _exchange_with_nodes(job, link, result)
     return result
+
+
+def _apply_server_count(job: JobConfig) -> None:
+    """A strategy's server count (all nodes together) replaces --servers (per node) where the nodes divide it."""
+    if not job.strategy_file:
+        return
+    from dprorun.strategy import load_strategy
+
+    total = load_strategy(job.strategy_file).mxnet_servers
+    if total is None:
+        return
+    if total % job.launch.nnodes:
+        print(f"dprorun: warning: the strategy's {total} servers do not divide over {job.launch.nnodes} nodes; "
+              f"keeping {job.launch.servers} per node", file=sys.stderr, flush=True)
+        return
+    job.launch.servers = total // job.launch.nnodes
 
 
 def _run_roles(job: JobConfig, entrypoint: str, args: list[str], link) -> LaunchResult:

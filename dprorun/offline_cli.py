@@ -578,10 +578,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _optimize_ps(args: argparse.Namespace, model) -> int:
     """dpro optimize on a parameter-server run: MXNET_KVSTORE_BIGARRAY_BOUND ranked by replay (optimize/ps.py);
     the best goes to strategy.json (`dprorun --strategy FILE --backend mxnet` runs with it)."""
-    from dprorun.optimize.ps import rank_ps_bounds
+    from dprorun.optimize.ps import rank_ps_knobs
     from dprorun.strategy import Strategy, save_strategy, strategy_json
 
-    candidates = rank_ps_bounds(model)
+    candidates = rank_ps_knobs(model)
     strategy = candidates[0] if candidates else Strategy(search={"framework": "mxnet"})
     strategy.source_run = os.path.abspath(args.run_dir)
     out = args.output or os.path.join(args.run_dir, "strategy.json")
@@ -590,7 +590,8 @@ def _optimize_ps(args: argparse.Namespace, model) -> int:
         print(strategy_json(strategy))
         return 0
     if not candidates:
-        print(f"no big-array bound beats the job's own ({model.bigarray_bound}) by 1 % in the replay; strategy "
+        print(f"no server count or big-array bound beats the job's own ({model.servers} servers, bound "
+              f"{model.bigarray_bound}) by 1 % in the replay; strategy "
               f"(nothing to change) written to {out}")
         return 0
     for k, candidate in enumerate(candidates, start=1):
@@ -598,6 +599,29 @@ def _optimize_ps(args: argparse.Namespace, model) -> int:
         print(f"{k}. {decision.choice}: {decision.before_ms:.2f} -> {decision.after_ms:.2f} ms ({decision.note})")
     print(f"strategy ({candidates[0].decisions[0].choice}) written to {out}; `dprorun --backend mxnet --strategy "
           f"{out} ...` runs with it, `--autotune` measures the top two")
+    return 0
+
+
+def _align_ps(run_dir: str, as_json: bool) -> int:
+    """A PS run's clocks: one host's roles share its clock; across hosts, each node's offset from node 0's as its
+    dprorun measured it before the roles started (node_clocks.json), with half the fastest round trip as the
+    uncertainty; other hosts' folders are read shifted by it."""
+    from dprorun.fsutil import read_json
+    from dprorun.layout import NODE_CLOCKS_FILE
+
+    path = os.path.join(run_dir, NODE_CLOCKS_FILE)
+    nodes = read_json(path).get("nodes", {}) if os.path.exists(path) else {}
+    if as_json:
+        print(json.dumps({"nodes": nodes, "offsets_us": {k: v.get("offset_us") for k, v in nodes.items()},
+                          "uncertainty_us": {k: v.get("uncertainty_us") for k, v in nodes.items()}}, indent=2))
+        return 0
+    if not nodes:
+        print("parameter-server run on one host: every worker and server stamps time.time_ns on the same clock; "
+              "nothing to align (offsets 0, uncertainty 0)")
+        return 0
+    for key, node in sorted(nodes.items(), key=lambda kv: int(kv[0])):
+        print(f"node {key} ({node.get('host')}): clock {node.get('offset_us', 0.0):+.1f} us from node 0's "
+              f"(+- {node.get('uncertainty_us', 0.0):.1f} us); its roles' times are read shifted by it")
     return 0
 
 
@@ -613,9 +637,7 @@ def _ps_command(args: argparse.Namespace) -> Optional[int]:
     if not is_ps_run(run_dir):
         return None
     if name == "_cmd_align":
-        print("parameter-server run on one host: every worker and server stamps time.time_ns on the same clock; "
-              "nothing to align (offsets 0, uncertainty 0)")
-        return 0
+        return _align_ps(run_dir, getattr(args, "json", False))
     model = build_ps_model(run_dir)
     if name == "_cmd_report":
         from dprorun.report import write_ps_report

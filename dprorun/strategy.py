@@ -24,6 +24,8 @@ strategy.json (schema version 1):
   mxnet_bigarray_bound
                       MXNet parameter-server jobs: MXNET_KVSTORE_BIGARRAY_BOUND (elements from which a key is split
                       over every server) that the launcher gives every role on restart
+  mxnet_servers       MXNet parameter-server jobs: how many servers the launcher starts on restart (all nodes
+                      together; across hosts a multiple of the nodes)
   decisions           each pass's decision with its predicted iteration time before and after
 A training script that wants to cooperate (gradient accumulation) calls `dprorun.strategy()`, which reads the
 file named by DPRO_STRATEGY (set by dprorun for the ranks), or returns None.
@@ -76,6 +78,7 @@ class Strategy:
     tf_bytes_per_pack_mb: Optional[float] = None  # TensorFlow jobs: CommunicationOptions(bytes_per_pack)
     tf_xla: bool = False  # TensorFlow jobs: XLA auto-clustering (TF_XLA_FLAGS) on every worker
     mxnet_bigarray_bound: Optional[int] = None  # MXNet PS jobs: MXNET_KVSTORE_BIGARRAY_BOUND
+    mxnet_servers: Optional[int] = None  # MXNet PS jobs: the number of servers (all nodes together)
     baseline_ms: Optional[float] = None  # the job as it ran, replayed
     predicted_ms: Optional[float] = None  # with this strategy
     predicted_peak_bytes: Optional[int] = None
@@ -91,7 +94,7 @@ class Strategy:
                 and not self.compiled_modules
                 and self.horovod_fusion_threshold_mb is None and self.horovod_cycle_time_ms is None
                 and not self.horovod_groups and self.tf_bytes_per_pack_mb is None and not self.tf_xla
-                and self.mxnet_bigarray_bound is None)
+                and self.mxnet_bigarray_bound is None and self.mxnet_servers is None)
 
     def to_json(self) -> dict:
         doc = asdict(self)

@@ -188,6 +188,9 @@ def test_mxnet_parameter_server_across_two_hosts(tmp_path):
     assert not (node1 / "summary.json").exists()
     clocks = json.loads((node0 / "node_clocks.json").read_text())["nodes"]
     assert abs(clocks["1"]["offset_us"]) <= max(50.0, clocks["1"]["uncertainty_us"])  # one machine's clock
+    aligned = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "align", str(node0), "--json"],
+                             capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert aligned.returncode == 0 and json.loads(aligned.stdout)["offsets_us"]["1"] == clocks["1"]["offset_us"]
     summary = json.loads((node0 / "summary.json").read_text())
     assert summary["model"]["workers"] == 2 and summary["model"]["servers"] == 2
     assert summary["as_run"]["predicted_iteration_ms"] > 0

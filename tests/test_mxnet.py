@@ -390,6 +390,30 @@ def test_an_imperative_backward_pushes_each_gradient_as_it_is_made():
     assert overlapped < after_all - 100
 
 
+def test_the_optimizer_searches_server_counts_with_the_bound(tmp_path):
+    """Per-node links, one big key: more servers split it over more links, so the search offers more servers; a
+    strategy's server count replaces --servers at launch (all nodes together, divided over the nodes)."""
+    from dprorun.config import JobConfig
+    from dprorun.launch_ps import _apply_server_count
+    from dprorun.optimize.ps import rank_ps_knobs
+    from dprorun.strategy import Strategy, save_strategy
+
+    model = _model(servers=1, keys=[PSKey(0, 8_000_000 * 4, 8_000_000, 0)], links="per-node")
+    best = rank_ps_knobs(model)[0]
+    assert best.mxnet_servers is not None and best.mxnet_servers > 1
+    assert best.predicted_ms < best.baseline_ms and best.decisions[0].choice.startswith(f"{best.mxnet_servers} servers")
+    path = tmp_path / "s.json"
+    save_strategy(Strategy(mxnet_servers=4), str(path))
+    job = JobConfig(command=["python", "train.py"])
+    job.launch.backend, job.launch.nnodes, job.strategy_file = "mxnet", 2, str(path)
+    _apply_server_count(job)
+    assert job.launch.servers == 2
+    save_strategy(Strategy(mxnet_servers=3), str(path))
+    job.launch.servers = 1
+    _apply_server_count(job)  # 3 servers do not divide over 2 nodes: --servers stands
+    assert job.launch.servers == 1
+
+
 def test_on_a_shared_link_every_transfer_takes_a_slot_of_it():
     shared = _model(links="shared", slots=1)
     graph = ps_graph(shared, PSWhatIf())
@@ -427,14 +451,15 @@ def test_autotune_ranks_the_big_array_bound_and_never_regresses(tmp_path):
     search = next(p for p in log["phases"] if p["phase"] == "searching")
     deciding = next(p for p in log["phases"] if p["phase"] == "deciding")
     if search.get("decisions"):  # candidates were offered: each got a trial, the fastest was judged
-        assert search["decisions"][0]["choice"].startswith("MXNET_KVSTORE_BIGARRAY_BOUND=")
+        assert "MXNET_KVSTORE_BIGARRAY_BOUND=" in search["decisions"][0]["choice"]
         trials = [p for p in log["phases"] if p["phase"] == "trial"]
         assert trials and all(t["exit_code"] == 0 for t in trials)
         if deciding["keep"]:  # kept only when measured faster
             assert deciding["trial_ms"] < deciding["baseline_ms"]
-            bound = json.loads((run_dir / "strategy.json").read_text())["mxnet_bigarray_bound"]
+            kept = json.loads((run_dir / "strategy.json").read_text())
             events = json.loads((run_dir / "rank_0" / "events.json").read_text())
-            assert events["trackers"][0]["bigarray_bound"] == bound  # the final run ran with it
+            assert events["trackers"][0]["bigarray_bound"] == kept["mxnet_bigarray_bound"]  # the final run's
+            assert events["trackers"][0]["servers"] == (kept["mxnet_servers"] or 2)
     assert (run_dir / "rank_0" / "events.json").exists()
 
 
