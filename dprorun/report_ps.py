@@ -84,7 +84,9 @@ def _self_check(model, as_run) -> dict:
     if measured is None:
         return {"status": "unchecked", "message": "no unprofiled iterations: the replay rests on the profile alone "
                                                   "(mx.profiler's own iterations, inflated by the profiler)"}
-    fitted = abs(as_run.iteration_ms * 1000 / measured - 1) <= 0.02 and 0.5 <= model.compute_scale <= 1.5
+    from dprorun.replay.ps import compute_fit_disagrees
+
+    fitted = abs(as_run.iteration_ms * 1000 / measured - 1) <= 0.02 and not compute_fit_disagrees(model, measured)
     return {"status": "fitted" if fitted else "disagrees",
             "message": f"the profiled compute was scaled x{model.compute_scale:.2f} so that the job as it ran "
                        f"replays to its {model.reference} iterations without the profiler ({measured / 1000:.2f} "

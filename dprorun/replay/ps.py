@@ -504,6 +504,18 @@ def _refit_links_to_reference(model: PSModel) -> None:
         "certain than usual")
 
 
+def compute_fit_moved_us(model: PSModel) -> tuple[float, float]:
+    """(a worker's profiled compute, how much the compute fit moved it), µs, medians over the workers."""
+    compute = median(w.compute_us for w in model.worker_ops.values()) or 0.0
+    return compute, abs(model.compute_scale - 1.0) * compute
+
+
+def compute_fit_disagrees(model: PSModel, reference_us: float) -> bool:
+    """The fit scaled the compute far (outside x0.5-1.5) and that moved more than a tenth of the iteration: the
+    profile and the job's own speed disagree (a small compute share scaled far moves little)."""
+    return not 0.5 <= model.compute_scale <= 1.5 and compute_fit_moved_us(model)[1] > 0.1 * reference_us
+
+
 # ---- predictions -------------------------------------------------------------------------------------------------
 def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPrediction:
     whatif = whatif or PSWhatIf()
@@ -521,8 +533,15 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
                      "the updates; each server's own transport work is not told apart from the link, so this "
                      "what-if is optimistic (loopback, 2 cores: 1 server measured 5-14 % slower, predicted the same)")
     if model.compute_scale < 0.5 or model.compute_scale > 1.5:
-        notes.append(f"warning: the profiled compute was scaled by {model.compute_scale:.2f} to match the "
-                     "iterations without the profiler: the profile and the job's own speed disagree widely")
+        compute, moved = compute_fit_moved_us(model)
+        reference = model.measured_iteration_us or result.iteration_time_us
+        if compute_fit_disagrees(model, reference):
+            notes.append(f"warning: the profiled compute was scaled by {model.compute_scale:.2f} to match the "
+                         "iterations without the profiler: the profile and the job's own speed disagree widely")
+        else:  # a small compute share: the factor moves little of the iteration
+            notes.append(f"the profiled compute ({compute / 1000:.2f} ms a worker) was scaled by "
+                         f"{model.compute_scale:.2f} to match the iterations without the profiler: "
+                         f"{moved / 1000:.2f} ms of a {reference / 1000:.2f} ms iteration")
     clean = model.clean_iterations_us
     spread = (round(float(np.percentile(clean, 10)) / 1000, 3), round(float(np.percentile(clean, 90)) / 1000, 3)) \
         if clean else None
