@@ -266,4 +266,36 @@ def _install_sigterm(sess) -> None:
     try:
         signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:
-        pass  # not the main thread
+        return  # not the main thread
+    if sess.framework == "mxnet":
+        _sigterm_watcher(sess)
+
+
+def _sigterm_watcher(sess) -> None:
+    """An MXNet worker blocked in its kvstore (a peer gone) never returns to Python, so a Python SIGTERM handler
+    would not run until the launcher's SIGKILL 30 s later: the signal's wake-up byte reaches a thread instead,
+    which keeps the traces and leaves at once."""
+    import threading
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:
+        os.close(read_end)
+        os.close(write_end)
+        return
+
+    def watch() -> None:
+        while True:
+            data = os.read(read_end, 64)
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                try:
+                    sess.records.warnings.append("stopped by SIGTERM")
+                    sess.at_exit()
+                finally:
+                    os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="dprorun-sigterm", daemon=True).start()
