@@ -72,13 +72,18 @@ def launch_ps(job: JobConfig) -> LaunchResult:
     if job.launch.nnodes > 1:
         from dprorun.node_link import NodeLink
 
+        join_s = job.launch.join_timeout_s or 900.0
         try:
             link = NodeLink.connect(job.launch.node_rank, job.launch.nnodes, job.launch.master_addr,
-                                    int(job.launch.master_port), job.launch.join_timeout_s or 300.0)
+                                    int(job.launch.master_port), join_s)
             clock = link.probe_clock()
         except Exception as exc:  # node 0's dprorun never came: nothing was started here
             return LaunchResult(1, f"node {job.launch.node_rank} could not reach node 0's dprorun at "
                                    f"{job.launch.master_addr} ({type(exc).__name__}: {exc})")
+        missing = link.missing_nodes(join_s) if job.launch.node_rank == 0 else []
+        if missing:  # the scheduler would wait for their roles forever: nothing was started
+            return LaunchResult(1, f"not every node joined ({job.launch.nnodes} expected): node(s) {missing} did "
+                                   f"not reach node 0's dprorun within {join_s:g} s (--join-timeout)")
         if clock is not None and not job.output.quiet:
             print(f"dprorun: node {clock.node}: clock {clock.offset_us:+.0f} us from node 0's "
                   f"(+- {clock.rtt_us / 2:.0f} us)", file=sys.stderr, flush=True)

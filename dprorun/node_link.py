@@ -90,6 +90,17 @@ class NodeLink:
         self.store.set(f"clock/{self.node}", json.dumps(best.to_json()))
         return best
 
+    def missing_nodes(self, timeout_s: float) -> list[int]:
+        """Node 0: the nodes that had not measured their clocks (so had not joined) within timeout_s."""
+        from datetime import timedelta
+
+        keys = [f"clock/{peer}" for peer in range(1, self.nnodes)]
+        try:
+            self.store.wait(keys, timedelta(seconds=timeout_s))
+            return []
+        except Exception:  # timed out: say which
+            return [peer for peer in range(1, self.nnodes) if not self.store.check([f"clock/{peer}"])]
+
     def write_clocks(self, run_dir: str, timeout_s: float = 60.0) -> dict:
         """Node 0: every node's clock offset, as measured by that node, in run_dir/node_clocks.json."""
         nodes = {"0": {"node": 0, "host": socket.gethostname(), "offset_us": 0.0, "uncertainty_us": 0.0}}

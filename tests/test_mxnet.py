@@ -305,6 +305,23 @@ def test_a_script_that_pushes_and_pulls_by_hand_is_profiled_by_its_cycles(tmp_pa
     assert summary["model"]["keys"] == 8 and summary["as_run"]["predicted_iteration_ms"] > 0
 
 
+@needs_mxnet
+def test_a_node_that_never_joins_a_ps_job_is_a_clear_error_in_bounded_time(tmp_path):
+    """--backend mxnet across nodes: node 0 waits --join-timeout for the others' dprorun before starting any role
+    (its scheduler would otherwise wait for their roles forever)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    proc, _ = run_dprorun(["--backend", "mxnet", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                           "--master-port", str(port), "--join-timeout", "5", "-np", "1", "python",
+                           os.path.join(EXAMPLES, "mxnet_gluon.py")], tmp_path / "run", timeout=120)
+    assert proc.returncode == 1 and time.monotonic() - started < 40, proc.stderr[-2000:]
+    assert "not every node joined (2 expected): node(s) [1]" in proc.stderr and "Traceback" not in proc.stderr
+
+
 # ---- the PS topology on a model made by hand (no MXNet needed) ---------------------------------------------------
 def _model(servers=2, workers=2, keys=None, alpha=50.0, bw=100.0, links="per-node", slots=1):
     keys = keys or [PSKey(0, 4_000_000 * 4, 4_000_000, 0), PSKey(1, 400, 100, -1), PSKey(2, 40_000, 10_000, -2)]
