@@ -44,6 +44,7 @@ class NodeLink:
     node: int
     nnodes: int
     store: object  # torch.distributed.TCPStore
+    address: tuple = ()  # (host, port, timeout s): for the responder threads' own connections
     responders: list = field(default_factory=list)
 
     @classmethod
@@ -56,7 +57,7 @@ class NodeLink:
         port = int(os.environ.get(AGENT_PORT_ENV) or master_port + 1)
         store = TCPStore(master_addr, port, nnodes, node == 0, timedelta(seconds=timeout_s),
                          wait_for_workers=False)
-        link = cls(node, nnodes, store)
+        link = cls(node, nnodes, store, (master_addr, port, timeout_s))
         if node == 0:
             for peer in range(1, nnodes):
                 thread = threading.Thread(target=link._answer_probes, args=(peer,), daemon=True)
@@ -66,10 +67,18 @@ class NodeLink:
 
     # ---- clocks --------------------------------------------------------------------------------------------------
     def _answer_probes(self, peer: int) -> None:
+        """Node 0, one thread per peer, on a connection of its own (a store client serves one call at a time: the
+        main thread's wait for the peers would otherwise hold back the answers they wait for)."""
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
         try:
+            host, port, timeout_s = self.address
+            store = TCPStore(host, port, self.nnodes, False, timedelta(seconds=timeout_s), wait_for_workers=False)
             for i in range(PROBE_ROUNDS):
-                self.store.get(f"ping/{peer}/{i}")
-                self.store.set(f"pong/{peer}/{i}", str(time.time_ns()))
+                store.get(f"ping/{peer}/{i}")
+                store.set(f"pong/{peer}/{i}", str(time.time_ns()))
         except Exception:  # the peer never came or left: nothing to answer
             pass
 

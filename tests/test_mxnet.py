@@ -91,10 +91,10 @@ def test_ps_replay_and_what_ifs(ps_run):
     assert any(name.startswith("s") and ".update" in name for name in as_run.critical_path) or \
         any("push" in name for name in as_run.critical_path)
     one = predict_ps(model, PSWhatIf(servers=1))
-    # on this host's one loopback the bytes cross the same link whatever the servers: one server is never faster,
-    # and slower only by what its updates, all on one server now, add (5-14 % measured here); on a link per role
-    # (servers on their own machines) one server carries every byte
-    assert as_run.iteration_ms * 0.98 <= one.iteration_ms <= as_run.iteration_ms * 1.3, (one.iteration_ms, *context)
+    # on this host's one loopback the bytes cross the same link whatever the servers: one server differs by what its
+    # updates, all on one server now, add and by the fewer parts of a key no longer split (fewer messages); measured
+    # 5-14 % slower here (benchmarks/mxnet_replay_accuracy.py); on a link per role one server carries every byte
+    assert 0.9 <= one.iteration_ms / as_run.iteration_ms <= 1.3, (one.iteration_ms, *context)
     per_node = predict_ps(model, PSWhatIf(links="per-node")).iteration_ms
     one_per_node = predict_ps(model, PSWhatIf(links="per-node", servers=1)).iteration_ms
     assert one_per_node > per_node, (one_per_node, per_node, *context)
