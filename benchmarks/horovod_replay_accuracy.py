@@ -2,6 +2,7 @@
 prediction from a `dprorun --backend horovod` run of the same job, interleaved --reps times (medians).
 
 usage: OMP_NUM_THREADS=1 [sudo] python benchmarks/horovod_replay_accuracy.py [--nets loopback,1gbit] [--reps 3]
+       [--model mlp|transformer|resnet|convhead|tf-conv|tf-mlp-adam]
 (horovodrun, unlike torchrun, leaves OMP_NUM_THREADS alone; on 2 cores two ranks with 2 OpenMP threads each
 thrash (260-700 ms per iteration instead of 30), so both sides get OMP_NUM_THREADS=1 from the environment.)
 Last line: the median and max |error| over the networks.
@@ -26,12 +27,32 @@ def wrap(net: str, cmd: list[str]) -> list[str]:
     return [NETNS, "--"] + cmd if net == "1gbit" else cmd
 
 
+TF_EXAMPLE = os.path.join(REPO, "examples", "horovod_tf.py")
+TF_MODELS = {"tf-conv": ["--model", "conv"], "tf-mlp-adam": ["--model", "mlp", "--optimizer", "adam"]}
+
+
+def example_args(model: str) -> list[str]:
+    """The script and its model flags: examples/horovod_mlp.py (horovod.torch) or, for the tf-* models,
+    examples/horovod_tf.py (horovod.tensorflow)."""
+    if model in TF_MODELS:
+        return [TF_EXAMPLE, *TF_MODELS[model]]
+    return [EXAMPLE, "--model", model]
+
+
+def script_median_ms(stdout: str) -> float:
+    """The example's own timer: horovod_mlp.py's "median iteration time", horovod_tf.py's "median step"."""
+    found = re.search(r"median (?:iteration time:|step) ([0-9.]+) ms", stdout)
+    if found is None:
+        raise RuntimeError(f"no median in the script's output: {stdout[-500:]}")
+    return float(found.group(1))
+
+
 def measured_ms(net: str, steps: int, batch: int, knobs: tuple = (), model: str = "mlp") -> float:
     """A plain horovodrun run's median iteration time; `knobs`: extra horovodrun flags (fusion, cycle)."""
-    out = subprocess.run(wrap(net, ["horovodrun", "-np", "2", "--gloo", *knobs, sys.executable, EXAMPLE, "--steps",
-                                    str(steps), "--batch-size", str(batch), "--model", model]),
+    out = subprocess.run(wrap(net, ["horovodrun", "-np", "2", "--gloo", *knobs, sys.executable, *example_args(model),
+                                    "--steps", str(steps), "--batch-size", str(batch)]),
                          capture_output=True, text=True, check=True, timeout=900, cwd=REPO)
-    return float(re.search(r"median iteration time: ([0-9.]+) ms", out.stdout).group(1))
+    return script_median_ms(out.stdout)
 
 
 def predicted_ms(net: str, steps: int, batch: int, model: str = "mlp") -> tuple[float, float]:
@@ -41,8 +62,8 @@ def predicted_ms(net: str, steps: int, batch: int, model: str = "mlp") -> tuple[
         active = steps - warmup - clean - 2
         subprocess.run(wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "horovod", "-np", "2", "-q",
                                   "--run-dir", run_dir, "--warmup", str(warmup), "--active", str(active),
-                                  "--kineto-iters", "3", "--clean", str(clean), "python", EXAMPLE, "--steps",
-                                  str(steps), "--batch-size", str(batch), "--model", model]),
+                                  "--kineto-iters", "3", "--clean", str(clean), "python", *example_args(model),
+                                  "--steps", str(steps), "--batch-size", str(batch)]),
                        capture_output=True, text=True, check=True, timeout=900, cwd=REPO,
                        env=dict(os.environ, DPRO_REPORT="0"))
         out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json"],
@@ -58,8 +79,9 @@ def common_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--model", choices=("mlp", "transformer", "resnet", "convhead"), default="mlp",
-                        help="examples/horovod_mlp.py --model")
+    parser.add_argument("--model", choices=("mlp", "transformer", "resnet", "convhead", *TF_MODELS), default="mlp",
+                        help="examples/horovod_mlp.py --model; tf-conv, tf-mlp-adam: examples/horovod_tf.py "
+                             "(horovod.tensorflow)")
     return parser
 
 

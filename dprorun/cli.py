@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from dprorun.fsutil import TraceError
 from dprorun.config import AutotuneConfig, HorovodConfig, JobConfig, LaunchConfig, OutputConfig, PredictConfig, \
-    ProfileConfig, horovod_knob_args
+    TIMELINE_MODES, ProfileConfig, horovod_knob_args
 from dprorun.scheduler_env import SchedulerEnv, detect_scheduler, horovod_plan
 
 USAGE_EXAMPLE = "dprorun -np 2 python examples/mlp_many_layers.py --steps 30"
@@ -80,9 +80,12 @@ def _horovod_arguments(hvd) -> None:
     hvd.add_argument("--ssh-port", type=int, default=None, help="horovodrun --ssh-port")
     hvd.add_argument("--network-interfaces", default=None,
                      help="horovodrun --network-interfaces (the NICs its ranks talk over, e.g. eth0)")
-    hvd.add_argument("--horovod-full-timeline", action="store_true",
-                     help="record Horovod's timeline for the whole job (default: only the profiling window's detailed "
-                          "iterations; a whole-job timeline slows small jobs by up to 20 %%)")
+    hvd.add_argument("--horovod-timeline", choices=TIMELINE_MODES, default="auto",
+                     help="Horovod's timeline: window (the profiling window's detailed iterations; it needs Horovod's "
+                          "dynamic timeline mode, which slowed Horovod's jobs here by 14-20 %% for the whole job), job "
+                          "(the whole job), off, or auto (default: window for horovod.tensorflow scripts, whose "
+                          "all-reduce spans come from it; off for horovod.torch, whose hooks time every all-reduce)")
+    hvd.add_argument("--horovod-full-timeline", action="store_true", help="the same as --horovod-timeline job")
 
 
 def _profiling_arguments(prof) -> None:
@@ -293,7 +296,8 @@ def horovod_config(args: argparse.Namespace) -> HorovodConfig:
     ssh = (["--ssh-identity-file", os.path.abspath(args.ssh_identity_file)] if args.ssh_identity_file else []) + \
         (["--ssh-port", str(args.ssh_port)] if args.ssh_port else []) + \
         (["--network-interfaces", args.network_interfaces] if args.network_interfaces else [])
-    return HorovodConfig(args=horovod_arguments(args), full_timeline=args.horovod_full_timeline, ssh_args=ssh)
+    timeline = "job" if args.horovod_full_timeline else args.horovod_timeline
+    return HorovodConfig(args=horovod_arguments(args), timeline=timeline, ssh_args=ssh)
 
 
 def autotune_config(args: argparse.Namespace) -> AutotuneConfig:

@@ -137,12 +137,16 @@ class LaunchConfig:
         return self.nproc_per_node * self.nnodes
 
 
+TIMELINE_MODES = ("auto", "window", "job", "off")
+
+
 @dataclass
 class HorovodConfig:
     """What goes to horovodrun (--backend horovod)."""
 
     args: list[str] = field(default_factory=list)  # fusion threshold, cycle time
-    full_timeline: bool = False  # Horovod's timeline for the whole job (else the window's first iterations)
+    timeline: str = "auto"  # one of TIMELINE_MODES: Horovod's timeline over the window's detailed iterations, the
+    # whole job, none, or auto (window for horovod.tensorflow scripts, none for horovod.torch: launch._launch_horovod)
     ssh_args: list[str] = field(default_factory=list)  # ssh identity / port / NICs (multi-host)
 
 

@@ -270,15 +270,38 @@ def _launch_horovod(job: JobConfig) -> LaunchResult:
         return LaunchResult(2, "horovodrun was not found: install Horovod (scripts/install-horovod builds stock "
                                "Horovod 0.28.1 for this torch)")
     timeline = os.path.join(job.output.run_dir, HOROVOD_TIMELINE)
-    if job.horovod.full_timeline:
-        cmd = [horovodrun, "-np", str(job.launch.world_size), "--gloo", "--timeline-filename", timeline]
-    else:  # the hooks record it in the profiling window's detailed tier only (hvd.start_timeline / stop_timeline)
-        cmd = [horovodrun, "-np", str(job.launch.world_size), "--gloo", "--timeline-filename", "DYNAMIC"]
+    cmd = [horovodrun, "-np", str(job.launch.world_size), "--gloo"]
+    mode = horovod_timeline_mode(job)
+    if mode == "job":
+        cmd += ["--timeline-filename", timeline]
+    elif mode == "window":  # the hooks record it in the window's detailed tier (hvd.start_timeline / stop_timeline)
+        cmd += ["--timeline-filename", "DYNAMIC"]
         job = dataclasses.replace(job, profile=dataclasses.replace(job.profile, horovod_timeline=timeline))
     if job.launch.hosts:
         cmd += ["-H", ",".join(f"{host}:{job.launch.nproc_per_node}" for host in job.launch.hosts)]
     cmd += list(job.horovod.ssh_args) + list(job.horovod.args) + list(job.command)
     return _run_engine(cmd, job, "horovodrun")
+
+
+HOROVOD_TF_MODULES = ("horovod.tensorflow", "horovod.keras", "import horovod.tensorflow")
+
+
+def horovod_timeline_mode(job: JobConfig) -> str:
+    """--horovod-timeline as run. auto: "window" where the script imports horovod.tensorflow (TensorFlow's profiler
+    does not record Horovod's asynchronous ops: each tensor's all-reduce end comes from the timeline), else "off":
+    starting the timeline in the window needs HOROVOD_TIMELINE=DYNAMIC for the whole job, which made plain horovodrun
+    jobs here 14 % (horovod.tensorflow conv net) and 20 % (horovod.torch MLP) slower in every iteration, recorded or
+    not (benchmarks/RESULTS.md), and horovod.torch's hooks time each all-reduce without it."""
+    mode = job.horovod.timeline
+    if mode != "auto":
+        return mode
+    script = next((a for a in job.command if a.endswith(".py")), None)
+    try:
+        with open(script, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except (OSError, TypeError):
+        return "off"
+    return "window" if any(name in text for name in HOROVOD_TF_MODULES) else "off"
 
 
 def call_forwarding_signals(cmd: list[str], env: dict[str, str],

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from dprorun.memory import run_memory
-from dprorun.trace.model import OpKind, RankTrace, RunTrace
+from dprorun.trace.model import OpKind, RankTrace, RunTrace, is_tf_tracker
 from dprorun.trace.rundir import load_run
 from dprorun.stats import median
 
@@ -82,7 +82,7 @@ def rank_breakdown(trace: RankTrace) -> dict:
     rows = {k: [] for k in ("iter", "compute", "fw", "bw", "update", "comm", "exposed", "queue", "idle",
                             "kineto_iter")}
     hooks_only = set(trace.unprofiled_window_iterations())
-    tf_worker = any(t.get("framework") == "tf" for t in trace.meta.get("trackers", []))
+    tf_worker = any(is_tf_tracker(t) for t in trace.meta.get("trackers", []))
     with_phases = set(trace.meta.get("kineto_iterations", [])) if tf_worker else hooks_only
     for i, slot in by_iter.items():
         if slot["queue"]:

@@ -1,4 +1,4 @@
-"""horovod.tensorflow, custom training loop: a small conv net on synthetic data (tf-keras, Gloo on the CPU).
+"""horovod.tensorflow, custom training loop: a small conv net or an MLP on synthetic data (tf-keras, Gloo on the CPU).
 
 Runs unchanged under `horovodrun -np 2 --gloo python examples/horovod_tf.py` and `dprorun --backend horovod -np 2
 python examples/horovod_tf.py` where Horovod was built with TensorFlow (scripts/install-horovod does it when
@@ -22,19 +22,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--model", choices=("conv", "mlp"), default="conv",
+                        help="conv: two convolutions under a dense head; mlp: six dense layers on flat inputs")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     args = parser.parse_args()
     hvd.init()
     tf.random.set_seed(hvd.rank())
-    model = tf.keras.Sequential([
-        tf.keras.layers.Input((32, 32, 3)),
-        tf.keras.layers.Conv2D(32, 3, activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Conv2D(64, 3, activation="relu"),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(args.width, activation="relu"),
-        tf.keras.layers.Dense(10),
-    ])
-    optimizer = tf.keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9)
+    if args.model == "conv":
+        layers = [tf.keras.layers.Input((32, 32, 3)),
+                  tf.keras.layers.Conv2D(32, 3, activation="relu"),
+                  tf.keras.layers.MaxPooling2D(),
+                  tf.keras.layers.Conv2D(64, 3, activation="relu"),
+                  tf.keras.layers.Flatten(),
+                  tf.keras.layers.Dense(args.width, activation="relu")]
+    else:
+        layers = [tf.keras.layers.Input((32, 32, 3)), tf.keras.layers.Flatten()]
+        layers += [tf.keras.layers.Dense(args.width * 4, activation="relu") for _ in range(6)]
+    model = tf.keras.Sequential(layers + [tf.keras.layers.Dense(10)])
+    if args.optimizer == "sgd":
+        optimizer = tf.keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9)
+    else:
+        optimizer = tf.keras.optimizers.Adam(0.001 * hvd.size())
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     images = tf.random.normal((args.batch_size, 32, 32, 3))
     labels = tf.random.uniform((args.batch_size,), 0, 10, dtype=tf.int32)

@@ -154,7 +154,8 @@ def test_dry_run_and_a_pack_size_strategy_applied_on_restart(tmp_path):
     strategy_path = tmp_path / "strategy.json"
     save_strategy(Strategy(tf_bytes_per_pack_mb=0.01), str(strategy_path))
     run_dir = tmp_path / "packed"
-    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "--strategy", str(strategy_path), "python",
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "--no-kineto", "--strategy", str(strategy_path),
+                          "python",
                            os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "22", "--width", "64"],
                           run_dir, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

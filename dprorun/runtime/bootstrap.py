@@ -103,7 +103,7 @@ def install(environ=os.environ) -> Optional[object]:
 
 
 def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[str, Callable[[], None]]:
-    """Module name -> the patch to apply once it is imported: DDP and horovod.torch in torch jobs, tf.function
+    """Module name -> the patch to apply once it is imported: DDP, horovod.torch and horovod.tensorflow in Horovod/torch jobs, tf.function
     (and Keras 3's fit) in TensorFlow workers, gluon's Trainer in MXNet workers. Each patch runs guarded."""
     def patch_ddp():
         from dprorun.runtime.ddp import patch_ddp_class
@@ -114,6 +114,11 @@ def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[st
         from dprorun.runtime.horovod import patch_horovod
 
         sess.guard("patching horovod.torch", patch_horovod, sess)
+
+    def patch_hvd_tf():
+        from dprorun.runtime.horovod_tf import patch_horovod_tensorflow
+
+        sess.guard("patching horovod.tensorflow", patch_horovod_tensorflow, sess)
 
     def patch_tf():
         from dprorun.runtime.tf import patch_tensorflow
@@ -135,7 +140,8 @@ def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[st
     if mxnet_role:  # MXNet workers: iterations are Trainer.step calls (patched once gluon's trainer exists)
         sess.framework = "mxnet"
         return {"mxnet.gluon.trainer": patch_mxnet}
-    return {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd}
+    return {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd,
+            "horovod.tensorflow": patch_hvd_tf}
 
 
 def _install_mxnet_server(environ) -> Optional[object]:

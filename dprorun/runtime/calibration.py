@@ -30,17 +30,22 @@ def calibrate_allreduce(session: RankSession, reps: int = 5) -> list[list[float]
     return _timed_sizes(lambda nbytes, k: dist.barrier(), call, device, reps)
 
 
-def _timed_sizes(line_up, call, device: str, reps: int) -> list[list[float]]:
+def _timed_sizes(line_up, call, device: str, reps: int, make=None) -> list[list[float]]:
     """For every calibration size: `reps` calls of `call(tensor)`, each after `line_up(nbytes, k)`, timed, with
     the CPU time the process's other threads (the transport) spent meanwhile: this process's CPU time minus the
-    calling thread's. [[bytes, median µs, median transport CPU µs], ...]."""
+    calling thread's. [[bytes, median µs, median transport CPU µs], ...]. `make(count)` makes the float32 tensor
+    of `count` zeros (a torch tensor on `device` unless given)."""
     import statistics
 
-    import torch
+    if make is None:
+        import torch
+
+        def make(count: int):
+            return torch.zeros(count, dtype=torch.float32, device=device)
 
     rows = []
     for nbytes in CALIBRATION_SIZES:
-        tensor = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+        tensor = make(nbytes // 4)
         times, transport_cpu = [], []
         for k in range(reps):
             line_up(nbytes, k)

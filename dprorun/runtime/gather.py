@@ -56,28 +56,7 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         _write_events_keeping_step(session)
         return
     if session.framework == "tf":  # TensorFlow workers of one host: each writes into the run directory
-        if session.rank == 0:
-            print("[dprorun] window done: calibration and writing the traces", file=sys.stderr, flush=True)
-        from dprorun.runtime.tf import calibrate_tf, tf_compute_threads
-
-        try:
-            session.records.calibration = calibrate_tf(session.profiler_backend)
-        except Exception as exc:  # the cost model then relies on the profile alone
-            session.records.warnings.append(f"TensorFlow all-reduce calibration failed: {type(exc).__name__}: {exc}")
-        try:
-            session.records.cpu_budget = cpu_budget(tf_compute_threads())
-        except Exception as exc:  # informative only
-            session.records.warnings.append(f"CPU budget unreadable: {exc}")
-        group = side_group(session, timeout_s)
-        if group is not None:
-            try:
-                probe_clocks(session, group)
-            except Exception as exc:  # alignment falls back to trace-only evidence
-                session.records.warnings.append(f"clock probes failed: {exc}")
-        _write_events_keeping_step(session)
-        if group is not None:
-            gather_to_rank0(session, group)
-            session.window_group = group  # released after the clean iterations (exchange_clean_starts)
+        _finish_tf_window(session, timeout_s)
         return
     import torch.distributed as dist
 
@@ -117,6 +96,54 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     _write_events_keeping_step(session)
     gather_to_rank0(session, group)
     session.window_group = group  # released after the clean iterations (exchange_clean_starts)
+
+
+def _finish_tf_window(session: RankSession, timeout_s: float) -> None:
+    """TensorFlow workers (MultiWorkerMirroredStrategy or horovod.tensorflow): calibration, CPU budget, events;
+    then, for the strategy's workers, probes and the gather over a side group."""
+    if session.rank == 0:
+        print("[dprorun] window done: calibration and writing the traces", file=sys.stderr, flush=True)
+    from dprorun.runtime.horovod_tf import HorovodTFTracker, calibrate_horovod_tf, horovod_tf_running
+    from dprorun.runtime.tf import calibrate_tf, tf_compute_threads
+
+    horovod = isinstance(session.profiler_backend, HorovodTFTracker)
+    try:
+        if horovod:
+            session.records.calibration = calibrate_horovod_tf() if horovod_tf_running() else []
+        else:
+            session.records.calibration = calibrate_tf(session.profiler_backend)
+    except Exception as exc:  # the cost model then relies on the profile alone
+        session.records.warnings.append(f"TensorFlow all-reduce calibration failed: {type(exc).__name__}: {exc}")
+    try:
+        session.records.cpu_budget = cpu_budget(tf_compute_threads())
+    except Exception as exc:  # informative only
+        session.records.warnings.append(f"CPU budget unreadable: {exc}")
+    if horovod:  # horovod.tensorflow: no rendezvous store for a side group; every worker writes on its host
+        _write_events_keeping_step(session)
+        _note_remote_horovod_tf(session)
+        return
+    group = side_group(session, timeout_s)
+    if group is not None:
+        try:
+            probe_clocks(session, group)
+        except Exception as exc:  # alignment falls back to trace-only evidence
+            session.records.warnings.append(f"clock probes failed: {exc}")
+    _write_events_keeping_step(session)
+    if group is not None:
+        gather_to_rank0(session, group)
+        session.window_group = group  # released after the clean iterations (exchange_clean_starts)
+
+
+def _note_remote_horovod_tf(session: RankSession) -> None:
+    """horovod.tensorflow jobs across hosts: their workers' files stay on their hosts (no gather channel yet)."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    try:
+        across_hosts = hvd is not None and hvd.local_size() < hvd.size()
+    except Exception:
+        across_hosts = False
+    if across_hosts:
+        session.records.warnings.append("horovod.tensorflow across hosts: the workers' traces stay in the run directory "
+                                        "of their own host (copy them into rank 0's to analyse the whole job)")
 
 
 def side_group(session: RankSession, timeout_s: float):

@@ -291,6 +291,8 @@ class RankSession:
         collective here (the other ranks may be gone): what needed one and did not run is recorded as such."""
         if not self.trackers and self.rank == 0 and not self.disabled:
             warn(nothing_to_profile())
+        elif self.iteration < 0 and self.rank == 0 and not self.disabled:
+            warn(no_step_seen(self.trackers))
         if self.phase == "active" or (self.disabled and self.profiler is not None):
             self._stop_window(write=True)
             self.phase = "clean"
@@ -313,7 +315,20 @@ class RankSession:
 
 
 SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or through Lightning, Hugging Face "
-                      "Trainer or Accelerate) and horovod.torch.DistributedOptimizer")
+                      "Trainer or Accelerate), horovod.torch.DistributedOptimizer and horovod.tensorflow's all-reduce inside a "
+                      "tf.function step (DistributedGradientTape, DistributedOptimizer)")
+
+
+def no_step_seen(trackers: list) -> str:
+    """A job whose hooks were installed but never saw a training step (what they need to see one)."""
+    if any(getattr(t, "framework", "") == "horovod" and hasattr(t, "step_functions") for t in trackers):
+        how = ("horovod.tensorflow's all-reduce was never traced inside a tf.function: steps run eagerly are not "
+               "profiled; decorate the training step with @tf.function")
+    elif any(getattr(t, "framework", "") == "tf" for t in trackers):
+        how = "no tf.function step called strategy.run, and no strategy.run was called eagerly"
+    else:
+        how = "the training wrapper was built, but no step ran through it"
+    return f"nothing to profile: the hooks saw no training step ({how}). The job ran unprofiled"
 
 
 def nothing_to_profile() -> str:
@@ -321,10 +336,6 @@ def nothing_to_profile() -> str:
     seen = []
     if any(name.startswith(("torch.distributed.fsdp", "torch.distributed._composable.fsdp")) for name in sys.modules):
         seen.append("FSDP (FullyShardedDataParallel / fully_shard)")
-    if "horovod.tensorflow" in sys.modules:
-        seen.append("horovod.tensorflow (its ops are not profiled yet; `dprorun --backend horovod "
-                    "--horovod-full-timeline` keeps Horovod's own timeline of the whole job: its summary and `dpro "
-                    "import-horovod` read it)")
     distributed = sys.modules.get("torch.distributed")
     try:
         if distributed is not None and distributed.is_available() and distributed.is_initialized():

@@ -132,26 +132,12 @@ def _record_packs(tracker: TFTracker, packs, options) -> None:
 def patch_tensorflow(session: "RankSession") -> TFTracker:
     """Patch the step detection, the pack recording and the session's profiler (see the module doc)."""
     from tensorflow.python.distribute import cross_device_utils, distribute_lib
-    from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
     tracker = TFTracker(session)
     session.profiler_backend = tracker
     session.framework = "tf"
-    function_call = polymorphic_function.Function.__call__
     strategy_run = distribute_lib.StrategyBase.run
     batch_all_reduce = cross_device_utils.CollectiveReplicaLauncher.batch_all_reduce
-
-    def call(self, *args, **kwargs):
-        if session.disabled or session.phase == "done" or tracker.calibrating:
-            return function_call(self, *args, **kwargs)
-        stack = tracker.call_stack()
-        if id(self) in tracker.step_functions and not stack:
-            return tracker.run_step(function_call, self, *args, **kwargs)
-        stack.append(self)
-        try:
-            return function_call(self, *args, **kwargs)
-        finally:
-            stack.pop()
 
     def run(self, fn, args=(), kwargs=None, options=None):
         if tracker.calibrating:
@@ -171,10 +157,34 @@ def patch_tensorflow(session: "RankSession") -> TFTracker:
         return batch_all_reduce(self, input_tensor_packs, options)
 
     _apply_pack_size(session)
-    polymorphic_function.Function.__call__ = call
+    patch_step_functions(tracker)
     distribute_lib.StrategyBase.run = run
     cross_device_utils.CollectiveReplicaLauncher.batch_all_reduce = traced_batch_all_reduce
     return tracker
+
+
+def patch_step_functions(tracker: TFTracker) -> None:
+    """tf.function calls: a call of a step function (one whose tracing met the job's all-reduce) from outside any
+    tf.function is one iteration; the others are kept on a per-thread stack while they run (and are traced), so
+    that the all-reduce patch knows which outermost function it is traced into."""
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    session = tracker.session
+    function_call = polymorphic_function.Function.__call__
+
+    def call(self, *args, **kwargs):
+        if session.disabled or session.phase == "done" or tracker.calibrating:
+            return function_call(self, *args, **kwargs)
+        stack = tracker.call_stack()
+        if id(self) in tracker.step_functions and not stack:
+            return tracker.run_step(function_call, self, *args, **kwargs)
+        stack.append(self)
+        try:
+            return function_call(self, *args, **kwargs)
+        finally:
+            stack.pop()
+
+    polymorphic_function.Function.__call__ = call
 
 
 def _apply_pack_size(session: "RankSession") -> None:

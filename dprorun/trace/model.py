@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 TRACE_SCHEMA_VERSION = 1
 
@@ -145,6 +145,7 @@ class RunTrace:
     ranks: dict[int, RankTrace]
     missing_ranks: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    horovod_timeline: Optional[Any] = None  # trace.horovod.HorovodTimeline of a Horovod job, where recorded
 
     @property
     def world_size(self) -> int:
@@ -153,3 +154,9 @@ class RunTrace:
     def all_ops(self) -> Iterable[Op]:
         for rank in sorted(self.ranks):
             yield from self.ranks[rank].ops
+
+
+def is_tf_tracker(tracker: dict) -> bool:
+    """A worker's tracker description from TensorFlow hooks (MultiWorkerMirroredStrategy, or horovod.tensorflow:
+    framework "horovod" with "tf")."""
+    return tracker.get("framework") == "tf" or bool(tracker.get("tf"))

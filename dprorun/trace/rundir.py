@@ -15,9 +15,10 @@ from dprorun.fsutil import TraceError, read_json
 from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, MANIFEST_FILE, \
     MANIFEST_SCHEMA, SAMPLES_FILE, SCOPE_PREFIX, XPLANE_FILE, CommRecord, P2PRecord, rank_dir
 from dprorun.graph.topology import transaction_id
+from dprorun.trace.horovod import HorovodTimeline, read_horovod_timeline
 from dprorun.trace.kineto import KinetoTrace, read_kineto
 from dprorun.trace.xplane import TFProfile, read_tf_profile
-from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
+from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample, is_tf_tracker
 
 SUPPORTED_EVENTS_VERSIONS = (1,)
 SPAN_KINDS = (("forward", OpKind.FW), ("backward", OpKind.BW), ("update", OpKind.UPDATE))
@@ -214,13 +215,15 @@ def _tf_step_parts(profile: TFProfile, starts: list[float],
     return parts
 
 
-def add_tf_records(doc: dict, profile: TFProfile) -> None:
+def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[HorovodTimeline] = None) -> None:
     """A TensorFlow worker's hooks see only whole steps; its profiled steps' phases, per-pack all-reduces and
     gradient-ready times come from the profile, written into the events document as the DDP hooks' records
     are (forward: step start -> first gradient op; backward: gradient ops; update: after the last collective;
     one bucket per all-reduce pack, from the packs the hooks recorded while the step function was traced;
-    a gradient is ready when the op producing it ends)."""
-    tracker = next((t for t in doc.get("trackers", []) if t.get("framework") == "tf"), None)
+    a gradient is ready when the op producing it ends). horovod.tensorflow: TensorFlow's profiler does not
+    record Horovod's asynchronous ops; each tensor's all-reduce runs from its gradient being ready on this
+    worker to the end of its operation in Horovod's timeline (the coordinator's, same host clock)."""
+    tracker = next((t for t in doc.get("trackers", []) if is_tf_tracker(t)), None)
     if tracker is None:
         return
     packs = tracker.get("packs") or []
@@ -232,26 +235,69 @@ def add_tf_records(doc: dict, profile: TFProfile) -> None:
     per_pack = tracker.get("bytes_per_pack")
     doc["params"] = {"0": {"order": names, "bytes": sizes,
                            "bucket_cap_mb": (per_pack / (1 << 20)) if per_pack else None}}
+    horovod = tracker.get("framework") == "horovod"
+    operations = _horovod_operations(horovod_timeline, packs) if horovod else {}
     profiled = list(doc["window"].get("kineto_iterations", []))
+    incomplete: list[int] = []
     for step, (start, end, ops, colls) in _tf_step_parts(profile, doc["iteration_starts_us"], profiled).items():
         backward = [op for op in ops if op.kind is OpKind.BW]
         if not backward:
             continue
         bw_start = min(op.start_us for op in backward)
         bw_end = max(op.end_us for op in backward)
-        update_start = max([bw_end] + [c.end_us for c in colls])
-        doc["spans"] += [[step, "forward0", start, bw_start], [step, "backward0", bw_start, bw_end],
-                         [step, "update", update_start, max([update_start] + [op.end_us for op in ops])]]
-        doc["comm"] += [CommRecord(step, 0, k, c.start_us, c.start_us, c.end_us).row() for k, c in enumerate(colls)
-                        if k < len(packs)]
         produced = {op.args.get("op"): op.end_us for op in ops}
+        ready_of = {}
         for name in names:
             op_name = name.split(":", 1)[0]
             ready = produced.get(op_name)
             if ready is None:  # an op the profiler does not show (a Reshape): the last op of its scope
                 scope = op_name.rsplit("/", 1)[0] + "/"
                 ready = max((t for n, t in produced.items() if n and n.startswith(scope)), default=bw_end)
+            ready_of[name] = ready
             doc["grad_ready"].append([step, name, ready])
+        if horovod:
+            records = []
+            for k, pack in enumerate(packs):
+                done = next((e for s, e in operations.get(k, []) if start <= s < end), None)
+                if done is not None:
+                    enqueue = min(max(ready_of[n] for n in pack.get("tensors", [])), done)
+                    records.append(CommRecord(step, 0, k, enqueue, enqueue, done))
+            if len(records) < len(packs):  # e.g. the timeline's writer had not flushed the step when it stopped
+                incomplete.append(step)
+                continue
+        else:
+            records = [CommRecord(step, 0, k, c.start_us, c.start_us, c.end_us) for k, c in enumerate(colls)
+                       if k < len(packs)]
+        update_start = max([bw_end] + [r.done_us for r in records])
+        doc["spans"] += [[step, "forward0", start, bw_start], [step, "backward0", bw_start, bw_end],
+                         [step, "update", update_start, max([update_start] + [op.end_us for op in ops])]]
+        doc["comm"] += [r.row() for r in records]
+    if incomplete:
+        doc["window"]["kineto_iterations"] = [i for i in profiled if i not in incomplete]
+        doc["disturbed_iterations"] = sorted(set(doc.get("disturbed_iterations", [])) | set(incomplete))
+        doc.setdefault("warnings", []).append(
+            f"profiled step(s) {incomplete} left out: Horovod's timeline lacks some of their all-reduces "
+            + ("(no timeline in the run directory)" if horovod_timeline is None else "(cut short when it stopped?)"))
+
+
+def _horovod_operations(timeline: Optional[HorovodTimeline], packs: list[dict]) -> dict[int, list]:
+    """Pack index -> [(start, end)] of its all-reduce operations in Horovod's timeline, the tensor found by the
+    Horovod op's name recorded at trace time (the timeline's name carries TensorFlow's name scopes, and the
+    cond branch's, before it)."""
+    if timeline is None:
+        return {}
+    by_op = {}
+    for k, pack in enumerate(packs):
+        if pack.get("op"):
+            by_op[pack["op"]] = k
+    result: dict[int, list] = {}
+    for op in timeline.trace.ops:
+        if op.phase != "operation" or op.iteration < 0:
+            continue
+        k = by_op.get(str(op.tensor).rsplit("/", 1)[-1])
+        if k is not None:
+            result.setdefault(k, []).append((op.start_us, op.end_us))
+    return result
 
 
 def _add_tf_compute(trace: RankTrace, profile: TFProfile) -> None:
@@ -339,9 +385,11 @@ def _merge_clean_starts(doc: dict, path: str) -> None:
     doc["clean_status"] = "complete" if clean.get("complete") else "cut short (the job ended inside them)"
 
 
-def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = True) -> RankTrace:
+def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = True,
+              horovod_timeline: Optional[HorovodTimeline] = None) -> RankTrace:
     """One rank's files in the trace model; `detail=False`: without the profiler's op-level compute and GPU
-    activity (large runs keep those for a few ranks only, see load_run)."""
+    activity (large runs keep those for a few ranks only, see load_run); `horovod_timeline`: the job's, for
+    horovod.tensorflow workers' all-reduces."""
     events_path = os.path.join(folder, EVENTS_FILE)
     doc = load_events(events_path)
     if expected_rank is not None and doc["rank"] != expected_rank:
@@ -362,7 +410,7 @@ def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = T
     if os.path.exists(xplane_path):
         skew = float(doc.get("clock", {}).get("test_skew_us") or 0.0)
         tf_profile = read_tf_profile(xplane_path, doc["rank"], shift_us=skew)
-        add_tf_records(doc, tf_profile)
+        add_tf_records(doc, tf_profile, horovod_timeline)
     trace = rank_from_events(doc, kineto, samples)
     if tf_profile is not None and detail:
         _add_tf_compute(trace, tf_profile)
@@ -390,9 +438,24 @@ def detail_ranks_for(world: int) -> Optional[set[int]]:
     return None if world <= DETAIL_RANKS_ALL_UP_TO else set(range(DETAIL_RANKS))
 
 
-def _load_one(task: tuple[str, int, bool]) -> RankTrace:
-    folder, rank, detail = task
-    return load_rank(folder, expected_rank=rank, detail=detail)
+def _load_one(task: tuple[str, int, bool, Optional[HorovodTimeline]]) -> RankTrace:
+    folder, rank, detail, timeline = task
+    return load_rank(folder, expected_rank=rank, detail=detail, horovod_timeline=timeline)
+
+
+HOROVOD_TIMELINE_FILE = "horovod_timeline.json"  # written by the coordinator of a --backend horovod job
+
+
+def _read_run_timeline(run: RunTrace) -> None:
+    """A Horovod job's timeline (its detailed tier, or the whole job with --horovod-full-timeline), read once:
+    the replay's cost model and horovod.tensorflow's per-tensor all-reduces take it from the run."""
+    path = os.path.join(run.run_dir, HOROVOD_TIMELINE_FILE)
+    if not os.path.exists(path):
+        return
+    try:
+        run.horovod_timeline = read_horovod_timeline(path)
+    except TraceError as exc:
+        run.problems.append(f"Horovod timeline not used: {exc}")
 
 
 def load_run(run_dir: str, strict: bool = False, detail_ranks: Optional[set[int]] = None,
@@ -408,6 +471,7 @@ def load_run(run_dir: str, strict: bool = False, detail_ranks: Optional[set[int]
         raise TraceError(manifest_path, "not a dprorun run manifest")
     world = int(manifest.get("world_size", 0))
     run = RunTrace(run_dir=run_dir, manifest=manifest, ranks={})
+    _read_run_timeline(run)
     detail = detail_ranks if detail_ranks is not None else detail_ranks_for(world)
     tasks = []
     for rank in range(world):
@@ -415,7 +479,7 @@ def load_run(run_dir: str, strict: bool = False, detail_ranks: Optional[set[int]
         if not os.path.exists(os.path.join(folder, EVENTS_FILE)):
             run.missing_ranks.append(rank)
             continue
-        tasks.append((folder, rank, detail is None or rank in detail))
+        tasks.append((folder, rank, detail is None or rank in detail, run.horovod_timeline))
     for trace in _map_ranks(tasks, workers):
         job = trace.meta.get("job_id")
         if job and manifest.get("job_id") and job != manifest["job_id"]:

@@ -1,0 +1,164 @@
+"""Hooks in a horovod.tensorflow worker (`dprorun --backend horovod`), with no change to the script.
+
+Training steps: as in TensorFlow's MultiWorkerMirroredStrategy workers (runtime/tf.py), a `tf.function` is a step
+function when its tracing calls Horovod's all-reduce (`DistributedGradientTape.gradient`, the tf-keras
+`hvd.DistributedOptimizer`, or `hvd.allreduce` / `hvd.grouped_allreduce` called by the script); each call of it
+from outside any tf.function is one iteration. Horovod's own helpers that wrap its all-reduce into a
+tf.function when called eagerly are not step functions.
+Tensors: while a step function is traced, every tensor handed to `horovod.tensorflow._allreduce` (or a group to
+`_grouped_allreduce`) is recorded with its bytes and the Horovod op it becomes; each is its own bucket (Horovod fuses
+them at run time: its timeline, recorded in the window's first --kineto-iters iterations, says how).
+Profiler: TensorFlow's, over the same iterations (`rank_<r>/xplane.pb`); its Horovod ops (HorovodAllreduce, which
+TensorFlow runs asynchronously: the event ends when the reduced tensor is back) are the per-tensor all-reduce
+spans (trace/xplane.py).
+End of the window: a timed all-reduce of each calibration size through horovod.tensorflow (eager), the events
+written by every worker into the run directory on its own host.
+"""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from dprorun.runtime.tf import TFTracker, patch_step_functions
+
+if TYPE_CHECKING:
+    from dprorun.runtime.session import RankSession
+
+
+class HorovodTFTracker(TFTracker):
+    """One per worker of a horovod.tensorflow job: step functions, the tensors they all-reduce, profiler and
+    Horovod's timeline."""
+
+    framework = "horovod"
+
+    def __init__(self, session: "RankSession"):
+        super().__init__(session)
+        self.tensors: list[dict] = []  # per all-reduce traced into the first step function: tensors, bytes, op
+        self.traced_function = None  # id() of the step function whose tensors are recorded
+        self.timeline_on = False
+
+    def describe(self) -> dict:
+        return {"framework": "horovod", "backend": "horovod", "tf": True, "timed_buckets": False,
+                "step_functions": len(self.step_functions), "eager_steps": False,
+                "packs": [{"tensors": list(t["tensors"]), "bytes": list(t["bytes"]), "op": t["op"]}
+                          for t in self.tensors]}
+
+    # ---- Horovod's timeline over the detailed tier (as for horovod.torch) ---------------------------------
+    def start_profiler(self) -> None:
+        super().start_profiler()
+        self.session.guard("starting Horovod's timeline", self._start_timeline)
+
+    def stop_profiler(self, write: bool) -> None:
+        self.session.guard("stopping Horovod's timeline", self._stop_timeline)
+        super().stop_profiler(write)
+
+    def window_stopped(self) -> None:
+        self.session.guard("stopping Horovod's timeline", self._stop_timeline)
+
+    def _start_timeline(self) -> None:
+        path = self.session.cfg.horovod_timeline
+        if not path or self.timeline_on:
+            return
+        import horovod.tensorflow as hvd
+
+        hvd.start_timeline(path)
+        self.timeline_on = True
+
+    def _stop_timeline(self) -> None:
+        if not self.timeline_on:
+            return
+        import horovod.tensorflow as hvd
+
+        self.timeline_on = False
+        hvd.stop_timeline()
+
+    # ---- tracing ------------------------------------------------------------------------------------------
+    def traced_allreduce(self, tensors: list, op_name: str) -> None:
+        """An all-reduce met while a tf.function is traced: that function is a step function (unless it is
+        Horovod's own wrapper), and the first step function's tensors are recorded."""
+        stack = self.call_stack()
+        if not stack:
+            return  # eager: Horovod's _make_subgraph wraps eager calls into a tf.function of its own
+        outer = stack[0]
+        module = getattr(getattr(outer, "_python_function", None), "__module__", "") or ""
+        if module.startswith("horovod."):
+            return
+        self.step_functions.add(id(outer))
+        if self.traced_function is None:
+            self.traced_function = id(outer)
+        if self.traced_function != id(outer) or any(t["op"] == op_name for t in self.tensors):
+            return  # another step function, or the same one traced again (another input signature)
+        names, sizes = [], []
+        for tensor in tensors:
+            count = tensor.shape.num_elements()
+            names.append(getattr(tensor, "name", f"t{len(self.tensors)}"))
+            sizes.append(int(count or 0) * int(tensor.dtype.size))
+        self.tensors.append({"tensors": names, "bytes": sizes, "op": op_name})
+
+
+def _op_name(prefix: str, tensors: list, name) -> str:
+    """The Horovod op's name as horovod.tensorflow.mpi_ops gives it in graph mode (before TensorFlow's name
+    scope is prepended)."""
+    if name is not None:
+        return str(name)
+    from horovod.tensorflow.mpi_ops import _normalize_name
+
+    if prefix == "HorovodAllreduce":
+        return f"HorovodAllreduce_{_normalize_name(tensors[0].name)}"
+    return _normalize_name(f"HorovodGroupedAllreduce_{tensors[0].name}_{tensors[-1].name}")
+
+
+def patch_horovod_tensorflow(session: "RankSession") -> HorovodTFTracker:
+    """Patch tf.function calls (steps) and horovod.tensorflow's all-reduce entry points (tensors)."""
+    import horovod.tensorflow as hvd_tf
+
+    tracker = HorovodTFTracker(session)
+    session.profiler_backend = tracker
+    session.framework = "tf"
+    allreduce = hvd_tf._allreduce
+    grouped = hvd_tf._grouped_allreduce
+
+    def traced_allreduce(tensor, *args, **kwargs):
+        if tracker.call_stack() and not session.disabled:
+            name = kwargs.get("name", args[0] if args else None)
+            session.guard("recording Horovod's all-reduce", tracker.traced_allreduce, [tensor],
+                          _op_name("HorovodAllreduce", [tensor], name))
+        return allreduce(tensor, *args, **kwargs)
+
+    def traced_grouped(tensors, *args, **kwargs):
+        if tracker.call_stack() and not session.disabled and tensors:
+            name = kwargs.get("name", args[0] if args else None)
+            session.guard("recording Horovod's all-reduce", tracker.traced_allreduce, list(tensors),
+                          _op_name("HorovodGroupedAllreduce", list(tensors), name))
+        return grouped(tensors, *args, **kwargs)
+
+    hvd_tf._allreduce = traced_allreduce
+    hvd_tf._grouped_allreduce = traced_grouped
+    patch_step_functions(tracker)
+    return tracker
+
+
+def horovod_tf_running() -> bool:
+    hvd = sys.modules.get("horovod.tensorflow")
+    try:
+        return hvd is not None and hvd.is_initialized() and hvd.size() > 1
+    except Exception:
+        return False
+
+
+def calibrate_horovod_tf(reps: int = 5) -> list[list[float]]:
+    """Timed eager `hvd.allreduce` calls of the calibration sizes through horovod.tensorflow, each after an
+    all-reduce of one float that lines the workers up: [[bytes, median µs, median transport CPU µs], ...] as for
+    horovod.torch jobs (runtime/calibration.py)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from dprorun.runtime.calibration import _timed_sizes
+
+    def line_up(nbytes: int, k: int) -> None:
+        hvd.allreduce(tf.zeros((1,)), name=f"dprorun.calibration.barrier.{nbytes}.{k}", op=hvd.Sum).numpy()
+
+    def call(tensor) -> None:
+        hvd.allreduce(tensor, name=f"dprorun.calibration.{int(tensor.shape[0]) * 4}", op=hvd.Sum).numpy()
+
+    return _timed_sizes(line_up, call, "cpu", reps, make=lambda count: tf.zeros((count,), tf.float32))
