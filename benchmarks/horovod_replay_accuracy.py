@@ -2,7 +2,7 @@
 prediction from a `dprorun --backend horovod` run of the same job, interleaved --reps times (medians).
 
 usage: OMP_NUM_THREADS=1 [sudo] python benchmarks/horovod_replay_accuracy.py [--nets loopback,1gbit] [--reps 3]
-       [--model mlp|transformer|resnet|convhead|tf-conv|tf-mlp-adam]
+       [--model mlp|transformer|resnet|convhead|tf-conv|tf-mlp-adam|tf-keras-fit]
 (horovodrun, unlike torchrun, leaves OMP_NUM_THREADS alone; on 2 cores two ranks with 2 OpenMP threads each
 thrash (260-700 ms per iteration instead of 30), so both sides get OMP_NUM_THREADS=1 from the environment.)
 Last line: the median and max |error| over the networks.
@@ -28,12 +28,15 @@ def wrap(net: str, cmd: list[str]) -> list[str]:
 
 
 TF_EXAMPLE = os.path.join(REPO, "examples", "horovod_tf.py")
-TF_MODELS = {"tf-conv": ["--model", "conv"], "tf-mlp-adam": ["--model", "mlp", "--optimizer", "adam"]}
+TF_MODELS = {"tf-conv": ["--model", "conv"], "tf-mlp-adam": ["--model", "mlp", "--optimizer", "adam"],
+             "tf-keras-fit": []}
 
 
 def example_args(model: str) -> list[str]:
     """The script and its model flags: examples/horovod_mlp.py (horovod.torch) or, for the tf-* models,
     examples/horovod_tf.py (horovod.tensorflow)."""
+    if model == "tf-keras-fit":
+        return [os.path.join(REPO, "examples", "horovod_tf_keras.py")]
     if model in TF_MODELS:
         return [TF_EXAMPLE, *TF_MODELS[model]]
     return [EXAMPLE, "--model", model]
@@ -81,7 +84,7 @@ def common_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--model", choices=("mlp", "transformer", "resnet", "convhead", *TF_MODELS), default="mlp",
                         help="examples/horovod_mlp.py --model; tf-conv, tf-mlp-adam: examples/horovod_tf.py "
-                             "(horovod.tensorflow)")
+                             "(horovod.tensorflow); tf-keras-fit: examples/horovod_tf_keras.py")
     return parser
 
 

@@ -20,10 +20,13 @@ def fixture_path(*parts: str) -> str:
 
 
 def run_dprorun(args, run_dir, timeout=180, env=None):
-    """Run the real dprorun CLI in a subprocess; returns (CompletedProcess, elapsed seconds)."""
+    """Run the real dprorun CLI in a subprocess; returns (CompletedProcess, elapsed seconds). No report.html at
+    the job's end unless env asks for it (DPRO_REPORT=1): its what-if curves take up to 5 s per job, the job-end
+    report has tests of its own (test_report.py's finalize test, the MXNet job's)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env.setdefault("DPRO_REPORT", "0")
     cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir)] + list(args)
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)

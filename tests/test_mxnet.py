@@ -46,7 +46,7 @@ def ps_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("mxnet") / "gluon"
     proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", *WINDOW, "python",
                            os.path.join(EXAMPLES, "mxnet_gluon.py"), "--steps", "24", "--model", "mlp",
-                           "--width", "600"], run_dir, timeout=300)
+                           "--width", "600"], run_dir, timeout=300, env={"DPRO_REPORT": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir, proc
 
@@ -193,7 +193,7 @@ def test_a_module_api_job_is_profiled_with_its_string_keys(tmp_path):
     run_dir = tmp_path / "module"
     proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", *WINDOW, "python",
                            os.path.join(EXAMPLES, "mxnet_module.py"), "--steps", "24", "--width", "256"],
-                          run_dir, timeout=300)
+                          run_dir, timeout=300, env={"DPRO_REPORT": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "predicted iteration time:" in proc.stdout and "Module API" in proc.stdout
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
