@@ -324,9 +324,10 @@ def build_job_model(run: RunTrace) -> JobModel:
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
     if tf_job and model.framework == "horovod":
-        model.notes.append("horovod.tensorflow: the job ran in Horovod's dynamic timeline mode, which its all-reduce "
-                           "spans need; that mode alone made plain horovodrun jobs here 14-20 % slower, and the "
-                           "prediction describes the job as it ran with it")
+        model.notes.append("warning: horovod.tensorflow: the job ran in Horovod's dynamic timeline mode, which its "
+                           "all-reduce spans need; that mode alone made plain horovodrun jobs here 14-20 % slower, and "
+                           "the prediction describes the job as it ran with it (expect the job without dprorun to be "
+                           "faster)")
     if tf_job:
         if model.framework != "horovod":  # horovod.tensorflow keeps Horovod's fusion and its fitted cost model
             model.framework = "tf"
