@@ -18,7 +18,7 @@ import time
 
 from dprorun.analysis import RunAnalysis
 from dprorun.replay.engine import replay
-from dprorun.replay.template import build_job_model
+from dprorun.replay.build import build_job_model
 from dprorun.replay.whatif import WhatIf
 from dprorun.replay.synthesize import synthesize
 from dprorun.replay.predict import predict, replay_once, representative

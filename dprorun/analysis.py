@@ -71,7 +71,7 @@ class RunAnalysis:
     @property
     def model(self) -> "JobModel":
         if self._model is None:
-            from dprorun.replay.template import build_job_model
+            from dprorun.replay.build import build_job_model
 
             self._model = build_job_model(self.aligned_run)
         return self._model

@@ -308,7 +308,7 @@ def _without_compute_passes(strategy, run):
     reduced = dataclasses.replace(strategy, compiled_modules=[], precision="fp32",
                                   decisions=[d for d in strategy.decisions if d.pass_name not in compute])
     from dprorun.optimize.search import whatif_for
-    from dprorun.replay.template import build_job_model
+    from dprorun.replay.build import build_job_model
     from dprorun.replay.predict import replay_once
 
     model = build_job_model(run)

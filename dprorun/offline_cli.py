@@ -171,7 +171,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from dprorun.fsutil import atomic_write_json
     from dprorun.replay.engine import execution_graph, replay_chrome_trace
     from dprorun.replay.predict import predict_replayed
-    from dprorun.replay.template import build_job_model
+    from dprorun.replay.build import build_job_model
     from dprorun.replay.whatif import WhatIf
 
     run, alignment = load_aligned(args.run_dir)

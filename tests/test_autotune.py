@@ -58,7 +58,7 @@ def test_compute_variants_are_measured_and_compile_and_bf16_are_applied(tmp_path
     assert "no blocks" in variants["compiled_blocks"]["error"]  # an MLP of Linear layers has no blocks
     assert not (run_dir / "rank_1" / "variants.json").exists()
     model = load_run(str(run_dir))
-    from dprorun.replay.template import build_job_model
+    from dprorun.replay.build import build_job_model
 
     assert build_job_model(model).compute_scales("eager") == (1.0, 1.0)
 

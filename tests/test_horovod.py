@@ -123,7 +123,7 @@ def test_dprorun_backend_horovod_and_the_horovodrun_drop_in(tmp_path):
         assert any(op.source == "kineto" for op in trace.ops) and trace.grad_ready
     assert all(row["iteration_time_ms"] for row in summary["ranks"])
     # the cost model's calibration: Horovod's own all-reduces of 4 KiB-4 MiB, timed at the end of the window
-    from dprorun.replay.template import build_job_model
+    from dprorun.replay.build import build_job_model
 
     assert [row[0] for row in run.ranks[0].meta["calibration"]] == [1 << 12, 1 << 16, 1 << 20, 1 << 22]
     model = build_job_model(run)
@@ -180,7 +180,7 @@ def test_horovod_autotune_ranks_knobs_by_replay_and_trials_decide(tmp_path):
     the replayed fusion model, a real trial window per candidate with the knobs passed to horovodrun, and the
     fastest measured kept only if it beats the job's own settings; every trial is in autotune.json."""
     from dprorun.optimize.horovod import rank_horovod_knobs
-    from dprorun.replay.template import build_job_model
+    from dprorun.replay.build import build_job_model
 
     run_dir = tmp_path / "run"
     window = ["--warmup", "2", "--active", "5", "--kineto-iters", "1", "--clean", "1"]
@@ -304,3 +304,16 @@ def test_a_horovod_tensorflow_job_is_profiled_and_replayed(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["backend"] == "horovod" and summary["horovod"]["steps"] >= 2
     assert summary["self_check"]["replay_ms"] > 0
+
+
+def test_a_job_whose_hooks_saw_no_step_says_what_they_need():
+    """Hooks installed but no step seen (horovod.tensorflow called eagerly, a TF strategy never run): the job's end
+    says what the hooks need to see one."""
+    from types import SimpleNamespace
+
+    from dprorun.runtime.session import no_step_seen
+
+    eager_hvd_tf = no_step_seen([SimpleNamespace(framework="horovod", step_functions=set())])
+    assert "nothing to profile" in eager_hvd_tf and "@tf.function" in eager_hvd_tf
+    assert "strategy.run" in no_step_seen([SimpleNamespace(framework="tf")])
+    assert "no step ran" in no_step_seen([SimpleNamespace(framework="ddp")])

@@ -235,7 +235,7 @@ def test_a_ring_of_repeating_ranks_is_folded_exactly(mlp_run):
     """N ranks synthesised from m measured ones (round-robin) repeat every m ranks around the ring: with N a
     multiple of m only m are built, and every prediction equals the full graph's."""
     from dprorun.replay.engine import replay
-    from dprorun.replay.template import build_job_model
+    from dprorun.replay.build import build_job_model
     from dprorun.replay.whatif import WhatIf
     from dprorun.replay.synthesize import synthesize
 
@@ -262,7 +262,7 @@ def test_the_search_at_16_ranks_compares_candidates_on_symmetric_replays():
 def test_communication_passes_stay_out_where_the_transport_shares_the_compute_cores(mlp_run):
     """A CPU transport on busy cores (loopback, every core computing): the replay does not price its cost, so
     the search leaves the bucket layout alone unless asked; with a separate transport it searches as before."""
-    from dprorun.replay.template import build_job_model
+    from dprorun.replay.build import build_job_model
 
     model = build_job_model(load_run(str(mlp_run[0])))
     model.transport = {"shares_cores": True, "transport_cpu_share": 0.55}

@@ -241,7 +241,8 @@ def test_horovod_fusion_what_if_groups_by_cycle_and_threshold():
 def test_a_transport_on_the_compute_cores_is_named_in_what_if_predictions(mlp_run):
     """CPU transport (its calibration all-reduce keeps it busy) + no spare core -> the what-if says the replay's
     separate communication devices do not hold; a network-bound transport or spare cores -> no caution."""
-    from dprorun.replay.template import build_job_model, transport_on_compute_cores
+    from dprorun.replay.build import build_job_model
+    from dprorun.replay.template import transport_on_compute_cores
 
     run_dir, _ = mlp_run
     run = load_run(str(run_dir))

@@ -11,7 +11,8 @@ import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, critical_path_report, replay
 from dprorun.replay.synthesize import synthesize
-from dprorun.replay.template import JobModel, build_job_model
+from dprorun.replay.build import build_job_model
+from dprorun.replay.template import JobModel
 from dprorun.replay.whatif import WhatIf, comm_scale
 
 @dataclass

@@ -11,15 +11,15 @@ bucket's done on this rank), on the aligned clock.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from dprorun.fsutil import UnanswerableError
-from dprorun.graph.local import OpProfile, op_profile
+from dprorun.graph.local import OpProfile
 from dprorun.stats import median
-from dprorun.trace.model import OpKind, RankTrace, RunTrace, is_tf_tracker
+from dprorun.trace.model import OpKind, RankTrace, RunTrace
 
 
 @dataclass
@@ -269,209 +269,6 @@ def message_latency_us(run: RunTrace) -> Optional[float]:
         return None
     trips = [b - a for _, _, role, a, b in run.ranks[0].clock.get("probes", []) if role == "origin" and b >= a]
     return float(np.median(trips)) / 2.0 if trips else None
-
-
-def build_job_model(run: RunTrace) -> JobModel:
-    """Measure templates, buckets and the comm model from an aligned RunTrace."""
-    ranks = sorted(run.ranks)
-    world = run.world_size
-    iterations = {r: run.ranks[r].unprofiled_window_iterations() for r in ranks}
-    tf_job = is_tf_run(run)
-    if tf_job:  # only the profiled steps have phases (from the TensorFlow profile): measured there, scaled below
-        iterations = {r: tf_profiled_steps(run.ranks[r]) for r in ranks}
-    enqueue_all: dict[tuple[int, str], float] = {}
-    for r in ranks:
-        for op in run.ranks[r].ops:
-            if op.source == "hooks" and op.tensor and op.phase in ("queue", "queue+transmit"):
-                key = (op.iteration, op.tensor)
-                enqueue_all[key] = max(enqueue_all.get(key, -np.inf), op.start_us)
-    channels = comm_channels(run)
-    templates, per_rank_samples, transmit = {}, {}, {}
-    per_iteration_tx: dict[int, dict[str, list[float]]] = {}
-    for r in ranks:
-        templates[r], per_rank_samples[r], tx = measure_rank(run.ranks[r], iterations[r], enqueue_all, channels)
-        for i, buckets_tx in tx.items():
-            for key, value in buckets_tx.items():
-                transmit.setdefault(key, []).append(value)
-                per_iteration_tx.setdefault(i, {}).setdefault(key, []).append(value)
-    common = sorted(set.intersection(*(set(per_rank_samples[r]) for r in ranks)))
-    samples = [MeasuredIteration({r: per_rank_samples[r][i] for r in ranks},
-                      {k: float(np.mean(v)) for k, v in per_iteration_tx.get(i, {}).items()}) for i in common]
-    first = run.ranks[ranks[0]]
-    buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), median(transmit.get(f"bucket{b.index}", []), 0.0))
-               for b in first.buckets]
-    points = [(b.nbytes, t) for b in buckets for t in transmit.get(b.key, [])]
-    calibration = [tuple(p) for p in first.meta.get("calibration", [])]
-    latency = message_latency_us(run)
-    comm = fit_comm_model(points, world, calibration, latency)
-    network = fit_comm_model(calibration, world, [], latency) if len(calibration) >= 2 else None
-    if network is not None:  # the calibration alone must fit a line (points enough, growing with size)
-        network = replace(network, source="calibration") if network.source == "trace" else None
-    fractions = _ready_fractions(run)
-    model = JobModel(world, templates, buckets, dict(first.param_bytes), fractions, comm,
-                     first.meta.get("bucket_cap_mb"), channels=channels, samples=samples, network=network,
-                     compute_variants=dict(first.meta.get("compute_variants") or {}))
-    model.transport = transport_on_compute_cores(run)
-    model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])
-                                                          for r in ranks})
-    model.window_iterations_us = _median_over_ranks(run, iterations)
-    if any(t.get("framework") == "horovod" for t in first.meta.get("trackers", [])):
-        model.framework = "horovod"
-        model.horovod_knobs = horovod_knobs_as_run(run.manifest.get("horovod_args") or [])
-        fitted = horovod_comm_model(calibration, _horovod_timeline_points(run), world, model.horovod_knobs[1])
-        if fitted is not None:
-            model.comm, model.horovod_negotiation_us = fitted
-    if not fractions:
-        model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
-    if tf_job and model.framework == "horovod":
-        model.notes.append("warning: horovod.tensorflow: the job ran in Horovod's dynamic timeline mode, which its "
-                           "all-reduce spans need; that mode alone made plain horovodrun jobs here 14-20 % slower, and "
-                           "the prediction describes the job as it ran with it (expect the job without dprorun to be "
-                           "faster)")
-    if tf_job:
-        if model.framework != "horovod":  # horovod.tensorflow keeps Horovod's fusion and its fitted cost model
-            model.framework = "tf"
-            if network is not None:  # the profiled collectives ran under the profiler: the calibration prices them
-                model.comm = network
-        _calibrate_tf(model, run)
-    model.op_profiles = {r: p for r in ranks if (p := op_profile(run.ranks[r])) is not None}
-    model.op_scaling = _op_scaling(model)
-    return model
-
-
-def is_tf_run(run: RunTrace) -> bool:
-    return any(is_tf_tracker(t) for trace in run.ranks.values() for t in trace.meta.get("trackers", []))
-
-
-def tf_profiled_steps(trace: RankTrace) -> list[int]:
-    """A TensorFlow worker's profiled steps (the first left out when there are others: it holds the profiler's
-    start, over a second on this machine)."""
-    steps = list(trace.meta.get("kineto_iterations", []))
-    return steps[1:] if len(steps) > 1 else steps
-
-
-def _compute_us(t: RankTemplate) -> float:
-    return t.forward_us + t.loss_us + sum(t.backward_segments_us) + t.finalize_us + t.update_us + t.tail_us
-
-
-def _scaled(t: RankTemplate, k: float, measured_us: float) -> RankTemplate:
-    return replace(t, forward_us=t.forward_us * k, loss_us=t.loss_us * k,
-                   backward_segments_us=[x * k for x in t.backward_segments_us], backward_us=t.backward_us * k,
-                   update_us=t.update_us * k, tail_us=t.tail_us * k, finalize_us=t.finalize_us * k,
-                   measured_iteration_us=measured_us, iterations_used=1)
-
-
-def _calibrate_tf(model: JobModel, run: RunTrace) -> None:
-    """TensorFlow: the steps without the profiler record only their length S. Each becomes a sample: the rank's
-    profiled template with its compute scaled by k = (S - E) / C (C its compute, E its exposed communication,
-    medians over the profiled steps), the collectives as profiled. The replay of the job as it ran then follows
-    the unprofiled steps by construction; what-ifs change what the profile measured."""
-    ranks = sorted(model.templates)
-    unprofiled = {r: dict((i, e - s) for i, s, e in run.ranks[r].iterations
-                          if i in set(run.ranks[r].unprofiled_window_iterations())) for r in ranks}
-    exposed = {r: max(0.0, model.templates[r].measured_iteration_us - _compute_us(model.templates[r])) for r in ranks}
-    common = sorted(set.intersection(*(set(unprofiled[r]) for r in ranks)))
-    transmit = {b.key: b.transmit_us for b in model.buckets}
-    factors = []
-    samples = []
-    for i in common:
-        templates = {}
-        for r in ranks:
-            k = max(0.05, (unprofiled[r][i] - exposed[r]) / max(_compute_us(model.templates[r]), 1.0))
-            factors.append(k)
-            templates[r] = _scaled(model.templates[r], k, unprofiled[r][i])
-        samples.append(MeasuredIteration(templates, dict(transmit)))
-    if not samples:
-        model.notes.append("TensorFlow: no step without the profiler in the window; the replay is the profiled steps'")
-        return
-    if model.framework == "horovod":  # horovod.tensorflow: see _fit_replayed_compute
-        profiled = dict(model.templates)
-        samples, factors = _fit_replayed_compute(model, profiled, samples)
-    k_median = median(factors, 1.0)
-    model.templates = {r: _scaled(model.templates[r], k_median, median(list(unprofiled[r].values()), 0.0))
-                       for r in ranks}
-    model.samples = samples
-    model.window_iterations_us = _median_over_ranks(run, {r: list(unprofiled[r]) for r in ranks})
-    model.notes.append(f"TensorFlow: phases and collectives from the profiled steps; compute scaled to the "
-                       f"{len(samples)} steps without the profiler (x{k_median:.2f} median), collectives as profiled")
-
-
-FIT_ROUNDS = 8
-
-
-def _fit_replayed_compute(model: JobModel, profiled: dict[int, RankTemplate],
-                          samples: list[MeasuredIteration]) -> tuple[list[MeasuredIteration], list[float]]:
-    """horovod.tensorflow: the profiled steps' exposed communication is no measure of the unprofiled steps' (under
-    TensorFlow's profiler one worker lags the other, and the early one's all-reduces wait for it), so the factor
-    (S - E) / C can come out far too small (x0.2 on a 2-core MLP, the replay then 25 % over the step). Instead each
-    unprofiled step's compute factor k is the one whose replay (coarse graph, collectives as profiled) lasts that
-    step's length S: R(k) grows with k, found by bisection on [0.05, 3] in FIT_ROUNDS replays."""
-    from dprorun.replay.engine import replay
-    from dprorun.replay.synthesize import synthesize
-    from dprorun.replay.whatif import WhatIf
-
-    fitted, factors = [], []
-    for sample in samples:
-        lengths = {r: t.measured_iteration_us for r, t in sample.templates.items()}
-        target = median(list(lengths.values()), 0.0)
-
-        def replayed(k: float) -> float:
-            scaled = MeasuredIteration({r: _scaled(profiled[r], k, lengths[r]) for r in profiled},
-                                       sample.transmit_us)
-            return replay(synthesize(model, WhatIf(), [], scaled, detail="coarse")).iteration_time_us
-
-        low, high = 0.05, 3.0
-        if replayed(low) >= target:
-            high = low
-        elif replayed(high) <= target:
-            low = high
-        for _ in range(FIT_ROUNDS if low < high else 0):
-            middle = (low + high) / 2
-            if replayed(middle) < target:
-                low = middle
-            else:
-                high = middle
-        k = (low + high) / 2
-        factors.append(k)
-        fitted.append(MeasuredIteration({r: _scaled(profiled[r], k, lengths[r]) for r in profiled}, sample.transmit_us))
-    model.notes.append("horovod.tensorflow: each step's compute factor fitted so that its replay lasts the step "
-                       "(the profiled steps' exposed communication does not carry over)")
-    k = median(factors, 1.0)
-    if k < LOW_COMPUTE_FACTOR:
-        model.notes.append(f"warning: the fitted compute factor is x{k:.2f}: the collectives as profiled (slowed by "
-                           "the profiler) nearly fill the unprofiled steps on their own, so the split between compute "
-                           "and communication is uncertain: what-ifs that change either are not backed for this run")
-    return fitted, factors
-
-
-LOW_COMPUTE_FACTOR = 0.25
-
-
-def _op_scaling(model: JobModel) -> dict[str, float]:
-    """Per phase, the median over ranks of (unprofiled duration / profiled duration): the factor the replay
-    applies to the profiler's ops of that phase (below 1: the profiler inflated them)."""
-    unprofiled = {"forward": "forward_us", "loss": "loss_us", "backward": "backward_us", "finalize": "finalize_us",
-                  "update": "update_us", "tail": "tail_us"}
-    ratios: dict[str, list[float]] = {}
-    for r, profile in model.op_profiles.items():
-        template = model.templates.get(r)
-        for phase, attr in unprofiled.items():
-            measured = profile.phases.get(phase)
-            if template is not None and measured is not None and measured.profiled_us > 0:
-                ratios.setdefault(phase, []).append(getattr(template, attr) / measured.profiled_us)
-    return {phase: round(median(values, 1.0), 4) for phase, values in ratios.items()}
-
-
-def _median_over_ranks(run: RunTrace, chosen: dict[int, list[int]]) -> list[float]:
-    """Per iteration index chosen on every rank: the median over ranks of its duration (µs), in order."""
-    durations: dict[int, list[float]] = {}
-    for r, indices in chosen.items():
-        wanted = set(indices)
-        for i, start, end in run.ranks[r].iterations:
-            if i in wanted:
-                durations.setdefault(i, []).append(end - start)
-    everywhere = [i for i in sorted(durations) if len(durations[i]) == len(chosen)]
-    return [float(np.median(durations[i])) for i in everywhere]
 
 
 TRANSPORT_CPU_SHARE = 0.3  # transport CPU per second of all-reduce above which the transport is CPU work

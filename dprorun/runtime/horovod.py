@@ -20,6 +20,7 @@ import functools
 import sys
 
 from dprorun.layout import CommRecord
+from dprorun.runtime.horovod_timeline import WindowTimeline
 from dprorun.runtime.session import RankSession
 
 
@@ -33,7 +34,7 @@ class HorovodTracker:
         self.last_ready = None
         self.pending: list[CommRecord] = []  # comm records waiting for their synchronize, in submission order
         self.index: dict[str, int] = {}
-        self.timeline_on = False
+        self.timeline = WindowTimeline(session, "horovod.torch")
 
     # ---- what DDPTracker also offers the session --------------------------------------------------------
     def describe(self) -> dict:
@@ -41,34 +42,13 @@ class HorovodTracker:
                 "timed_buckets": True, "backend": "horovod"}
 
     def window_started(self) -> None:
-        self.session.guard("starting Horovod's timeline", self._start_timeline)
+        self.timeline.start()
 
     def window_stopped(self) -> None:
-        self.session.guard("stopping Horovod's timeline", self._stop_timeline)
+        self.timeline.stop()
 
     def stop_param_hooks(self) -> None:  # end of the detailed tier
-        self.session.guard("stopping Horovod's timeline", self._stop_timeline)
-
-    # ---- Horovod's timeline, in the detailed tier only ---------------------------------------------------
-    # Recording it for the whole job made 2-rank loopback iterations 20 % slower (rank 0 writes every event), and
-    # the replay then predicted that overhead. With HOROVOD_TIMELINE=DYNAMIC (set by dprorun's launch) every rank
-    # starts and stops it here; only the coordinator writes the file.
-    def _start_timeline(self) -> None:
-        path = self.session.cfg.horovod_timeline
-        if not path or self.timeline_on:
-            return
-        import horovod.torch as hvd
-
-        hvd.start_timeline(path)
-        self.timeline_on = True
-
-    def _stop_timeline(self) -> None:
-        if not self.timeline_on:
-            return
-        import horovod.torch as hvd
-
-        self.timeline_on = False
-        hvd.stop_timeline()
+        self.timeline.stop()
 
     # ---- records ----------------------------------------------------------------------------------------
     def submitted(self, optimizer, p) -> None:

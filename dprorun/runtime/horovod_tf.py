@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from dprorun.runtime.horovod_timeline import WindowTimeline
 from dprorun.runtime.tf import TFTracker, patch_step_functions
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class HorovodTFTracker(TFTracker):
         super().__init__(session)
         self.tensors: list[dict] = []  # per all-reduce traced into the first step function: tensors, bytes, op
         self.traced_function = None  # id() of the step function whose tensors are recorded
-        self.timeline_on = False
+        self.timeline = WindowTimeline(session, "horovod.tensorflow")
 
     def describe(self) -> dict:
         return {"framework": "horovod", "backend": "horovod", "tf": True, "timed_buckets": False,
@@ -46,31 +47,14 @@ class HorovodTFTracker(TFTracker):
     # ---- Horovod's timeline over the detailed tier (as for horovod.torch) ---------------------------------
     def start_profiler(self) -> None:
         super().start_profiler()
-        self.session.guard("starting Horovod's timeline", self._start_timeline)
+        self.timeline.start()
 
     def stop_profiler(self, write: bool) -> None:
-        self.session.guard("stopping Horovod's timeline", self._stop_timeline)
+        self.timeline.stop()
         super().stop_profiler(write)
 
     def window_stopped(self) -> None:
-        self.session.guard("stopping Horovod's timeline", self._stop_timeline)
-
-    def _start_timeline(self) -> None:
-        path = self.session.cfg.horovod_timeline
-        if not path or self.timeline_on:
-            return
-        import horovod.tensorflow as hvd
-
-        hvd.start_timeline(path)
-        self.timeline_on = True
-
-    def _stop_timeline(self) -> None:
-        if not self.timeline_on:
-            return
-        import horovod.tensorflow as hvd
-
-        self.timeline_on = False
-        hvd.stop_timeline()
+        self.timeline.stop()
 
     # ---- tracing ------------------------------------------------------------------------------------------
     def traced_allreduce(self, tensors: list, op_name: str) -> None:
