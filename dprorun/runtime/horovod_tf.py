@@ -8,9 +8,9 @@ tf.function when called eagerly are not step functions.
 Tensors: while a step function is traced, every tensor handed to `horovod.tensorflow._allreduce` (or a group to
 `_grouped_allreduce`) is recorded with its bytes and the Horovod op it becomes; each is its own bucket (Horovod fuses
 them at run time: its timeline, recorded in the window's first --kineto-iters iterations, says how).
-Profiler: TensorFlow's, over the same iterations (`rank_<r>/xplane.pb`); its Horovod ops (HorovodAllreduce, which
-TensorFlow runs asynchronously: the event ends when the reduced tensor is back) are the per-tensor all-reduce
-spans (trace/xplane.py).
+Profiler: TensorFlow's, over the same iterations (`rank_<r>/xplane.pb`), for the compute ops. It records none of
+Horovod's asynchronous ops: each tensor's all-reduce runs from its gradient being ready (the profile) to the end of
+its operation in Horovod's timeline (trace/rundir.add_tf_records).
 End of the window: a timed all-reduce of each calibration size through horovod.tensorflow (eager), the events
 written by every worker into the run directory on its own host.
 """
@@ -20,7 +20,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from dprorun.runtime.horovod_timeline import WindowTimeline
-from dprorun.runtime.tf import TFTracker, patch_step_functions
+from dprorun.runtime.tf import TFTracker, names_and_bytes, patch_step_functions
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
@@ -72,11 +72,7 @@ class HorovodTFTracker(TFTracker):
             self.traced_function = id(outer)
         if self.traced_function != id(outer) or any(t["op"] == op_name for t in self.tensors):
             return  # another step function, or the same one traced again (another input signature)
-        names, sizes = [], []
-        for tensor in tensors:
-            count = tensor.shape.num_elements()
-            names.append(getattr(tensor, "name", f"t{len(self.tensors)}"))
-            sizes.append(int(count or 0) * int(tensor.dtype.size))
+        names, sizes = names_and_bytes(tensors)
         self.tensors.append({"tensors": names, "bytes": sizes, "op": op_name})
 
 

@@ -114,16 +114,22 @@ class TFTracker:
         return None
 
 
+def names_and_bytes(tensors) -> tuple[list[str], list[int]]:
+    """The graph tensors' names and byte sizes, as traced (an unknown shape counts 0 bytes)."""
+    names, sizes = [], []
+    for tensor in tensors:
+        count = tensor.shape.num_elements()
+        names.append(getattr(tensor, "name", f"t{len(names)}"))
+        sizes.append(int(count or 0) * int(tensor.dtype.size))
+    return names, sizes
+
+
 def _record_packs(tracker: TFTracker, packs, options) -> None:
     """At trace time: the packs one step all-reduces (kept for the first step function traced)."""
     if tracker.packs:
         return
     for pack in packs:
-        names, sizes = [], []
-        for tensor in pack:
-            count = tensor.shape.num_elements()
-            names.append(getattr(tensor, "name", f"t{len(names)}"))
-            sizes.append(int(count or 0) * int(tensor.dtype.size))
+        names, sizes = names_and_bytes(pack)
         tracker.packs.append({"tensors": names, "bytes": sizes})
     bytes_per_pack = getattr(options, "bytes_per_pack", None)
     tracker.bytes_per_pack = int(bytes_per_pack) if bytes_per_pack is not None else None

@@ -21,9 +21,8 @@ Produced (host plane "/host:CPU"):
   - collectives: `CollectiveReduceV2` (and other `Collective*` ops) on `collective_ops` threads, kind COMM,
     phase "transmit", txn_id "tf.instance<instance_key>", with group key and step id, and the bytes of the
     buffer allocated inside it (the MemoryAllocation event's requested_bytes);
-  - Horovod's ops (horovod.tensorflow: `HorovodAllreduce`, `HorovodGroupedAllreduce`, ...) on the executor threads,
-    kind COMM, phase "queue+transmit" (TensorFlow runs them asynchronously: from the enqueue to Horovod's
-    callback with the reduced tensor), txn_id "hvd.<op name>";
+  (horovod.tensorflow: TensorFlow's profiler records none of Horovod's asynchronous ops; their spans come from
+  Horovod's timeline, trace/rundir.add_tf_records);
   - steps: the python thread's `train` events (`tf.profiler.experimental.Trace("train", step_num=N)`), where a
     script set them (dprorun sets none: it splits the profile at its own step boundaries).
 """
@@ -254,11 +253,6 @@ def read_tf_profile(path: str, rank: int, shift_us: float = 0.0) -> TFProfile:
                                   args={"scope": op_name, "instance_key": key,
                                         "group_key": event.stats.get("group_key"),
                                         "step_id": event.stats.get("step_id")}))
-        elif event.thread in COMPUTE_THREADS and ":Horovod" in event.name:
-            op_name, op_type = event.name.rsplit(":", 1)
-            collectives.append(Op(name=op_type, kind=OpKind.COMM, rank=rank, start_us=start, end_us=end,
-                                  stream="comm:horovod", source="xplane", phase="queue+transmit",
-                                  granularity="collective", txn_id=f"hvd.{op_name}", args={"scope": op_name}))
         elif event.thread in COMPUTE_THREADS and ":" in event.name and not event.name.startswith(SKIPPED_PREFIXES):
             op_name, op_type = event.name.rsplit(":", 1)
             scope = op_name.rsplit("/", 1)[0] if "/" in op_name else ""
