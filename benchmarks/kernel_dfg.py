@@ -5,7 +5,13 @@ stream waits explain where the GPU ops started, and what faster kernels or CPU o
 
 Per ProfilerStep: the measured step, its replay, the replayed GPU ops' start error against the measured starts
 (median and p90 over the step's GPU ops), each stream's busy time, the step with every kernel x0.5 and with every
-aten:: CPU op x0.5, and the replay's time. Last line: the largest median start error.
+aten:: CPU op x0.5, and the replay's time.
+
+Then the job level (graph/kernels.py job_kernel_dfg): the first trace and --copies - 1 copies of it as further ranks,
+copy k's clock 12,345.6 x k us ahead (the recorded fixture holds one rank of its 2-GPU job, so the peers are
+constructed): per step the offsets' largest error, the joined replay against the first trace alone, the GPU ops'
+start error, and the what-if of the last rank's GPU x1.5 and x2 (the step, and rank 0's wait for it in the
+collectives). Last line: the largest median start error, and the largest offset error.
 """
 import argparse
 import os
@@ -15,6 +21,7 @@ import time
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 DEFAULT = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "kineto-gpu",
                        "nccl_parser_config_nccl_data.json.gz")
 KERNELS = {"*Kernel*": 0.5, "*kernel*": 0.5, "*gemm*": 0.5, "*sm80*": 0.5, "*cutlass*": 0.5}
@@ -23,6 +30,7 @@ KERNELS = {"*Kernel*": 0.5, "*kernel*": 0.5, "*gemm*": 0.5, "*sm80*": 0.5, "*cut
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", default=[DEFAULT])
+    parser.add_argument("--copies", type=int, default=2, help="ranks of the constructed job (default 2)")
     args = parser.parse_args()
     from dprorun.graph.kernels import activity_of_step, kernel_dfg, replay_step
     from dprorun.replay.engine import replay
@@ -50,7 +58,56 @@ def main() -> None:
             print(f"{os.path.basename(path)[:28]:28s} {step:4d} {(b - a) / 1000:11.2f} "
                   f"{result.iteration_time_us / 1000:11.2f} {median:9.1f} / {np.percentile(errors, 90):8.1f} "
                   f"{busy:>18s} {kernels / 1000:12.2f} {cpu / 1000:10.2f} {seconds:8.3f}")
-    print(f"largest median start error of the replayed GPU ops: {worst:.1f} us")
+    offset_error = job_level(args.traces[0], args.copies)
+    print(f"largest median start error of the replayed GPU ops: {worst:.1f} us; job level: offsets within "
+          f"{offset_error:.2f} us")
+
+
+def job_level(path: str, copies: int) -> float:
+    import gzip
+    import json
+    import tempfile
+
+    from dprorun.graph.kernels import job_kernel_dfg, replay_job_step, replay_step
+    from dprorun.trace.kineto import read_kineto
+
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        doc = json.load(handle)
+    traces = [read_kineto(path)]
+    shift = 12345.6
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(1, copies):
+            copy = json.loads(json.dumps(doc))
+            copy.setdefault("distributedInfo", {})["rank"] = k
+            for event in copy["traceEvents"]:
+                if "ts" in event:
+                    event["ts"] += shift * k
+            target = os.path.join(tmp, f"rank{k}.json")
+            with open(target, "w") as handle:
+                json.dump(copy, handle)
+            traces.append(read_kineto(target))
+    print(f"\njob level: {os.path.basename(path)} and {copies - 1} shifted copies as ranks 1-{copies - 1}")
+    print(f"{'step':>4s} {'nodes':>7s} {'offset err us':>13s} {'joined ms':>10s} {'alone ms':>9s} "
+          f"{'start err us':>12s} {'last x1.5 ms':>12s} {'r0 waits ms':>11s} {'last x2 ms':>10s} "
+          f"{'r0 waits ms':>11s} {'replay s':>8s}")
+    worst = 0.0
+    last = copies - 1
+    for step, _, _ in traces[0].steps:
+        nodes = job_kernel_dfg(traces, step).graph.size
+        t0 = time.perf_counter()
+        joined = replay_job_step(traces, step)
+        seconds = time.perf_counter() - t0
+        error = max(abs(off + shift * k) for k, off in enumerate(joined.offsets_us))
+        worst = max(worst, error)
+        alone = replay_step(traces[0], step).replayed_us
+        slow = replay_job_step(traces, step, rank_scale={last: 1.5})
+        slower = replay_job_step(traces, step, rank_scale={last: 2.0})
+        print(f"{step:4d} {nodes:7d} {error:13.2f} {joined.replayed_us / 1000:10.2f} {alone / 1000:9.2f} "
+              f"{max(joined.start_error_us):12.1f} {slow.replayed_us / 1000:12.2f} "
+              f"{slow.waited_replayed_us[0] / 1000:11.2f} {slower.replayed_us / 1000:10.2f} "
+              f"{slower.waited_replayed_us[0] / 1000:11.2f} {seconds:8.3f}")
+    return worst
 
 
 def _matches(name: str, pattern: str) -> bool:

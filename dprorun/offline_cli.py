@@ -267,6 +267,18 @@ def parse_op_scale(text: str) -> tuple[str, float]:
     return pattern, value
 
 
+def parse_rank_scale(text: str) -> tuple[int, float]:
+    """'1=1.5' -> (1, 1.5)."""
+    rank, sep, factor = text.partition("=")
+    try:
+        parsed = (int(rank), float(factor))
+    except ValueError:
+        parsed = (-1, -1.0)
+    if not sep or parsed[0] < 0 or parsed[1] <= 0:
+        raise argparse.ArgumentTypeError(f"rank scale {text!r}: expected RANK=FACTOR with FACTOR > 0, e.g. 1=1.5")
+    return parsed
+
+
 def parse_bytes(text: str) -> int:
     """'8GiB', '512MiB', '1.5GB', '1000000' -> bytes."""
     import re
@@ -366,6 +378,13 @@ def _cmd_import_kineto(args: argparse.Namespace) -> int:
     from dprorun.graph.kernels import replay_step
     from dprorun.trace.kineto import read_kineto
 
+    if len(args.traces) == 1 and os.path.isdir(args.traces[0]):  # a run directory: every rank's profiler trace
+        args.traces = _run_dir_kineto_traces(args.traces[0])
+    if len(args.traces) > 1:
+        return _import_kineto_job(args, [read_kineto(path) for path in args.traces])
+    if args.rank_scale:
+        raise UnanswerableError("--rank-scale asks a job-level what-if: give one trace per rank")
+    args.trace = args.traces[0]
     trace = read_kineto(args.trace)
     steps = [s for s, _, _ in trace.steps if args.step is None or s == args.step]
     if not steps:
@@ -397,6 +416,64 @@ def _cmd_import_kineto(args: argparse.Namespace) -> int:
                 print(f"    {note}")
     for note in rows[-1]["notes"]:
         if not note.startswith("warning"):
+            print(f"  note: {note}")
+    top = rows[-1]["critical_path"]
+    print(f"critical path of step {rows[-1]['step']} ({top['share_pct']}):")
+    for item in top["top"][:8]:
+        print(f"  {item['time_on_path_ms']:8.2f} ms  {item['op']}")
+    return 0
+
+
+def _run_dir_kineto_traces(run_dir: str) -> list[str]:
+    """RUN_DIR/rank_K/kineto_trace.json of every rank that has one, in rank order."""
+    from dprorun.layout import KINETO_FILE
+
+    ranks = sorted(int(name[5:]) for name in os.listdir(run_dir) if name.startswith("rank_") and name[5:].isdigit())
+    paths = [os.path.join(run_dir, f"rank_{r}", KINETO_FILE) for r in ranks]
+    paths = [p for p in paths if os.path.exists(p)]
+    if not paths:
+        raise UnanswerableError(f"{run_dir}: no rank_K/{KINETO_FILE} (the profiler's traces; a run made with "
+                                "--no-kineto has none)")
+    return paths
+
+
+def _import_kineto_job(args: argparse.Namespace, traces: list) -> int:
+    """Several ranks' traces: each common profiled step as the kernel-level global DFG (graph/kernels.py
+    job_kernel_dfg), replayed; with --op-scale / --rank-scale the what-if."""
+    from dprorun.graph.kernels import replay_job_step
+
+    common = set.intersection(*({s for s, _, _ in t.steps} for t in traces))
+    steps = sorted(s for s in common if args.step is None or s == args.step)
+    if not steps:
+        raise UnanswerableError("no ProfilerStep#N " + (f"{args.step} " if args.step is not None else "")
+                                + "is in every trace: " + "; ".join(f"{t.path}: {[s for s, _, _ in t.steps]}"
+                                                                    for t in traces))
+    op_scale, rank_scale = dict(args.op_scale or []), dict(args.rank_scale or [])
+    rows = []
+    for step in steps:
+        as_run = replay_job_step(traces, step)
+        row = as_run.to_json()
+        if op_scale or rank_scale:
+            row["whatif_ms"] = round(replay_job_step(traces, step, op_scale, rank_scale).replayed_us / 1000, 3)
+        rows.append(row)
+    if args.json:
+        print(json.dumps({"traces": args.traces, "op_scale": op_scale,
+                          "rank_scale": {str(r): f for r, f in rank_scale.items()}, "steps": rows}, indent=2))
+        return 0
+    print(f"{len(traces)} ranks ({', '.join(str(r) for r in rows[0]['ranks'])}): each step replayed as one "
+          "kernel-level global DFG, the ranks joined through their NCCL kernels")
+    for row in rows:
+        waited = ", ".join(f"rank {r} {m:.2f}/{p:.2f} ms" for r, m, p in zip(
+            row["ranks"], row["waited_in_collectives_ms"]["measured"], row["waited_in_collectives_ms"]["replayed"]))
+        print(f"  step {row['step']}: measured {row['measured_ms']:.2f} ms, replayed {row['replayed_ms']:.2f} ms "
+              f"({row['collectives']} collectives; waited for peers, measured/replayed: {waited}; GPU ops start "
+              f"{max(row['gpu_start_error_us']):.1f} us from their measured starts, worst rank's median)"
+              + (f"; what-if {row['whatif_ms']:.2f} ms" if "whatif_ms" in row else ""))
+        for note in row["notes"]:
+            if note.startswith("warning"):
+                print(f"    {note}")
+    for note in rows[-1]["notes"]:
+        if note.startswith("clocks"):
             print(f"  note: {note}")
     top = rows[-1]["critical_path"]
     print(f"critical path of step {rows[-1]['step']} ({top['share_pct']}):")
@@ -557,11 +634,15 @@ def build_parser() -> argparse.ArgumentParser:
     hv.add_argument("--json", action="store_true")
     hv.set_defaults(func=_cmd_import_horovod)
     kt = sub.add_parser("import-kineto", help="replay a PyTorch profiler trace's steps as kernel-level DFGs (CPU "
-                        "threads, CUDA runtime calls, GPU streams), with per-op what-ifs")
-    kt.add_argument("trace", help="a Kineto trace (.json or .json.gz), e.g. RUN_DIR/rank_0/kineto_trace.json")
+                        "threads, CUDA runtime calls, GPU streams), with per-op what-ifs; given one trace per rank "
+                        "of a GPU job, the ranks joined through their NCCL kernels (one global DFG per step)")
+    kt.add_argument("traces", nargs="+", metavar="trace",
+                    help="Kineto traces (.json or .json.gz), e.g. RUN_DIR/rank_*/kineto_trace.json")
     kt.add_argument("--step", type=int, default=None, help="one ProfilerStep#N (default: every step)")
     kt.add_argument("--op-scale", type=parse_op_scale, action="append", metavar="PATTERN=FACTOR",
                     help="what-if: ops or kernels whose name matches x FACTOR (repeatable), e.g. '*gemm*=0.5'")
+    kt.add_argument("--rank-scale", type=parse_rank_scale, action="append", metavar="RANK=FACTOR",
+                    help="what-if (several traces): that rank's GPU compute x FACTOR, e.g. 1=1.5 (a slower GPU)")
     kt.add_argument("--json", action="store_true")
     kt.set_defaults(func=_cmd_import_kineto)
     bp = sub.add_parser("import-byteps", help="read BytePS comm.json files (BYTEPS_TRACE_ON=1): per-stage service "

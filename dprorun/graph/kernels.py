@@ -27,14 +27,15 @@ threads.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
 
 from dprorun.fsutil import UnanswerableError
 from dprorun.graph.local import ProfiledOp
-from dprorun.replay.engine import GraphBuilder, ReplayGraph, critical_path_report, replay
+from dprorun.replay.engine import KIND_CODE, GraphBuilder, ReplayGraph, critical_path_report, replay
 from dprorun.trace.kineto import KinetoTrace
 from dprorun.trace.model import Op, OpKind
 
@@ -91,6 +92,26 @@ def activity_of_step(trace: KinetoTrace, step: int) -> GPUActivity:
 def kernel_dfg(activity: GPUActivity) -> KernelDFG:
     """The kernel-level local DFG of one iteration (see the module doc)."""
     g = GraphBuilder()
+    built = _rank_nodes(g, activity)
+    graph = g.build({"source": "kernel-level local DFG", "ranks_built": 1, "world_size": 1})
+    return KernelDFG(graph, built.measured, built.skipped, built.notes)
+
+
+@dataclass
+class RankNodes:
+    """What one rank's kernel-level DFG put into a shared builder."""
+
+    first: int  # its first node: nodes [first, end) are the rank's
+    end: int
+    measured: dict[int, float]  # GPU op node -> its measured start, from the rank's t0
+    comm: list[tuple[int, Op]]  # NCCL kernels (node, op) in launch order
+    skipped: int
+    notes: list[str]
+
+
+def _rank_nodes(g: GraphBuilder, activity: GPUActivity) -> RankNodes:
+    """One rank's kernel-level DFG appended to g."""
+    first = g.size
     r, t0 = activity.rank, activity.start_us
     by_correlation = {op.args.get("correlation"): op for op in activity.gpu}
     launch_of = {op.args.get("correlation"): op for op in activity.calls if op.phase == "launch"}
@@ -122,8 +143,9 @@ def kernel_dfg(activity: GPUActivity) -> KernelDFG:
     notes.append(f"launch latency {latency:.1f} us (median over the GPU ops that found the GPU idle)")
     if skipped:
         notes.append(f"{skipped} GPU ops of the window were launched before it: left out")
-    graph = g.build({"source": "kernel-level local DFG", "ranks_built": 1, "world_size": 1})
-    return KernelDFG(graph, measured, skipped, notes)
+    comm = sorted(((gpu_node[id(op)], op) for op in gpu_ops if op.kind is OpKind.COMM),
+                  key=lambda item: launch_of[item[1].args.get("correlation")].start_us)
+    return RankNodes(first, g.size, measured, comm, skipped, notes)
 
 
 @dataclass
@@ -278,3 +300,191 @@ def replay_step(trace: KinetoTrace, step: int, op_scale: Optional[dict[str, floa
 
 
 UNEXPLAINED_START_US = 100.0  # median start error of the replayed GPU ops beyond which the graph is said unfit
+
+
+# ---- the job: every rank's kernel-level DFG joined through its NCCL kernels ---------------------------------------
+NCCL_KIND = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+
+
+@dataclass
+class Collective:
+    """The k-th NCCL kernel of the step on every rank: one collective (or one send/recv pair)."""
+
+    index: int
+    kind: str  # AllReduce, Broadcast, AllGather, ReduceScatter, SendRecv, ...
+    nodes: list[int]  # per rank (in the order of the traces)
+    own_ready: list[list[int]]  # per rank: the nodes the rank's kernel waited for on its own rank
+    transfer_us: float  # the shortest of the ranks' kernels: the one that found every peer there
+    waited_us: list[float]  # per rank: its kernel's measured duration less the transfer (waiting for peers)
+
+
+@dataclass
+class JobKernelDFG:
+    graph: ReplayGraph
+    ranks: list[int]
+    measured_start_us: dict[int, float]  # GPU op node -> its measured start on rank 0's clock, from the job's t0
+    measured_us: float  # the step on the aligned clocks: the first rank's start to the last rank's end
+    offsets_us: list[float]  # per rank: add to its clock to read rank 0's (from the collectives' ends)
+    offset_uncertainty_us: list[float]  # per rank: the largest disagreement of one collective with the offset
+    collectives: list[Collective]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class JobKernelReplay:
+    step: int
+    ranks: list[int]
+    measured_us: float
+    replayed_us: float
+    offsets_us: list[float]
+    offset_uncertainty_us: list[float]
+    start_error_us: list[float]  # per rank: median |replayed - measured| start of its GPU ops (aligned clocks)
+    collectives: int
+    waited_measured_us: list[float]  # per rank: time its NCCL kernels spent waiting for peers, as measured
+    waited_replayed_us: list[float]  # ... and as replayed
+    critical_path: dict
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> float:
+        return self.replayed_us / self.measured_us - 1.0 if self.measured_us else 0.0
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "ranks": self.ranks, "measured_ms": round(self.measured_us / 1000, 3),
+                "replayed_ms": round(self.replayed_us / 1000, 3),
+                "offsets_us": [round(x, 1) for x in self.offsets_us],
+                "offset_uncertainty_us": [round(x, 1) for x in self.offset_uncertainty_us],
+                "gpu_start_error_us": [round(x, 1) for x in self.start_error_us], "collectives": self.collectives,
+                "waited_in_collectives_ms": {"measured": [round(x / 1000, 3) for x in self.waited_measured_us],
+                                             "replayed": [round(x / 1000, 3) for x in self.waited_replayed_us]},
+                "critical_path": self.critical_path, "notes": self.notes}
+
+
+def nccl_kind(name: str) -> str:
+    found = NCCL_KIND.search(name)
+    return found.group(1) if found else name.split("(")[0]
+
+
+def job_kernel_dfg(traces: list[KinetoTrace], step: int) -> JobKernelDFG:
+    """One step of a multi-GPU job as one graph: each rank's kernel-level DFG (see the module doc), the k-th NCCL
+    kernel of every rank joined into one collective: it starts on every rank once every rank's kernel could have
+    started (its launch and its stream), and lasts the shortest of the ranks' measured kernels (the rank that
+    arrived last waited for nobody). The ranks' clocks are aligned on the collectives' ends (a ring collective
+    ends on every rank within microseconds); each rank starts the step where its aligned clock says."""
+    activities = [activity_of_step(trace, step) for trace in traces]
+    ranks = [a.rank for a in activities]
+    if len(set(ranks)) != len(ranks):
+        raise UnanswerableError(f"the traces name ranks {ranks}: one trace per rank is needed (distributedInfo.rank)")
+    g = GraphBuilder()
+    built = [_rank_nodes(g, activity) for activity in activities]
+    sequences = [[nccl_kind(op.name) for _, op in b.comm] for b in built]
+    if any(seq != sequences[0] for seq in sequences):
+        shown = "; ".join(f"rank {r}: {len(seq)} ({', '.join(sorted(set(seq)))})" for r, seq in zip(ranks, sequences))
+        raise UnanswerableError(f"step {step}: the ranks' NCCL kernels do not pair up one to one ({shown}): the "
+                                "traces are of different steps or jobs, or filtered/sampled; a job-level replay "
+                                "needs every rank's full trace of the same step")
+    if not sequences[0]:
+        raise UnanswerableError(f"step {step}: no NCCL kernel in the step: nothing joins the ranks (a CPU or "
+                                "gloo trace? replay each rank alone)")
+    # clock offsets: every collective ends at one moment on every rank
+    offsets, uncertainty = [0.0], [0.0]
+    for b in built[1:]:
+        diffs = np.array([op0.end_us - op.end_us for (_, op0), (_, op) in zip(built[0].comm, b.comm)])
+        offsets.append(float(np.median(diffs)))
+        uncertainty.append(float(np.max(np.abs(diffs - offsets[-1]))))
+    aligned_start = [a.start_us + off for a, off in zip(activities, offsets)]
+    job_t0 = min(aligned_start)
+    measured_us = max(a.end_us + off for a, off in zip(activities, offsets)) - job_t0
+    # each rank starts the step where its aligned clock says: a delay before its first nodes
+    has_pred = np.zeros(g.size, dtype=bool)
+    has_pred[np.asarray(g.dst, dtype=np.int64)] = True
+    preds: dict[int, list[int]] = {}
+    comm_nodes = {node for b in built for node, _ in b.comm}
+    for u, v in zip(g.src, g.dst):
+        if v in comm_nodes:
+            preds.setdefault(v, []).append(u)
+    for r, b, start in zip(ranks, built, aligned_start):
+        delay = g.op(f"r{r}.step start", "VIRTUAL", r, None, start - job_t0)
+        for node in range(b.first, b.end):
+            if not has_pred[node]:
+                g.edge(delay, node)
+    collectives = []
+    for k, kind in enumerate(sequences[0]):
+        nodes = [b.comm[k][0] for b in built]
+        durations = [b.comm[k][1].end_us - b.comm[k][1].start_us for b in built]
+        transfer = min(durations)
+        barrier = g.op(f"collective {k} {kind}", "VIRTUAL", -1, None, 0.0)
+        for node in nodes:
+            for p in preds.get(node, []):
+                g.edge(p, barrier)
+            g.edge(barrier, node)
+            g.durations[node] = transfer
+        collectives.append(Collective(k, kind, nodes, [preds.get(node, []) for node in nodes], transfer,
+                                      [d - transfer for d in durations]))
+    measured = {node: t + start - job_t0 for b, start in zip(built, aligned_start) for node, t in b.measured.items()}
+    notes = [f"rank {r}: {note}" for r, b in zip(ranks, built) for note in b.notes]
+    worst = max(uncertainty)
+    world = max(int(t.distributed.get("world_size", 0) or 0) for t in traces)
+    if world > len(traces):
+        notes.append(f"warning: {len(traces)} of the job's {world} ranks given: their collectives also waited for "
+                     "ranks that are not here, so each collective's transfer (the shortest of the given ranks' "
+                     "kernels) may hold waiting, and its peers may not be these ranks")
+    notes.append(f"clocks aligned on the ends of {len(collectives)} NCCL kernels per rank: offsets "
+                 + ", ".join(f"rank {r} {off:+.1f} us" for r, off in zip(ranks, offsets))
+                 + f" (each collective within {worst:.1f} us of them)")
+    if worst > OFFSET_UNCERTAIN_US:
+        notes.append(f"warning: the collectives' ends disagree with one offset by up to {worst:.0f} us (not ring "
+                     "collectives that end together, or a clock that drifted): the ranks' relative timing is "
+                     "uncertain by that much")
+    graph = g.build({"source": "kernel-level global DFG", "ranks_built": len(ranks), "world_size": len(ranks)})
+    return JobKernelDFG(graph, ranks, measured, measured_us, offsets, uncertainty, collectives, notes)
+
+
+OFFSET_UNCERTAIN_US = 50.0
+
+
+def scale_rank_gpu(graph: ReplayGraph, factors: dict[int, float]) -> ReplayGraph:
+    """The what-if of a slower or faster GPU on some ranks: rank r's GPU compute ops (kernels, memcpy, memset; not
+    its NCCL kernels, whose transfer every rank shares) x factors[r]."""
+    durations = graph.durations.copy()
+    gpu_device = np.array([".cuda:" in name for name in graph.device_names] + [False])
+    on_gpu = gpu_device[graph.devices]  # index -1 (no device) reads the False at the end
+    for rank, factor in factors.items():
+        chosen = on_gpu & (graph.ranks == rank) & (graph.kinds != KIND_CODE["COMM"])
+        durations[chosen] *= factor
+    return replace(graph, durations=durations)
+
+
+def replay_job_step(traces: list[KinetoTrace], step: int, op_scale: Optional[dict[str, float]] = None,
+                    rank_scale: Optional[dict[int, float]] = None) -> JobKernelReplay:
+    """Replay one step of a multi-GPU job's kernel-level global DFG (with the per-op and per-rank what-ifs)."""
+    from dprorun.replay.passes import scale_ops
+
+    dfg = job_kernel_dfg(traces, step)
+    graph, matched = scale_ops(dfg.graph, op_scale or {})
+    missing = set(op_scale or {}) - matched
+    if missing:
+        raise UnanswerableError(f"--op-scale: no op or kernel matches {sorted(missing)}")
+    unknown = set(rank_scale or {}) - set(dfg.ranks)
+    if unknown:
+        raise UnanswerableError(f"--rank-scale: no trace of rank(s) {sorted(unknown)} (ranks: {dfg.ranks})")
+    graph = scale_rank_gpu(graph, rank_scale or {})
+    result = replay(graph)
+    errors: dict[int, list[float]] = {r: [] for r in dfg.ranks}
+    for node, t in dfg.measured_start_us.items():
+        errors[int(graph.ranks[node])].append(abs(result.start_us[node] - t))
+    start_error = [float(np.median(errors[r])) if errors[r] else 0.0 for r in dfg.ranks]
+    waited_replayed = [0.0] * len(dfg.ranks)
+    for c in dfg.collectives:
+        for i, (node, own) in enumerate(zip(c.nodes, c.own_ready)):
+            ready = max((result.end_us[p] for p in own), default=0.0)
+            waited_replayed[i] += max(0.0, float(result.start_us[node] - ready))
+    waited_measured = [sum(c.waited_us[i] for c in dfg.collectives) for i in range(len(dfg.ranks))]
+    notes = list(dfg.notes)
+    if max(start_error) > UNEXPLAINED_START_US:
+        notes.append(f"warning: the launches, stream order, waits and collectives do not explain where the GPU ops "
+                     f"started (replayed up to {max(start_error):.0f} us from their measured starts, median per "
+                     "rank); the replay's GPU timing and its what-ifs are not backed by these traces")
+    return JobKernelReplay(step, dfg.ranks, dfg.measured_us, result.iteration_time_us, dfg.offsets_us,
+                           dfg.offset_uncertainty_us, start_error, len(dfg.collectives), waited_measured,
+                           waited_replayed, critical_path_report(graph, result, top=10), notes)
