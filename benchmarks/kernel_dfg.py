@@ -11,7 +11,10 @@ Then the job level (graph/kernels.py job_kernel_dfg): the first trace and --copi
 copy k's clock 12,345.6 x k us ahead (the recorded fixture holds one rank of its 2-GPU job, so the peers are
 constructed): per step the offsets' largest error, the joined replay against the first trace alone, the GPU ops'
 start error, and the what-if of the last rank's GPU x1.5 and x2 (the step, and rank 0's wait for it in the
-collectives). Last line: the largest median start error, and the largest offset error.
+collectives). Then the 2-rank GPU run dprorun recorded on an H200 (tests/data: resnet_small, gloo on CUDA tensors):
+each profiled step's kernel-level global DFG on the run's own clock offsets, measured vs replayed step and the time
+each rank waited for the other in the collectives. Last line: the largest median start error, the largest offset
+error, and the recorded run's largest step error.
 """
 import argparse
 import os
@@ -59,8 +62,38 @@ def main() -> None:
                   f"{result.iteration_time_us / 1000:11.2f} {median:9.1f} / {np.percentile(errors, 90):8.1f} "
                   f"{busy:>18s} {kernels / 1000:12.2f} {cpu / 1000:10.2f} {seconds:8.3f}")
     offset_error = job_level(args.traces[0], args.copies)
+    recorded = recorded_run()
     print(f"largest median start error of the replayed GPU ops: {worst:.1f} us; job level: offsets within "
-          f"{offset_error:.2f} us")
+          f"{offset_error:.2f} us; recorded 2-GPU run: steps within {recorded:.1f} %")
+
+
+def recorded_run() -> float:
+    import json
+    import subprocess
+    import tarfile
+    import tempfile
+
+    archive = os.path.join(REPO, "tests", "data", "gpu_h200_resnet_small_np2_gloo.tgz")
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(archive) as handle:
+            handle.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-kineto", tmp, "--json"],
+                             capture_output=True, text=True, check=True, cwd=REPO)
+    doc = json.loads(out.stdout)
+    print("\nrecorded 2-GPU run (tests/data, gloo on CUDA tensors), each step one kernel-level global DFG")
+    print(f"{'step':>4s} {'measured ms':>11s} {'replayed ms':>11s} {'error %':>8s} {'r0 waited ms meas/repl':>22s} "
+          f"{'r1 waited ms meas/repl':>22s} {'start err us':>12s}")
+    worst = 0.0
+    for row in doc["steps"]:
+        error = 100 * (row["replayed_ms"] / row["measured_ms"] - 1)
+        worst = max(worst, abs(error))
+        waited = row["waited_in_collectives_ms"]
+        print(f"{row['step']:4d} {row['measured_ms']:11.2f} {row['replayed_ms']:11.2f} {error:+8.1f} "
+              f"{waited['measured'][0]:10.2f} / {waited['replayed'][0]:9.2f} "
+              f"{waited['measured'][1]:10.2f} / {waited['replayed'][1]:9.2f} {max(row['gpu_start_error_us']):12.1f}")
+    for reason in doc["skipped"]:
+        print(f"skipped: {reason}")
+    return worst
 
 
 def job_level(path: str, copies: int) -> float:

@@ -167,7 +167,7 @@ class _Autotune:
         candidates = []
         try:
             if job.launch.backend in ("horovod", "tf", "mxnet"):
-                candidates = _knob_candidates(run_dir, job.launch.backend)
+                candidates = _knob_candidates(run_dir, job.launch.backend)[:job.autotune.max_trials]
                 strategy = candidates[0] if candidates else Strategy(search={"framework": job.launch.backend})
                 profiled_run = None
             else:

@@ -123,6 +123,9 @@ def _mode_arguments(modes) -> None:
                             "measured faster (never-regress)")
     modes.add_argument("--autotune-min-gain", type=float, default=0.01, metavar="FRACTION",
                        help="keep the strategy only when the trial is faster by more than this (default 0.01)")
+    modes.add_argument("--autotune-trials", type=int, default=3, metavar="N",
+                       help="with --autotune on Horovod, TensorFlow and MXNet jobs: at most N of the knob settings "
+                            "the replay ranks best get a real trial window (default 3)")
     modes.add_argument("--allow-bf16", action="store_true",
                        help="with --autotune: the search may choose bf16 autocast (it changes the training's "
                             "numerics; without this flag a bf16 gain is only reported)")
@@ -307,6 +310,8 @@ def autotune_config(args: argparse.Namespace) -> AutotuneConfig:
         raise ValueError("--autotune searches its own strategy; --strategy runs a given one")
     if not 0 <= args.autotune_min_gain < 1:
         raise ValueError("--autotune-min-gain is a fraction in [0, 1)")
+    if args.autotune_trials < 1:
+        raise ValueError("--autotune-trials is at least 1")
     if args.allow_bf16 and not args.autotune:
         raise ValueError("--allow-bf16 goes with --autotune (dpro optimize has its own --allow-bf16)")
     budget = None
@@ -315,7 +320,7 @@ def autotune_config(args: argparse.Namespace) -> AutotuneConfig:
 
         budget = parse_bytes(args.memory_budget)
     return AutotuneConfig(enabled=args.autotune, min_gain=args.autotune_min_gain, variants=not args.no_compute_passes,
-                          allow_bf16=args.allow_bf16, memory_budget_bytes=budget)
+                          allow_bf16=args.allow_bf16, memory_budget_bytes=budget, max_trials=args.autotune_trials)
 
 
 def _strategy_file(args: argparse.Namespace) -> Optional[str]:

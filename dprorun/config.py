@@ -176,6 +176,7 @@ class AutotuneConfig:
     variants: bool = True  # the profiling phase times torch.compile / bf16 (op fusion, precision)
     allow_bf16: bool = False  # bf16 autocast changes the numerics: searched only when the user says so
     memory_budget_bytes: Optional[int] = None
+    max_trials: int = 3  # Horovod / TF / MXNet: the best-ranked knob settings that get a real trial window
 
 
 @dataclass

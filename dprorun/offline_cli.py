@@ -378,8 +378,11 @@ def _cmd_import_kineto(args: argparse.Namespace) -> int:
     from dprorun.graph.kernels import replay_step
     from dprorun.trace.kineto import read_kineto
 
+    args.clock = ({}, "")
     if len(args.traces) == 1 and os.path.isdir(args.traces[0]):  # a run directory: every rank's profiler trace
-        args.traces = _run_dir_kineto_traces(args.traces[0])
+        run_dir = args.traces[0]
+        args.traces = _run_dir_kineto_traces(run_dir)
+        args.clock = _run_dir_offsets(run_dir)
     if len(args.traces) > 1:
         return _import_kineto_job(args, [read_kineto(path) for path in args.traces])
     if args.rank_scale:
@@ -437,6 +440,19 @@ def _run_dir_kineto_traces(run_dir: str) -> list[str]:
     return paths
 
 
+def _run_dir_offsets(run_dir: str) -> tuple[dict[int, float], str]:
+    """The run's own clock offsets (alignment.json: its probes and collectives, solved at job end), if written."""
+    from dprorun.layout import ALIGNMENT_FILE
+
+    path = os.path.join(run_dir, ALIGNMENT_FILE)
+    try:
+        with open(path) as handle:
+            doc = json.load(handle)
+        return {int(r): float(v) for r, v in doc["offsets_us"].items()}, f"the run's alignment ({ALIGNMENT_FILE})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}, ""
+
+
 def _import_kineto_job(args: argparse.Namespace, traces: list) -> int:
     """Several ranks' traces: each common profiled step as the kernel-level global DFG (graph/kernels.py
     job_kernel_dfg), replayed; with --op-scale / --rank-scale the what-if."""
@@ -449,16 +465,27 @@ def _import_kineto_job(args: argparse.Namespace, traces: list) -> int:
                                 + "is in every trace: " + "; ".join(f"{t.path}: {[s for s, _, _ in t.steps]}"
                                                                     for t in traces))
     op_scale, rank_scale = dict(args.op_scale or []), dict(args.rank_scale or [])
-    rows = []
+    rows, skipped = [], []
     for step in steps:
-        as_run = replay_job_step(traces, step)
+        try:
+            as_run = replay_job_step(traces, step, clock_offsets_us=args.clock[0] or None,
+                                     clock_source=args.clock[1])
+        except UnanswerableError as exc:
+            if args.step is not None:
+                raise
+            skipped.append(str(exc))  # e.g. the profiler's last, cut-short step: the others still answer
+            continue
         row = as_run.to_json()
         if op_scale or rank_scale:
-            row["whatif_ms"] = round(replay_job_step(traces, step, op_scale, rank_scale).replayed_us / 1000, 3)
+            row["whatif_ms"] = round(replay_job_step(traces, step, op_scale, rank_scale, args.clock[0] or None,
+                                                     args.clock[1]).replayed_us / 1000, 3)
         rows.append(row)
+    if not rows:
+        raise UnanswerableError("; ".join(skipped))
     if args.json:
         print(json.dumps({"traces": args.traces, "op_scale": op_scale,
-                          "rank_scale": {str(r): f for r, f in rank_scale.items()}, "steps": rows}, indent=2))
+                          "rank_scale": {str(r): f for r, f in rank_scale.items()}, "steps": rows,
+                          "skipped": skipped}, indent=2))
         return 0
     print(f"{len(traces)} ranks ({', '.join(str(r) for r in rows[0]['ranks'])}): each step replayed as one "
           "kernel-level global DFG, the ranks joined through their NCCL kernels")
@@ -472,6 +499,8 @@ def _import_kineto_job(args: argparse.Namespace, traces: list) -> int:
         for note in row["notes"]:
             if note.startswith("warning"):
                 print(f"    {note}")
+    for reason in skipped:
+        print(f"  skipped: {reason}")
     for note in rows[-1]["notes"]:
         if note.startswith("clocks"):
             print(f"  note: {note}")

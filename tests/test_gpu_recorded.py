@@ -102,3 +102,26 @@ def test_gpu_check_figures_on_the_recorded_run(gpu_run_dir):
     assert abs(fig["memory_error_pct"]) <= 5.0
     assert fig["self_check"] in ("agrees", "disagrees", "unchecked") and len(fig["spread_ms"]) == 2
     assert fig["critical_path_top"] and fig["window_vs_torchrun_pct"] is not None
+
+
+def test_the_two_gpu_ranks_replay_as_one_kernel_level_graph(gpu_run_dir):
+    """`dpro import-kineto RUN_DIR`: both ranks' CPU threads, CUDA runtime calls and GPU streams in one graph per
+    profiled step, joined through gloo's collectives on its worker threads (their exchange: after the copy to the
+    host has been synchronized), on the run's own clock offsets. The steady steps replay within 5 % and the time
+    rank 1 waited for rank 0 in the collectives comes back within 0.2 ms."""
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-kineto", gpu_run_dir, "--json"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    rows = {row["step"]: row for row in doc["steps"]}
+    assert set(rows) == {60, 61, 62} and "step 63" in doc["skipped"][0]  # 63: the profiler's cut-short last step
+    for step in (61, 62):
+        row = rows[step]
+        assert row["collectives"] == 3  # two buffer broadcasts and the gradients' all-reduce
+        assert row["replayed_ms"] == pytest.approx(row["measured_ms"], rel=0.05)
+        waited = row["waited_in_collectives_ms"]
+        assert waited["measured"][1] > 0.5  # rank 1 waited for rank 0 ...
+        assert waited["replayed"][1] == pytest.approx(waited["measured"][1], abs=0.2)  # ... and does in the replay
+        assert any("clocks from the run's alignment" in n for n in row["notes"])
+    path = [item["op"] for item in rows[62]["critical_path"]["top"]]
+    assert any(op.startswith("r0.") for op in path) and any(op.startswith("r1.") for op in path)

@@ -51,6 +51,8 @@ class GPUActivity:
     cpu: list[Op]  # top-level CPU ops (args["tid"])
     calls: list[Op]  # runtime calls (args["tid"], args["correlation"])
     gpu: list[Op]  # kernels, memcpy, memset (args["correlation"]); NCCL kernels as COMM
+    # collectives that run on CPU threads (gloo's workers: args["tid"]); NCCL's CPU-side spans only enqueue
+    comm: list[Op] = field(default_factory=list)
 
 
 @dataclass
@@ -86,7 +88,9 @@ def activity_of_step(trace: KinetoTrace, step: int) -> GPUActivity:
     launched = {op.args.get("correlation") for op in calls if op.phase == "launch"}
     return GPUActivity(int(trace.distributed.get("rank", 0)), a, b, trace.main_tid,
                        [op for op in trace.compute if a <= op.start_us < b], calls,
-                       [op for op in trace.gpu if op.args.get("correlation") in launched or a <= op.start_us < b])
+                       [op for op in trace.gpu if op.args.get("correlation") in launched or a <= op.start_us < b],
+                       [op for op in trace.collectives if op.stream.startswith("comm:") and op.name.startswith("gloo:")
+                        and a <= op.start_us < b])
 
 
 def kernel_dfg(activity: GPUActivity) -> KernelDFG:
@@ -105,6 +109,7 @@ class RankNodes:
     end: int
     measured: dict[int, float]  # GPU op node -> its measured start, from the rank's t0
     comm: list[tuple[int, Op]]  # NCCL kernels (node, op) in launch order
+    cpu_comm: list[tuple[int, Op]]  # collectives on CPU threads (the node of their start), in start order
     skipped: int
     notes: list[str]
 
@@ -118,11 +123,13 @@ def _rank_nodes(g: GraphBuilder, activity: GPUActivity) -> RankNodes:
     gpu_ops = sorted((op for c, op in by_correlation.items() if c in launch_of), key=lambda op: op.start_us)
     skipped = len(activity.gpu) - len(gpu_ops)
     call_node: dict[int, int] = {}  # id(call) -> node
-    threads = sorted({op.args.get("tid") for op in activity.cpu + activity.calls} - {activity.main_tid}, key=str)
-    ends = {tid: _thread_chain(g, r, t0, activity.end_us, tid, activity, call_node) for tid in threads}
-    _thread_chain(g, r, t0, activity.end_us, activity.main_tid, activity, call_node,
+    comm_node: dict[int, int] = {}  # id(CPU collective) -> node
+    threads = sorted({op.args.get("tid") for op in activity.cpu + activity.calls + activity.comm}
+                     - {activity.main_tid}, key=str)
+    ends = {tid: _thread_chain(g, r, t0, activity.end_us, tid, activity, call_node, comm_node) for tid in threads}
+    _thread_chain(g, r, t0, activity.end_us, activity.main_tid, activity, call_node, comm_node,
                   {tid: e for tid, e in ends.items() if e is not None and tid in {op.args.get("tid") for op in
-                                                                                   activity.cpu}})
+                                                                                   activity.cpu + activity.comm}})
     # GPU ops: after their launch call (and the launch latency) and the previous op on their stream
     latency = launch_latency_us(gpu_ops, launch_of)
     measured, last_on_stream = {}, {}
@@ -143,9 +150,11 @@ def _rank_nodes(g: GraphBuilder, activity: GPUActivity) -> RankNodes:
     notes.append(f"launch latency {latency:.1f} us (median over the GPU ops that found the GPU idle)")
     if skipped:
         notes.append(f"{skipped} GPU ops of the window were launched before it: left out")
-    comm = sorted(((gpu_node[id(op)], op) for op in gpu_ops if op.kind is OpKind.COMM),
+    comm = sorted(((gpu_node[id(op)], op) for op in gpu_ops if op.kind is OpKind.COMM and NCCL_KIND.search(op.name)),
                   key=lambda item: launch_of[item[1].args.get("correlation")].start_us)
-    return RankNodes(first, g.size, measured, comm, skipped, notes)
+    cpu_comm = sorted(((comm_node[id(op)], op) for op in activity.comm if id(op) in comm_node),
+                      key=lambda item: item[1].start_us)
+    return RankNodes(first, g.size, measured, comm, cpu_comm, skipped, notes)
 
 
 @dataclass
@@ -157,13 +166,14 @@ class ThreadEnds:
 
 
 def _thread_chain(g: GraphBuilder, r: int, t0: float, t1: float, tid, activity: GPUActivity,
-                  call_node: dict[int, int], workers: Optional[dict] = None) -> Optional[ThreadEnds]:
+                  call_node: dict[int, int], comm_node: dict[int, int],
+                  workers: Optional[dict] = None) -> Optional[ThreadEnds]:
     """One thread's chain: a delay to its first event, then segments and runtime calls in time order. The main
     thread (`workers`: the other threads that ran profiled ops, e.g. the autograd engine's) hands work to them
     and waits for them: each worker's chain starts after the main thread's node before the worker's first event
     (its delay then 0), and the main thread's stretch that ends when the worker's last event ends is a wait of
     no duration of its own, after the worker's last node."""
-    ops = sorted((op for op in activity.cpu if op.args.get("tid") == tid), key=lambda op: op.start_us)
+    ops = sorted((op for op in activity.cpu + activity.comm if op.args.get("tid") == tid), key=lambda op: op.start_us)
     calls = sorted((op for op in activity.calls if op.args.get("tid") == tid), key=lambda op: op.start_us)
     if not ops and not calls and workers is None:
         return None
@@ -188,6 +198,17 @@ def _thread_chain(g: GraphBuilder, r: int, t0: float, t1: float, tid, activity: 
                           parts=((ProfiledOp(inside, kind, "", 0.0, 1.0), 1.0),)))
 
     marks = [(call.start_us, 0, call) for call in calls]
+    # a collective on this thread (gloo's worker): its exchange with the peers is a node of its own, the one that
+    # waits for them: on CUDA tensors the stretch after its cudaStreamSynchronize (the copy to the host has landed)
+    # up to its next runtime call (the copy back); otherwise its stretch up to its first runtime call, or its end
+    call_starts = sorted(call.start_us for call in calls)
+    for op in ops:
+        if op.kind is OpKind.COMM:
+            sync = next((call for call in calls if call.name == "cudaStreamSynchronize"
+                         and op.start_us <= call.start_us < op.end_us), None)
+            begin = sync.end_us if sync is not None else op.start_us
+            k = bisect.bisect_right(call_starts, begin) if sync is not None else bisect.bisect_left(call_starts, begin)
+            marks.append((begin, 3, (op, min(op.end_us, call_starts[k] if k < len(call_starts) else op.end_us))))
     for other, ends in (workers or {}).items():
         if first <= ends.first_us and ends.last_us <= last:
             marks += [(ends.first_us, 1, ends), (ends.last_us, 2, ends)]
@@ -201,6 +222,15 @@ def _thread_chain(g: GraphBuilder, r: int, t0: float, t1: float, tid, activity: 
             segment(at, wait=True)
             g.edge(item.last, chain[-1])
             cursor = max(cursor, at)
+        elif what == 3:  # a collective's first stretch
+            op, until = item
+            segment(at)
+            cursor = max(cursor, at)
+            node = g.op(f"r{r}.thread{tid}:{op.name}", "COMM", r, device, max(0.0, until - cursor),
+                        parts=((ProfiledOp(op.name, "COMM", "", 0.0, 1.0), 1.0),))
+            chain.append(node)
+            comm_node[id(op)] = node
+            cursor = max(cursor, until)
         else:
             segment(at)
             node = g.op(f"r{r}.thread{tid}.{item.name}", "QUEUE", r, device, item.end_us - item.start_us)
@@ -365,33 +395,52 @@ def nccl_kind(name: str) -> str:
     return found.group(1) if found else name.split("(")[0]
 
 
-def job_kernel_dfg(traces: list[KinetoTrace], step: int) -> JobKernelDFG:
+def job_kernel_dfg(traces: list[KinetoTrace], step: int, clock_offsets_us: Optional[dict[int, float]] = None,
+                   clock_source: str = "") -> JobKernelDFG:
     """One step of a multi-GPU job as one graph: each rank's kernel-level DFG (see the module doc), the k-th NCCL
     kernel of every rank joined into one collective: it starts on every rank once every rank's kernel could have
     started (its launch and its stream), and lasts the shortest of the ranks' measured kernels (the rank that
-    arrived last waited for nobody). The ranks' clocks are aligned on the collectives' ends (a ring collective
-    ends on every rank within microseconds); each rank starts the step where its aligned clock says."""
+    arrived last waited for nobody). Collectives that run on CPU threads (gloo's workers, also for CUDA tensors)
+    are joined the same way, k-th with k-th, through the node of their first stretch. The ranks' clocks are
+    aligned on the collectives' ends (a collective ends on every rank at nearly one moment); each rank starts the
+    step where its aligned clock says. `clock_offsets_us` (rank -> add to its clock; a run's alignment.json, from
+    `clock_source`) replaces the collectives' estimate where it holds every rank."""
     activities = [activity_of_step(trace, step) for trace in traces]
     ranks = [a.rank for a in activities]
     if len(set(ranks)) != len(ranks):
         raise UnanswerableError(f"the traces name ranks {ranks}: one trace per rank is needed (distributedInfo.rank)")
     g = GraphBuilder()
     built = [_rank_nodes(g, activity) for activity in activities]
-    sequences = [[nccl_kind(op.name) for _, op in b.comm] for b in built]
-    if any(seq != sequences[0] for seq in sequences):
-        shown = "; ".join(f"rank {r}: {len(seq)} ({', '.join(sorted(set(seq)))})" for r, seq in zip(ranks, sequences))
-        raise UnanswerableError(f"step {step}: the ranks' NCCL kernels do not pair up one to one ({shown}): the "
-                                "traces are of different steps or jobs, or filtered/sampled; a job-level replay "
-                                "needs every rank's full trace of the same step")
-    if not sequences[0]:
-        raise UnanswerableError(f"step {step}: no NCCL kernel in the step: nothing joins the ranks (a CPU or "
-                                "gloo trace? replay each rank alone)")
+    joined: list[list[tuple[int, Op]]] = [[] for _ in built]  # per rank, the ops joined k-th with k-th
+    kinds: list[str] = []
+    for family, items, kind_of in (("NCCL kernels", lambda b: b.comm, nccl_kind),
+                                   ("collectives on CPU threads", lambda b: b.cpu_comm, lambda name: name)):
+        sequences = [[kind_of(op.name) for _, op in items(b)] for b in built]
+        if any(seq != sequences[0] for seq in sequences):
+            shown = "; ".join(f"rank {r}: {len(seq)} ({', '.join(sorted(set(seq)))})"
+                              for r, seq in zip(ranks, sequences))
+            raise UnanswerableError(f"step {step}: the ranks' {family} do not pair up one to one ({shown}): the "
+                                    "traces are of different steps or jobs, or filtered/sampled; a job-level replay "
+                                    "needs every rank's full trace of the same step")
+        for i, b in enumerate(built):
+            joined[i] += items(b)
+        kinds += sequences[0]
+    if not kinds:
+        raise UnanswerableError(f"step {step}: no collective (NCCL kernel, or gloo's on its threads) in the step: "
+                                "nothing joins the ranks; replay each rank alone")
     # clock offsets: every collective ends at one moment on every rank
     offsets, uncertainty = [0.0], [0.0]
-    for b in built[1:]:
-        diffs = np.array([op0.end_us - op.end_us for (_, op0), (_, op) in zip(built[0].comm, b.comm)])
+    for mine in joined[1:]:
+        diffs = np.array([op0.end_us - op.end_us for (_, op0), (_, op) in zip(joined[0], mine)])
         offsets.append(float(np.median(diffs)))
         uncertainty.append(float(np.max(np.abs(diffs - offsets[-1]))))
+    estimated = list(offsets)
+    given = clock_offsets_us is not None and all(r in clock_offsets_us for r in ranks)
+    if given:
+        offsets = [clock_offsets_us[r] - clock_offsets_us[ranks[0]] for r in ranks]
+        uncertainty = [float(np.max(np.abs(np.array([op0.end_us - op.end_us for (_, op0), (_, op) in
+                                                     zip(joined[0], mine)]) - off))) for mine, off in
+                       zip(joined, offsets)]
     aligned_start = [a.start_us + off for a, off in zip(activities, offsets)]
     job_t0 = min(aligned_start)
     measured_us = max(a.end_us + off for a, off in zip(activities, offsets)) - job_t0
@@ -399,7 +448,7 @@ def job_kernel_dfg(traces: list[KinetoTrace], step: int) -> JobKernelDFG:
     has_pred = np.zeros(g.size, dtype=bool)
     has_pred[np.asarray(g.dst, dtype=np.int64)] = True
     preds: dict[int, list[int]] = {}
-    comm_nodes = {node for b in built for node, _ in b.comm}
+    comm_nodes = {node for mine in joined for node, _ in mine}
     for u, v in zip(g.src, g.dst):
         if v in comm_nodes:
             preds.setdefault(v, []).append(u)
@@ -409,9 +458,9 @@ def job_kernel_dfg(traces: list[KinetoTrace], step: int) -> JobKernelDFG:
             if not has_pred[node]:
                 g.edge(delay, node)
     collectives = []
-    for k, kind in enumerate(sequences[0]):
-        nodes = [b.comm[k][0] for b in built]
-        durations = [b.comm[k][1].end_us - b.comm[k][1].start_us for b in built]
+    for k, kind in enumerate(kinds):
+        nodes = [mine[k][0] for mine in joined]
+        durations = [g.durations[node] for node in nodes]
         transfer = min(durations)
         barrier = g.op(f"collective {k} {kind}", "VIRTUAL", -1, None, 0.0)
         for node in nodes:
@@ -429,10 +478,16 @@ def job_kernel_dfg(traces: list[KinetoTrace], step: int) -> JobKernelDFG:
         notes.append(f"warning: {len(traces)} of the job's {world} ranks given: their collectives also waited for "
                      "ranks that are not here, so each collective's transfer (the shortest of the given ranks' "
                      "kernels) may hold waiting, and its peers may not be these ranks")
-    notes.append(f"clocks aligned on the ends of {len(collectives)} NCCL kernels per rank: offsets "
-                 + ", ".join(f"rank {r} {off:+.1f} us" for r, off in zip(ranks, offsets))
-                 + f" (each collective within {worst:.1f} us of them)")
-    if worst > OFFSET_UNCERTAIN_US:
+    if given:
+        notes.append(f"clocks from {clock_source or 'the offsets given'}: "
+                     + ", ".join(f"rank {r} {off:+.1f} us" for r, off in zip(ranks, offsets))
+                     + f"; the {len(collectives)} collectives' ends, each within {worst:.1f} us of them, would say "
+                     + ", ".join(f"{off:+.1f}" for off in estimated))
+    else:
+        notes.append(f"clocks aligned on the ends of {len(collectives)} collectives per rank: offsets "
+                     + ", ".join(f"rank {r} {off:+.1f} us" for r, off in zip(ranks, offsets))
+                     + f" (each collective within {worst:.1f} us of them)")
+    if worst > OFFSET_UNCERTAIN_US and not given:
         notes.append(f"warning: the collectives' ends disagree with one offset by up to {worst:.0f} us (not ring "
                      "collectives that end together, or a clock that drifted): the ranks' relative timing is "
                      "uncertain by that much")
@@ -456,11 +511,12 @@ def scale_rank_gpu(graph: ReplayGraph, factors: dict[int, float]) -> ReplayGraph
 
 
 def replay_job_step(traces: list[KinetoTrace], step: int, op_scale: Optional[dict[str, float]] = None,
-                    rank_scale: Optional[dict[int, float]] = None) -> JobKernelReplay:
+                    rank_scale: Optional[dict[int, float]] = None, clock_offsets_us: Optional[dict[int, float]] = None,
+                    clock_source: str = "") -> JobKernelReplay:
     """Replay one step of a multi-GPU job's kernel-level global DFG (with the per-op and per-rank what-ifs)."""
     from dprorun.replay.passes import scale_ops
 
-    dfg = job_kernel_dfg(traces, step)
+    dfg = job_kernel_dfg(traces, step, clock_offsets_us, clock_source)
     graph, matched = scale_ops(dfg.graph, op_scale or {})
     missing = set(op_scale or {}) - matched
     if missing:
