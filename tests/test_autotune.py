@@ -96,6 +96,11 @@ def test_bad_strategy_file_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "schema version 7" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_autotune_trials_must_be_at_least_one(tmp_path):
+    proc, _ = run_dprorun(["-np", "2", "--autotune", "--autotune-trials", "0", "python", MLP], tmp_path / "run")
+    assert proc.returncode == 2 and "--autotune-trials is at least 1" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_autotune_reverts_when_the_trial_is_not_faster_enough(tmp_path):
     run_dir = tmp_path / "run"
     # a required gain of 95 % cannot be met: whatever the search finds must be reverted (never-regress)

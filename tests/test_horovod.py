@@ -184,13 +184,15 @@ def test_horovod_autotune_ranks_knobs_by_replay_and_trials_decide(tmp_path):
 
     run_dir = tmp_path / "run"
     window = ["--warmup", "2", "--active", "5", "--kineto-iters", "1", "--clean", "1"]
-    proc, _ = run_dprorun(["--backend", "horovod", "--autotune", "-np", "2", *window, "python", EXAMPLE,
-                           "--steps", "12"], run_dir, timeout=400, env={"OMP_NUM_THREADS": "1"})
+    # --autotune-trials 1: the best-ranked setting alone gets a trial window (default 3; each costs a launch)
+    proc, _ = run_dprorun(["--backend", "horovod", "--autotune", "--autotune-trials", "1", "-np", "2", *window,
+                           "python", EXAMPLE, "--steps", "12"], run_dir, timeout=400, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     phases = json.load(open(run_dir / "autotune.json"))["phases"]
     names = [p["phase"] for p in phases]
     assert names[:2] == ["profiling", "searching"] and "deciding" in names and names[-1] == "done"
     trials = [p for p in phases if p["phase"] == "trial"]
+    assert len(trials) <= 1
     deciding = next(p for p in phases if p["phase"] == "deciding")
     if trials:  # the replay found candidates: each was run for real with its own knobs
         for trial in trials:
