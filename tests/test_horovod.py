@@ -212,24 +212,11 @@ def test_horovod_autotune_ranks_knobs_by_replay_and_trials_decide(tmp_path):
 
 
 @needs_horovod
-def test_horovod_ranks_on_other_hosts_send_their_traces_over_horovod(tmp_path):
-    """No torch.distributed in a Horovod job: a rank whose files are not on rank 0's disk ships them through
-    Horovod's own alltoall (pretend hosts make rank 1 remote on this one machine)."""
-    run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "2", "--active", "4",
-                           "--kineto-iters", "1", "--clean", "1", "python", EXAMPLE, "--steps", "10"], run_dir,
-                          timeout=180, env={"DPRO_TEST_HOSTS": "hostA,hostB", "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (run_dir / "rank_1" / "GATHERED_FROM").read_text() == "hostB"
-    assert not (run_dir / "rank_0" / "GATHERED_FROM").exists() and not list(run_dir.glob(".gather-*"))
-    run = load_run(str(run_dir))
-    assert run.ranks[1].host == "hostB" and run.ranks[1].buckets
-
-
-@needs_horovod
-def test_a_strategy_groups_horovod_allreduces(tmp_path):
+def test_a_strategy_groups_horovod_allreduces_and_remote_ranks_ship_their_traces(tmp_path):
     """horovod_groups in a strategy become DistributedOptimizer(groups=...) through the hooks (grouped
-    allreduce), with no change to the script."""
+    allreduce), with no change to the script. The same job declares its ranks on two hosts (DPRO_TEST_HOSTS): with
+    no torch.distributed in a Horovod job, a rank whose files are not on rank 0's disk ships them through
+    Horovod's own alltoall."""
     from dprorun.strategy import Strategy, save_strategy
 
     names = [f"{2 * i}.{kind}" for i in range(26) for kind in ("weight", "bias")]
@@ -238,10 +225,20 @@ def test_a_strategy_groups_horovod_allreduces(tmp_path):
     run_dir = tmp_path / "run"
     proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--strategy", str(path), "--warmup", "2",
                            "--active", "3", "--kineto-iters", "1", "--clean", "1", "python", EXAMPLE, "--steps",
-                           "8"], run_dir, timeout=180, env={"OMP_NUM_THREADS": "1"})
+                           "8"], run_dir, timeout=180, env={"OMP_NUM_THREADS": "1", "DPRO_TEST_HOSTS": "hostA,hostB"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     applied = json.load(open(run_dir / "rank_0" / "events.json"))["strategy"]["applied"]
     assert applied["horovod_groups"] == [26, 26]
+    assert (run_dir / "rank_1" / "GATHERED_FROM").read_text() == "hostB"
+    assert not (run_dir / "rank_0" / "GATHERED_FROM").exists() and not list(run_dir.glob(".gather-*"))
+    run = load_run(str(run_dir))
+    assert run.ranks[1].host == "hostB"
+    for trace in run.ranks.values():  # each group is one all-reduce, recorded with its parameters and bytes
+        assert len(trace.buckets) == 2 and sorted(len(b.params) for b in trace.buckets) == [26, 26]
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["buckets"] == 2
     # a horovod.torch job runs without Horovod's timeline by default (its dynamic mode slows every iteration)
     assert not (run_dir / "horovod_timeline.json").exists()
 

@@ -28,10 +28,13 @@ def run_tf_job(args, run_dir, timeout=400, env=None):
 
 @pytest.fixture(scope="module")
 def tf_run(tmp_path_factory):
+    """The custom-loop example on two workers declared on two hosts (the test knob DPRO_TEST_HOSTS: rank 1 ships
+    its files as from another disk) with rank 1's clock 4 ms ahead (DPRO_TEST_CLOCK_SKEW_US): one job for the
+    tests below, the two-host gather and alignment among them."""
     run_dir = tmp_path_factory.mktemp("tf") / "custom"
     proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python",
                            os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "22", "--width", "64"],
-                          run_dir, timeout=400)
+                          run_dir, timeout=400, env={"DPRO_TEST_HOSTS": "h0,h1", "DPRO_TEST_CLOCK_SKEW_US": "0,4000"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir, proc
 
@@ -197,17 +200,12 @@ def test_keras3_fit_users_are_told_the_upstream_issue_and_the_workaround(tmp_pat
         assert proc.returncode == 1 and "rank" in proc.stderr
 
 
-def test_workers_on_two_hosts_probe_their_clocks_and_gather_over_a_side_group(tmp_path):
+def test_workers_on_two_hosts_probe_their_clocks_and_gather_over_a_side_group(tf_run):
     """TensorFlow workers have no torch process group: a gloo group over the launcher's rendezvous store carries
     the clock probes, the gather and the clean iterations' start times, as in DDP jobs. Two workers declared on
-    two hosts (the test knob DPRO_TEST_HOSTS: rank 1 ships its files as from another disk) with an injected
-    skew: its files reach rank 0's run directory over the group, and its offset lies within the uncertainty
-    the alignment states (the collectives' instance keys add their evidence)."""
-    run_dir = tmp_path / "run"
-    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "-q", "python",
-                          os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "22", "--width", "64"],
-                         run_dir, env={"DPRO_TEST_HOSTS": "h0,h1", "DPRO_TEST_CLOCK_SKEW_US": "0,4000"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    two hosts with an injected skew (tf_run): rank 1's files reach rank 0's run directory over the group, and its
+    offset lies within the uncertainty the alignment states (the collectives' instance keys add their evidence)."""
+    run_dir, _ = tf_run
     assert (run_dir / "rank_1" / "GATHERED_FROM").is_file() and (run_dir / "rank_1" / "xplane.pb").is_file()
     assert len(json.loads((run_dir / "rank_0" / "events.json").read_text())["clock_probes"]) == 40
     assert json.loads((run_dir / "rank_1" / "clean.json").read_text())["rank"] == 1

@@ -52,11 +52,18 @@ class HorovodTracker:
 
     # ---- records ----------------------------------------------------------------------------------------
     def submitted(self, optimizer, p) -> None:
+        self.submitted_group(optimizer, [p])
+
+    def submitted_group(self, optimizer, ps) -> None:
+        """One all-reduce of the tensors `ps` (one parameter; or a group of a strategy's or the script's groups=,
+        which Horovod fuses into one grouped all-reduce: one record, its bytes the group's, named after its first
+        parameter)."""
         session = self.session
         if not session.detail_active:
             return
         now = session.now_us()
-        name = optimizer._parameter_names.get(p, f"param{len(self.index)}")
+        names = [optimizer._parameter_names.get(p, f"param{len(self.index) + k}") for k, p in enumerate(ps)]
+        name = names[0]
         if self.first_ready is None:
             self.first_ready = now
         self.last_ready = now
@@ -65,12 +72,13 @@ class HorovodTracker:
             session.records.grad_ready.append((session.iteration, name, now))
         key = (0, index)
         if key not in session.records.buckets:
-            nbytes = p.numel() * p.element_size()
-            session.records.buckets[key] = {"nbytes": nbytes, "numel": p.numel(),
-                                    "dtype": str(p.dtype).replace("torch.", ""), "params": [name]}
+            sizes = [p.numel() * p.element_size() for p in ps]
+            session.records.buckets[key] = {"nbytes": sum(sizes), "numel": sum(p.numel() for p in ps),
+                                            "dtype": str(ps[0].dtype).replace("torch.", ""), "params": names}
             session.records.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
-            session.records.params[0]["order"].append(name)
-            session.records.params[0]["bytes"][name] = nbytes
+            for member, nbytes in zip(names, sizes):
+                session.records.params[0]["order"].append(member)
+                session.records.params[0]["bytes"][member] = nbytes
         record = CommRecord(session.iteration, 0, index, now, session.now_us())
         session.records.comm.append(record)
         self.pending.append(record)
@@ -126,6 +134,7 @@ def patch_horovod(session: RankSession) -> None:
     tracker = HorovodTracker(session)
     session.trackers.append(tracker)
     original_async = cls._allreduce_grad_async
+    original_grouped = getattr(cls, "_grouped_allreduce_grad_async", None)  # Horovod >= 0.22: groups=
     original_step = cls.step
     original_init = cls.__init__
 
@@ -145,6 +154,14 @@ def patch_horovod(session: RankSession) -> None:
     def _allreduce_grad_async(self, p):
         session.guard("recording a Horovod all-reduce", tracker.submitted, self, p)
         return original_async(self, p)
+
+    if original_grouped is not None:
+        @functools.wraps(original_grouped)
+        def _grouped_allreduce_grad_async(self, ps):
+            session.guard("recording a Horovod grouped all-reduce", tracker.submitted_group, self, ps)
+            return original_grouped(self, ps)
+
+        cls._grouped_allreduce_grad_async = _grouped_allreduce_grad_async
 
     @functools.wraps(original_step)
     def step(self, closure=None):
