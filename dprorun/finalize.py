@@ -209,7 +209,7 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
 
         _progress(job, f"reading the traces of {len(with_events)} ranks")
         summary = dict(analysis.summary)
-        _progress(job, "aligning clocks (cvxpy)")
+        _progress(job, "aligning clocks")
         summary["alignment"] = _align_at_job_end(analysis)
         _progress(job, "replaying the job as it ran")
         summary["self_check"] = _self_check_at_job_end(analysis)

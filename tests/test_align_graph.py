@@ -315,3 +315,18 @@ def test_chrome_trace_of_a_synthetic_run_has_one_flow_per_transfer():
     doc = chrome_trace(run)
     pairs = sum(1 for op in run.all_ops() if op.phase == "send")
     assert sum(1 for e in doc["traceEvents"] if e["ph"] == "s") == pairs
+
+
+def test_ranks_that_read_one_machines_clock_are_not_solved_for(mlp_run):
+    """Every rank on one host and one boot (the kernel's boot id, recorded by the hooks): the offsets are 0 by
+    construction; the alignment says so instead of solving (a solve adds only its noise, and 1-2 s per job)."""
+    from dprorun.align import align
+    from dprorun.trace.rundir import load_run
+
+    run = load_run(str(mlp_run[0]))
+    assert all(trace.clock.get("boot_id") for trace in run.ranks.values())
+    result = align(run)
+    assert result.method.startswith("one clock: every rank on host ") and not result.approximate
+    assert result.offsets_us == {0: 0.0, 1: 0.0} and result.uncertainty_us == {0: 0.0, 1: 0.0}
+    run.ranks[1].clock["boot_id"] = "another-boot"  # another machine (or a reboot): solved as before
+    assert align(run).method.startswith("cvxpy/")

@@ -39,7 +39,9 @@ def events_document(session: RankSession) -> dict:
                   "monotonic_start_ns": session.monotonic_at_start_ns,
                   # the test knob's shift of every hook timestamp; a profiler file that keeps the process's own
                   # clock (TensorFlow's xplane) is shifted by it when read
-                  "test_skew_us": session.skew_us},
+                  "test_skew_us": session.skew_us,
+                  # which kernel's clock this is (one per machine and boot): ranks that share it need no alignment
+                  "boot_id": boot_id()},
         "iteration_starts_us": session.records.iteration_starts,
         "spans": session.records.spans,
         "comm": [c.row() for c in session.records.comm if c.done_us is not None],
@@ -147,3 +149,12 @@ def versions() -> dict:
     except Exception:
         pass
     return out
+
+
+def boot_id() -> str:
+    """The running kernel's boot id (Linux; "" elsewhere): processes that read the same one read one wall clock."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
