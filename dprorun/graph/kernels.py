@@ -23,6 +23,13 @@ the measured ones); passes then answer what-ifs on it (replay/passes.scale_ops o
 GPU as scale_devices on the streams). Not modelled: one thread waiting for another (the autograd engine's thread
 for the main thread, and back): each thread keeps its measured time, so a CPU what-if does not move the other
 threads.
+  gloo     a collective that runs on gloo's worker thread (also for CUDA tensors, through host copies) is on that
+           thread's chain; its exchange with the peers (after its cudaStreamSynchronize on CUDA tensors) is a COMM
+           node of its own.
+
+The job (`job_kernel_dfg`): every rank's graph of one step in one builder, the k-th NCCL kernel (or gloo
+collective) of every rank joined into one collective through a barrier, clocks from the run's alignment or the
+collectives' ends; `replay_job_step` replays it with the per-op and per-rank (`scale_rank_gpu`) what-ifs.
 """
 from __future__ import annotations
 
@@ -222,7 +229,7 @@ def _thread_chain(g: GraphBuilder, r: int, t0: float, t1: float, tid, activity: 
             segment(at, wait=True)
             g.edge(item.last, chain[-1])
             cursor = max(cursor, at)
-        elif what == 3:  # a collective's first stretch
+        elif what == 3:  # a collective's exchange with its peers
             op, until = item
             segment(at)
             cursor = max(cursor, at)
