@@ -189,10 +189,22 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                         "max_uncertainty_us": alignment.max_uncertainty_us()}
     if as_run is not None:
         doc["as_run_ms"] = as_run.predicted_iteration_time_ms
+    from dprorun.graph.kernels import kernel_level_of_run
+
+    kernel_level = kernel_level_of_run(run, alignment.offsets_us, f"the run's alignment ({alignment.method})")
+    if kernel_level is not None:
+        doc["kernel_level"] = kernel_level
     if args.json:
         print(json.dumps(doc, indent=2, default=float))
         return 0
     _print_replay(prediction, as_run)
+    if kernel_level and kernel_level["steps"]:
+        steps = kernel_level["steps"]
+        print(f"kernel level: {len(steps)} profiled step(s) replayed with every rank's CPU threads, CUDA calls and "
+              f"GPU streams, joined through their collectives: "
+              + ", ".join(f"{s['measured_ms']:.2f} -> {s['replayed_ms']:.2f} ms" for s in steps)
+              + f" (median |error| {kernel_level['median_abs_error_pct']:.1f} %; per step: dpro import-kineto "
+              f"{args.run_dir})")
     return 0
 
 

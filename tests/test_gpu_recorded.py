@@ -83,6 +83,11 @@ def test_dpro_cli_on_the_gpu_run(gpu_run_dir, tmp_path):
     events = json.loads(timeline.read_text())["traceEvents"]
     threads = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     assert any(t.startswith("cuda:0/") for t in threads)
+    # dpro replay of a GPU run also replays its profiled steps at kernel level, on the run's alignment (one read)
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", gpu_run_dir],
+                         capture_output=True, text=True, check=True, timeout=300)
+    line = next(x for x in out.stdout.splitlines() if x.startswith("kernel level: 3 profiled step(s)"))
+    assert "median |error| 1." in line or "median |error| 2." in line, line
 
 
 def test_gpu_check_figures_on_the_recorded_run(gpu_run_dir):

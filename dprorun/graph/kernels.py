@@ -551,3 +551,28 @@ def replay_job_step(traces: list[KinetoTrace], step: int, op_scale: Optional[dic
     return JobKernelReplay(step, dfg.ranks, dfg.measured_us, result.iteration_time_us, dfg.offsets_us,
                            dfg.offset_uncertainty_us, start_error, len(dfg.collectives), waited_measured,
                            waited_replayed, critical_path_report(graph, result, top=10), notes)
+
+
+KERNEL_LEVEL_MAX_RANKS = 8  # beyond: the job-level model alone (a kernel-level graph per step grows with ranks)
+
+
+def kernel_level_of_run(run, offsets_us: dict[int, float], clock_source: str) -> Optional[dict]:
+    """The profiled steps of a GPU run as kernel-level global DFGs (every rank's profiler trace as read, kept by
+    load_rank): per step measured vs replayed, and what the ranks waited for each other; None where a rank has no
+    GPU trace or the run has more than KERNEL_LEVEL_MAX_RANKS ranks."""
+    traces = [trace.kineto for _, trace in sorted(run.ranks.items())]
+    if len(traces) < 2 or len(traces) > KERNEL_LEVEL_MAX_RANKS or any(t is None for t in traces):
+        return None
+    steps = sorted(set.intersection(*({s for s, _, _ in t.steps} for t in traces)))
+    rows, skipped = [], []
+    for step in steps:
+        try:
+            rows.append(replay_job_step(traces, step, clock_offsets_us=offsets_us, clock_source=clock_source))
+        except UnanswerableError as exc:
+            skipped.append(str(exc))
+    if not rows:
+        return {"steps": [], "skipped": skipped}
+    errors = [abs(r.error) for r in rows]
+    return {"steps": [r.to_json() for r in rows], "skipped": skipped,
+            "median_abs_error_pct": round(100 * float(np.median(errors)), 2),
+            "max_abs_error_pct": round(100 * max(errors), 2)}

@@ -124,6 +124,9 @@ class RankTrace:
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     clock_offset_us: float = 0.0
+    # a GPU rank's profiler trace as read (its own clock, the reader's kinds: trace/kineto.KinetoTrace), for the
+    # kernel-level DFG of its profiled steps (graph/kernels.py); None on CPU ranks and ranks read without detail
+    kineto: Any = field(default=None, repr=False)
 
     def unprofiled_window_iterations(self) -> list[int]:
         """Window iterations that ran without torch.profiler (the job's speed under the cheap hooks)."""

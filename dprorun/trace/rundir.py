@@ -8,6 +8,7 @@ waiting) and COMM (transmitting). Every problem with a file is a TraceError nami
 from __future__ import annotations
 
 import bisect
+import copy
 import os
 from typing import Optional
 
@@ -396,8 +397,11 @@ def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = T
         raise TraceError(events_path, f"records rank {doc['rank']} but lies in the folder of rank {expected_rank}")
     kineto = None
     kineto_path = os.path.join(folder, KINETO_FILE)
+    snapshot = None
     if os.path.exists(kineto_path):
         kineto = read_kineto(kineto_path, rank=doc["rank"], detail=detail)
+        if detail and kineto.gpu:  # its ops join the rank's trace (aligned, their kinds set): a copy as read
+            snapshot = copy.deepcopy(kineto)
     samples = None
     samples_path = os.path.join(folder, SAMPLES_FILE)
     if os.path.exists(samples_path):
@@ -412,6 +416,7 @@ def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = T
         tf_profile = read_tf_profile(xplane_path, doc["rank"], shift_us=skew)
         add_tf_records(doc, tf_profile, horovod_timeline)
     trace = rank_from_events(doc, kineto, samples)
+    trace.kineto = snapshot
     if tf_profile is not None and detail:
         _add_tf_compute(trace, tf_profile)
     variants_path = os.path.join(folder, "variants.json")
