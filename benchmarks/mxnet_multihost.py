@@ -7,10 +7,12 @@ Per round:
             --servers servers and one worker), no dprorun; worker 0 prints the median iteration of the second half;
             also with one server per host fewer where --servers > 1 (the servers what-if's truth)
   profile   `dprorun --backend mxnet --hosts emu0:1,emu1:1 --servers S`, then `dpro replay --json` on node 0's run
-            directory as run (and with --servers for the what-if)
+            directory as run (and with --servers for the what-if); with --compare-with CHECKOUT each also by that
+            checkout's code (before/after on the same profiles)
 Needs root (namespaces, tc, cgroups) and the MXNet environment (scripts/install-mxnet).
 
 usage: sudo python benchmarks/mxnet_multihost.py [--model mlp] [--servers 1] [--reps 3] [--steps 40]
+       [--compare-with CHECKOUT]
 Last line: the as-run error of the medians.
 """
 from __future__ import annotations
@@ -65,13 +67,16 @@ def profiled(cluster, args, tmp: str) -> dict[str, float]:
         raise SystemExit("dprorun failed: " + " | ".join(r.stderr[-1500:] for r in results))
     node0 = os.path.join(tmp, "node0")
     out = {}
-    for label, extra in (("as run", []), ("fewer servers", ["--servers", str(2 * (args.servers - 1))])):
-        if label == "fewer servers" and args.servers < 2:
-            continue
-        doc = json.loads(subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", node0, "--json",
-                                         *extra], capture_output=True, text=True, check=True, cwd=REPO).stdout)
-        out[label] = doc["predicted_iteration_ms"]
-        out["clean"] = doc["clean_ms"]
+    fewer = ["--servers", str(2 * (args.servers - 1))]
+    for label, extra in (("as run", []), ("fewer servers", fewer)):
+        for code, checkout in (("", REPO), (", other checkout", args.compare_with)):
+            if (label == "fewer servers" and args.servers < 2) or not checkout:
+                continue
+            doc = json.loads(subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", node0, "--json",
+                                             *extra], capture_output=True, text=True, check=True, cwd=checkout,
+                                            env=dict(os.environ, PYTHONPATH=checkout)).stdout)
+            out[label + code] = doc["predicted_iteration_ms"]
+            out["clean"] = doc["clean_ms"]
     return out
 
 
@@ -81,10 +86,14 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=1, help="servers per host")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--compare-with", default=None, metavar="CHECKOUT",
+                        help="also replay each profile with the dprorun code of this checkout (a before/after on the "
+                             "same runs, e.g. a git worktree of an earlier commit)")
     args = parser.parse_args()
     from emulated_cluster import EmulatedCluster
 
     plain, fewer, replays, whatifs, cleans = [], [], [], [], []
+    shared, shared_whatifs = [], []  # the same profiles replayed by --compare-with's code
     with EmulatedCluster(2, 0.9) as cluster, tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.reps):  # interleaved
             plain.append(plain_ms(cluster, args, args.servers))
@@ -92,11 +101,17 @@ def main() -> None:
                 fewer.append(plain_ms(cluster, args, args.servers - 1))
             doc = profiled(cluster, args, tmp)
             replays.append(doc["as run"])
+            if args.compare_with:
+                shared.append(doc["as run, other checkout"])
             cleans.append(doc["clean"])
             if "fewer servers" in doc:
                 whatifs.append(doc["fewer servers"])
+                if args.compare_with:
+                    shared_whatifs.append(doc["fewer servers, other checkout"])
     print(f"{'kind':24} {'plain ms (rounds)':>30} {'median':>8} {'replay ms (rounds)':>30} {'median':>8} {'error %':>8}")
-    rows = [("as run", plain, replays)] + ([("servers -1 per host", fewer, whatifs)] if fewer else [])
+    rows = [("as run", plain, replays)] + ([("as run, other checkout", plain, shared)] if shared else [])
+    rows += [("servers -1 per host", fewer, whatifs)] if fewer else []
+    rows += [("servers -1, other checkout", fewer, shared_whatifs)] if shared_whatifs else []
     for kind, truth, pred in rows:
         t, p = statistics.median(truth), statistics.median(pred)
         print(f"{kind:24} {' / '.join(f'{x:.1f}' for x in truth):>30} {t:8.2f} "

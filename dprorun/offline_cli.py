@@ -601,8 +601,9 @@ def _replay_arguments(rp: argparse.ArgumentParser) -> None:
     rp.add_argument("--bigarray-bound", type=int, default=None,
                     help="parameter-server runs: MXNET_KVSTORE_BIGARRAY_BOUND (elements from which a key is split "
                          "over every server)")
-    rp.add_argument("--links", choices=("per-node", "shared"), default=None,
-                    help="parameter-server runs: a link per worker and server (default), or one medium for all")
+    rp.add_argument("--links", choices=("per-node", "shared", "hosts"), default=None,
+                    help="parameter-server runs: a link per worker and server, one medium for all (the default on "
+                    "one host), or a NIC and a loopback per host (the default across hosts)")
     rp.add_argument("--latency-us", type=float, default=None, help="per ring step latency")
     rp.add_argument("--bucket-mb", type=float, default=None, help="regroup gradients into buckets of this size")
     rp.add_argument("--partitions", type=int, default=1, help="split each bucket's sync into k pieces")

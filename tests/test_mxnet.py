@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from conftest import CHROMIUM, EXAMPLES, REPO, render_page, run_dprorun
+from dprorun.fsutil import UnanswerableError
 from dprorun.replay.engine import replay
 from dprorun.replay.ps import (PSModel, PSWhatIf, WorkerOps, build_ps_model, calibration_graph, fit_links,
                                predict_ps, ps_graph)
@@ -355,6 +356,39 @@ def test_the_ps_graph_joins_workers_through_the_servers():
     assert one > result.iteration_time_us  # the big key on one server: twice the bytes through one link
     more = replay(ps_graph(model, PSWhatIf(workers=4))).iteration_time_us
     assert more > result.iteration_time_us  # more workers: more bytes into each server
+
+
+def test_roles_on_two_hosts_cross_their_nics_and_stay_on_loopback_at_home():
+    """The "hosts" layout: a worker and a server on each of two hosts. A transfer between hosts takes the sender's
+    NIC up and the receiver's down; one between the roles of one host takes that host's loopback (priced at
+    LOOPBACK_GBIT, not at the fitted NIC bandwidth), so a NIC bandwidth what-if moves only the transfers that
+    cross hosts."""
+    from dprorun.replay.ps_topology import LOOPBACK_BYTES_PER_US
+
+    model = _model(links="hosts", bw=125.0, slots=2)
+    model.hosts, model.worker_hosts, model.server_hosts = ["a", "b"], [0, 1], [0, 1]
+    graph = ps_graph(model, PSWhatIf())
+    by_name = dict(zip(graph.names, graph.durations))
+    device = {name: graph.device_names[d] for name, d in zip(graph.names, graph.devices)}
+    # key 0's part on server 0 (host a): worker 0 is at home, worker 1 crosses from host b
+    assert device["push k0.s0 w0->s0"] == "h0.lo"
+    assert device["push k0.s0 w1->s0"] == "h1.tx" and device["push k0.s0 w1->s0 RECV"] == "h0.rx"
+    assert device["pull k0.s0 s0->w1"] == "h0.tx" and device["pull k0.s0 s0->w1 RECV"] == "h1.rx"
+    nbytes = 2_000_000 * 4
+    assert by_name["push k0.s0 w0->s0"] == pytest.approx(50.0 + nbytes / LOOPBACK_BYTES_PER_US)
+    assert by_name["push k0.s0 w1->s0 RECV"] == pytest.approx(nbytes / 125.0)
+    slow = ps_graph(model, PSWhatIf(bandwidth_scale=0.5))
+    slow_by_name = dict(zip(slow.names, slow.durations))
+    assert slow_by_name["push k0.s0 w0->s0"] == pytest.approx(by_name["push k0.s0 w0->s0"])  # loopback: as is
+    assert slow_by_name["push k0.s0 w1->s0 RECV"] == pytest.approx(2 * by_name["push k0.s0 w1->s0 RECV"])
+    assert replay(slow).iteration_time_us > replay(graph).iteration_time_us
+    # a third server (what-if) lands on the hosts round-robin; the one-medium layout stays askable
+    three = ps_graph(model, PSWhatIf(servers=3))
+    assert any(graph_device.startswith("h0.") for graph_device in three.device_names)
+    shared = ps_graph(model, PSWhatIf(links="shared"))
+    assert "link" in shared.device_names and not any(d.startswith("h0.") for d in shared.device_names)
+    with pytest.raises(UnanswerableError, match="ran on one host"):  # nothing crosses hosts: a clear refusal
+        ps_graph(_model(), PSWhatIf(links="hosts"))
 
 
 def test_ps_what_ifs_are_passes_on_the_graph_in_any_order():

@@ -26,11 +26,12 @@ from typing import Optional
 
 import numpy as np
 
-from dprorun.fsutil import TraceError, UnanswerableError
+from dprorun.fsutil import TraceError, UnanswerableError, read_json
 from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE, node_offset_us, \
     rank_dir, server_dir
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
-from dprorun.replay.ps_topology import PSKey, PSLinks, PSPlan, placed, set_placement, set_ps_network, set_workers
+from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey, PSLinks, PSPlan, placed, set_placement, set_ps_network, \
+    set_workers
 from dprorun.stats import median
 from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, \
     read_mx_profile_checked, read_server_updates
@@ -62,7 +63,7 @@ class PSWhatIf:
     workers: Optional[int] = None
     bandwidth_scale: float = 1.0
     bandwidth_gbit: Optional[float] = None
-    links: Optional[str] = None  # "shared" (one medium for every transfer) or "per-node" (a NIC per role)
+    links: Optional[str] = None  # "shared" (one medium), "per-node" (a NIC per role), "hosts" (a NIC per host)
 
     def describe(self) -> str:
         parts = [f"{name} {value}" for name, value in (("servers", self.servers), ("bigarray bound",
@@ -89,6 +90,10 @@ class PSModel:
     # "shared": every role on one host, every transfer through its one loopback, which moves bytes with the host's
     # cores (link_slots transfers at once); "per-node": each worker and server its own link up and down (a NIC)
     links: str = "shared"
+    # roles on several hosts ("hosts" links): the hosts' names, and each worker's and server's host (index)
+    hosts: list[str] = field(default_factory=list)
+    worker_hosts: list[int] = field(default_factory=list)
+    server_hosts: list[int] = field(default_factory=list)
     link_slots: int = 1
     link_level: float = 1.0  # the job's own transfers against the calibration's (bandwidth factor, fitted)
     reference: str = "window"  # the iterations the compute was scaled to: "clean" or "window"
@@ -109,7 +114,8 @@ class PSModel:
                 "alpha_us": round(self.alpha_us, 2), "bandwidth_gbit_s": round(self.bytes_per_us * 8e-3, 3),
                 "update_us": [round(self.update_us[0], 2), round(self.update_us[1] * 1e6, 3)],
                 "compute_scale": round(self.compute_scale, 3), "links": self.links, "link_slots": self.link_slots,
-                "link_level": round(self.link_level, 3), "reference": self.reference,
+                "link_level": round(self.link_level, 3), "reference": self.reference, "hosts": self.hosts,
+                "worker_hosts": self.worker_hosts, "server_hosts": self.server_hosts,
                 "calibration": [[b, round(t, 1), p] for b, t, p in self.calibration]}
 
 
@@ -174,7 +180,7 @@ def local_dfgs(model: PSModel, keys: Optional[list[PSKey]] = None,
         outs.append(copies)
     labelled = {f"k{key.key}": key for key in order}
     links = PSLinks(model.links, model.alpha_us, model.bytes_per_us, model.link_level, model.link_slots,
-                    model.update_us)
+                    model.update_us, list(model.worker_hosts), list(model.server_hosts))
     plan = PSPlan(model.workers, model.servers, model.bigarray_bound, list(labelled),
                   placed(labelled, model.servers, model.bigarray_bound), ins, outs, links, g.size, keys=labelled)
     return g.build({"ps_plan": plan, "world_size": model.workers, "servers": model.servers,
@@ -264,11 +270,14 @@ def build_ps_model(run_dir: str) -> PSModel:
     if not updates:
         notes.append("no server recorded its updates: the servers' update time is taken as 0")
     calibration = _calibration(workers)
+    hosts, worker_hosts, server_hosts = _role_hosts(run_dir, workers)
     model = PSModel(workers=int(tracker.get("workers", len(workers))), servers=int(tracker.get("servers", 1)),
                     bigarray_bound=int(tracker.get("bigarray_bound", 1_000_000)), keys=keys, worker_ops=ops,
                     link_slots=max(1, int(tracker.get("cores") or 1)),
                     update_us=update_fit, alpha_us=0.0, bytes_per_us=125.0, calibration=calibration,
                     window_iterations_us=window, clean_iterations_us=clean, notes=notes)
+    if len(hosts) > 1:  # the roles' hosts, for the "hosts" links (a what-if: the job is fitted on one medium)
+        model.hosts, model.worker_hosts, model.server_hosts = hosts, worker_hosts, server_hosts
     if calibration:
         model.alpha_us, model.bytes_per_us = fit_links(model)
     else:
@@ -287,11 +296,12 @@ def build_ps_model(run_dir: str) -> PSModel:
         model.compute_scale = fit_compute_scale(model, model.measured_iteration_us)
         if model.compute_scale <= COMPUTE_SCALE_FLOOR * 1.5:
             _refit_links_to_reference(model)
-    hosts = sorted({str(events.get("host", "")) for events in workers.values()} - {""})
     if len(hosts) > 1:
-        notes.append(f"the workers ran on {len(hosts)} hosts ({', '.join(hosts)}): every transfer is priced on one "
-                     "medium fitted to the job's own calibration; each host's own NIC (and the loopback between "
-                     "roles on one host) is not modelled yet, so what-ifs of servers and bandwidth are approximate")
+        notes.append(f"the roles ran on {len(hosts)} hosts ({', '.join(hosts)}): every transfer is priced on one "
+                     "medium fitted to the job's own calibration; `--links hosts` puts what crosses hosts on each "
+                     f"host's NIC and the rest on its loopback ({LOOPBACK_GBIT} Gbit/s), which on two emulated hosts "
+                     "predicted one server fewer per host 8.6 % high against 6.3 % for one medium (the hosts' CPU, "
+                     "shared by their workers and servers, decides there, and neither models it)")
     if window and clean:
         gap = median(window) / median(clean) - 1
         if abs(gap) > 0.05:
@@ -399,6 +409,24 @@ def _server_updates(run_dir: str, workers: dict) -> list[tuple[int, float]]:
     updates, _ = read_server_updates(run_dir)
     return [(u.nbytes, u.end_us - u.start_us) for u in updates
             if u.key < PS_CALIBRATION_KEY_BASE and lo <= u.start_us <= hi]
+
+
+def _role_hosts(run_dir: str, workers: dict) -> tuple[list[str], list[int], list[int]]:
+    """(the hosts' names, each worker's host index, each server's host index) from the workers' events and the
+    servers' server.json; servers that wrote none are left out (a what-if places them round-robin)."""
+    from dprorun.layout import SERVER_FILE, server_dir
+
+    worker_names = {r: str(events.get("host", "")) for r, events in workers.items()}
+    server_names = {}
+    for s, path in numbered_files(run_dir, server_dir, SERVER_FILE).items():
+        try:
+            server_names[s] = str(read_json(path).get("host", ""))
+        except (TraceError, AttributeError):
+            continue
+    names = sorted((set(worker_names.values()) | set(server_names.values())) - {""})
+    index = {name: k for k, name in enumerate(names)}
+    servers = [index.get(server_names.get(s, ""), 0) for s in range(max(server_names, default=-1) + 1)]
+    return names, [index.get(worker_names[r], 0) for r in sorted(worker_names)], servers
 
 
 def _linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:

@@ -7,8 +7,10 @@ how transfers run (`PSLinks`). Nodes [0, local_nodes) are the workers' local DFG
 Per key (in push order), per part:
   push     from every worker: on one shared medium one op on `link` (as many slots as the host moves transfers
            at once); with a link per role ("per-node") SEND on the worker's uplink `w<r>.tx`, RECV on the server's
-           downlink `s<s>.rx`; as recorded at the worker ("worker-side": BytePS) one op on the worker's own push
-           device. Priced alpha + bytes / bandwidth (alpha on the op that starts the transfer), or the measured time
+           downlink `s<s>.rx`; with a NIC per host ("hosts", asked where the roles ran on several hosts) SEND on the worker's host's
+           uplink `h<a>.tx`, RECV on the server's host's downlink `h<b>.rx`, or, both on one host, one op on that
+           host's loopback `h<a>.lo` (the host's cores as slots, priced at LOOPBACK_GBIT); as recorded at the
+           worker ("worker-side": BytePS) one op on the worker's own push device. Priced alpha + bytes / bandwidth (alpha on the op that starts the transfer), or the measured time
   server   once every worker's push of the part has arrived: the server's update on `s<s>` (a + b x bytes), or,
            worker-side, the measured wait between the push's end and the pull's start (no device: the server
            was not recorded)
@@ -29,7 +31,12 @@ from dprorun.fsutil import UnanswerableError
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, copy_ranks
 
 HASH = 9973  # MXNet's kvstore: server = (key * 9973) % servers for a key below the big-array bound
-LAYOUTS = ("shared", "per-node", "worker-side")
+LAYOUTS = ("shared", "per-node", "worker-side", "hosts")
+# a host's loopback between roles, where roles run on several hosts (the "hosts" layout): what the shared-medium fit
+# of 2 workers and 2 servers on one host of this machine gave (5.8 Gbit/s, 201 us alpha, 2 slots: 2026-12-01); the
+# calibration of a multi-host job cannot tell it apart (every round trip waits for its remote worker)
+LOOPBACK_GBIT = 5.8
+LOOPBACK_BYTES_PER_US = LOOPBACK_GBIT * 1e9 / 8 / 1e6
 
 
 @dataclass
@@ -61,6 +68,18 @@ class PSLinks:
     level: float = 1.0  # the job's own transfers against the calibration's (a factor on bytes_per_us)
     slots: int = 1  # transfers at once on a shared medium
     update_us: tuple[float, float] = (0.0, 0.0)  # a server's update: a + b * bytes
+    # "hosts": each worker's and server's host (index); a server or worker beyond them: round-robin over the hosts
+    worker_hosts: list[int] = field(default_factory=list)
+    server_hosts: list[int] = field(default_factory=list)
+
+    def worker_host(self, w: int) -> int:
+        return self.worker_hosts[w % len(self.worker_hosts)] if self.worker_hosts else 0
+
+    def server_host(self, s: int) -> int:
+        if s < len(self.server_hosts):
+            return self.server_hosts[s]
+        hosts = sorted(set(self.server_hosts) | set(self.worker_hosts)) or [0]
+        return hosts[s % len(hosts)]
 
 
 @dataclass
@@ -129,10 +148,15 @@ def _meta(meta: dict, plan: PSPlan) -> dict:
 def set_ps_network(graph: ReplayGraph, bandwidth_gbit: Optional[float] = None, bandwidth_scale: float = 1.0,
                    links: Optional[str] = None) -> ReplayGraph:
     """The network pass: the topology (re)generated for this bandwidth (absolute, or a factor on the job's own)
-    and links' layout ("shared", "per-node"; None: as the job ran)."""
+    and links' layout ("shared", "per-node", "hosts" where the job's roles ran on several hosts; None: as the job
+    ran)."""
     plan = plan_of(graph)
-    if links is not None and links not in LAYOUTS[:2]:
-        raise ValueError(f"links: one of {LAYOUTS[:2]}, not {links!r}")
+    several = len(set(plan.links.worker_hosts) | set(plan.links.server_hosts)) > 1
+    if links == "hosts" and not several:
+        raise UnanswerableError("links 'hosts': every role of this job ran on one host, so no transfer crosses a "
+                                "NIC (ask 'per-node' for servers on machines of their own)")
+    if links is not None and links not in LAYOUTS[:2] + ("hosts",):
+        raise ValueError(f"links: one of {LAYOUTS[:2] + ('hosts',)}, not {links!r}")
     if plan.links.layout == "worker-side" and (links or bandwidth_gbit):
         raise UnanswerableError("the transfers were recorded at the worker (BytePS): only a factor on their "
                                 "bandwidth can be asked, not another layout or an absolute bandwidth")
@@ -187,6 +211,18 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
         """One transfer: SEND on the sender's link, RECV on the receiver's; one op on a shared medium or, recorded
         at the worker, on the worker's own push or pull device."""
         start = (links.alpha_us if layout != "worker-side" else 0.0) + seconds
+        if layout == "hosts":
+            a, b = (links.worker_host(w), links.server_host(s)) if up else (links.server_host(s), links.worker_host(w))
+            if a == b:  # both roles on one host: its loopback
+                op = g.op(name, "COMM", w, f"h{a}.lo", links.alpha_us + seconds * bandwidth / LOOPBACK_BYTES_PER_US,
+                          capacity=links.slots)
+                g.edge(after, op)
+                return op
+            send = g.op(name, "COMM", w, f"h{a}.tx", start)
+            g.edge(after, send)
+            op = g.op(name + " RECV", "COMM", w, f"h{b}.rx", seconds)
+            g.edge(send, op)
+            return op
         if layout == "shared":
             op = g.op(name, "COMM", w, "link", start, capacity=links.slots)
         elif layout == "worker-side":
