@@ -426,17 +426,26 @@ def _cmd_import_kineto(args: argparse.Namespace) -> int:
         print(f"  step {row['step']}: measured {row['measured_ms']:.2f} ms, replayed {row['replayed_ms']:.2f} ms "
               f"(GPU ops start {row['gpu_start_error_us']:.1f} us from their measured starts, median); busy: {busy}"
               + (f"; what-if {row['whatif_ms']:.2f} ms" if "whatif_ms" in row else ""))
-        for note in row["notes"]:
-            if note.startswith("warning"):
-                print(f"    {note}")
+        _print_warnings(row["notes"])
     for note in rows[-1]["notes"]:
         if not note.startswith("warning"):
             print(f"  note: {note}")
-    top = rows[-1]["critical_path"]
-    print(f"critical path of step {rows[-1]['step']} ({top['share_pct']}):")
+    _print_step_path(rows[-1])
+    return 0
+
+
+def _print_warnings(notes: list[str]) -> None:
+    for note in notes:
+        if note.startswith("warning"):
+            print(f"    {note}")
+
+
+def _print_step_path(row: dict) -> None:
+    """The critical path of one replayed profiler step (import-kineto), its top ops."""
+    top = row["critical_path"]
+    print(f"critical path of step {row['step']} ({top['share_pct']}):")
     for item in top["top"][:8]:
         print(f"  {item['time_on_path_ms']:8.2f} ms  {item['op']}")
-    return 0
 
 
 def _run_dir_kineto_traces(run_dir: str) -> list[str]:
@@ -500,7 +509,7 @@ def _import_kineto_job(args: argparse.Namespace, traces: list) -> int:
                           "skipped": skipped}, indent=2))
         return 0
     print(f"{len(traces)} ranks ({', '.join(str(r) for r in rows[0]['ranks'])}): each step replayed as one "
-          "kernel-level global DFG, the ranks joined through their NCCL kernels")
+          "kernel-level global DFG, the ranks joined through their collectives (NCCL kernels, or gloo's on its threads)")
     for row in rows:
         waited = ", ".join(f"rank {r} {m:.2f}/{p:.2f} ms" for r, m, p in zip(
             row["ranks"], row["waited_in_collectives_ms"]["measured"], row["waited_in_collectives_ms"]["replayed"]))
@@ -508,18 +517,13 @@ def _import_kineto_job(args: argparse.Namespace, traces: list) -> int:
               f"({row['collectives']} collectives; waited for peers, measured/replayed: {waited}; GPU ops start "
               f"{max(row['gpu_start_error_us']):.1f} us from their measured starts, worst rank's median)"
               + (f"; what-if {row['whatif_ms']:.2f} ms" if "whatif_ms" in row else ""))
-        for note in row["notes"]:
-            if note.startswith("warning"):
-                print(f"    {note}")
+        _print_warnings(row["notes"])
     for reason in skipped:
         print(f"  skipped: {reason}")
     for note in rows[-1]["notes"]:
         if note.startswith("clocks"):
             print(f"  note: {note}")
-    top = rows[-1]["critical_path"]
-    print(f"critical path of step {rows[-1]['step']} ({top['share_pct']}):")
-    for item in top["top"][:8]:
-        print(f"  {item['time_on_path_ms']:8.2f} ms  {item['op']}")
+    _print_step_path(rows[-1])
     return 0
 
 
