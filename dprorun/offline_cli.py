@@ -509,7 +509,8 @@ def _import_kineto_job(args: argparse.Namespace, traces: list) -> int:
                           "skipped": skipped}, indent=2))
         return 0
     print(f"{len(traces)} ranks ({', '.join(str(r) for r in rows[0]['ranks'])}): each step replayed as one "
-          "kernel-level global DFG, the ranks joined through their collectives (NCCL kernels, or gloo's on its threads)")
+          "kernel-level global DFG, the ranks joined through their collectives (NCCL kernels, or gloo's on its "
+          "threads)")
     for row in rows:
         waited = ", ".join(f"rank {r} {m:.2f}/{p:.2f} ms" for r, m, p in zip(
             row["ranks"], row["waited_in_collectives_ms"]["measured"], row["waited_in_collectives_ms"]["replayed"]))
