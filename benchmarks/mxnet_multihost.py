@@ -108,13 +108,14 @@ def main() -> None:
                 whatifs.append(doc["fewer servers"])
                 if args.compare_with:
                     shared_whatifs.append(doc["fewer servers, other checkout"])
-    print(f"{'kind':24} {'plain ms (rounds)':>30} {'median':>8} {'replay ms (rounds)':>30} {'median':>8} {'error %':>8}")
+    print(f"{'kind':28} {'plain ms (rounds)':>30} {'median':>8} {'replay ms (rounds)':>30} {'median':>8} "
+          f"{'error %':>8}")
     rows = [("as run", plain, replays)] + ([("as run, other checkout", plain, shared)] if shared else [])
     rows += [("servers -1 per host", fewer, whatifs)] if fewer else []
     rows += [("servers -1, other checkout", fewer, shared_whatifs)] if shared_whatifs else []
     for kind, truth, pred in rows:
         t, p = statistics.median(truth), statistics.median(pred)
-        print(f"{kind:24} {' / '.join(f'{x:.1f}' for x in truth):>30} {t:8.2f} "
+        print(f"{kind:28} {' / '.join(f'{x:.1f}' for x in truth):>30} {t:8.2f} "
               f"{' / '.join(f'{x:.1f}' for x in pred):>30} {p:8.2f} {100 * (p / t - 1):+8.1f}")
     print(f"clean iterations of the profiled runs: {' / '.join(f'{x:.1f}' for x in cleans)} ms")
     t, p = statistics.median(plain), statistics.median(replays)
