@@ -7,10 +7,11 @@ how transfers run (`PSLinks`). Nodes [0, local_nodes) are the workers' local DFG
 Per key (in push order), per part:
   push     from every worker: on one shared medium one op on `link` (as many slots as the host moves transfers
            at once); with a link per role ("per-node") SEND on the worker's uplink `w<r>.tx`, RECV on the server's
-           downlink `s<s>.rx`; with a NIC per host ("hosts", asked where the roles ran on several hosts) SEND on the worker's host's
-           uplink `h<a>.tx`, RECV on the server's host's downlink `h<b>.rx`, or, both on one host, one op on that
-           host's loopback `h<a>.lo` (the host's cores as slots, priced at LOOPBACK_GBIT); as recorded at the
-           worker ("worker-side": BytePS) one op on the worker's own push device. Priced alpha + bytes / bandwidth (alpha on the op that starts the transfer), or the measured time
+           downlink `s<s>.rx`; with a NIC per host ("hosts", asked where the roles ran on several hosts) SEND on
+           the worker's host's uplink `h<a>.tx`, RECV on the server's host's downlink `h<b>.rx`, or, both on one
+           host, one op on that host's loopback `h<a>.lo` (the host's cores as slots, priced at LOOPBACK_GBIT); as
+           recorded at the worker ("worker-side": BytePS) one op on the worker's own push device. Priced
+           alpha + bytes / bandwidth (alpha on the op that starts the transfer), or the measured time
   server   once every worker's push of the part has arrived: the server's update on `s<s>` (a + b x bytes), or,
            worker-side, the measured wait between the push's end and the pull's start (no device: the server
            was not recorded)
