@@ -390,20 +390,18 @@ def _cmd_import_kineto(args: argparse.Namespace) -> int:
     from dprorun.graph.kernels import replay_step
     from dprorun.trace.kineto import read_kineto
 
-    args.clock = ({}, "")
-    if len(args.traces) == 1 and os.path.isdir(args.traces[0]):  # a run directory: every rank's profiler trace
-        run_dir = args.traces[0]
-        args.traces = _run_dir_kineto_traces(run_dir)
-        args.clock = _run_dir_offsets(run_dir)
-    if len(args.traces) > 1:
-        return _import_kineto_job(args, [read_kineto(path) for path in args.traces])
+    paths, clock = args.traces, ({}, "")
+    if len(paths) == 1 and os.path.isdir(paths[0]):  # a run directory: every rank's profiler trace
+        paths, clock = _run_dir_kineto_traces(paths[0]), _run_dir_offsets(paths[0])
+    if len(paths) > 1:
+        return _import_kineto_job(args, paths, [read_kineto(path) for path in paths], clock[0] or None, clock[1])
     if args.rank_scale:
         raise UnanswerableError("--rank-scale asks a job-level what-if: give one trace per rank")
-    args.trace = args.traces[0]
-    trace = read_kineto(args.trace)
+    path = paths[0]
+    trace = read_kineto(path)
     steps = [s for s, _, _ in trace.steps if args.step is None or s == args.step]
     if not steps:
-        raise UnanswerableError(f"{args.trace}: no ProfilerStep#{args.step if args.step is not None else 'N'} "
+        raise UnanswerableError(f"{path}: no ProfilerStep#{args.step if args.step is not None else 'N'} "
                                 "annotation (profile with torch.profiler's schedule and call prof.step())")
     op_scale = dict(args.op_scale or [])
     rows = []
@@ -417,9 +415,9 @@ def _cmd_import_kineto(args: argparse.Namespace) -> int:
                      "critical_path": as_run.critical_path, "notes": as_run.notes,
                      **({"whatif_ms": round(whatif.replayed_us / 1000, 3)} if whatif else {})})
     if args.json:
-        print(json.dumps({"trace": args.trace, "op_scale": op_scale, "steps": rows}, indent=2))
+        print(json.dumps({"trace": path, "op_scale": op_scale, "steps": rows}, indent=2))
         return 0
-    print(f"{args.trace}: {len(trace.gpu)} GPU ops on {len({op.stream for op in trace.gpu})} stream(s), "
+    print(f"{path}: {len(trace.gpu)} GPU ops on {len({op.stream for op in trace.gpu})} stream(s), "
           f"{len(trace.runtime)} CUDA runtime calls; each step replayed as its kernel-level DFG")
     for row in rows:
         busy = ", ".join(f"{d.split('.', 1)[1]} {ms:.2f} ms" for d, ms in row["gpu_busy_ms"].items()) or "no GPU ops"
@@ -474,7 +472,8 @@ def _run_dir_offsets(run_dir: str) -> tuple[dict[int, float], str]:
         return {}, ""
 
 
-def _import_kineto_job(args: argparse.Namespace, traces: list) -> int:
+def _import_kineto_job(args: argparse.Namespace, paths: list[str], traces: list,
+                       offsets_us: Optional[dict[int, float]], clock_source: str) -> int:
     """Several ranks' traces: each common profiled step as the kernel-level global DFG (graph/kernels.py
     job_kernel_dfg), replayed; with --op-scale / --rank-scale the what-if."""
     from dprorun.graph.kernels import replay_job_step
@@ -489,8 +488,7 @@ def _import_kineto_job(args: argparse.Namespace, traces: list) -> int:
     rows, skipped = [], []
     for step in steps:
         try:
-            as_run = replay_job_step(traces, step, clock_offsets_us=args.clock[0] or None,
-                                     clock_source=args.clock[1])
+            as_run = replay_job_step(traces, step, clock_offsets_us=offsets_us, clock_source=clock_source)
         except UnanswerableError as exc:
             if args.step is not None:
                 raise
@@ -498,13 +496,13 @@ def _import_kineto_job(args: argparse.Namespace, traces: list) -> int:
             continue
         row = as_run.to_json()
         if op_scale or rank_scale:
-            row["whatif_ms"] = round(replay_job_step(traces, step, op_scale, rank_scale, args.clock[0] or None,
-                                                     args.clock[1]).replayed_us / 1000, 3)
+            row["whatif_ms"] = round(replay_job_step(traces, step, op_scale, rank_scale, offsets_us,
+                                                     clock_source).replayed_us / 1000, 3)
         rows.append(row)
     if not rows:
         raise UnanswerableError("; ".join(skipped))
     if args.json:
-        print(json.dumps({"traces": args.traces, "op_scale": op_scale,
+        print(json.dumps({"traces": paths, "op_scale": op_scale,
                           "rank_scale": {str(r): f for r, f in rank_scale.items()}, "steps": rows,
                           "skipped": skipped}, indent=2))
         return 0
