@@ -8,7 +8,7 @@ waiting) and COMM (transmitting). Every problem with a file is a TraceError nami
 from __future__ import annotations
 
 import bisect
-import copy
+import dataclasses
 import os
 from typing import Optional
 
@@ -108,7 +108,7 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     first_send = _add_p2p(trace, doc, profiled)
     _add_comm(trace, doc, kineto, profiled, first_send)
     if kineto is not None:
-        _add_kineto_compute(trace, kineto, profiled)
+        _add_kineto_compute(trace, kineto, profiled, copy_ops=bool(kineto.gpu))
     if samples:
         for entry in samples.get("samples", []):
             try:
@@ -345,7 +345,10 @@ def _name_module_scopes(ops: list[Op], annotations: list[Op]) -> None:
             op.args["scope"] = open_scopes[-1].name[len(SCOPE_PREFIX):]
 
 
-def _add_kineto_compute(trace: RankTrace, kineto: KinetoTrace, profiled: set) -> None:
+def _add_kineto_compute(trace: RankTrace, kineto: KinetoTrace, profiled: set, copy_ops: bool = False) -> None:
+    """The profiled iterations' CPU ops and GPU activity into the rank's trace (their iteration, host and phase kind
+    set; alignment shifts them later); `copy_ops`: copies, leaving the profiler trace as read (a GPU rank's, kept
+    for the kernel-level DFG)."""
     _name_module_scopes(kineto.compute, kineto.annotations)
     iter_starts = [start for _, start, _ in trace.iterations]
     phases = sorted((op for op in trace.ops if op.stream == "phase"), key=lambda op: op.start_us)
@@ -354,6 +357,8 @@ def _add_kineto_compute(trace: RankTrace, kineto: KinetoTrace, profiled: set) ->
         index = bisect.bisect_right(iter_starts, op.start_us) - 1
         if index < 0 or trace.iterations[index][0] not in profiled or op.start_us >= trace.iterations[index][2]:
             continue
+        if copy_ops:
+            op = dataclasses.replace(op)
         op.iteration = trace.iterations[index][0]
         op.host = trace.host
         if op.stream == "main":
@@ -400,8 +405,8 @@ def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = T
     snapshot = None
     if os.path.exists(kineto_path):
         kineto = read_kineto(kineto_path, rank=doc["rank"], detail=detail)
-        if detail and kineto.gpu:  # its ops join the rank's trace (aligned, their kinds set): a copy as read
-            snapshot = copy.deepcopy(kineto)
+        if detail and kineto.gpu:  # kept as read for the kernel-level DFG: the rank's trace gets copies of its ops
+            snapshot = kineto
     samples = None
     samples_path = os.path.join(folder, SAMPLES_FILE)
     if os.path.exists(samples_path):
