@@ -408,9 +408,9 @@ def job_kernel_dfg(traces: list[KinetoTrace], step: int, clock_offsets_us: Optio
     kernel of every rank joined into one collective: it starts on every rank once every rank's kernel could have
     started (its launch and its stream), and lasts the shortest of the ranks' measured kernels (the rank that
     arrived last waited for nobody). Collectives that run on CPU threads (gloo's workers, also for CUDA tensors)
-    are joined the same way, k-th with k-th, through the node of their first stretch. The ranks' clocks are
-    aligned on the collectives' ends (a collective ends on every rank at nearly one moment); each rank starts the
-    step where its aligned clock says. `clock_offsets_us` (rank -> add to its clock; a run's alignment.json, from
+    are joined the same way, k-th with k-th, through the node of their exchange. The ranks' clocks are aligned on
+    the collectives' ends (a collective ends on every rank at nearly one moment); each rank starts the step where
+    its aligned clock says. `clock_offsets_us` (rank -> add to its clock; a run's alignment.json, from
     `clock_source`) replaces the collectives' estimate where it holds every rank."""
     activities = [activity_of_step(trace, step) for trace in traces]
     ranks = [a.rank for a in activities]
@@ -418,7 +418,41 @@ def job_kernel_dfg(traces: list[KinetoTrace], step: int, clock_offsets_us: Optio
         raise UnanswerableError(f"the traces name ranks {ranks}: one trace per rank is needed (distributedInfo.rank)")
     g = GraphBuilder()
     built = [_rank_nodes(g, activity) for activity in activities]
-    joined: list[list[tuple[int, Op]]] = [[] for _ in built]  # per rank, the ops joined k-th with k-th
+    joined, kinds = _pair_collectives(built, ranks, step)
+    estimated, _ = _offsets_from_ends(joined)
+    given = clock_offsets_us is not None and all(r in clock_offsets_us for r in ranks)
+    chosen = [clock_offsets_us[r] - clock_offsets_us[ranks[0]] for r in ranks] if given else None
+    offsets, uncertainty = _offsets_from_ends(joined, chosen)
+    aligned_start = [a.start_us + off for a, off in zip(activities, offsets)]
+    job_t0 = min(aligned_start)
+    measured_us = max(a.end_us + off for a, off in zip(activities, offsets)) - job_t0
+    # each rank starts the step where its aligned clock says: a delay before its first nodes
+    has_pred = np.zeros(g.size, dtype=bool)
+    has_pred[np.asarray(g.dst, dtype=np.int64)] = True
+    for r, b, start in zip(ranks, built, aligned_start):
+        delay = g.op(f"r{r}.step start", "VIRTUAL", r, None, start - job_t0)
+        for node in range(b.first, b.end):
+            if not has_pred[node]:
+                g.edge(delay, node)
+    collectives = _join_collectives(g, joined, kinds)
+    measured = {node: t + start - job_t0 for b, start in zip(built, aligned_start) for node, t in b.measured.items()}
+    notes = [f"rank {r}: {note}" for r, b in zip(ranks, built) for note in b.notes]
+    world = max(int(t.distributed.get("world_size", 0) or 0) for t in traces)
+    if world > len(traces):
+        notes.append(f"warning: {len(traces)} of the job's {world} ranks given: their collectives also waited for "
+                     "ranks that are not here, so each collective's transfer (the shortest of the given ranks' "
+                     "kernels) may hold waiting, and its peers may not be these ranks")
+    notes += _clock_notes(ranks, offsets, estimated, max(uncertainty), len(collectives),
+                          (clock_source or "the offsets given") if given else None)
+    graph = g.build({"source": "kernel-level global DFG", "ranks_built": len(ranks), "world_size": len(ranks)})
+    return JobKernelDFG(graph, ranks, measured, measured_us, offsets, uncertainty, collectives, notes)
+
+
+def _pair_collectives(built: list[RankNodes], ranks: list[int], step: int) -> tuple[list[list[tuple[int, Op]]],
+                                                                                   list[str]]:
+    """Per rank, its collectives (NCCL kernels, then gloo's) to be joined k-th with k-th, and their kinds; ranks
+    whose collectives do not pair up one to one are refused."""
+    joined: list[list[tuple[int, Op]]] = [[] for _ in built]
     kinds: list[str] = []
     for family, items, kind_of in (("NCCL kernels", lambda b: b.comm, nccl_kind),
                                    ("collectives on CPU threads", lambda b: b.cpu_comm, lambda name: name)):
@@ -435,35 +469,31 @@ def job_kernel_dfg(traces: list[KinetoTrace], step: int, clock_offsets_us: Optio
     if not kinds:
         raise UnanswerableError(f"step {step}: no collective (NCCL kernel, or gloo's on its threads) in the step: "
                                 "nothing joins the ranks; replay each rank alone")
-    # clock offsets: every collective ends at one moment on every rank
-    offsets, uncertainty = [0.0], [0.0]
-    for mine in joined[1:]:
+    return joined, kinds
+
+
+def _offsets_from_ends(joined: list[list[tuple[int, Op]]],
+                       offsets: Optional[list[float]] = None) -> tuple[list[float], list[float]]:
+    """(per rank, the offset onto the first rank's clock, the largest disagreement of one collective's end with
+    it): every collective ends at one moment on every rank, so the offset is the median difference of the ends,
+    unless `offsets` are given (then only their disagreement is measured)."""
+    chosen, disagreement = [], []
+    for k, mine in enumerate(joined):
         diffs = np.array([op0.end_us - op.end_us for (_, op0), (_, op) in zip(joined[0], mine)])
-        offsets.append(float(np.median(diffs)))
-        uncertainty.append(float(np.max(np.abs(diffs - offsets[-1]))))
-    estimated = list(offsets)
-    given = clock_offsets_us is not None and all(r in clock_offsets_us for r in ranks)
-    if given:
-        offsets = [clock_offsets_us[r] - clock_offsets_us[ranks[0]] for r in ranks]
-        uncertainty = [float(np.max(np.abs(np.array([op0.end_us - op.end_us for (_, op0), (_, op) in
-                                                     zip(joined[0], mine)]) - off))) for mine, off in
-                       zip(joined, offsets)]
-    aligned_start = [a.start_us + off for a, off in zip(activities, offsets)]
-    job_t0 = min(aligned_start)
-    measured_us = max(a.end_us + off for a, off in zip(activities, offsets)) - job_t0
-    # each rank starts the step where its aligned clock says: a delay before its first nodes
-    has_pred = np.zeros(g.size, dtype=bool)
-    has_pred[np.asarray(g.dst, dtype=np.int64)] = True
-    preds: dict[int, list[int]] = {}
+        offset = offsets[k] if offsets is not None else float(np.median(diffs))
+        chosen.append(offset)
+        disagreement.append(float(np.max(np.abs(diffs - offset))))
+    return chosen, disagreement
+
+
+def _join_collectives(g: GraphBuilder, joined: list[list[tuple[int, Op]]], kinds: list[str]) -> list[Collective]:
+    """The k-th collective of every rank: a barrier after each rank's own predecessors of it, each rank's node after
+    the barrier lasting the shortest rank's measured one."""
     comm_nodes = {node for mine in joined for node, _ in mine}
+    preds: dict[int, list[int]] = {}
     for u, v in zip(g.src, g.dst):
         if v in comm_nodes:
             preds.setdefault(v, []).append(u)
-    for r, b, start in zip(ranks, built, aligned_start):
-        delay = g.op(f"r{r}.step start", "VIRTUAL", r, None, start - job_t0)
-        for node in range(b.first, b.end):
-            if not has_pred[node]:
-                g.edge(delay, node)
     collectives = []
     for k, kind in enumerate(kinds):
         nodes = [mine[k][0] for mine in joined]
@@ -477,29 +507,24 @@ def job_kernel_dfg(traces: list[KinetoTrace], step: int, clock_offsets_us: Optio
             g.durations[node] = transfer
         collectives.append(Collective(k, kind, nodes, [preds.get(node, []) for node in nodes], transfer,
                                       [d - transfer for d in durations]))
-    measured = {node: t + start - job_t0 for b, start in zip(built, aligned_start) for node, t in b.measured.items()}
-    notes = [f"rank {r}: {note}" for r, b in zip(ranks, built) for note in b.notes]
-    worst = max(uncertainty)
-    world = max(int(t.distributed.get("world_size", 0) or 0) for t in traces)
-    if world > len(traces):
-        notes.append(f"warning: {len(traces)} of the job's {world} ranks given: their collectives also waited for "
-                     "ranks that are not here, so each collective's transfer (the shortest of the given ranks' "
-                     "kernels) may hold waiting, and its peers may not be these ranks")
-    if given:
-        notes.append(f"clocks from {clock_source or 'the offsets given'}: "
-                     + ", ".join(f"rank {r} {off:+.1f} us" for r, off in zip(ranks, offsets))
-                     + f"; the {len(collectives)} collectives' ends, each within {worst:.1f} us of them, would say "
-                     + ", ".join(f"{off:+.1f}" for off in estimated))
-    else:
-        notes.append(f"clocks aligned on the ends of {len(collectives)} collectives per rank: offsets "
-                     + ", ".join(f"rank {r} {off:+.1f} us" for r, off in zip(ranks, offsets))
-                     + f" (each collective within {worst:.1f} us of them)")
-    if worst > OFFSET_UNCERTAIN_US and not given:
+    return collectives
+
+
+def _clock_notes(ranks: list[int], offsets: list[float], estimated: list[float], worst: float, collectives: int,
+                 given_by: Optional[str]) -> list[str]:
+    """What the replay's clocks rest on: the offsets given (and what the collectives' ends would say), or the
+    collectives' ends (a warning where they disagree with one offset by more than OFFSET_UNCERTAIN_US)."""
+    shown = ", ".join(f"rank {r} {off:+.1f} us" for r, off in zip(ranks, offsets))
+    if given_by is not None:
+        return [f"clocks from {given_by}: {shown}; the {collectives} collectives' ends, each within {worst:.1f} us "
+                "of them, would say " + ", ".join(f"{off:+.1f}" for off in estimated)]
+    notes = [f"clocks aligned on the ends of {collectives} collectives per rank: offsets {shown} (each collective "
+             f"within {worst:.1f} us of them)"]
+    if worst > OFFSET_UNCERTAIN_US:
         notes.append(f"warning: the collectives' ends disagree with one offset by up to {worst:.0f} us (not ring "
                      "collectives that end together, or a clock that drifted): the ranks' relative timing is "
                      "uncertain by that much")
-    graph = g.build({"source": "kernel-level global DFG", "ranks_built": len(ranks), "world_size": len(ranks)})
-    return JobKernelDFG(graph, ranks, measured, measured_us, offsets, uncertainty, collectives, notes)
+    return notes
 
 
 OFFSET_UNCERTAIN_US = 50.0
