@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 
-from dprorun.offline_cli import parse_stage_scale
+from dprorun.import_cli import parse_stage_scale
 from dprorun.replay.pipeline import predict_machine_steps, predict_steps
 from dprorun.trace.byteps import read_byteps_comm
 
