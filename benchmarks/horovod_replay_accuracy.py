@@ -61,7 +61,9 @@ def measured_ms(net: str, steps: int, batch: int, knobs: tuple = (), model: str 
 def predicted_ms(net: str, steps: int, batch: int, model: str = "mlp") -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        warmup, clean = steps // 2, 5
+        # the window over the second half, as the plain run's median; 10 clean iterations (the default, enough
+        # for the self-check; 5 scattered too widely to judge by)
+        warmup, clean = steps // 2, 10
         active = steps - warmup - clean - 2
         subprocess.run(wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "horovod", "-np", "2", "-q",
                                   "--run-dir", run_dir, "--warmup", str(warmup), "--active", str(active),
