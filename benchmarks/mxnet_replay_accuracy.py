@@ -11,8 +11,9 @@ iterations without the profiler (hooks on) against the plain launches (the hooks
 with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
 usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module,handloop] [--nets loopback,1gbit]
-       [--reps 3]
-       [--steps 60]
+       [--reps 3] [--steps 60] [--compare-with CHECKOUT]
+With --compare-with CHECKOUT each profile is also replayed by that checkout's code (rows "..., other checkout"):
+a before/after of the model on the same profiles, free of launch-to-launch spread.
 """
 from __future__ import annotations
 
@@ -80,8 +81,9 @@ def plain_ms(model: str, servers: int, net: str, bound: int | None = None) -> fl
     return float(found.group(1))
 
 
-def profiled(model: str, net: str) -> dict[str, float]:
-    """{"as run", "servers 1", "bound", "window", "clean"}: the replays and the run's own iterations (ms)."""
+def profiled(model: str, net: str, compare_with: str | None = None) -> dict[str, float]:
+    """{"as run", "servers 1", "bound", "window", "clean"}: the replays and the run's own iterations (ms); with
+    `compare_with` (a checkout) also each replay by that checkout's code ("as run, other checkout", ...)."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
         cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "-np", "2", "--servers", "2",
@@ -93,11 +95,17 @@ def profiled(model: str, net: str) -> dict[str, float]:
         out = {}
         for label, extra in (("as run", []), ("servers 1", ["--servers", "1"]),
                              ("bound", ["--bigarray-bound", str(BOUND)])):
-            doc = json.loads(subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json",
-                                             *extra], capture_output=True, text=True, check=True, cwd=REPO).stdout)
-            out[label] = doc["predicted_iteration_ms"]
-            out["window"], out["clean"] = doc["window_ms"], doc["clean_ms"]
-            out["scale"] = doc["model"]["compute_scale"]
+            for code, checkout in (("", REPO), (", other checkout", compare_with)):
+                if not checkout:
+                    continue
+                doc = json.loads(subprocess.run(
+                    [sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *extra],
+                    capture_output=True, text=True, check=True, cwd=checkout,
+                    env=dict(os.environ, PYTHONPATH=checkout)).stdout)
+                out[label + code] = doc["predicted_iteration_ms"]
+                if not code:
+                    out["window"], out["clean"] = doc["window_ms"], doc["clean_ms"]
+                    out["scale"] = doc["model"]["compute_scale"]
         return out
 
 
@@ -108,40 +116,45 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=STEPS, help="iterations per launch (plain: the median of the "
                         "second half; profiled: 10 warm-up, 20 in the window, the rest clean)")
+    parser.add_argument("--compare-with", default=None, metavar="CHECKOUT",
+                        help="also replay each profile with the dprorun code of this checkout (a before/after on the "
+                             "same runs, e.g. a git worktree of an earlier commit)")
     args = parser.parse_args()
     globals()["STEPS"] = args.steps
     rows, overheads = [], []
     configs = (("as run", 2, None), ("servers 1", 1, None), ("bound", 2, BOUND))
+    codes = ("", ", other checkout") if args.compare_with else ("",)
     for net in args.nets.split(","):
         for model in args.models.split(","):
             plain: dict[str, list[float]] = {label: [] for label, _, _ in configs}
-            predicted: dict[str, list[float]] = {label: [] for label, _, _ in configs}
+            predicted: dict[str, list[float]] = {label + code: [] for label, _, _ in configs for code in codes}
             windows, cleans, scales = [], [], []
             for _ in range(args.reps):  # interleaved: plain launches and profiles alternate
                 for label, servers, bound in configs:
                     plain[label].append(plain_ms(model, servers, net, bound))
-                replays = profiled(model, net)
-                for label, _, _ in configs:
+                replays = profiled(model, net, args.compare_with)
+                for label in predicted:
                     predicted[label].append(replays[label])
                 windows.append(replays["window"])
                 cleans.append(replays["clean"])
                 scales.append(replays["scale"])
             overheads.append((net, model, statistics.median(plain["as run"]), statistics.median(windows),
                               statistics.median(cleans), statistics.median(scales)))
-            for label, servers, bound in configs:
+            for (label, servers, bound), code in ((config, code) for config in configs for code in codes):
                 truth = statistics.median(plain[label])
                 spread = 100 * (max(plain[label]) - min(plain[label])) / truth
-                pred = statistics.median(predicted[label])
-                kind = "as run (2 servers)" if label == "as run" else (
-                    "what-if: 1 server" if label == "servers 1" else f"what-if: bound {BOUND}")
+                pred = statistics.median(predicted[label + code])
+                kind = ("as run (2 servers)" if label == "as run" else (
+                    "what-if: 1 server" if label == "servers 1" else f"what-if: bound {BOUND}")) + code
                 rows.append((net, model, kind, truth, spread, pred, 100 * (pred / truth - 1)))
-    print(f"{'net':9} {'model':9} {'kind':22} {'plain ms':>9} {'spread %':>8} {'replay ms':>9} {'error %':>8}")
+    print(f"{'net':9} {'model':9} {'kind':38} {'plain ms':>9} {'spread %':>8} {'replay ms':>9} {'error %':>8}")
     for net, model, kind, truth, spread, pred, error in rows:
-        print(f"{net:9} {model:9} {kind:22} {truth:9.2f} {spread:8.1f} {pred:9.2f} {error:+8.1f}")
+        print(f"{net:9} {model:9} {kind:38} {truth:9.2f} {spread:8.1f} {pred:9.2f} {error:+8.1f}")
     print(f"\n{'net':9} {'model':9} {'plain ms':>9} {'window ms':>9} {'clean ms':>9} {'hooks %':>8} {'compute x':>9}")
     for net, model, plain_median, window, clean, scale in overheads:
         print(f"{net:9} {model:9} {plain_median:9.2f} {window:9.2f} {clean:9.2f} "
               f"{100 * (window / plain_median - 1):+8.1f} {scale:9.2f}")
+    rows = [r for r in rows if not r[2].endswith("other checkout")]  # the last line: this checkout's code
     as_run = [abs(r[-1]) for r in rows if r[2].startswith("as run")]
     whatifs = [abs(r[-1]) for r in rows if not r[2].startswith("as run")]
     print(f"as run: median |error| {statistics.median(as_run):.1f} % (max {max(as_run):.1f}); what-ifs: median "

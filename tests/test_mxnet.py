@@ -72,6 +72,11 @@ def test_a_ps_job_is_profiled_on_workers_and_servers(ps_run):
         doc = json.loads((run_dir / f"server_{server}" / "server.json").read_text())
         keys = {u[0] for u in doc["updates"]}
         assert keys and all(u[2] >= u[1] for u in doc["updates"])
+        # the engine's copy and add probed at each key size of 64 KiB or more (the merging of pushes, the pulls'
+        # responses): the model's and the calibration's
+        sizes = {row[0] for row in doc["memory"]}
+        assert len(sizes) >= 3 and min(sizes) >= 64 << 10
+        assert all(copy > 0 and add > 0 for _, copy, add in doc["memory"])
     # the first layer's weight (1.8 M elements) is over the big-array bound: both servers update a half of it
     halves = [{u[3] for u in json.loads((run_dir / f"server_{s}" / "server.json").read_text())["updates"]}
               for s in (0, 1)]
@@ -478,6 +483,28 @@ def test_on_a_shared_link_every_transfer_takes_a_slot_of_it():
     # on one medium, the servers' count changes only who updates: the bytes all cross the same link
     one_slot_servers = replay(ps_graph(shared, PSWhatIf(servers=1))).iteration_time_us
     assert one_slot_servers >= one_slot * 0.99
+
+
+def test_one_server_merges_every_push_and_copies_every_response_on_its_engine_alone():
+    # the servers' engine probed: copying 1 byte costs 1 ns, adding 2 ns (+ 5 us each)
+    probed = replace(_model(links="shared", slots=2), copy_us=(5.0, 0.001), add_us=(5.0, 0.002))
+    graph = ps_graph(probed, PSWhatIf())
+    names = set(graph.names)
+    # per part: worker 0's push copied into the merge buffer, worker 1's added; a copy into each pull's response
+    assert {"s0.merge k0 w0", "s0.merge k0 w1", "s1.merge k0 w1", "s0.respond k0 w0", "s1.respond k0 w1"} <= names
+    merges = [d for n, d in zip(graph.names, graph.durations) if n.startswith("s0.merge k0")]
+    half = 2_000_000 * 4
+    assert sorted(merges) == pytest.approx([5.0 + 0.001 * half, 5.0 + 0.002 * half])
+    two = replay(graph).iteration_time_us
+    one = replay(ps_graph(probed, PSWhatIf(servers=1))).iteration_time_us
+    # on one medium the link is the same for 1 or 2 servers; one server's engine now does all of the merging
+    # (16 MB: 2 pushes and 2 responses, 5 * 16 us ~ 80 ms of copies and adds) where two shared it
+    assert one - two > 0.25 * (0.001 + 0.002 + 2 * 0.001) * 16_000_000
+    unprobed = _model(links="shared", slots=2)
+    unprobed_gap = (replay(ps_graph(unprobed, PSWhatIf(servers=1))).iteration_time_us
+                    - replay(ps_graph(unprobed, PSWhatIf())).iteration_time_us)
+    assert 0 <= unprobed_gap < (one - two) / 4  # there only the updates move to the one server
+    assert not any(".merge " in n or ".respond " in n for n in ps_graph(unprobed, PSWhatIf()).names)
 
 
 def test_the_link_fit_recovers_the_links_a_calibration_was_made_with():

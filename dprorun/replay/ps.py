@@ -10,7 +10,9 @@ servers' updates, pulls; MXNet's key placement), whose passes answer the what-if
 Costs: alpha and the link bandwidth are fitted so that the same topology replays the end-of-window calibration
 (round trips of 4 KiB - 16 MiB through the job's kvstore) as measured, then scaled by one level so that the
 profiled iterations replay to their own length (every key in flight at once, against one at a time); the server
-update is a linear fit of the timed updates; the compute ops come from mx.profiler, scaled (one factor) so that
+update is a linear fit of the timed updates; the servers' merging of each arriving push and their copy of each pull's
+response are linear fits of the copy and add each server's engine was probed with (so one server doing all of it
+where two shared it costs what it costs); the compute ops come from mx.profiler, scaled (one factor) so that
 the job as it ran replays to its own iterations without the profiler: the clean ones where there are 5 or more,
 else the window's. Where the transfers alone, at the profiled iterations' level, replay longer than those (the
 profiled iterations' transfers ran slow on a noisy host), the compute takes the profiler's usual inflation (x0.8)
@@ -102,6 +104,9 @@ class PSModel:
     window_iterations_us: list[float] = field(default_factory=list)  # unprofiled window iterations, all workers
     clean_iterations_us: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # the servers' engine (probed): copying an array into another, adding one to another: a + b * bytes (µs)
+    copy_us: tuple[float, float] = (0.0, 0.0)
+    add_us: tuple[float, float] = (0.0, 0.0)
 
     @property
     def measured_iteration_us(self) -> Optional[float]:
@@ -113,6 +118,8 @@ class PSModel:
                 "keys": len(self.keys), "bytes": sum(k.nbytes for k in self.keys),
                 "alpha_us": round(self.alpha_us, 2), "bandwidth_gbit_s": round(self.bytes_per_us * 8e-3, 3),
                 "update_us": [round(self.update_us[0], 2), round(self.update_us[1] * 1e6, 3)],
+                "server_copy_us": [round(self.copy_us[0], 2), round(self.copy_us[1] * 1e6, 3)],
+                "server_add_us": [round(self.add_us[0], 2), round(self.add_us[1] * 1e6, 3)],
                 "compute_scale": round(self.compute_scale, 3), "links": self.links, "link_slots": self.link_slots,
                 "link_level": round(self.link_level, 3), "reference": self.reference, "hosts": self.hosts,
                 "worker_hosts": self.worker_hosts, "server_hosts": self.server_hosts,
@@ -180,7 +187,7 @@ def local_dfgs(model: PSModel, keys: Optional[list[PSKey]] = None,
         outs.append(copies)
     labelled = {f"k{key.key}": key for key in order}
     links = PSLinks(model.links, model.alpha_us, model.bytes_per_us, model.link_level, model.link_slots,
-                    model.update_us, list(model.worker_hosts), list(model.server_hosts))
+                    model.update_us, list(model.worker_hosts), list(model.server_hosts), model.copy_us, model.add_us)
     plan = PSPlan(model.workers, model.servers, model.bigarray_bound, list(labelled),
                   placed(labelled, model.servers, model.bigarray_bound), ins, outs, links, g.size, keys=labelled)
     return g.build({"ps_plan": plan, "world_size": model.workers, "servers": model.servers,
@@ -245,23 +252,7 @@ def build_ps_model(run_dir: str) -> PSModel:
     keys = [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
             for k in tracker["keys"]]
     notes: list[str] = []
-    ops = {}
-    window, clean = [], []
-    for r, events in workers.items():
-        profile = os.path.join(rank_dir(run_dir, r), MX_PROFILE_FILE)
-        if os.path.exists(profile):
-            profiled, unfinished = read_mx_profile_checked(profile)
-            if unfinished:
-                notes.append(f"{profile}: the profiler's dump was never finished (its worker was stopped, or left "
-                             "after its script raised): read to its last complete event")
-            measured = worker_ops_from_profile(r, profiled, keys)
-            if measured is not None:
-                ops[r] = measured
-            else:
-                notes.append(f"worker {r}: no complete profiled iteration in {profile}; the other workers' stand "
-                             "in for it")
-        window += _unprofiled_window(events)
-        clean += _clean_iterations(run_dir, r)
+    ops, window, clean = _read_workers(run_dir, workers, keys, notes)
     if not ops:
         raise UnanswerableError(f"{run_dir}: no worker has a complete profiled iteration in {MX_PROFILE_FILE} "
                                 "(give --kineto-iters 3 or more, and --warmup 1 or more)")
@@ -270,12 +261,18 @@ def build_ps_model(run_dir: str) -> PSModel:
     if not updates:
         notes.append("no server recorded its updates: the servers' update time is taken as 0")
     calibration = _calibration(workers)
-    hosts, worker_hosts, server_hosts = _role_hosts(run_dir, workers)
+    server_docs = _server_docs(run_dir)
+    hosts, worker_hosts, server_hosts = _role_hosts(server_docs, workers)
+    copy_fit, add_fit = _server_memory(server_docs)
     model = PSModel(workers=int(tracker.get("workers", len(workers))), servers=int(tracker.get("servers", 1)),
                     bigarray_bound=int(tracker.get("bigarray_bound", 1_000_000)), keys=keys, worker_ops=ops,
                     link_slots=max(1, int(tracker.get("cores") or 1)),
                     update_us=update_fit, alpha_us=0.0, bytes_per_us=125.0, calibration=calibration,
-                    window_iterations_us=window, clean_iterations_us=clean, notes=notes)
+                    window_iterations_us=window, clean_iterations_us=clean, notes=notes, copy_us=copy_fit,
+                    add_us=add_fit)
+    if server_docs and not any(doc.get("memory") for doc in server_docs.values()):
+        notes.append("no server probed its copy and add speed (a run of an older dprorun): the merging of each push "
+                     "and the copy into each pull's response are not priced on the servers")
     if len(hosts) > 1:  # the roles' hosts, for the "hosts" links (a what-if: the job is fitted on one medium)
         model.hosts, model.worker_hosts, model.server_hosts = hosts, worker_hosts, server_hosts
     if calibration:
@@ -310,6 +307,29 @@ def build_ps_model(run_dir: str) -> PSModel:
                          f"prediction follows the {model.reference} ones"
                          + (" (no profiler and no hook work in them)" if model.reference == "clean" else ""))
     return model
+
+
+def _read_workers(run_dir: str, workers: dict, keys: list[PSKey],
+                  notes: list[str]) -> tuple[dict[int, WorkerOps], list[float], list[float]]:
+    """(each worker's profiled iteration, the window's unprofiled iterations, the clean ones) of every worker;
+    what could not be read said in `notes`."""
+    ops, window, clean = {}, [], []
+    for r, events in workers.items():
+        profile = os.path.join(rank_dir(run_dir, r), MX_PROFILE_FILE)
+        if os.path.exists(profile):
+            profiled, unfinished = read_mx_profile_checked(profile)
+            if unfinished:
+                notes.append(f"{profile}: the profiler's dump was never finished (its worker was stopped, or left "
+                             "after its script raised): read to its last complete event")
+            measured = worker_ops_from_profile(r, profiled, keys)
+            if measured is not None:
+                ops[r] = measured
+            else:
+                notes.append(f"worker {r}: no complete profiled iteration in {profile}; the other workers' stand "
+                             "in for it")
+        window += _unprofiled_window(events)
+        clean += _clean_iterations(run_dir, r)
+    return ops, window, clean
 
 
 def worker_ops_from_profile(rank: int, ops: list[MXOp], keys: list[PSKey]) -> Optional[WorkerOps]:
@@ -411,18 +431,39 @@ def _server_updates(run_dir: str, workers: dict) -> list[tuple[int, float]]:
             if u.key < PS_CALIBRATION_KEY_BASE and lo <= u.start_us <= hi]
 
 
-def _role_hosts(run_dir: str, workers: dict) -> tuple[list[str], list[int], list[int]]:
-    """(the hosts' names, each worker's host index, each server's host index) from the workers' events and the
-    servers' server.json; servers that wrote none are left out (a what-if places them round-robin)."""
-    from dprorun.layout import SERVER_FILE, server_dir
+def _server_docs(run_dir: str) -> dict[int, dict]:
+    """Each server's server.json (those unreadable left out: their updates are read, and said, elsewhere)."""
+    from dprorun.layout import SERVER_FILE
 
-    worker_names = {r: str(events.get("host", "")) for r, events in workers.items()}
-    server_names = {}
+    docs = {}
     for s, path in numbered_files(run_dir, server_dir, SERVER_FILE).items():
         try:
-            server_names[s] = str(read_json(path).get("host", ""))
-        except (TraceError, AttributeError):
+            doc = read_json(path)
+        except TraceError:
             continue
+        if isinstance(doc, dict):
+            docs[s] = doc
+    return docs
+
+
+def _server_memory(server_docs: dict[int, dict]) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(copy, add) a + b * bytes (µs) of the servers' engine, fitted through every server's probe."""
+    rows = [row for doc in server_docs.values() for row in doc.get("memory") or []
+            if len(row) >= 3 and row[0] > 0 and row[1] > 0 and row[2] > 0]
+    if not rows:
+        return (0.0, 0.0), (0.0, 0.0)
+    if len({row[0] for row in rows}) == 1:  # one size: through the origin (a constant would price every key alike)
+        return ((0.0, statistics.median(c / b for b, c, _ in rows)),
+                (0.0, statistics.median(a / b for b, _, a in rows)))
+    return (_linear_fit([(float(b), float(c)) for b, c, _ in rows]),
+            _linear_fit([(float(b), float(a)) for b, _, a in rows]))
+
+
+def _role_hosts(server_docs: dict[int, dict], workers: dict) -> tuple[list[str], list[int], list[int]]:
+    """(the hosts' names, each worker's host index, each server's host index) from the workers' events and the
+    servers' server.json; servers that wrote none are left out (a what-if places them round-robin)."""
+    worker_names = {r: str(events.get("host", "")) for r, events in workers.items()}
+    server_names = {s: str(doc.get("host", "")) for s, doc in server_docs.items()}
     names = sorted((set(worker_names.values()) | set(server_names.values())) - {""})
     index = {name: k for k, name in enumerate(names)}
     servers = [index.get(server_names.get(s, ""), 0) for s in range(max(server_names, default=-1) + 1)]
@@ -557,9 +598,16 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
         notes.append("more workers on this host: each gets its own compute device in the replay, while on the "
                      "host they would share its cores")
     if whatif.servers and whatif.servers < model.servers and (whatif.links or model.links) == "shared":
-        notes.append("fewer servers on one host: the replay keeps every byte on the shared loopback and moves only "
-                     "the updates; each server's own transport work is not told apart from the link, so this "
-                     "what-if is optimistic (loopback, 2 cores: 1 server measured 5-14 % slower, predicted the same)")
+        if model.copy_us[1] or model.add_us[1]:
+            notes.append("fewer servers on one host: the merging of the pushes, the updates and the copies into the "
+                         "pulls' responses move to the remaining servers (priced from the servers' probe); the "
+                         "transfers stay on the shared loopback (loopback, 2 cores: 1 server of 2 predicted -6 to "
+                         "+9 % of the measured, 3 models)")
+        else:
+            notes.append("fewer servers on one host: the replay keeps every byte on the shared loopback and moves "
+                         "only the updates (the servers did not probe their merging: a run of an older dprorun), so "
+                         "this what-if is optimistic (loopback, 2 cores: 1 server measured 5-14 % slower, predicted "
+                         "the same)")
     if model.compute_scale < 0.5 or model.compute_scale > 1.5:
         compute, moved = compute_fit_moved_us(model)
         reference = model.measured_iteration_us or result.iteration_time_us
@@ -599,7 +647,8 @@ def format_ps_prediction(model: PSModel, prediction: PSPrediction) -> str:
              f"({sum(k.nbytes for k in model.keys) / 1e6:.2f} MB), big-array bound {model.bigarray_bound}",
              f"links: alpha {model.alpha_us:.0f} us, {model.bytes_per_us * 8e-3:.2f} Gbit/s (fitted to "
              f"{len(model.calibration)} calibration sizes); server update {model.update_us[0]:.0f} us + "
-             f"{model.update_us[1] * 1e3:.3f} us/KB; compute x{model.compute_scale:.2f} of the profile (to the "
+             f"{model.update_us[1] * 1e3:.3f} us/KB; merge (copy / add) {model.copy_us[1] * 1e3:.3f} / "
+             f"{model.add_us[1] * 1e3:.3f} us/KB; compute x{model.compute_scale:.2f} of the profile (to the "
              f"{model.reference} iterations)",
              f"predicted iteration time: {prediction.iteration_ms:.2f} ms ({prediction.whatif})"]
     if prediction.window_ms is not None:

@@ -12,9 +12,12 @@ Per key (in push order), per part:
            host, one op on that host's loopback `h<a>.lo` (the host's cores as slots, priced at LOOPBACK_GBIT); as
            recorded at the worker ("worker-side": BytePS) one op on the worker's own push device. Priced
            alpha + bytes / bandwidth (alpha on the op that starts the transfer), or the measured time
-  server   once every worker's push of the part has arrived: the server's update on `s<s>` (a + b x bytes), or,
+  merge    each arriving push merged on the server's engine `s<s>` (the first worker's copied into the merge
+           buffer, the others' added to it: a + b x bytes, probed on the server), where the server probed it
+  server   once every worker's push of the part has been merged: the server's update on `s<s>` (a + b x bytes), or,
            worker-side, the measured wait between the push's end and the pull's start (no device: the server
            was not recorded)
+  respond  per pull, the stored value copied into the response on `s<s>` (probed, as the merge)
   pull     to every worker, mirrored (SEND on `s<s>.tx`, RECV on `w<r>.rx` per node), into the worker's Out node
 Transaction ids: (key, part's server, worker, push/pull) name the SEND/RECV pairs. A server's ops carry rank -1 - s.
 
@@ -72,6 +75,10 @@ class PSLinks:
     # "hosts": each worker's and server's host (index); a server or worker beyond them: round-robin over the hosts
     worker_hosts: list[int] = field(default_factory=list)
     server_hosts: list[int] = field(default_factory=list)
+    # the server's engine, probed (0: not priced): each arriving push merged (the first worker's copied, the others'
+    # added), each pull's response copied from the stored value: a + b * bytes (µs)
+    copy_us: tuple[float, float] = (0.0, 0.0)
+    add_us: tuple[float, float] = (0.0, 0.0)
 
     def worker_host(self, w: int) -> int:
         return self.worker_hosts[w % len(self.worker_hosts)] if self.worker_hosts else 0
@@ -244,11 +251,27 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
                                  plan.ins[w][label]) for w in range(plan.workers)]
             if part.server_us is not None:  # the wait at the server, as the worker saw it
                 server = g.op(f"s{s}.wait {label}", "VIRTUAL", -1 - s, None, part.server_us)
+                for recv in arrivals:
+                    g.edge(recv, server)
             else:
                 server = g.op(f"s{s}.update {label}", "UPDATE", -1 - s, f"s{s}",
                               links.update_us[0] + links.update_us[1] * part.nbytes)
-            for recv in arrivals:
-                g.edge(recv, server)
+                for w, recv in enumerate(arrivals):
+                    g.edge(_server_op(g, links, f"s{s}.merge {label} w{w}", s, part.nbytes, w > 0, recv), server)
             for w in range(plan.workers):
-                recv = transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(part.nbytes, part.pull_us), server)
+                respond = server if part.server_us is not None else _server_op(
+                    g, links, f"s{s}.respond {label} w{w}", s, part.nbytes, False, server)
+                recv = transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(part.nbytes, part.pull_us),
+                                respond)
                 g.edge(recv, plan.outs[w][label])
+
+
+def _server_op(g: GraphBuilder, links: PSLinks, name: str, s: int, nbytes: int, add: bool, after: int) -> int:
+    """A copy (or an add) of `nbytes` on server s's engine after node `after`; `after` itself where the servers'
+    engine was not probed."""
+    a, b = links.add_us if add else links.copy_us
+    if not (a or b):
+        return after
+    op = g.op(name, "IO", -1 - s, f"s{s}", a + b * nbytes)
+    g.edge(after, op)
+    return op

@@ -16,7 +16,10 @@ Workers (DMLC_ROLE=worker):
               trip the cost model is fitted to.
   A worker's rank is the kvstore's (`kv.rank`, assigned by the scheduler), taken when the kvstore is created.
 Servers (DMLC_ROLE=server): the optimizer the workers send (`set_optimizer`) becomes the server's updater; the hooks
-  time each call (key, start, end, bytes; the update waited for) and write server_<r>/server.json at exit.
+  time each call (key, start, end, bytes; the update waited for, not the merge of the pushes before it), probe the
+  engine's copy and add speed at each new key size (the merging of each push, the copy into each pull's response;
+  in each key's first update, outside its timing), and write server_<r>/server.json when the workers' calibration
+  begins.
 """
 from __future__ import annotations
 
@@ -287,9 +290,26 @@ class ServerRecorder:
         self.dropped = 0
         self.started_us = time.time_ns() / 1000.0
         self.written = False
+        self.memory: list[list[float]] = []  # the engine's copy and add, probed: [bytes, copy µs, add µs]
+
+    def probe(self, array) -> bool:
+        """The engine's copy and add probed at this array's size, if it is a size not probed yet (at most
+        MEMORY_PROBE_SIZES of them, each key's first update: in the warm-up or the calibration's discarded first
+        round trip), outside the update's timing. True if it probed."""
+        nbytes = _nbytes(array)
+        if (nbytes < MEMORY_PROBE_MIN_BYTES or len(self.memory) >= MEMORY_PROBE_SIZES
+                or any(row[0] == nbytes for row in self.memory)):
+            return False
+        try:
+            self.memory.append(memory_probe(array))
+        except Exception as exc:  # the updates are still written; the replay then prices no merging
+            self.memory.append([nbytes, 0.0, 0.0])
+            print(f"[dprorun] warning: the server's copy/add probe failed: {exc}", file=sys.stderr)
+        return True
 
     def wrap(self, updater):
         def timed(key, recv, local):
+            recv.wait_to_read()  # the workers' pushes merged (the server's engine sums them as they arrive)
             start = time.time_ns() / 1000.0
             updater(key, recv, local)
             local.wait_to_read()
@@ -298,6 +318,8 @@ class ServerRecorder:
                 self.records.append([int(key), start, end, _nbytes(local)])
             else:
                 self.dropped += 1
+            if self.probe(local) and self.written:  # a calibration size: written again, with it
+                self.write()
             if key >= CALIBRATION_KEY_BASE and not self.written:
                 # the workers' end-of-window calibration has begun: every update of the window is in. Written
                 # now, in the calibration's first (discarded) round trip: a server process does not always run
@@ -313,12 +335,38 @@ class ServerRecorder:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         doc = {"schema": SERVER_SCHEMA, "version": 1, "server": rank, "host": os.uname().nodename,
                "pid": os.getpid(), "started_us": self.started_us, "updates": self.records, "dropped": self.dropped,
-               "clock": {"source": "time.time_ns"}}
+               "memory": self.memory, "clock": {"source": "time.time_ns"}}
         path = os.path.join(folder, SERVER_FILE)
         tmp = path + f".{os.getpid()}.tmp"
         with open(tmp, "w") as handle:
             json.dump(doc, handle)
         os.replace(tmp, path)
+
+
+MEMORY_PROBE_MIN_BYTES = 64 << 10  # smaller keys' merging costs next to nothing
+MEMORY_PROBE_SIZES = 8  # distinct key sizes probed, at most
+
+
+def memory_probe(array, repeats: int = 5) -> list[float]:
+    """[bytes, copy µs, add µs]: the server's engine copying an array of `array`'s size into another and adding one
+    to another (medians of `repeats`): what the server does with every push as it arrives (the first worker's
+    copied into the merge buffer, the others' added to it) and with every pull (the stored value copied into its
+    response). Built from the updater's own array (the server runs inside `import mxnet`: `mx.nd` is not there)."""
+    import statistics
+
+    source, target = array.copy(), array.copy()
+    target.wait_to_read()
+    copy, add = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        source.copyto(target)
+        target.wait_to_read()
+        copy.append((time.perf_counter() - start) * 1e6)
+        start = time.perf_counter()
+        target += source
+        target.wait_to_read()
+        add.append((time.perf_counter() - start) * 1e6)
+    return [_nbytes(array), round(statistics.median(copy), 2), round(statistics.median(add), 2)]
 
 
 def patch_mxnet_server(recorder: ServerRecorder) -> None:
