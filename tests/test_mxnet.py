@@ -507,6 +507,19 @@ def test_one_server_merges_every_push_and_copies_every_response_on_its_engine_al
     assert not any(".merge " in n or ".respond " in n for n in ps_graph(unprobed, PSWhatIf()).names)
 
 
+def test_the_servers_probes_are_fitted_per_byte_and_a_failed_probe_is_left_out():
+    from dprorun.replay.ps import _server_memory
+
+    one_size = {0: {"memory": [[4 << 20, 800.0, 1600.0]]}, 1: {"memory": [[4 << 20, 1000.0, 2000.0]]}}
+    copy, add = _server_memory(one_size)  # one size: through the origin, not a constant for every key
+    assert copy == (0.0, pytest.approx(900.0 / (4 << 20))) and add == (0.0, pytest.approx(1800.0 / (4 << 20)))
+    sizes = {0: {"memory": [[1 << 20, 150.0, 300.0], [4 << 20, 450.0, 1200.0], [2 << 20, 0.0, 0.0]]}}
+    copy, add = _server_memory(sizes)  # the failed probe (zeros) left out
+    assert copy[1] == pytest.approx(300.0 / (3 << 20)) and copy[0] == pytest.approx(50.0)
+    assert add[1] == pytest.approx(900.0 / (3 << 20)) and add[0] == pytest.approx(0.0, abs=1e-9)
+    assert _server_memory({0: {"updates": []}}) == ((0.0, 0.0), (0.0, 0.0))  # an older dprorun's server
+
+
 def test_the_link_fit_recovers_the_links_a_calibration_was_made_with():
     truth = _model(alpha=80.0, bw=300.0)
     sizes = [(4096, 1), (65536, 1), (524288, 1), (2 << 20, 1), (8 << 20, 2), (16 << 20, 2)]
