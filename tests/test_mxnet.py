@@ -486,15 +486,17 @@ def test_on_a_shared_link_every_transfer_takes_a_slot_of_it():
 
 
 def test_one_server_merges_every_push_and_copies_every_response_on_its_engine_alone():
-    # the servers' engine probed: copying 1 byte costs 1 ns, adding 2 ns (+ 5 us each)
-    probed = replace(_model(links="shared", slots=2), copy_us=(5.0, 0.001), add_us=(5.0, 0.002))
+    # the servers' engine probed: copying 1 MB costs 1,000 us, adding 2,000 us (and proportionally below that)
+    probed = replace(_model(links="shared", slots=2), copy_us=((1e6, 1000.0),), add_us=((1e6, 2000.0),))
     graph = ps_graph(probed, PSWhatIf())
     names = set(graph.names)
     # per part: worker 0's push copied into the merge buffer, worker 1's added; a copy into each pull's response
     assert {"s0.merge k0 w0", "s0.merge k0 w1", "s1.merge k0 w1", "s0.respond k0 w0", "s1.respond k0 w1"} <= names
     merges = [d for n, d in zip(graph.names, graph.durations) if n.startswith("s0.merge k0")]
     half = 2_000_000 * 4
-    assert sorted(merges) == pytest.approx([5.0 + 0.001 * half, 5.0 + 0.002 * half])
+    assert sorted(merges) == pytest.approx([0.001 * half, 0.002 * half])
+    small = [d for n, d in zip(graph.names, graph.durations) if n.startswith("s1.merge k1 ")]  # a 400-byte key
+    assert max(small) == pytest.approx(0.8)  # from 0 below the smallest probe: no intercept of the large sizes
     two = replay(graph).iteration_time_us
     one = replay(ps_graph(probed, PSWhatIf(servers=1))).iteration_time_us
     # on one medium the link is the same for 1 or 2 servers; one server's engine now does all of the merging
@@ -507,17 +509,19 @@ def test_one_server_merges_every_push_and_copies_every_response_on_its_engine_al
     assert not any(".merge " in n or ".respond " in n for n in ps_graph(unprobed, PSWhatIf()).names)
 
 
-def test_the_servers_probes_are_fitted_per_byte_and_a_failed_probe_is_left_out():
+def test_the_servers_probes_are_kept_by_size_and_a_failed_probe_is_left_out():
     from dprorun.replay.ps import _server_memory
+    from dprorun.replay.ps_topology import engine_us
 
-    one_size = {0: {"memory": [[4 << 20, 800.0, 1600.0]]}, 1: {"memory": [[4 << 20, 1000.0, 2000.0]]}}
-    copy, add = _server_memory(one_size)  # one size: through the origin, not a constant for every key
-    assert copy == (0.0, pytest.approx(900.0 / (4 << 20))) and add == (0.0, pytest.approx(1800.0 / (4 << 20)))
-    sizes = {0: {"memory": [[1 << 20, 150.0, 300.0], [4 << 20, 450.0, 1200.0], [2 << 20, 0.0, 0.0]]}}
-    copy, add = _server_memory(sizes)  # the failed probe (zeros) left out
-    assert copy[1] == pytest.approx(300.0 / (3 << 20)) and copy[0] == pytest.approx(50.0)
-    assert add[1] == pytest.approx(900.0 / (3 << 20)) and add[0] == pytest.approx(0.0, abs=1e-9)
-    assert _server_memory({0: {"updates": []}}) == ((0.0, 0.0), (0.0, 0.0))  # an older dprorun's server
+    docs = {0: {"memory": [[4 << 20, 800.0, 1600.0], [1 << 20, 150.0, 300.0], [2 << 20, 0.0, 0.0]]},
+            1: {"memory": [[4 << 20, 1000.0, 2000.0]]}}
+    copy, add = _server_memory(docs)  # per size, the median over the servers; the failed probe (zeros) left out
+    assert copy == ((1 << 20, 150.0), (4 << 20, 900.0)) and add == ((1 << 20, 300.0), (4 << 20, 1800.0))
+    assert engine_us(copy, 1 << 19) == pytest.approx(75.0)  # below the smallest size: from 0
+    assert engine_us(copy, 5 << 19) == pytest.approx(150.0 + 750.0 * 1.5 / 3)  # between sizes: linear
+    assert engine_us(copy, 8 << 20) == pytest.approx(1800.0)  # above the largest: its rate
+    assert _server_memory({0: {"updates": []}}) == ((), ())  # an older dprorun's server
+    assert engine_us((), 1 << 20) == 0.0
 
 
 def test_the_link_fit_recovers_the_links_a_calibration_was_made_with():

@@ -32,8 +32,8 @@ from dprorun.fsutil import TraceError, UnanswerableError, read_json
 from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE, node_offset_us, \
     rank_dir, server_dir
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
-from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey, PSLinks, PSPlan, placed, set_placement, set_ps_network, \
-    set_workers
+from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey, PSLinks, PSPlan, engine_us, placed, set_placement, \
+    set_ps_network, set_workers
 from dprorun.stats import median
 from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, \
     read_mx_profile_checked, read_server_updates
@@ -104,9 +104,10 @@ class PSModel:
     window_iterations_us: list[float] = field(default_factory=list)  # unprofiled window iterations, all workers
     clean_iterations_us: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    # the servers' engine (probed): copying an array into another, adding one to another: a + b * bytes (µs)
-    copy_us: tuple[float, float] = (0.0, 0.0)
-    add_us: tuple[float, float] = (0.0, 0.0)
+    # the servers' engine, probed: copying an array into another, adding one to another ((bytes, µs) by size, the
+    # median over the servers; empty: not probed)
+    copy_us: tuple[tuple[float, float], ...] = ()
+    add_us: tuple[tuple[float, float], ...] = ()
 
     @property
     def measured_iteration_us(self) -> Optional[float]:
@@ -118,8 +119,8 @@ class PSModel:
                 "keys": len(self.keys), "bytes": sum(k.nbytes for k in self.keys),
                 "alpha_us": round(self.alpha_us, 2), "bandwidth_gbit_s": round(self.bytes_per_us * 8e-3, 3),
                 "update_us": [round(self.update_us[0], 2), round(self.update_us[1] * 1e6, 3)],
-                "server_copy_us": [round(self.copy_us[0], 2), round(self.copy_us[1] * 1e6, 3)],
-                "server_add_us": [round(self.add_us[0], 2), round(self.add_us[1] * 1e6, 3)],
+                "server_copy_us": [[int(b), round(t, 1)] for b, t in self.copy_us],
+                "server_add_us": [[int(b), round(t, 1)] for b, t in self.add_us],
                 "compute_scale": round(self.compute_scale, 3), "links": self.links, "link_slots": self.link_slots,
                 "link_level": round(self.link_level, 3), "reference": self.reference, "hosts": self.hosts,
                 "worker_hosts": self.worker_hosts, "server_hosts": self.server_hosts,
@@ -446,17 +447,18 @@ def _server_docs(run_dir: str) -> dict[int, dict]:
     return docs
 
 
-def _server_memory(server_docs: dict[int, dict]) -> tuple[tuple[float, float], tuple[float, float]]:
-    """(copy, add) a + b * bytes (µs) of the servers' engine, fitted through every server's probe."""
-    rows = [row for doc in server_docs.values() for row in doc.get("memory") or []
-            if len(row) >= 3 and row[0] > 0 and row[1] > 0 and row[2] > 0]
-    if not rows:
-        return (0.0, 0.0), (0.0, 0.0)
-    if len({row[0] for row in rows}) == 1:  # one size: through the origin (a constant would price every key alike)
-        return ((0.0, statistics.median(c / b for b, c, _ in rows)),
-                (0.0, statistics.median(a / b for b, _, a in rows)))
-    return (_linear_fit([(float(b), float(c)) for b, c, _ in rows]),
-            _linear_fit([(float(b), float(a)) for b, _, a in rows]))
+def _server_memory(server_docs: dict[int, dict]) -> tuple[tuple[tuple[float, float], ...],
+                                                             tuple[tuple[float, float], ...]]:
+    """(copy, add) of the servers' engine: per probed size (bytes, µs), the median over the servers that probed it
+    (failed probes, zeros, left out); ps_topology.engine_us prices any size from them."""
+    by_size: dict[float, list[tuple[float, float]]] = {}
+    for doc in server_docs.values():
+        for row in doc.get("memory") or []:
+            if len(row) >= 3 and row[0] > 0 and row[1] > 0 and row[2] > 0:
+                by_size.setdefault(float(row[0]), []).append((float(row[1]), float(row[2])))
+    sizes = sorted(by_size)
+    return (tuple((b, statistics.median(c for c, _ in by_size[b])) for b in sizes),
+            tuple((b, statistics.median(a for _, a in by_size[b])) for b in sizes))
 
 
 def _role_hosts(server_docs: dict[int, dict], workers: dict) -> tuple[list[str], list[int], list[int]]:
@@ -598,7 +600,7 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
         notes.append("more workers on this host: each gets its own compute device in the replay, while on the "
                      "host they would share its cores")
     if whatif.servers and whatif.servers < model.servers and (whatif.links or model.links) == "shared":
-        if model.copy_us[1] or model.add_us[1]:
+        if model.copy_us or model.add_us:
             notes.append("fewer servers on one host: the merging of the pushes, the updates and the copies into the "
                          "pulls' responses move to the remaining servers (priced from the servers' probe); the "
                          "transfers stay on the shared loopback (loopback, 2 cores: 1 server of 2 predicted -6 to "
@@ -647,8 +649,8 @@ def format_ps_prediction(model: PSModel, prediction: PSPrediction) -> str:
              f"({sum(k.nbytes for k in model.keys) / 1e6:.2f} MB), big-array bound {model.bigarray_bound}",
              f"links: alpha {model.alpha_us:.0f} us, {model.bytes_per_us * 8e-3:.2f} Gbit/s (fitted to "
              f"{len(model.calibration)} calibration sizes); server update {model.update_us[0]:.0f} us + "
-             f"{model.update_us[1] * 1e3:.3f} us/KB; merge (copy / add) {model.copy_us[1] * 1e3:.3f} / "
-             f"{model.add_us[1] * 1e3:.3f} us/KB; compute x{model.compute_scale:.2f} of the profile (to the "
+             f"{model.update_us[1] * 1e3:.3f} us/KB; merge (copy / add of 1 MB) "
+             f"{engine_us(model.copy_us, 1e6):.0f} / {engine_us(model.add_us, 1e6):.0f} us; compute x{model.compute_scale:.2f} of the profile (to the "
              f"{model.reference} iterations)",
              f"predicted iteration time: {prediction.iteration_ms:.2f} ms ({prediction.whatif})"]
     if prediction.window_ms is not None:

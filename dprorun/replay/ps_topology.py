@@ -13,7 +13,8 @@ Per key (in push order), per part:
            recorded at the worker ("worker-side": BytePS) one op on the worker's own push device. Priced
            alpha + bytes / bandwidth (alpha on the op that starts the transfer), or the measured time
   merge    each arriving push merged on the server's engine `s<s>` (the first worker's copied into the merge
-           buffer, the others' added to it: a + b x bytes, probed on the server), where the server probed it
+           buffer, the others' added to it: priced from the server's probes by size, `engine_us`), where the
+           servers probed it
   server   once every worker's push of the part has been merged: the server's update on `s<s>` (a + b x bytes), or,
            worker-side, the measured wait between the push's end and the pull's start (no device: the server
            was not recorded)
@@ -30,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Optional
+
+import numpy as np
 
 from dprorun.fsutil import UnanswerableError
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, copy_ranks
@@ -75,10 +78,10 @@ class PSLinks:
     # "hosts": each worker's and server's host (index); a server or worker beyond them: round-robin over the hosts
     worker_hosts: list[int] = field(default_factory=list)
     server_hosts: list[int] = field(default_factory=list)
-    # the server's engine, probed (0: not priced): each arriving push merged (the first worker's copied, the others'
-    # added), each pull's response copied from the stored value: a + b * bytes (µs)
-    copy_us: tuple[float, float] = (0.0, 0.0)
-    add_us: tuple[float, float] = (0.0, 0.0)
+    # the server's engine, probed ((bytes, µs) by size; empty: not priced): each arriving push merged (the first
+    # worker's copied, the others' added), each pull's response copied from the stored value (engine_us)
+    copy_us: tuple[tuple[float, float], ...] = ()
+    add_us: tuple[tuple[float, float], ...] = ()
 
     def worker_host(self, w: int) -> int:
         return self.worker_hosts[w % len(self.worker_hosts)] if self.worker_hosts else 0
@@ -266,12 +269,24 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
                 g.edge(recv, plan.outs[w][label])
 
 
+def engine_us(probed: tuple[tuple[float, float], ...], nbytes: float) -> float:
+    """µs of a copy or add of `nbytes` on a server's engine from its probes ((bytes, µs) by size): linear between
+    the probed sizes and from 0 below the smallest (no fitted intercept: a line through the large sizes would
+    price a 64-byte key like a large one), the largest size's rate above it; 0 where nothing was probed."""
+    if not probed:
+        return 0.0
+    sizes, times = [0.0] + [b for b, _ in probed], [0.0] + [t for _, t in probed]
+    if nbytes >= sizes[-1]:
+        return times[-1] * nbytes / sizes[-1]
+    return float(np.interp(nbytes, sizes, times))
+
+
 def _server_op(g: GraphBuilder, links: PSLinks, name: str, s: int, nbytes: int, add: bool, after: int) -> int:
     """A copy (or an add) of `nbytes` on server s's engine after node `after`; `after` itself where the servers'
     engine was not probed."""
-    a, b = links.add_us if add else links.copy_us
-    if not (a or b):
+    probed = links.add_us if add else links.copy_us
+    if not probed:
         return after
-    op = g.op(name, "IO", -1 - s, f"s{s}", a + b * nbytes)
+    op = g.op(name, "IO", -1 - s, f"s{s}", engine_us(probed, nbytes))
     g.edge(after, op)
     return op
