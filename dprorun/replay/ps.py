@@ -11,8 +11,8 @@ Costs: alpha and the link bandwidth are fitted so that the same topology replays
 (round trips of 4 KiB - 16 MiB through the job's kvstore) as measured, then scaled by one level so that the
 profiled iterations replay to their own length (every key in flight at once, against one at a time); the server
 update is a linear fit of the timed updates; the servers' merging of each arriving push and their copy of each pull's
-response are linear fits of the copy and add each server's engine was probed with (so one server doing all of it
-where two shared it costs what it costs); the compute ops come from mx.profiler, scaled (one factor) so that
+response are priced from the copy and add each server's engine was probed with, by size (so one server doing all
+of it where two shared it costs what it costs); the compute ops come from mx.profiler, scaled (one factor) so that
 the job as it ran replays to its own iterations without the profiler: the clean ones where there are 5 or more,
 else the window's. Where the transfers alone, at the profiled iterations' level, replay longer than those (the
 profiled iterations' transfers ran slow on a noisy host), the compute takes the profiler's usual inflation (x0.8)
