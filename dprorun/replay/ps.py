@@ -603,13 +603,18 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
         if model.copy_us or model.add_us:
             notes.append("fewer servers on one host: the merging of the pushes, the updates and the copies into the "
                          "pulls' responses move to the remaining servers (priced from the servers' probe); the "
-                         "transfers stay on the shared loopback (loopback, 2 cores: 1 server of 2 predicted -6 to "
-                         "+9 % of the measured, 3 models)")
+                         "transfers stay on the shared loopback (loopback, 2 cores: 1 server of 2 predicted -7 to "
+                         "+12 % of the measured, 5 models, two runs)")
         else:
             notes.append("fewer servers on one host: the replay keeps every byte on the shared loopback and moves "
                          "only the updates (the servers did not probe their merging: a run of an older dprorun), so "
                          "this what-if is optimistic (loopback, 2 cores: 1 server measured 5-14 % slower, predicted "
                          "the same)")
+    if (whatif.bigarray_bound and whatif.bigarray_bound < model.bigarray_bound and (model.copy_us or model.add_us)
+            and (whatif.links or model.links) == "shared"):
+        notes.append("a lower big-array bound on one host: the keys it splits have their merging and updates "
+                     "shared by the servers in the replay, which for a net with one large key (3.2 MB) on loopback "
+                     "was 10-12 % optimistic (measured: 0-3 % faster)")
     if model.compute_scale < 0.5 or model.compute_scale > 1.5:
         compute, moved = compute_fit_moved_us(model)
         reference = model.measured_iteration_us or result.iteration_time_us
