@@ -36,7 +36,7 @@ from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey, PSLinks, PSPlan, en
     set_ps_network, set_workers
 from dprorun.stats import median
 from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, \
-    read_mx_profile_checked, read_server_updates
+    read_mx_profile_checked, read_server_docs, read_server_updates
 
 @dataclass
 class WorkerOps:
@@ -257,12 +257,12 @@ def build_ps_model(run_dir: str) -> PSModel:
     if not ops:
         raise UnanswerableError(f"{run_dir}: no worker has a complete profiled iteration in {MX_PROFILE_FILE} "
                                 "(give --kineto-iters 3 or more, and --warmup 1 or more)")
-    updates = _server_updates(run_dir, workers)
+    server_docs = read_server_docs(run_dir)  # read once: updates, hosts, probes
+    updates = _server_updates(run_dir, workers, server_docs)
     update_fit = _linear_fit(updates) if updates else (0.0, 0.0)
     if not updates:
         notes.append("no server recorded its updates: the servers' update time is taken as 0")
     calibration = _calibration(workers)
-    server_docs = _server_docs(run_dir)
     hosts, worker_hosts, server_hosts = _role_hosts(server_docs, workers)
     copy_fit, add_fit = _server_memory(server_docs)
     model = PSModel(workers=int(tracker.get("workers", len(workers))), servers=int(tracker.get("servers", 1)),
@@ -421,30 +421,15 @@ def _clean_iterations(run_dir: str, rank: int) -> list[float]:
     return [b - a for a, b in zip(starts[1:], starts[2:])]
 
 
-def _server_updates(run_dir: str, workers: dict) -> list[tuple[int, float]]:
+def _server_updates(run_dir: str, workers: dict, server_docs: dict[int, dict]) -> list[tuple[int, float]]:
     """(bytes, µs) of the servers' updates of model keys inside the workers' window."""
     shift = {r: node_offset_us(rank_dir(run_dir, r)) for r in workers}  # other hosts' workers: node 0's clock
     lo = min(w["window"]["start_us"] + shift[r] for r, w in workers.items() if w.get("window", {}).get("start_us"))
     hi = max((w["window"]["end_us"] or lo) + shift[r] for r, w in workers.items()
              if w.get("window", {}).get("start_us"))
-    updates, _ = read_server_updates(run_dir)
+    updates, _ = read_server_updates(run_dir, server_docs)
     return [(u.nbytes, u.end_us - u.start_us) for u in updates
             if u.key < PS_CALIBRATION_KEY_BASE and lo <= u.start_us <= hi]
-
-
-def _server_docs(run_dir: str) -> dict[int, dict]:
-    """Each server's server.json (those unreadable left out: their updates are read, and said, elsewhere)."""
-    from dprorun.layout import SERVER_FILE
-
-    docs = {}
-    for s, path in numbered_files(run_dir, server_dir, SERVER_FILE).items():
-        try:
-            doc = read_json(path)
-        except TraceError:
-            continue
-        if isinstance(doc, dict):
-            docs[s] = doc
-    return docs
 
 
 def _server_memory(server_docs: dict[int, dict]) -> tuple[tuple[tuple[float, float], ...],

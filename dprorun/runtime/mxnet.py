@@ -294,10 +294,10 @@ class ServerRecorder:
 
     def probe(self, array) -> bool:
         """The engine's copy and add probed at this array's size, if it is a size not probed yet (at most
-        MEMORY_PROBE_SIZES of them, each key's first update: in the warm-up or the calibration's discarded first
+        MEMORY_PROBE_MAX_SIZES of them, each key's first update: in the warm-up or the calibration's discarded first
         round trip), outside the update's timing. True if it probed."""
         nbytes = _nbytes(array)
-        if (nbytes < MEMORY_PROBE_MIN_BYTES or len(self.memory) >= MEMORY_PROBE_SIZES
+        if (nbytes < MEMORY_PROBE_MIN_BYTES or len(self.memory) >= MEMORY_PROBE_MAX_SIZES
                 or any(row[0] == nbytes for row in self.memory)):
             return False
         try:
@@ -344,7 +344,7 @@ class ServerRecorder:
 
 
 MEMORY_PROBE_MIN_BYTES = 64 << 10  # smaller keys' merging costs next to nothing
-MEMORY_PROBE_SIZES = 8  # distinct key sizes probed, at most
+MEMORY_PROBE_MAX_SIZES = 8  # distinct key sizes probed, at most
 
 
 def memory_probe(array, repeats: int = 5) -> list[float]:

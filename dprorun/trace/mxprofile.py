@@ -169,16 +169,23 @@ def numbered_files(run_dir: str, folder, name: str) -> dict[int, str]:
     return found
 
 
-def read_server_updates(run_dir: str) -> tuple[list[ServerUpdate], int]:
-    """Every server's timed updates (server_<s>/server.json; calibration keys included), and how many servers
-    wrote them."""
+def read_server_docs(run_dir: str) -> dict[int, dict]:
+    """Every server's server_<s>/server.json, as read (an unreadable one raises TraceError, naming it)."""
     from dprorun.fsutil import read_json
     from dprorun.layout import SERVER_FILE, server_dir
 
+    return {s: read_json(path) for s, path in numbered_files(run_dir, server_dir, SERVER_FILE).items()}
+
+
+def read_server_updates(run_dir: str, docs: dict[int, dict] | None = None) -> tuple[list[ServerUpdate], int]:
+    """Every server's timed updates (server_<s>/server.json, or `docs` as read_server_docs read them; calibration
+    keys included), and how many servers wrote them."""
+    from dprorun.layout import server_dir
+
+    docs = read_server_docs(run_dir) if docs is None else docs
     updates: list[ServerUpdate] = []
-    files = numbered_files(run_dir, server_dir, SERVER_FILE)
-    for s, path in files.items():
-        shift = node_offset_us(os.path.dirname(path))  # a server of another host: on node 0's clock
+    for s, doc in docs.items():
+        shift = node_offset_us(server_dir(run_dir, s))  # a server of another host: on node 0's clock
         updates += [ServerUpdate(s, int(k), float(a) + shift, float(b) + shift, int(n))
-                    for k, a, b, n in read_json(path).get("updates", [])]
-    return updates, len(files)
+                    for k, a, b, n in doc.get("updates", [])]
+    return updates, len(docs)
