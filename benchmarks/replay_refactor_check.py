@@ -46,7 +46,8 @@ BYTEPS_WHATIFS = {"as run": None, "push+pull x0.5": {"PUSH": 0.5, "PULL": 0.5}, 
 
 
 def ps_predictions(run: str) -> dict:
-    from dprorun.replay.ps import PSWhatIf, build_ps_model, predict_ps
+    from dprorun.replay.ps import PSWhatIf, predict_ps
+    from dprorun.replay.ps_model import build_ps_model
 
     model = build_ps_model(run)
     out = {}
@@ -88,7 +89,7 @@ def predictions(runs: list[str]) -> dict:
     from dprorun.replay.synthesize import synthesize
     from dprorun.replay.whatif import WhatIf
 
-    from dprorun.replay.ps import is_ps_run
+    from dprorun.replay.ps_model import is_ps_run
 
     out = {}
     for run in runs:

@@ -276,7 +276,7 @@ def _knob_candidates(run_dir: str, backend: str) -> list:
     all-reduce pack sizes; for real trials."""
     if backend == "mxnet":
         from dprorun.optimize.ps import rank_ps_knobs
-        from dprorun.replay.ps import build_ps_model
+        from dprorun.replay.ps_model import build_ps_model
 
         candidates = rank_ps_knobs(build_ps_model(run_dir))
         for candidate in candidates:

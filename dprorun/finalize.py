@@ -125,7 +125,8 @@ def _finalize_ps(job: JobConfig, result: LaunchResult, with_events: list[int]) -
     """--backend mxnet: the parameter-server model read from the run directory, its replay of the job as it ran
     (and --dry-run's what-if), summary.json and prediction.json; the figures checked against the run's own
     iterations without the profiler."""
-    from dprorun.replay.ps import PSWhatIf, build_ps_model, format_ps_prediction, predict_ps
+    from dprorun.replay.ps import PSWhatIf, format_ps_prediction, predict_ps
+    from dprorun.replay.ps_model import build_ps_model
 
     _progress(job, f"reading the traces of {len(with_events)} workers and the servers' updates")
     try:

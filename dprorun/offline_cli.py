@@ -108,7 +108,7 @@ def measured_replay(run, dfg) -> dict:
 
 
 def _cmd_timeline(args: argparse.Namespace) -> int:
-    from dprorun.replay.ps import is_ps_run
+    from dprorun.replay.ps_model import is_ps_run
     from dprorun.timeline import write_hta_dir, write_timeline
 
     if is_ps_run(args.run_dir):  # one host, one clock: the workers' and servers' records as they are
@@ -147,7 +147,8 @@ def parse_bandwidth(text: str) -> float:
 
 def _cmd_replay_ps(args: argparse.Namespace) -> int:
     """A parameter-server run (--backend mxnet): its PS graph replayed, with the PS what-ifs."""
-    from dprorun.replay.ps import PSWhatIf, build_ps_model, format_ps_prediction, predict_ps
+    from dprorun.replay.ps import PSWhatIf, format_ps_prediction, predict_ps
+    from dprorun.replay.ps_model import build_ps_model
 
     model = build_ps_model(args.run_dir)
     whatif = PSWhatIf(servers=args.servers, bigarray_bound=args.bigarray_bound, workers=args.np,
@@ -161,7 +162,7 @@ def _cmd_replay_ps(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from dprorun.replay.ps import is_ps_run
+    from dprorun.replay.ps_model import is_ps_run
 
     if is_ps_run(args.run_dir):
         return _cmd_replay_ps(args)
@@ -504,7 +505,8 @@ def _ps_command(args: argparse.Namespace) -> Optional[int]:
     name = args.func.__name__
     if not run_dir or name in ("_cmd_replay", "_cmd_timeline", "_cmd_replay_ps"):
         return None
-    from dprorun.replay.ps import build_ps_model, format_ps_prediction, is_ps_run, predict_ps, ps_graph, PSWhatIf
+    from dprorun.replay.ps import format_ps_prediction, predict_ps, ps_graph, PSWhatIf
+    from dprorun.replay.ps_model import build_ps_model, is_ps_run
 
     if not is_ps_run(run_dir):
         return None

@@ -23,7 +23,8 @@ SERVERS = (1, 2, 4, 8)
 def build_ps_report(run_dir: str, model=None) -> dict:
     """The page's data (the model as built at job end, else read from the run directory)."""
     from dprorun.replay.engine import critical_path_report, replay
-    from dprorun.replay.ps import PSWhatIf, build_ps_model, predict_ps, ps_graph
+    from dprorun.replay.ps import PSWhatIf, predict_ps, ps_graph
+    from dprorun.replay.ps_model import build_ps_model
     from dprorun.report_data import graph_timeline
 
     model = model or build_ps_model(run_dir)

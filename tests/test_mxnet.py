@@ -15,8 +15,8 @@ import pytest
 from conftest import CHROMIUM, EXAMPLES, REPO, render_page, run_dprorun
 from dprorun.fsutil import UnanswerableError
 from dprorun.replay.engine import replay
-from dprorun.replay.ps import (PSModel, PSWhatIf, WorkerOps, build_ps_model, calibration_graph, fit_links,
-                               predict_ps, ps_graph)
+from dprorun.replay.ps import PSModel, PSWhatIf, WorkerOps, calibration_graph, predict_ps, ps_graph
+from dprorun.replay.ps_model import build_ps_model, fit_links
 from dprorun.replay.ps_topology import PSKey, key_parts
 
 
@@ -422,7 +422,8 @@ def test_an_imperative_backward_pushes_each_gradient_as_it_is_made():
     """A non-hybridized net: its backward ops run while the first keys are already pushed. The profile says after
     which op each push started; the graph starts each key's push there, beside the rest of the backward, so the
     iteration replays shorter than with every push after the whole backward."""
-    from dprorun.replay.ps import local_dfgs, worker_ops_from_profile
+    from dprorun.replay.ps import local_dfgs
+    from dprorun.replay.ps_model import worker_ops_from_profile
     from dprorun.replay.ps_topology import set_ps_network
     from dprorun.trace.mxprofile import COPY_OP, MXOp
 
@@ -510,7 +511,7 @@ def test_one_server_merges_every_push_and_copies_every_response_on_its_engine_al
 
 
 def test_the_servers_probes_are_kept_by_size_and_a_failed_probe_is_left_out():
-    from dprorun.replay.ps import _server_memory
+    from dprorun.replay.ps_model import _server_memory
     from dprorun.replay.ps_topology import engine_us
 
     docs = {0: {"memory": [[4 << 20, 800.0, 1600.0], [1 << 20, 150.0, 300.0], [2 << 20, 0.0, 0.0]]},
