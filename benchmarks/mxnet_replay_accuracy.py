@@ -11,7 +11,9 @@ iterations without the profiler (hooks on) against the plain launches (the hooks
 with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
 usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module,handloop] [--nets loopback,1gbit]
-       [--reps 3] [--steps 60] [--compare-with CHECKOUT]
+       [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
+With --keep DIR the profiles' run directories and the plain launches' figures are kept (DIR/rounds.json); --from DIR
+replays those profiles again with this code (no launch): a model change measured on the same rounds.
 With --compare-with CHECKOUT each profile is also replayed by that checkout's code (rows "..., other checkout"):
 a before/after of the model on the same profiles, free of launch-to-launch spread.
 """
@@ -33,6 +35,8 @@ NETNS = os.path.join(REPO, "scripts", "with-netns-1gbit")
 EXAMPLE = os.path.join(REPO, "examples", "mxnet_gluon.py")
 STEPS = 60
 BOUND = 100_000
+# (label, servers, big-array bound) of the plain launches: the profiled configuration and the what-ifs
+CONFIGS = (("as run", 2, None), ("servers 1", 1, None), ("bound", 2, BOUND))
 MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600"],
           "mlp-adam": ["--model", "mlp", "--width", "600", "--optimizer", "adam"],
           # the Module API (Module.fit, string keys), a symbolic MLP: examples/mxnet_module.py
@@ -81,32 +85,98 @@ def plain_ms(model: str, servers: int, net: str, bound: int | None = None) -> fl
     return float(found.group(1))
 
 
-def profiled(model: str, net: str, compare_with: str | None = None) -> dict[str, float]:
-    """{"as run", "servers 1", "bound", "window", "clean"}: the replays and the run's own iterations (ms); with
-    `compare_with` (a checkout) also each replay by that checkout's code ("as run, other checkout", ...)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = os.path.join(tmp, "run")
-        cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "-np", "2", "--servers", "2",
-                         "--run-dir", run_dir, "-q", "--warmup", "10", "--active", "20", "--clean", str(STEPS - 40),
-                         "python", example(model), "--steps", str(STEPS), *MODELS[model]])
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
-        if done.returncode != 0:
-            raise SystemExit(f"dprorun failed: {done.stderr[-2000:]}")
-        out = {}
-        for label, extra in (("as run", []), ("servers 1", ["--servers", "1"]),
-                             ("bound", ["--bigarray-bound", str(BOUND)])):
-            for code, checkout in (("", REPO), (", other checkout", compare_with)):
-                if not checkout:
-                    continue
-                doc = json.loads(subprocess.run(
-                    [sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *extra],
-                    capture_output=True, text=True, check=True, cwd=checkout,
-                    env=dict(os.environ, PYTHONPATH=checkout)).stdout)
-                out[label + code] = doc["predicted_iteration_ms"]
-                if not code:
-                    out["window"], out["clean"] = doc["window_ms"], doc["clean_ms"]
-                    out["scale"] = doc["model"]["compute_scale"]
-        return out
+def profile(model: str, net: str, run_dir: str) -> None:
+    """`dprorun --backend mxnet -np 2 --servers 2` of the model into `run_dir`."""
+    cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "-np", "2", "--servers", "2",
+                     "--run-dir", run_dir, "-q", "--warmup", "10", "--active", "20", "--clean", str(STEPS - 40),
+                     "python", example(model), "--steps", str(STEPS), *MODELS[model]])
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"dprorun failed: {done.stderr[-2000:]}")
+
+
+def replays(run_dir: str, compare_with: str | None = None) -> dict[str, float]:
+    """{"as run", "servers 1", "bound", "window", "clean", "scale"}: the replays of a profile and the run's own
+    iterations (ms); with `compare_with` (a checkout) also each replay by that checkout's code ("as run, other
+    checkout", ...)."""
+    out = {}
+    whatifs = (("as run", []), ("servers 1", ["--servers", "1"]), ("bound", ["--bigarray-bound", str(BOUND)]))
+    for label, extra in whatifs:
+        for code, checkout in (("", REPO), (", other checkout", compare_with)):
+            if not checkout:
+                continue
+            doc = json.loads(subprocess.run(
+                [sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *extra],
+                capture_output=True, text=True, check=True, cwd=checkout,
+                env=dict(os.environ, PYTHONPATH=checkout)).stdout)
+            out[label + code] = doc["predicted_iteration_ms"]
+            if not code:
+                out["window"], out["clean"] = doc["window_ms"], doc["clean_ms"]
+                out["scale"] = doc["model"]["compute_scale"]
+    return out
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    """The interleaved rounds: per network, model and round the plain launches of each configuration and one profile
+    (its run directory under --keep, else a temporary one, replayed at once). Returns the rounds as recorded in
+    --keep's rounds.json: {net, model, plain: {label: ms}, run_dir, replays}."""
+    rounds = []
+    keep = os.path.abspath(args.keep) if args.keep else None
+    for net in args.nets.split(","):
+        for model in args.models.split(","):
+            for rep in range(args.reps):  # interleaved: plain launches and profiles alternate
+                plain = {label: plain_ms(model, servers, net, bound) for label, servers, bound in CONFIGS}
+                with tempfile.TemporaryDirectory() as tmp:
+                    run_dir = os.path.join(keep, f"{net}-{model}-{rep}") if keep else os.path.join(tmp, "run")
+                    profile(model, net, run_dir)
+                    rounds.append({"net": net, "model": model, "plain": plain, "run_dir": run_dir if keep else None,
+                                   "replays": replays(run_dir, args.compare_with)})
+                if keep:
+                    with open(os.path.join(keep, "rounds.json"), "w") as handle:
+                        json.dump(rounds, handle, indent=1)
+    return rounds
+
+
+def report(rounds: list[dict], compare: bool) -> None:
+    """The tables (medians over rounds per network and model) and the last line."""
+    configs = [label for label, _, _ in CONFIGS]
+    codes = ("", ", other checkout") if compare else ("",)
+    rows, overheads, ratios = [], [], []
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rounds:
+        groups.setdefault((r["net"], r["model"]), []).append(r)
+    for (net, model), group in groups.items():
+        plain = {label: [r["plain"][label] for r in group] for label in configs}
+        predicted = {label + code: [r["replays"][label + code] for r in group] for label in configs for code in codes}
+        overheads.append((net, model, statistics.median(plain["as run"]),
+                          *(statistics.median(r["replays"][k] for r in group) for k in ("window", "clean", "scale"))))
+        for label, code in ((label, code) for label in configs for code in codes):
+            truth = statistics.median(plain[label])
+            spread = 100 * (max(plain[label]) - min(plain[label])) / truth
+            pred = statistics.median(predicted[label + code])
+            kind = ("as run (2 servers)" if label == "as run" else (
+                "what-if: 1 server" if label == "servers 1" else f"what-if: bound {BOUND}")) + code
+            rows.append((net, model, kind, truth, spread, pred, 100 * (pred / truth - 1)))
+            if label != "as run":  # the what-if against the as-run row, measured and replayed: free of its offset
+                ratios.append((net, model, kind, truth / statistics.median(plain["as run"]),
+                               pred / statistics.median(predicted["as run" + code])))
+    print(f"{'net':9} {'model':9} {'kind':38} {'plain ms':>9} {'spread %':>8} {'replay ms':>9} {'error %':>8}")
+    for net, model, kind, truth, spread, pred, error in rows:
+        print(f"{net:9} {model:9} {kind:38} {truth:9.2f} {spread:8.1f} {pred:9.2f} {error:+8.1f}")
+    print(f"\n{'net':9} {'model':9} {'what-if / as run':38} {'measured':>9} {'replayed':>9} {'error %':>8}")
+    for net, model, kind, measured, replayed in ratios:
+        print(f"{net:9} {model:9} {kind:38} {measured:9.3f} {replayed:9.3f} {100 * (replayed / measured - 1):+8.1f}")
+    print(f"\n{'net':9} {'model':9} {'plain ms':>9} {'window ms':>9} {'clean ms':>9} {'hooks %':>8} {'compute x':>9}")
+    for net, model, plain_median, window, clean, scale in overheads:
+        print(f"{net:9} {model:9} {plain_median:9.2f} {window:9.2f} {clean:9.2f} "
+              f"{100 * (window / plain_median - 1):+8.1f} {scale:9.2f}")
+    rows = [r for r in rows if not r[2].endswith("other checkout")]  # the last line: this checkout's code
+    as_run = [abs(r[-1]) for r in rows if r[2].startswith("as run")]
+    whatifs = [abs(r[-1]) for r in rows if not r[2].startswith("as run")]
+    ratio_errors = [abs(100 * (p / m - 1)) for _, _, kind, m, p in ratios if not kind.endswith("other checkout")]
+    print(f"as run: median |error| {statistics.median(as_run):.1f} % (max {max(as_run):.1f}); what-ifs: median "
+          f"|error| {statistics.median(whatifs):.1f} % (max {max(whatifs):.1f}), as ratios to the as-run row "
+          f"{statistics.median(ratio_errors):.1f} % (max {max(ratio_errors):.1f}) over {len(rows)} rows")
 
 
 def main() -> None:
@@ -119,47 +189,21 @@ def main() -> None:
     parser.add_argument("--compare-with", default=None, metavar="CHECKOUT",
                         help="also replay each profile with the dprorun code of this checkout (a before/after on the "
                              "same runs, e.g. a git worktree of an earlier commit)")
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="keep each profile's run directory and the rounds' figures (DIR/rounds.json)")
+    parser.add_argument("--from", dest="kept", default=None, metavar="DIR",
+                        help="launch nothing: replay the profiles kept by an earlier --keep DIR with this code (and "
+                             "--compare-with's) against the plain launches recorded with them")
     args = parser.parse_args()
     globals()["STEPS"] = args.steps
-    rows, overheads = [], []
-    configs = (("as run", 2, None), ("servers 1", 1, None), ("bound", 2, BOUND))
-    codes = ("", ", other checkout") if args.compare_with else ("",)
-    for net in args.nets.split(","):
-        for model in args.models.split(","):
-            plain: dict[str, list[float]] = {label: [] for label, _, _ in configs}
-            predicted: dict[str, list[float]] = {label + code: [] for label, _, _ in configs for code in codes}
-            windows, cleans, scales = [], [], []
-            for _ in range(args.reps):  # interleaved: plain launches and profiles alternate
-                for label, servers, bound in configs:
-                    plain[label].append(plain_ms(model, servers, net, bound))
-                replays = profiled(model, net, args.compare_with)
-                for label in predicted:
-                    predicted[label].append(replays[label])
-                windows.append(replays["window"])
-                cleans.append(replays["clean"])
-                scales.append(replays["scale"])
-            overheads.append((net, model, statistics.median(plain["as run"]), statistics.median(windows),
-                              statistics.median(cleans), statistics.median(scales)))
-            for (label, servers, bound), code in ((config, code) for config in configs for code in codes):
-                truth = statistics.median(plain[label])
-                spread = 100 * (max(plain[label]) - min(plain[label])) / truth
-                pred = statistics.median(predicted[label + code])
-                kind = ("as run (2 servers)" if label == "as run" else (
-                    "what-if: 1 server" if label == "servers 1" else f"what-if: bound {BOUND}")) + code
-                rows.append((net, model, kind, truth, spread, pred, 100 * (pred / truth - 1)))
-    print(f"{'net':9} {'model':9} {'kind':38} {'plain ms':>9} {'spread %':>8} {'replay ms':>9} {'error %':>8}")
-    for net, model, kind, truth, spread, pred, error in rows:
-        print(f"{net:9} {model:9} {kind:38} {truth:9.2f} {spread:8.1f} {pred:9.2f} {error:+8.1f}")
-    print(f"\n{'net':9} {'model':9} {'plain ms':>9} {'window ms':>9} {'clean ms':>9} {'hooks %':>8} {'compute x':>9}")
-    for net, model, plain_median, window, clean, scale in overheads:
-        print(f"{net:9} {model:9} {plain_median:9.2f} {window:9.2f} {clean:9.2f} "
-              f"{100 * (window / plain_median - 1):+8.1f} {scale:9.2f}")
-    rows = [r for r in rows if not r[2].endswith("other checkout")]  # the last line: this checkout's code
-    as_run = [abs(r[-1]) for r in rows if r[2].startswith("as run")]
-    whatifs = [abs(r[-1]) for r in rows if not r[2].startswith("as run")]
-    print(f"as run: median |error| {statistics.median(as_run):.1f} % (max {max(as_run):.1f}); what-ifs: median "
-          f"|error| {statistics.median(whatifs):.1f} % (max {max(whatifs):.1f}) over {len(rows)} rows")
-
+    if args.kept:
+        with open(os.path.join(args.kept, "rounds.json")) as handle:
+            rounds = json.load(handle)
+        for r in rounds:
+            r["replays"] = replays(r["run_dir"], args.compare_with)
+    else:
+        rounds = measure(args)
+    report(rounds, bool(args.compare_with))
 
 if __name__ == "__main__":
     main()
