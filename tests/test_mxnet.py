@@ -510,6 +510,35 @@ def test_one_server_merges_every_push_and_copies_every_response_on_its_engine_al
     assert not any(".merge " in n or ".respond " in n for n in ps_graph(unprobed, PSWhatIf()).names)
 
 
+def test_the_hosts_cores_are_shared_by_its_workers_loopback_and_servers():
+    """One host's cores as a pool: splitting the 16 MB key over two servers halves each server's merging and update
+    when each role has a core of its own, buys less when the loopback's transfers and both servers share 2 cores,
+    and nothing on 1 core (everything in turn). Per node (servers on machines of their own) no pool; per host one
+    each."""
+    def gain(cores: int) -> float:
+        model = replace(_model(links="shared", slots=2), copy_us=((1e6, 1000.0),), add_us=((1e6, 2000.0),),
+                        host_cores=cores)
+        whole = replay(ps_graph(model, PSWhatIf(bigarray_bound=10_000_000))).iteration_time_us
+        return whole - replay(ps_graph(model, PSWhatIf())).iteration_time_us
+
+    unshared, two_cores, one_core = gain(0), gain(2), gain(1)
+    assert unshared > 0.15 * (0.001 + 0.002 + 2 * 0.001 + 0.0005) * 16_000_000  # the servers' work in parallel
+    assert 0 < two_cores < unshared / 2
+    assert abs(one_core) < 0.01 * unshared
+    graph = ps_graph(replace(_model(links="shared", slots=2), host_cores=2), PSWhatIf())
+    cpu = graph.device_names.index("cpu")
+    assert graph.device_capacity[cpu] == 2
+    assert {graph.device_names[d] for d in range(len(graph.device_names)) if graph.device_pool[d] == cpu} == \
+        {"w0", "w1", "s0", "s1", "link"}
+    per_node = ps_graph(replace(_model(links="shared", slots=2), host_cores=2), PSWhatIf(links="per-node"))
+    assert (per_node.device_pool == -1).all()
+    hosts = replace(_model(links="shared", slots=2), host_cores=2, worker_hosts=[0, 1], server_hosts=[0, 1])
+    on_hosts = ps_graph(hosts, PSWhatIf(links="hosts"))
+    pools = {on_hosts.device_names[d]: on_hosts.device_names[p] for d, p in enumerate(on_hosts.device_pool) if p >= 0}
+    assert pools["w1"] == pools["s1"] == pools["h1.lo"] == "h1.cpu" and pools["w0"] == "h0.cpu"
+    assert "h0.tx" not in pools  # a NIC's transfers do not hold the host's cores
+
+
 def test_the_servers_probes_are_kept_by_size_and_a_failed_probe_is_left_out():
     from dprorun.replay.ps_model import _server_memory
     from dprorun.replay.ps_topology import engine_us

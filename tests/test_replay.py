@@ -62,6 +62,39 @@ def test_device_with_two_channels():
     assert result.iteration_time_us == 10.0 and sorted(result.start_us[ops]) == [0, 0, 5, 5]
 
 
+def test_devices_sharing_a_pool_hold_one_of_its_slots_each():
+    """Two processes' devices on a host of one core: their ops take turns on it; with two cores they overlap. The
+    op that held the core is on the critical path; a graph rebuilt from a prefix or copied per rank keeps its pools."""
+    from dprorun.replay.engine import copy_ranks
+
+    def host(cores: int):
+        g = GraphBuilder()
+        a = g.op("a", "FW", 0, "proc0", 10)
+        b = g.op("b", "FW", 1, "proc1", 4)
+        c = g.op("c", "COMM", 0, "link", 3, capacity=2)
+        g.edge(a, c)
+        for device in ("proc0", "proc1", "link"):
+            g.share(device, "cpu", cores)
+        return g.build(), (a, b, c)
+
+    graph, (a, b, c) = host(1)
+    result = replay(graph)
+    assert sorted(result.start_us[[a, b]]) == [0, 10] or sorted(result.start_us[[a, b]]) == [0, 4]
+    assert result.iteration_time_us == 17.0  # 10 + 4 + 3, one at a time
+    assert result.device_busy_us["cpu"] == 17.0  # busy with its members' ops (a pool runs none of its own)
+    assert result.critical_path[-1] == c and len(result.critical_path) >= 2
+    two, _ = host(2)
+    assert replay(two).iteration_time_us == 13.0  # a and b at once, then c
+    assert replay(two).device_busy_us["cpu"] == 8.5  # 17 us of work over 2 cores
+    assert np.allclose(replay(two).start_us, replay(two, use_fast=False).start_us)
+    prefix = GraphBuilder.prefix_of(graph, 3).build()
+    assert replay(prefix).iteration_time_us == 17.0
+    copies, _ = copy_ranks(host(1)[0], 3, 2, 2, lambda r: "", lambda r: f"proc{r}")
+    copied = copies.build()
+    assert all(copied.device_pool[copied.device_names.index(d)] == copied.device_names.index("cpu")
+               for d in ("proc0", "proc1"))
+
+
 def test_execution_graph_and_chrome_trace_of_a_replay():
     from dprorun.replay.engine import execution_graph, replay_chrome_trace
 
@@ -107,6 +140,9 @@ def test_compiled_and_python_engines_agree_on_random_graphs():
         for v in range(1, n):
             for u in rng.choice(v, size=min(v, 3), replace=False):
                 g.edge(ids[int(u)], ids[v])
+        if rng.random() < 0.6:  # some devices share a pool of cores
+            for d in range(int(rng.integers(1, 4))):
+                g.share(f"d{d}", "cores", int(rng.integers(1, 3)))
         graph = g.build()
         fast, slow = replay(graph), replay(graph, use_fast=False)
         assert np.allclose(fast.start_us, slow.start_us) and fast.critical_path == slow.critical_path

@@ -37,10 +37,15 @@ class ReplayGraph:
     # mixed) and, for nodes made of profiled ops, those ops with their shares of the node's duration
     phases: np.ndarray = None  # int8
     parts: dict[int, tuple] = field(default_factory=dict)  # node -> ((ProfiledOp, share), ...)
+    # per device, the device whose slots its ops also hold while they run (-1: none): a host's cores shared by the
+    # devices of the processes on it (a pool device runs no op of its own)
+    device_pool: np.ndarray = None  # int32
 
     def __post_init__(self) -> None:
         if self.device_capacity is None:
             self.device_capacity = np.ones(len(self.device_names), dtype=np.int32)
+        if self.device_pool is None:
+            self.device_pool = np.full(len(self.device_names), -1, dtype=np.int32)
         if self.phases is None:
             self.phases = np.zeros(len(self.durations), dtype=np.int8)
 
@@ -81,6 +86,7 @@ class GraphBuilder:
         self.dst: list[int] = []
         self.device_index: dict[str, int] = {}
         self.capacity: dict[str, int] = {}
+        self.pool: dict[str, str] = {}  # device -> the pool device its ops also hold
         self.phases: list[int] = []
         self.parts: dict[int, tuple] = {}
 
@@ -102,6 +108,10 @@ class GraphBuilder:
         for new, old in enumerate(used.tolist()):
             g.device_index[graph.device_names[old]] = new
             g.capacity[graph.device_names[old]] = int(graph.device_capacity[old])
+        for old in used.tolist():  # the pools after the devices (registered after them, ids kept)
+            pool = int(graph.device_pool[old])
+            if pool >= 0:
+                g.share(graph.device_names[old], graph.device_names[pool], int(graph.device_capacity[pool]))
         g.devices = remap[devices].tolist()
         src = np.repeat(np.arange(nodes), np.diff(graph.indptr[:nodes + 1]))
         dst = graph.indices[:graph.indptr[nodes]]
@@ -120,6 +130,12 @@ class GraphBuilder:
             self.device_index[name] = len(self.device_index)
             self.capacity[name] = max(1, capacity)
         return self.device_index[name]
+
+    def share(self, device: str, pool: str, capacity: int) -> None:
+        """Ops on `device` (registered by its first op, with its own capacity) also hold one of `pool`'s `capacity`
+        slots while they run (a host's cores)."""
+        self.device(pool, capacity)
+        self.pool[device] = pool
 
     def op(self, name: str, kind: str, rank: int, device: Optional[str], duration_us: float,
            capacity: int = 1, phase: str = "", parts: tuple = ()) -> int:
@@ -151,10 +167,12 @@ class GraphBuilder:
         indptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
         devices = sorted(self.device_index, key=self.device_index.get)
+        pools = np.asarray([self.device_index[self.pool[d]] if d in self.pool else -1 for d in devices],
+                           dtype=np.int32)
         return ReplayGraph(self.names, np.asarray(self.kinds, dtype=np.int8), np.asarray(self.ranks, dtype=np.int32),
                            np.asarray(self.devices, dtype=np.int32), np.asarray(self.durations, dtype=np.float64),
                            indptr, indices, devices, np.asarray([self.capacity[d] for d in devices], dtype=np.int32),
-                           dict(meta or {}), np.asarray(self.phases, dtype=np.int8), self.parts)
+                           dict(meta or {}), np.asarray(self.phases, dtype=np.int8), self.parts, pools)
 
 
 def copy_ranks(graph: ReplayGraph, local_nodes: int, period: int, built: int, name_prefix: Callable[[int], str],
@@ -189,6 +207,9 @@ def copy_ranks(graph: ReplayGraph, local_nodes: int, period: int, built: int, na
             if d >= 0:
                 name = graph.device_names[d].replace(device_prefix(s), device_prefix(b), 1)
                 device_ids[d] = g.device(name, int(graph.device_capacity[d]))
+                if graph.device_pool[d] >= 0:
+                    pool = int(graph.device_pool[d])
+                    g.share(name, graph.device_names[pool], int(graph.device_capacity[pool]))
         g.devices += [device_ids[d] for d in graph.devices[nodes].tolist()]
         g.parts.update({int(mapping[n]): graph.parts[n] for n in nodes.tolist() if n in graph.parts})
         edges = ranks[src] == s
@@ -205,7 +226,15 @@ def _tick(t):
     return np.floor(t * 1000.0 + 0.5) / 1000.0
 
 
-def _simulate(durations, devices, indptr, indices, capacity):
+def _earliest_slot(d, offset, slot_time):
+    slot = offset[d]
+    for k in range(offset[d] + 1, offset[d + 1]):
+        if slot_time[k] < slot_time[slot]:
+            slot = k
+    return slot
+
+
+def _simulate(durations, devices, indptr, indices, capacity, pool):
     n = durations.shape[0]
     n_devices = capacity.shape[0]
     indeg = np.zeros(n, dtype=np.int64)
@@ -233,25 +262,31 @@ def _simulate(durations, devices, indptr, indices, capacity):
         d = devices[u]
         begin = ready[u]
         slot = -1
+        shared = -1  # the slot of the device's pool (a host's cores) the op also holds
+        waited = dep[u]
         if d >= 0:
-            slot = offset[d]
-            for k in range(offset[d] + 1, offset[d + 1]):
-                if slot_time[k] < slot_time[slot]:
-                    slot = k
-        if slot >= 0 and slot_time[slot] > begin:
-            begin = slot_time[slot]
-            if _tick(begin) > key:  # every slot of the device got busy since this op was queued: wait
-                heapq.heappush(heap, (_tick(begin), u))
-                continue
-            crit[u] = slot_last[slot]
-        else:
-            crit[u] = dep[u]
+            slot = _earliest_slot(d, offset, slot_time)
+            if slot_time[slot] > begin:
+                begin = slot_time[slot]
+                waited = slot_last[slot]
+            if pool[d] >= 0:
+                shared = _earliest_slot(pool[d], offset, slot_time)
+                if slot_time[shared] > begin:
+                    begin = slot_time[shared]
+                    waited = slot_last[shared]
+        if begin > ready[u] and _tick(begin) > key:  # every slot got busy since this op was queued: wait
+            heapq.heappush(heap, (_tick(begin), u))
+            continue
+        crit[u] = waited
         start[u] = begin
         finish = begin + durations[u]
         end[u] = finish
         if slot >= 0:
             slot_time[slot] = finish
             slot_last[slot] = u
+        if shared >= 0:
+            slot_time[shared] = finish
+            slot_last[shared] = u
         done += 1
         for e in range(indptr[u], indptr[u + 1]):
             v = np.int64(indices[e])
@@ -268,6 +303,7 @@ try:  # pragma: no cover - exercised where numba is installed
     import numba
 
     _tick = numba.njit(cache=True)(_tick)
+    _earliest_slot = numba.njit(cache=True)(_earliest_slot)
     _simulate_fast = numba.njit(cache=True)(_simulate)
     ENGINE = "numba"
 except ImportError:  # pragma: no cover
@@ -294,7 +330,7 @@ def replay(graph: ReplayGraph, use_fast: bool = True) -> ReplayResult:
     started = time.perf_counter()
     simulate = _simulate_fast if use_fast else _simulate
     start, end, crit, done = simulate(graph.durations, graph.devices, graph.indptr, graph.indices,
-                                      graph.device_capacity.astype(np.int64))
+                                      graph.device_capacity.astype(np.int64), graph.device_pool.astype(np.int64))
     if done != graph.size:
         raise ValueError(f"the graph has a cycle: only {done} of {graph.size} ops could run")
     last = int(np.argmax(end)) if graph.size else -1
@@ -306,6 +342,9 @@ def replay(graph: ReplayGraph, use_fast: bool = True) -> ReplayResult:
     path.reverse()
     busy = np.bincount(graph.devices[graph.devices >= 0], weights=graph.durations[graph.devices >= 0],
                        minlength=len(graph.device_names)) if graph.size else np.zeros(0)
+    pooled = graph.device_pool >= 0
+    if pooled.any():  # a pool (a host's cores) is busy with the ops of its member devices
+        busy = busy + np.bincount(graph.device_pool[pooled], weights=busy[pooled], minlength=len(busy))
     busy = busy / np.maximum(graph.device_capacity, 1)
     elapsed = time.perf_counter() - started
     return ReplayResult(float(end.max()) if graph.size else 0.0, start, end, path,

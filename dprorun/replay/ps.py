@@ -93,6 +93,9 @@ class PSModel:
     # median over the servers; empty: not probed)
     copy_us: tuple[tuple[float, float], ...] = ()
     add_us: tuple[tuple[float, float], ...] = ()
+    # the host's cores, shared by the workers' compute, the loopback's transfers and the servers' engines (0: each
+    # of them as if on a core of its own)
+    host_cores: int = 0
 
     @property
     def measured_iteration_us(self) -> Optional[float]:
@@ -107,7 +110,8 @@ class PSModel:
                 "server_copy_us": [[int(b), round(t, 1)] for b, t in self.copy_us],
                 "server_add_us": [[int(b), round(t, 1)] for b, t in self.add_us],
                 "compute_scale": round(self.compute_scale, 3), "links": self.links, "link_slots": self.link_slots,
-                "link_level": round(self.link_level, 3), "reference": self.reference, "hosts": self.hosts,
+                "link_level": round(self.link_level, 3), "host_cores": self.host_cores,
+                "reference": self.reference, "hosts": self.hosts,
                 "worker_hosts": self.worker_hosts, "server_hosts": self.server_hosts,
                 "calibration": [[b, round(t, 1), p] for b, t, p in self.calibration]}
 
@@ -173,7 +177,8 @@ def local_dfgs(model: PSModel, keys: Optional[list[PSKey]] = None,
         outs.append(copies)
     labelled = {f"k{key.key}": key for key in order}
     links = PSLinks(model.links, model.alpha_us, model.bytes_per_us, model.link_level, model.link_slots,
-                    model.update_us, list(model.worker_hosts), list(model.server_hosts), model.copy_us, model.add_us)
+                    model.update_us, list(model.worker_hosts), list(model.server_hosts), model.copy_us, model.add_us,
+                    model.host_cores)
     plan = PSPlan(model.workers, model.servers, model.bigarray_bound, list(labelled),
                   placed(labelled, model.servers, model.bigarray_bound), ins, outs, links, g.size, keys=labelled)
     return g.build({"ps_plan": plan, "world_size": model.workers, "servers": model.servers,

@@ -82,6 +82,10 @@ class PSLinks:
     # worker's copied, the others' added), each pull's response copied from the stored value (engine_us)
     copy_us: tuple[tuple[float, float], ...] = ()
     add_us: tuple[tuple[float, float], ...] = ()
+    # the cores of a host, shared by the work of every role on it (0: not modelled): on one medium ("shared") the
+    # workers' compute, the loopback's transfers and the servers' engines each hold one of them while they run;
+    # with a NIC per host ("hosts") the same per host (its loopback, its workers and servers)
+    host_cores: int = 0
 
     def worker_host(self, w: int) -> int:
         return self.worker_hosts[w % len(self.worker_hosts)] if self.worker_hosts else 0
@@ -214,6 +218,7 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
     layout = plan.layout or plan.links.layout
     links = plan.links
     bandwidth = plan.bytes_per_us
+    _share_host_cores(g, plan, layout)
 
     def wire(nbytes: int, measured: Optional[float]) -> float:
         return measured / plan.bandwidth_scale if measured is not None else nbytes / bandwidth
@@ -267,6 +272,28 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
                 recv = transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(part.nbytes, part.pull_us),
                                 respond)
                 g.edge(recv, plan.outs[w][label])
+
+
+def _share_host_cores(g: GraphBuilder, plan: PSPlan, layout: str) -> None:
+    """The hosts' cores as pools (GraphBuilder.share): on one medium every worker's compute device, the loopback
+    and every server's engine share the host's `host_cores`; with a NIC per host each host's roles and loopback
+    share its own (a NIC's transfers do not hold them); none with a link per role (each on a machine of its own)
+    or when the cores are not modelled. The topology owns the pools: any the graph had are replaced."""
+    g.pool = {}
+    cores = plan.links.host_cores
+    if not cores or layout not in ("shared", "hosts"):
+        return
+    links = plan.links
+    for w in range(plan.workers):
+        g.share(f"w{w}", "cpu" if layout == "shared" else f"h{links.worker_host(w)}.cpu", cores)
+    for s in range(plan.servers):
+        g.share(f"s{s}", "cpu" if layout == "shared" else f"h{links.server_host(s)}.cpu", cores)
+    if layout == "shared":
+        g.share("link", "cpu", cores)
+    else:
+        for host in sorted({links.worker_host(w) for w in range(plan.workers)}
+                           | {links.server_host(s) for s in range(plan.servers)}):
+            g.share(f"h{host}.lo", f"h{host}.cpu", cores)
 
 
 def engine_us(probed: tuple[tuple[float, float], ...], nbytes: float) -> float:
