@@ -12,7 +12,8 @@ Per round:
 Needs root (namespaces, tc, cgroups) and the MXNet environment (scripts/install-mxnet).
 
 usage: sudo python benchmarks/mxnet_multihost.py [--model mlp] [--servers 1] [--reps 3] [--steps 40]
-       [--compare-with CHECKOUT]
+       [--compare-with CHECKOUT] [--keep DIR]
+       python benchmarks/mxnet_multihost.py --from DIR [--compare-with CHECKOUT]   (the kept profiles replayed again)
 Last line: the as-run error of the medians.
 """
 from __future__ import annotations
@@ -56,8 +57,9 @@ def plain_ms(cluster, args, servers_per_host: int) -> float:
     raise SystemExit("plain launch failed: " + " | ".join(r.stderr[-800:] for r in results))
 
 
-def profiled(cluster, args, tmp: str) -> dict[str, float]:
-    run = os.path.join(tmp, "node{node_rank}")
+def profile(cluster, args, base: str) -> str:
+    """The dprorun profile across both hosts into base/node<k>; returns node 0's run directory."""
+    run = os.path.join(base, "node{node_rank}")
     results = cluster.run([sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "--hosts",
                            f"{cluster.hostname(0)}:1,{cluster.hostname(1)}:1", "--servers", str(args.servers), "-q",
                            "--overwrite", "--warmup", "10", "--active", "15", "--clean", str(args.steps - 30),
@@ -65,12 +67,17 @@ def profiled(cluster, args, tmp: str) -> dict[str, float]:
                           600, dict(os.environ, OMP_NUM_THREADS="1"))
     if any(r.returncode for r in results):
         raise SystemExit("dprorun failed: " + " | ".join(r.stderr[-1500:] for r in results))
-    node0 = os.path.join(tmp, "node0")
+    return os.path.join(base, "node0")
+
+
+def replays(node0: str, servers: int, compare_with: str | None) -> dict[str, float]:
+    """{"as run", "fewer servers" (one per host fewer), "clean"} of node 0's run directory (ms); with `compare_with`
+    (a checkout) also each by that checkout's code ("as run, other checkout", ...)."""
     out = {}
-    fewer = ["--servers", str(2 * (args.servers - 1))]
+    fewer = ["--servers", str(2 * (servers - 1))]
     for label, extra in (("as run", []), ("fewer servers", fewer)):
-        for code, checkout in (("", REPO), (", other checkout", args.compare_with)):
-            if (label == "fewer servers" and args.servers < 2) or not checkout:
+        for code, checkout in (("", REPO), (", other checkout", compare_with)):
+            if (label == "fewer servers" and servers < 2) or not checkout:
                 continue
             doc = json.loads(subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", node0, "--json",
                                              *extra], capture_output=True, text=True, check=True, cwd=checkout,
@@ -78,6 +85,26 @@ def profiled(cluster, args, tmp: str) -> dict[str, float]:
             out[label + code] = doc["predicted_iteration_ms"]
             out["clean"] = doc["clean_ms"]
     return out
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    """Interleaved rounds on the emulated hosts: {plain, fewer (plain with one server per host fewer), run_dir,
+    replays} each; kept in --keep DIR/rounds.json with the profiles' run directories."""
+    from emulated_cluster import EmulatedCluster
+
+    rounds = []
+    keep = os.path.abspath(args.keep) if args.keep else None
+    with EmulatedCluster(2, 0.9) as cluster, tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.reps):
+            plain = plain_ms(cluster, args, args.servers)
+            fewer = plain_ms(cluster, args, args.servers - 1) if args.servers > 1 else None
+            node0 = profile(cluster, args, os.path.join(keep, f"round-{rep}") if keep else tmp)
+            rounds.append({"plain": plain, "fewer": fewer, "run_dir": node0 if keep else None,
+                           "replays": replays(node0, args.servers, args.compare_with)})
+            if keep:
+                with open(os.path.join(keep, "rounds.json"), "w") as handle:
+                    json.dump({"servers": args.servers, "model": args.model, "rounds": rounds}, handle, indent=1)
+    return rounds
 
 
 def main() -> None:
@@ -89,36 +116,43 @@ def main() -> None:
     parser.add_argument("--compare-with", default=None, metavar="CHECKOUT",
                         help="also replay each profile with the dprorun code of this checkout (a before/after on the "
                              "same runs, e.g. a git worktree of an earlier commit)")
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="keep each profile's run directories and the rounds' figures (DIR/rounds.json)")
+    parser.add_argument("--from", dest="kept", default=None, metavar="DIR",
+                        help="launch nothing: replay the profiles kept by an earlier --keep DIR with this code (and "
+                             "--compare-with's); needs no root")
     args = parser.parse_args()
-    from emulated_cluster import EmulatedCluster
+    if args.kept:
+        with open(os.path.join(args.kept, "rounds.json")) as handle:
+            kept = json.load(handle)
+        args.servers, rounds = kept["servers"], kept["rounds"]
+        for r in rounds:
+            r["replays"] = replays(r["run_dir"], args.servers, args.compare_with)
+    else:
+        rounds = measure(args)
+    report(rounds)
 
-    plain, fewer, replays, whatifs, cleans = [], [], [], [], []
-    shared, shared_whatifs = [], []  # the same profiles replayed by --compare-with's code
-    with EmulatedCluster(2, 0.9) as cluster, tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.reps):  # interleaved
-            plain.append(plain_ms(cluster, args, args.servers))
-            if args.servers > 1:
-                fewer.append(plain_ms(cluster, args, args.servers - 1))
-            doc = profiled(cluster, args, tmp)
-            replays.append(doc["as run"])
-            if args.compare_with:
-                shared.append(doc["as run, other checkout"])
-            cleans.append(doc["clean"])
-            if "fewer servers" in doc:
-                whatifs.append(doc["fewer servers"])
-                if args.compare_with:
-                    shared_whatifs.append(doc["fewer servers, other checkout"])
+
+def report(rounds: list[dict]) -> None:
+    plain = [r["plain"] for r in rounds]
+    fewer = [r["fewer"] for r in rounds if r["fewer"] is not None]
+    column = {key: [r["replays"][key] for r in rounds if key in r["replays"]]
+              for key in ("as run", "as run, other checkout", "fewer servers", "fewer servers, other checkout",
+                          "clean")}
+    replays_, cleans = column["as run"], column["clean"]
     print(f"{'kind':28} {'plain ms (rounds)':>30} {'median':>8} {'replay ms (rounds)':>30} {'median':>8} "
           f"{'error %':>8}")
-    rows = [("as run", plain, replays)] + ([("as run, other checkout", plain, shared)] if shared else [])
-    rows += [("servers -1 per host", fewer, whatifs)] if fewer else []
-    rows += [("servers -1, other checkout", fewer, shared_whatifs)] if shared_whatifs else []
+    rows = [("as run", plain, replays_)] + ([("as run, other checkout", plain, column["as run, other checkout"])]
+                                           if column["as run, other checkout"] else [])
+    rows += [("servers -1 per host", fewer, column["fewer servers"])] if fewer else []
+    rows += ([("servers -1, other checkout", fewer, column["fewer servers, other checkout"])]
+             if column["fewer servers, other checkout"] else [])
     for kind, truth, pred in rows:
         t, p = statistics.median(truth), statistics.median(pred)
         print(f"{kind:28} {' / '.join(f'{x:.1f}' for x in truth):>30} {t:8.2f} "
               f"{' / '.join(f'{x:.1f}' for x in pred):>30} {p:8.2f} {100 * (p / t - 1):+8.1f}")
     print(f"clean iterations of the profiled runs: {' / '.join(f'{x:.1f}' for x in cleans)} ms")
-    t, p = statistics.median(plain), statistics.median(replays)
+    t, p = statistics.median(plain), statistics.median(replays_)
     print(f"as run across two hosts: replay {p:.2f} ms vs plain {t:.2f} ms ({100 * (p / t - 1):+.1f} %)")
 
 
