@@ -13,7 +13,8 @@ Needs root (namespaces, tc, cgroups) and the MXNet environment (scripts/install-
 
 usage: sudo python benchmarks/mxnet_multihost.py [--model mlp] [--servers 1] [--reps 3] [--steps 40]
        [--compare-with CHECKOUT] [--keep DIR]
-       python benchmarks/mxnet_multihost.py --from DIR [--compare-with CHECKOUT]   (the kept profiles replayed again)
+       python benchmarks/mxnet_multihost.py --from DIR [--compare-with CHECKOUT] [--links hosts] [--host-cores N|auto]
+       (the kept profiles replayed again, this checkout's replays with those options)
 Last line: the as-run error of the medians.
 """
 from __future__ import annotations
@@ -70,9 +71,10 @@ def profile(cluster, args, base: str) -> str:
     return os.path.join(base, "node0")
 
 
-def replays(node0: str, servers: int, compare_with: str | None) -> dict[str, float]:
+def replays(node0: str, servers: int, compare_with: str | None, options: tuple[str, ...] = ()) -> dict[str, float]:
     """{"as run", "fewer servers" (one per host fewer), "clean"} of node 0's run directory (ms); with `compare_with`
-    (a checkout) also each by that checkout's code ("as run, other checkout", ...)."""
+    (a checkout) also each by that checkout's code ("as run, other checkout", ...); `options` go to this checkout's
+    `dpro replay` calls."""
     out = {}
     fewer = ["--servers", str(2 * (servers - 1))]
     for label, extra in (("as run", []), ("fewer servers", fewer)):
@@ -80,14 +82,15 @@ def replays(node0: str, servers: int, compare_with: str | None) -> dict[str, flo
             if (label == "fewer servers" and servers < 2) or not checkout:
                 continue
             doc = json.loads(subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", node0, "--json",
-                                             *extra], capture_output=True, text=True, check=True, cwd=checkout,
+                                             *extra, *(options if checkout == REPO else ())],
+                                            capture_output=True, text=True, check=True, cwd=checkout,
                                             env=dict(os.environ, PYTHONPATH=checkout)).stdout)
             out[label + code] = doc["predicted_iteration_ms"]
             out["clean"] = doc["clean_ms"]
     return out
 
 
-def measure(args: argparse.Namespace) -> list[dict]:
+def measure(args: argparse.Namespace, options: tuple[str, ...]) -> list[dict]:
     """Interleaved rounds on the emulated hosts: {plain, fewer (plain with one server per host fewer), run_dir,
     replays} each; kept in --keep DIR/rounds.json with the profiles' run directories."""
     from emulated_cluster import EmulatedCluster
@@ -100,7 +103,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
             fewer = plain_ms(cluster, args, args.servers - 1) if args.servers > 1 else None
             node0 = profile(cluster, args, os.path.join(keep, f"round-{rep}") if keep else tmp)
             rounds.append({"plain": plain, "fewer": fewer, "run_dir": node0 if keep else None,
-                           "replays": replays(node0, args.servers, args.compare_with)})
+                           "replays": replays(node0, args.servers, args.compare_with, options)})
             if keep:
                 with open(os.path.join(keep, "rounds.json"), "w") as handle:
                     json.dump({"servers": args.servers, "model": args.model, "rounds": rounds}, handle, indent=1)
@@ -121,15 +124,21 @@ def main() -> None:
     parser.add_argument("--from", dest="kept", default=None, metavar="DIR",
                         help="launch nothing: replay the profiles kept by an earlier --keep DIR with this code (and "
                              "--compare-with's); needs no root")
+    parser.add_argument("--links", default=None, choices=("shared", "hosts", "per-node"),
+                        help="replay with `dpro replay --links` (this checkout's replays only)")
+    parser.add_argument("--host-cores", default=None, metavar="N|auto",
+                        help="replay with `dpro replay --host-cores` (this checkout's replays only)")
     args = parser.parse_args()
+    options = (("--links", args.links) if args.links else ()) + (("--host-cores", args.host_cores)
+                                                                 if args.host_cores else ())
     if args.kept:
         with open(os.path.join(args.kept, "rounds.json")) as handle:
             kept = json.load(handle)
         args.servers, rounds = kept["servers"], kept["rounds"]
         for r in rounds:
-            r["replays"] = replays(r["run_dir"], args.servers, args.compare_with)
+            r["replays"] = replays(r["run_dir"], args.servers, args.compare_with, options)
     else:
-        rounds = measure(args)
+        rounds = measure(args, options)
     report(rounds)
 
 

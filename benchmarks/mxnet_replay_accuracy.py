@@ -13,7 +13,8 @@ with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/w
 usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module,handloop] [--nets loopback,1gbit]
        [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
 With --keep DIR the profiles' run directories and the plain launches' figures are kept (DIR/rounds.json); --from DIR
-replays those profiles again with this code (no launch): a model change measured on the same rounds.
+(or DIR1,DIR2: several runs' rounds together) replays those profiles again with this code (no launch): a model change
+measured on the same rounds.
 With --compare-with CHECKOUT each profile is also replayed by that checkout's code (rows "..., other checkout"):
 a before/after of the model on the same profiles, free of launch-to-launch spread.
 """
@@ -95,10 +96,10 @@ def profile(model: str, net: str, run_dir: str) -> None:
         raise SystemExit(f"dprorun failed: {done.stderr[-2000:]}")
 
 
-def replays(run_dir: str, compare_with: str | None = None) -> dict[str, float]:
+def replays(run_dir: str, compare_with: str | None = None, options: tuple[str, ...] = ()) -> dict[str, float]:
     """{"as run", "servers 1", "bound", "window", "clean", "scale"}: the replays of a profile and the run's own
     iterations (ms); with `compare_with` (a checkout) also each replay by that checkout's code ("as run, other
-    checkout", ...)."""
+    checkout", ...); `options` go to this checkout's `dpro replay` calls."""
     out = {}
     whatifs = (("as run", []), ("servers 1", ["--servers", "1"]), ("bound", ["--bigarray-bound", str(BOUND)]))
     for label, extra in whatifs:
@@ -106,7 +107,8 @@ def replays(run_dir: str, compare_with: str | None = None) -> dict[str, float]:
             if not checkout:
                 continue
             doc = json.loads(subprocess.run(
-                [sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *extra],
+                [sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *extra,
+                 *(options if checkout == REPO else [])],
                 capture_output=True, text=True, check=True, cwd=checkout,
                 env=dict(os.environ, PYTHONPATH=checkout)).stdout)
             out[label + code] = doc["predicted_iteration_ms"]
@@ -116,7 +118,7 @@ def replays(run_dir: str, compare_with: str | None = None) -> dict[str, float]:
     return out
 
 
-def measure(args: argparse.Namespace) -> list[dict]:
+def measure(args: argparse.Namespace, options: tuple[str, ...]) -> list[dict]:
     """The interleaved rounds: per network, model and round the plain launches of each configuration and one profile
     (its run directory under --keep, else a temporary one, replayed at once). Returns the rounds as recorded in
     --keep's rounds.json: {net, model, plain: {label: ms}, run_dir, replays}."""
@@ -130,7 +132,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                     run_dir = os.path.join(keep, f"{net}-{model}-{rep}") if keep else os.path.join(tmp, "run")
                     profile(model, net, run_dir)
                     rounds.append({"net": net, "model": model, "plain": plain, "run_dir": run_dir if keep else None,
-                                   "replays": replays(run_dir, args.compare_with)})
+                                   "replays": replays(run_dir, args.compare_with, options)})
                 if keep:
                     with open(os.path.join(keep, "rounds.json"), "w") as handle:
                         json.dump(rounds, handle, indent=1)
@@ -158,14 +160,20 @@ def report(rounds: list[dict], compare: bool) -> None:
                 "what-if: 1 server" if label == "servers 1" else f"what-if: bound {BOUND}")) + code
             rows.append((net, model, kind, truth, spread, pred, 100 * (pred / truth - 1)))
             if label != "as run":  # the what-if against the as-run row, measured and replayed: free of its offset
+                # also paired per round (each round's launches against each other: free of drift between rounds)
+                paired = [(r["plain"][label] / r["plain"]["as run"],
+                           r["replays"][label + code] / r["replays"]["as run" + code]) for r in group]
                 ratios.append((net, model, kind, truth / statistics.median(plain["as run"]),
-                               pred / statistics.median(predicted["as run" + code])))
+                               pred / statistics.median(predicted["as run" + code]),
+                               statistics.median(m for m, _ in paired), statistics.median(p for _, p in paired)))
     print(f"{'net':9} {'model':9} {'kind':38} {'plain ms':>9} {'spread %':>8} {'replay ms':>9} {'error %':>8}")
     for net, model, kind, truth, spread, pred, error in rows:
         print(f"{net:9} {model:9} {kind:38} {truth:9.2f} {spread:8.1f} {pred:9.2f} {error:+8.1f}")
-    print(f"\n{'net':9} {'model':9} {'what-if / as run':38} {'measured':>9} {'replayed':>9} {'error %':>8}")
-    for net, model, kind, measured, replayed in ratios:
-        print(f"{net:9} {model:9} {kind:38} {measured:9.3f} {replayed:9.3f} {100 * (replayed / measured - 1):+8.1f}")
+    print(f"\n{'net':9} {'model':9} {'what-if / as run':38} {'measured':>9} {'replayed':>9} {'error %':>8} "
+          f"{'paired: measured':>16} {'replayed':>9} {'error %':>8}")
+    for net, model, kind, measured, replayed, pair_measured, pair_replayed in ratios:
+        print(f"{net:9} {model:9} {kind:38} {measured:9.3f} {replayed:9.3f} {100 * (replayed / measured - 1):+8.1f} "
+              f"{pair_measured:16.3f} {pair_replayed:9.3f} {100 * (pair_replayed / pair_measured - 1):+8.1f}")
     print(f"\n{'net':9} {'model':9} {'plain ms':>9} {'window ms':>9} {'clean ms':>9} {'hooks %':>8} {'compute x':>9}")
     for net, model, plain_median, window, clean, scale in overheads:
         print(f"{net:9} {model:9} {plain_median:9.2f} {window:9.2f} {clean:9.2f} "
@@ -173,10 +181,12 @@ def report(rounds: list[dict], compare: bool) -> None:
     rows = [r for r in rows if not r[2].endswith("other checkout")]  # the last line: this checkout's code
     as_run = [abs(r[-1]) for r in rows if r[2].startswith("as run")]
     whatifs = [abs(r[-1]) for r in rows if not r[2].startswith("as run")]
-    ratio_errors = [abs(100 * (p / m - 1)) for _, _, kind, m, p in ratios if not kind.endswith("other checkout")]
+    ratio_errors = [abs(100 * (p / m - 1)) for _, _, kind, m, p, _, _ in ratios if not kind.endswith("other checkout")]
+    paired_errors = [abs(100 * (p / m - 1)) for _, _, kind, _, _, m, p in ratios if not kind.endswith("other checkout")]
     print(f"as run: median |error| {statistics.median(as_run):.1f} % (max {max(as_run):.1f}); what-ifs: median "
           f"|error| {statistics.median(whatifs):.1f} % (max {max(whatifs):.1f}), as ratios to the as-run row "
-          f"{statistics.median(ratio_errors):.1f} % (max {max(ratio_errors):.1f}) over {len(rows)} rows")
+          f"{statistics.median(ratio_errors):.1f} % (max {max(ratio_errors):.1f}), paired per round "
+          f"{statistics.median(paired_errors):.1f} % (max {max(paired_errors):.1f}) over {len(rows)} rows")
 
 
 def main() -> None:
@@ -191,18 +201,23 @@ def main() -> None:
                              "same runs, e.g. a git worktree of an earlier commit)")
     parser.add_argument("--keep", default=None, metavar="DIR",
                         help="keep each profile's run directory and the rounds' figures (DIR/rounds.json)")
-    parser.add_argument("--from", dest="kept", default=None, metavar="DIR",
-                        help="launch nothing: replay the profiles kept by an earlier --keep DIR with this code (and "
+    parser.add_argument("--from", dest="kept", default=None, metavar="DIR[,DIR...]",
+                        help="launch nothing: replay the profiles kept by earlier --keep DIRs with this code (and "
                              "--compare-with's) against the plain launches recorded with them")
+    parser.add_argument("--host-cores", default=None, metavar="N|auto",
+                        help="replay with `dpro replay --host-cores` (this checkout's replays only)")
     args = parser.parse_args()
     globals()["STEPS"] = args.steps
+    options = ("--host-cores", args.host_cores) if args.host_cores else ()
     if args.kept:
-        with open(os.path.join(args.kept, "rounds.json")) as handle:
-            rounds = json.load(handle)
+        rounds = []
+        for kept in args.kept.split(","):  # several --keep runs: their rounds together
+            with open(os.path.join(kept, "rounds.json")) as handle:
+                rounds += json.load(handle)
         for r in rounds:
-            r["replays"] = replays(r["run_dir"], args.compare_with)
+            r["replays"] = replays(r["run_dir"], args.compare_with, options)
     else:
-        rounds = measure(args)
+        rounds = measure(args, options)
     report(rounds, bool(args.compare_with))
 
 if __name__ == "__main__":

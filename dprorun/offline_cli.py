@@ -145,12 +145,25 @@ def parse_bandwidth(text: str) -> float:
     return value * {"k": 1e-6, "m": 1e-3, "g": 1.0}[unit]
 
 
+def parse_host_cores(text: str) -> int:
+    """--host-cores: "auto" (-1: the cores the hooks recorded) or a positive count."""
+    if text == "auto":
+        return -1
+    try:
+        cores = int(text)
+    except ValueError:
+        cores = 0
+    if cores < 1:
+        raise argparse.ArgumentTypeError(f"'auto' or a positive number of cores, not {text!r}")
+    return cores
+
+
 def _cmd_replay_ps(args: argparse.Namespace) -> int:
     """A parameter-server run (--backend mxnet): its PS graph replayed, with the PS what-ifs."""
     from dprorun.replay.ps import PSWhatIf, format_ps_prediction, predict_ps
     from dprorun.replay.ps_model import build_ps_model
 
-    model = build_ps_model(args.run_dir)
+    model = build_ps_model(args.run_dir, args.host_cores)
     whatif = PSWhatIf(servers=args.servers, bigarray_bound=args.bigarray_bound, workers=args.np,
                       bandwidth_scale=args.bandwidth_scale, bandwidth_gbit=args.bandwidth, links=args.links)
     prediction = predict_ps(model, whatif)
@@ -166,9 +179,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     if is_ps_run(args.run_dir):
         return _cmd_replay_ps(args)
-    if args.servers is not None or args.bigarray_bound is not None or args.links is not None:
-        raise argparse.ArgumentTypeError("--servers, --bigarray-bound and --links are parameter-server what-ifs "
-                                         "(runs of dprorun --backend mxnet)")
+    if (args.servers is not None or args.bigarray_bound is not None or args.links is not None
+            or args.host_cores is not None):
+        raise argparse.ArgumentTypeError("--servers, --bigarray-bound, --links and --host-cores are parameter-server "
+                                         "options (runs of dprorun --backend mxnet)")
     from dprorun.fsutil import atomic_write_json
     from dprorun.replay.engine import execution_graph, replay_chrome_trace
     from dprorun.replay.predict import predict_replayed
@@ -352,8 +366,11 @@ def _replay_arguments(rp: argparse.ArgumentParser) -> None:
                     help="parameter-server runs: MXNET_KVSTORE_BIGARRAY_BOUND (elements from which a key is split "
                          "over every server)")
     rp.add_argument("--links", choices=("per-node", "shared", "hosts"), default=None,
-                    help="parameter-server runs: a link per worker and server, one medium for all (the default on "
-                    "one host), or a NIC and a loopback per host (the default across hosts)")
+                    help="parameter-server runs: a link per worker and server, one medium for all (the default), "
+                    "or a NIC and a loopback per host (roles on several hosts)")
+    rp.add_argument("--host-cores", type=parse_host_cores, default=None, metavar="N|auto",
+                    help="parameter-server runs: model each host's cores as shared by its workers' compute, loopback "
+                         "and servers (auto: the cores the hooks recorded), fitted and replayed so; off by default")
     rp.add_argument("--latency-us", type=float, default=None, help="per ring step latency")
     rp.add_argument("--bucket-mb", type=float, default=None, help="regroup gradients into buckets of this size")
     rp.add_argument("--partitions", type=int, default=1, help="split each bucket's sync into k pieces")

@@ -111,6 +111,14 @@ def test_ps_replay_and_what_ifs(ps_run):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["whatif"] == "servers 1" and doc["predicted_iteration_ms"] == pytest.approx(one.iteration_ms, abs=0.001)
+    # the host's cores shared by its roles: fitted and replayed so on request, the job as it ran still its own speed
+    shared_cores = build_ps_model(str(run_dir), host_cores=-1)
+    assert shared_cores.host_cores == shared_cores.link_slots >= 1
+    assert predict_ps(shared_cores).iteration_ms == pytest.approx(reference, rel=0.03)
+    assert any("cores shared by its workers' compute" in n for n in shared_cores.notes)
+    refused = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--host-cores", "0"],
+                             capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert refused.returncode == 2 and "positive number of cores" in refused.stderr
 
 
 @needs_mxnet
@@ -537,6 +545,21 @@ def test_the_hosts_cores_are_shared_by_its_workers_loopback_and_servers():
     pools = {on_hosts.device_names[d]: on_hosts.device_names[p] for d, p in enumerate(on_hosts.device_pool) if p >= 0}
     assert pools["w1"] == pools["s1"] == pools["h1.lo"] == "h1.cpu" and pools["w0"] == "h0.cpu"
     assert "h0.tx" not in pools  # a NIC's transfers do not hold the host's cores
+
+
+def test_the_hosts_layout_of_a_multi_host_job_is_checked_against_the_run_itself():
+    """`--links hosts` describes a multi-host job as it ran, on costs fitted on one medium: where the job as it ran,
+    replayed so, is more than 10 % from its own iterations, the prediction says so with the gap; a deployment the job
+    did not run on (per node) is not checked."""
+    model = replace(_model(links="shared", slots=2), worker_hosts=[0, 1], server_hosts=[0, 1], hosts=["a", "b"],
+                    reference="clean")
+    under_hosts = replay(ps_graph(model, PSWhatIf(links="hosts"))).iteration_time_us
+    agreeing = replace(model, clean_iterations_us=[under_hosts] * 5)
+    assert not [n for n in predict_ps(agreeing, PSWhatIf(links="hosts", servers=1)).notes if "--links hosts" in n]
+    slower_run = replace(model, clean_iterations_us=[under_hosts / 1.3] * 5)
+    warned = [n for n in predict_ps(slower_run, PSWhatIf(links="hosts", servers=1)).notes if "--links hosts" in n]
+    assert len(warned) == 1 and warned[0].startswith("warning:") and "(+30 %)" in warned[0]
+    assert not [n for n in predict_ps(slower_run, PSWhatIf(links="per-node")).notes if "--links" in n]
 
 
 def test_the_servers_probes_are_kept_by_size_and_a_failed_probe_is_left_out():

@@ -233,8 +233,12 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
     busy = {name: round(us / 1000.0, 3) for name, us in sorted(result.device_busy_us.items(),
                                                                  key=lambda kv: -kv[1])[:8]}
     path = [graph.names[i] for i in result.critical_path]
+    notes += _layout_check(model, whatif)
     if (whatif.workers or model.workers) > model.workers and (whatif.links or model.links) == "shared":
-        notes.append("more workers on this host: each gets its own compute device in the replay, while on the "
+        notes.append(f"more workers on this host: they share its {model.host_cores} cores with the servers and the "
+                     "loopback in the replay, each computing op on one core as profiled (not slowed further by "
+                     "its neighbours)" if model.host_cores else
+                     "more workers on this host: each gets its own compute device in the replay, while on the "
                      "host they would share its cores")
     if whatif.servers and whatif.servers < model.servers and (whatif.links or model.links) == "shared":
         if model.copy_us or model.add_us:
@@ -272,6 +276,26 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
                         None if clean_ms is None else round(clean_ms / 1000, 3), spread)
 
 
+LAYOUT_GAP_WARN = 0.10  # the job as it ran, replayed under another links layout, this far from its own iterations
+
+
+def _layout_check(model: PSModel, whatif: PSWhatIf) -> list[str]:
+    """`--links hosts` on a job whose roles ran on several hosts describes the job as it ran, but its costs were
+    fitted on one medium: the job as it ran (its servers, bound, workers) replayed under that layout, against the
+    run's own iterations. Far apart, the layout's figures are not backed: a warning with the gap, and the ratio to
+    that replay as what can be read from them. (Other layouts are deployments the job did not run on.)"""
+    if whatif.links != "hosts" or model.links == "hosts" or not model.measured_iteration_us:
+        return []
+    baseline = replay(ps_graph(model, PSWhatIf(links=whatif.links))).iteration_time_us
+    gap = baseline / model.measured_iteration_us - 1
+    if abs(gap) <= LAYOUT_GAP_WARN:
+        return []
+    return [f"warning: under --links {whatif.links} the job as it ran replays to {baseline / 1000:.2f} ms against its "
+            f"own {model.measured_iteration_us / 1000:.2f} ms ({100 * gap:+.0f} %): the costs were fitted on "
+            f"{model.links} links, so this layout's figures are off by about that much; read them against that replay "
+            "(as a ratio), not as times"]
+
+
 def _compress(path: list[str]) -> list[str]:
     """The critical path with runs of one worker's compute ops folded into one entry."""
     out: list[str] = []
@@ -292,8 +316,9 @@ def format_ps_prediction(model: PSModel, prediction: PSPrediction) -> str:
              f"links: alpha {model.alpha_us:.0f} us, {model.bytes_per_us * 8e-3:.2f} Gbit/s (fitted to "
              f"{len(model.calibration)} calibration sizes); server update {model.update_us[0]:.0f} us + "
              f"{model.update_us[1] * 1e3:.3f} us/KB; merge (copy / add of 1 MB) "
-             f"{engine_us(model.copy_us, 1e6):.0f} / {engine_us(model.add_us, 1e6):.0f} us; compute x{model.compute_scale:.2f} of the profile (to the "
-             f"{model.reference} iterations)",
+             f"{engine_us(model.copy_us, 1e6):.0f} / {engine_us(model.add_us, 1e6):.0f} us; compute "
+             f"x{model.compute_scale:.2f} of the profile (to the {model.reference} iterations)"
+             + (f"; {model.host_cores} cores a host, shared by its roles" if model.host_cores else ""),
              f"predicted iteration time: {prediction.iteration_ms:.2f} ms ({prediction.whatif})"]
     if prediction.window_ms is not None:
         lines.append(f"the run's own iterations: {prediction.window_ms:.2f} ms in the window without the profiler"

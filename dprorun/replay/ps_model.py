@@ -49,8 +49,10 @@ def _load(path: str) -> dict:
         raise TraceError(path, f"unreadable ({type(exc).__name__}: {exc})") from None
 
 
-def build_ps_model(run_dir: str) -> PSModel:
-    """Read the workers' events, profiles and calibration and the servers' updates; fit the costs; scale compute."""
+def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
+    """Read the workers' events, profiles and calibration and the servers' updates; fit the costs; scale compute.
+    `host_cores`: the cores a host's roles share in the replay (fitted so, too): None or 0 each role's work as if on a
+    core of its own (the default), -1 the cores the hooks recorded, N that many."""
     workers = {r: _load(path) for r, path in numbered_files(run_dir, rank_dir, EVENTS_FILE).items()}
     if not workers:
         raise TraceError(run_dir, f"no worker recorded events (rank_0/{EVENTS_FILE})")
@@ -81,6 +83,11 @@ def build_ps_model(run_dir: str) -> PSModel:
                     update_us=update_fit, alpha_us=0.0, bytes_per_us=125.0, calibration=calibration,
                     window_iterations_us=window, clean_iterations_us=clean, notes=notes, copy_us=copy_fit,
                     add_us=add_fit)
+    if host_cores:
+        model.host_cores = model.link_slots if host_cores < 0 else host_cores
+        notes.append(f"each host's {model.host_cores} cores shared by its workers' compute, its loopback's transfers "
+                     "and its servers' engines (--host-cores; on loopback, 2 cores, 5 models, 8 rounds: the what-ifs "
+                     "were no closer than without it)")
     if server_docs and not any(doc.get("memory") for doc in server_docs.values()):
         notes.append("no server probed its copy and add speed (a run of an older dprorun): the merging of each push "
                      "and the copy into each pull's response are not priced on the servers")
