@@ -13,7 +13,8 @@ Needs root (namespaces, tc, cgroups) and the MXNet environment (scripts/install-
 
 usage: sudo python benchmarks/mxnet_multihost.py [--model mlp] [--servers 1] [--reps 3] [--steps 40]
        [--compare-with CHECKOUT] [--keep DIR]
-       python benchmarks/mxnet_multihost.py --from DIR [--compare-with CHECKOUT] [--links hosts] [--host-cores N|auto]
+       python benchmarks/mxnet_multihost.py --from DIR[,DIR] [--compare-with CHECKOUT] [--links hosts]
+       [--host-cores N|auto]
        (the kept profiles replayed again, this checkout's replays with those options)
 Last line: the as-run error of the medians.
 """
@@ -31,6 +32,8 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mxnet_replay_accuracy import add_kept_arguments  # noqa: E402  (the PS benchmarks' shared options)
 EXAMPLE = os.path.join(REPO, "examples", "mxnet_gluon.py")
 PORT = 29710
 
@@ -116,25 +119,19 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=1, help="servers per host")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--compare-with", default=None, metavar="CHECKOUT",
-                        help="also replay each profile with the dprorun code of this checkout (a before/after on the "
-                             "same runs, e.g. a git worktree of an earlier commit)")
-    parser.add_argument("--keep", default=None, metavar="DIR",
-                        help="keep each profile's run directories and the rounds' figures (DIR/rounds.json)")
-    parser.add_argument("--from", dest="kept", default=None, metavar="DIR",
-                        help="launch nothing: replay the profiles kept by an earlier --keep DIR with this code (and "
-                             "--compare-with's); needs no root")
+    add_kept_arguments(parser)
     parser.add_argument("--links", default=None, choices=("shared", "hosts", "per-node"),
                         help="replay with `dpro replay --links` (this checkout's replays only)")
-    parser.add_argument("--host-cores", default=None, metavar="N|auto",
-                        help="replay with `dpro replay --host-cores` (this checkout's replays only)")
     args = parser.parse_args()
     options = (("--links", args.links) if args.links else ()) + (("--host-cores", args.host_cores)
                                                                  if args.host_cores else ())
     if args.kept:
-        with open(os.path.join(args.kept, "rounds.json")) as handle:
-            kept = json.load(handle)
-        args.servers, rounds = kept["servers"], kept["rounds"]
+        rounds = []
+        for kept_dir in args.kept.split(","):  # several --keep runs (of one --servers): their rounds together
+            with open(os.path.join(kept_dir, "rounds.json")) as handle:
+                kept = json.load(handle)
+            args.servers = kept["servers"]
+            rounds += kept["rounds"]
         for r in rounds:
             r["replays"] = replays(r["run_dir"], args.servers, args.compare_with, options)
     else:

@@ -189,6 +189,21 @@ def report(rounds: list[dict], compare: bool) -> None:
           f"{statistics.median(paired_errors):.1f} % (max {max(paired_errors):.1f}) over {len(rows)} rows")
 
 
+def add_kept_arguments(parser: argparse.ArgumentParser) -> None:
+    """The PS benchmarks' options for comparing models on the same rounds: --compare-with, --keep, --from,
+    --host-cores."""
+    parser.add_argument("--compare-with", default=None, metavar="CHECKOUT",
+                        help="also replay each profile with the dprorun code of this checkout (a before/after on the "
+                             "same runs, e.g. a git worktree of an earlier commit)")
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="keep each profile's run directory and the rounds' figures (DIR/rounds.json)")
+    parser.add_argument("--from", dest="kept", default=None, metavar="DIR[,DIR...]",
+                        help="launch nothing (no root needed): replay the profiles kept by earlier --keep DIRs with "
+                             "this code (and --compare-with's) against the plain launches recorded with them")
+    parser.add_argument("--host-cores", default=None, metavar="N|auto",
+                        help="replay with `dpro replay --host-cores` (this checkout's replays only)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="conv,mlp,mlp-adam")
@@ -196,16 +211,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=STEPS, help="iterations per launch (plain: the median of the "
                         "second half; profiled: 10 warm-up, 20 in the window, the rest clean)")
-    parser.add_argument("--compare-with", default=None, metavar="CHECKOUT",
-                        help="also replay each profile with the dprorun code of this checkout (a before/after on the "
-                             "same runs, e.g. a git worktree of an earlier commit)")
-    parser.add_argument("--keep", default=None, metavar="DIR",
-                        help="keep each profile's run directory and the rounds' figures (DIR/rounds.json)")
-    parser.add_argument("--from", dest="kept", default=None, metavar="DIR[,DIR...]",
-                        help="launch nothing: replay the profiles kept by earlier --keep DIRs with this code (and "
-                             "--compare-with's) against the plain launches recorded with them")
-    parser.add_argument("--host-cores", default=None, metavar="N|auto",
-                        help="replay with `dpro replay --host-cores` (this checkout's replays only)")
+    add_kept_arguments(parser)
     args = parser.parse_args()
     globals()["STEPS"] = args.steps
     options = ("--host-cores", args.host_cores) if args.host_cores else ()
