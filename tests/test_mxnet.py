@@ -534,7 +534,7 @@ def test_the_hosts_cores_are_shared_by_its_workers_loopback_and_servers():
     assert 0 < two_cores < unshared / 2
     assert abs(one_core) < 0.01 * unshared
     graph = ps_graph(replace(_model(links="shared", slots=2), host_cores=2), PSWhatIf())
-    cpu = graph.device_names.index("cpu")
+    cpu = graph.device_names.index("h0.cpu")
     assert graph.device_capacity[cpu] == 2
     assert {graph.device_names[d] for d in range(len(graph.device_names)) if graph.device_pool[d] == cpu} == \
         {"w0", "w1", "s0", "s1", "link"}
@@ -545,6 +545,10 @@ def test_the_hosts_cores_are_shared_by_its_workers_loopback_and_servers():
     pools = {on_hosts.device_names[d]: on_hosts.device_names[p] for d, p in enumerate(on_hosts.device_pool) if p >= 0}
     assert pools["w1"] == pools["s1"] == pools["h1.lo"] == "h1.cpu" and pools["w0"] == "h0.cpu"
     assert "h0.tx" not in pools  # a NIC's transfers do not hold the host's cores
+    one_medium = ps_graph(hosts, PSWhatIf())  # two hosts' roles on one medium: their own cores, the medium none
+    pools = {one_medium.device_names[d]: one_medium.device_names[p] for d, p in enumerate(one_medium.device_pool)
+             if p >= 0}
+    assert pools == {"w0": "h0.cpu", "s0": "h0.cpu", "w1": "h1.cpu", "s1": "h1.cpu"}
 
 
 def test_the_hosts_layout_of_a_multi_host_job_is_checked_against_the_run_itself():

@@ -82,9 +82,8 @@ class PSLinks:
     # worker's copied, the others' added), each pull's response copied from the stored value (engine_us)
     copy_us: tuple[tuple[float, float], ...] = ()
     add_us: tuple[tuple[float, float], ...] = ()
-    # the cores of a host, shared by the work of every role on it (0: not modelled): on one medium ("shared") the
-    # workers' compute, the loopback's transfers and the servers' engines each hold one of them while they run;
-    # with a NIC per host ("hosts") the same per host (its loopback, its workers and servers)
+    # the cores of each host, shared by the work of every role on it (0: not modelled): its workers' compute and its
+    # servers' engines each hold one of them while they run, and so do its loopback's transfers (_share_host_cores)
     host_cores: int = 0
 
     def worker_host(self, w: int) -> int:
@@ -275,24 +274,25 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
 
 
 def _share_host_cores(g: GraphBuilder, plan: PSPlan, layout: str) -> None:
-    """The hosts' cores as pools (GraphBuilder.share): on one medium every worker's compute device, the loopback
-    and every server's engine share the host's `host_cores`; with a NIC per host each host's roles and loopback
-    share its own (a NIC's transfers do not hold them); none with a link per role (each on a machine of its own)
-    or when the cores are not modelled. The topology owns the pools: any the graph had are replaced."""
+    """The hosts' cores as pools (GraphBuilder.share), `host_cores` each: every worker's compute device and every
+    server's engine hold one of their host's while they run; on one host its loopback's transfers too (one medium,
+    or `h<a>.lo` with a NIC per host; a medium between hosts, or a NIC, holds none). None with a link per role (each
+    on a machine of its own) or when the cores are not modelled. The topology owns the pools: any the graph had are
+    replaced."""
     g.pool = {}
     cores = plan.links.host_cores
     if not cores or layout not in ("shared", "hosts"):
         return
     links = plan.links
+    hosts = {links.worker_host(w) for w in range(plan.workers)} | {links.server_host(s) for s in range(plan.servers)}
     for w in range(plan.workers):
-        g.share(f"w{w}", "cpu" if layout == "shared" else f"h{links.worker_host(w)}.cpu", cores)
+        g.share(f"w{w}", f"h{links.worker_host(w)}.cpu", cores)
     for s in range(plan.servers):
-        g.share(f"s{s}", "cpu" if layout == "shared" else f"h{links.server_host(s)}.cpu", cores)
-    if layout == "shared":
-        g.share("link", "cpu", cores)
-    else:
-        for host in sorted({links.worker_host(w) for w in range(plan.workers)}
-                           | {links.server_host(s) for s in range(plan.servers)}):
+        g.share(f"s{s}", f"h{links.server_host(s)}.cpu", cores)
+    if layout == "shared" and len(hosts) == 1:
+        g.share("link", f"h{hosts.pop()}.cpu", cores)
+    elif layout == "hosts":
+        for host in sorted(hosts):
             g.share(f"h{host}.lo", f"h{host}.cpu", cores)
 
 
