@@ -244,8 +244,8 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
         if model.copy_us or model.add_us:
             notes.append("fewer servers on one host: the merging of the pushes, the updates and the copies into the "
                          "pulls' responses move to the remaining servers (priced from the servers' probe); the "
-                         "transfers stay on the shared loopback (loopback, 2 cores: 1 server of 2 predicted -7 to "
-                         "+12 % of the measured, 5 models, two runs)")
+                         "transfers stay on the shared loopback (loopback, 2 cores: 1 server of 2 predicted -13 to "
+                         "+12 % of the measured over 5 models in three runs, the last of 8 rounds)")
         else:
             notes.append("fewer servers on one host: the replay keeps every byte on the shared loopback and moves "
                          "only the updates (the servers did not probe their merging: a run of an older dprorun), so "
@@ -255,7 +255,8 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
             and (whatif.links or model.links) == "shared"):
         notes.append("a lower big-array bound on one host: the keys it splits have their merging and updates "
                      "shared by the servers in the replay, which for a net with one large key (3.2 MB) on loopback "
-                     "was 10-12 % optimistic (measured: 0-3 % faster)")
+                     "was 10-12 % optimistic in two runs of 3-4 rounds and 3 % in one of 8 (as ratios to the as-run "
+                     "row)")
     if model.compute_scale < 0.5 or model.compute_scale > 1.5:
         compute, moved = compute_fit_moved_us(model)
         reference = model.measured_iteration_us or result.iteration_time_us

@@ -114,9 +114,10 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
     if len(hosts) > 1:
         notes.append(f"the roles ran on {len(hosts)} hosts ({', '.join(hosts)}): every transfer is priced on one "
                      "medium fitted to the job's own calibration; `--links hosts` puts what crosses hosts on each "
-                     f"host's NIC and the rest on its loopback ({LOOPBACK_GBIT} Gbit/s), which on two emulated hosts "
-                     "predicted one server fewer per host 8.6 % high against 6.3 % for one medium (the hosts' CPU, "
-                     "shared by their workers and servers, decides there, and neither models it)")
+                     f"host's NIC and the rest on its loopback ({LOOPBACK_GBIT} Gbit/s; it replayed the job as it ran "
+                     "65 % slow on two emulated hosts). One server fewer per host was predicted 4.8-9.7 % too slow on "
+                     "one medium there (3-4 rounds): fewer server processes ran 6-11 % faster on those 0.9-core hosts, "
+                     "which no model here prices (--host-cores does not change it)")
     if window and clean:
         gap = median(window) / median(clean) - 1
         if abs(gap) > 0.05:
