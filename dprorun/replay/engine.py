@@ -3,10 +3,11 @@
 Every op has a duration and a device (a rank's compute stream, a communication link, ...; -1 for virtual ops
 that take no device). An op becomes ready when all its predecessors have finished; it then waits in its
 device's queue. The simulation repeatedly advances the device whose next op can start earliest, runs that op
-(start = max(ready time, device time)), and releases its successors. Ops on one device run in the order they
-became ready (to the nanosecond: times equal but for float rounding tie, and the op built first goes first). The
-iteration time is the latest end. Every op remembers what decided its start (its last
-finishing predecessor, or the op before it on a busy device), which yields the critical path by walking back
+(start = max(ready time, device time)), and releases its successors. A device may have several slots, and may
+belong to a pool (another device, e.g. a host's cores) one of whose slots its ops also hold while they run. Ops on
+one device run in the order they became ready (to the nanosecond: times equal but for float rounding tie, and
+the op built first goes first). The iteration time is the latest end. Every op remembers what decided its start
+(its last finishing predecessor, or the op before it on a busy device), which yields the critical path by walking back
 from the last op: the execution graph is the DFG plus those same-device ordering edges.
 
 The core loop is numba-compiled when numba is importable (about 1 µs per op), pure Python otherwise.
@@ -265,7 +266,10 @@ def _simulate(durations, devices, indptr, indices, capacity, pool):
         shared = -1  # the slot of the device's pool (a host's cores) the op also holds
         waited = dep[u]
         if d >= 0:
-            slot = _earliest_slot(d, offset, slot_time)
+            slot = offset[d]  # the earliest free slot (inline: the hot path)
+            for k in range(offset[d] + 1, offset[d + 1]):
+                if slot_time[k] < slot_time[slot]:
+                    slot = k
             if slot_time[slot] > begin:
                 begin = slot_time[slot]
                 waited = slot_last[slot]

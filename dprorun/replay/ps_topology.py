@@ -21,6 +21,8 @@ Per key (in push order), per part:
   respond  per pull, the stored value copied into the response on `s<s>` (probed, as the merge)
   pull     to every worker, mirrored (SEND on `s<s>.tx`, RECV on `w<r>.rx` per node), into the worker's Out node
 Transaction ids: (key, part's server, worker, push/pull) name the SEND/RECV pairs. A server's ops carry rank -1 - s.
+Host cores (`PSLinks.host_cores`, off unless asked): each host's cores a pool `h<a>.cpu` that its workers' compute,
+its servers' engines and its loopback's transfers hold while they run (`_share_host_cores`).
 
 Passes (ReplayGraph -> ReplayGraph; each regenerates the topology where the graph has one):
   set_ps_network(graph, bandwidth_gbit, bandwidth_scale, links)  the topology, priced for that network
