@@ -68,6 +68,9 @@ def test_a_ps_job_is_profiled_on_workers_and_servers(ps_run):
         assert len(events["calibration"]) == 6 and all(t > 0 for _, t, _ in events["calibration"])
         assert (run_dir / f"rank_{worker}" / "mx_profile.json").exists()
         assert len(events["iteration_starts_us"]) == 24
+        # the process's CPU seconds at every iteration start: what tells a CPU-bound host (replay/ps_cpu.py)
+        cpu = events["iteration_cpu_s"]
+        assert len(cpu) == 24 and cpu == sorted(cpu) and cpu[-1] > cpu[0]
     for server in (0, 1):
         doc = json.loads((run_dir / f"server_{server}" / "server.json").read_text())
         keys = {u[0] for u in doc["updates"]}
@@ -77,6 +80,8 @@ def test_a_ps_job_is_profiled_on_workers_and_servers(ps_run):
         sizes = {row[0] for row in doc["memory"]}
         assert len(sizes) >= 3 and min(sizes) >= 64 << 10
         assert all(copy > 0 and add > 0 for _, copy, add in doc["memory"])
+        marks = doc["cpu_marks"]  # [epoch µs, CPU s] at its updates, 20 ms apart at least
+        assert len(marks) >= 3 and all(b[0] - a[0] >= 20_000 and b[1] >= a[1] for a, b in zip(marks, marks[1:]))
     # the first layer's weight (1.8 M elements) is over the big-array bound: both servers update a half of it
     halves = [{u[3] for u in json.loads((run_dir / f"server_{s}" / "server.json").read_text())["updates"]}
               for s in (0, 1)]
@@ -101,6 +106,13 @@ def test_ps_replay_and_what_ifs(ps_run):
     # updates, all on one server now, add and by the fewer parts of a key no longer split (fewer messages); measured
     # 5-14 % slower here (benchmarks/mxnet_replay_accuracy.py); on a link per role one server carries every byte
     assert 0.9 <= one.iteration_ms / as_run.iteration_ms <= 1.3, (one.iteration_ms, *context)
+    # the host's CPU over the window: both workers and both servers timed, within the host's cores
+    [host] = model.host_cpu
+    assert (host.workers, host.servers, host.quota) == (2, 2, False)
+    assert 0 < host.worker_cores and host.server_cores is not None and 0 < host.server_cores
+    assert host.busy_cores <= host.cores * 1.05, host
+    busy_note = any(n.startswith("warning: 1 server fewer") for n in one.notes)
+    assert busy_note == (host.busy_share >= 0.85), (host, one.notes)  # no quota here: busy is what counts
     per_node = predict_ps(model, PSWhatIf(links="per-node")).iteration_ms
     one_per_node = predict_ps(model, PSWhatIf(links="per-node", servers=1)).iteration_ms
     assert one_per_node > per_node, (one_per_node, per_node, *context)
@@ -564,6 +576,46 @@ def test_the_hosts_layout_of_a_multi_host_job_is_checked_against_the_run_itself(
     warned = [n for n in predict_ps(slower_run, PSWhatIf(links="hosts", servers=1)).notes if "--links hosts" in n]
     assert len(warned) == 1 and warned[0].startswith("warning:") and "(+30 %)" in warned[0]
     assert not [n for n in predict_ps(slower_run, PSWhatIf(links="per-node")).notes if "--links" in n]
+
+
+def _cpu_worker(host: str, cpu_per_iteration_s: float, quota: float | None = None, throttled: int = 0) -> dict:
+    """A worker's events as the hooks write them: 10 ms iterations, warm-up 4, window 10 (profiler in 3)."""
+    starts = [1e9 + 10_000.0 * i for i in range(15)]
+    stat = [[i, starts[i], {"nr_periods": 10 * i, "nr_throttled": throttled * i,
+                                  "throttled_us": 500 * throttled * i}] for i in (4, 7, 14)]
+    return {"host": host, "window": {"warmup": 4, "active": 10, "kineto_iterations": [4, 5, 6]},
+            "iteration_starts_us": starts, "iteration_cpu_s": [cpu_per_iteration_s * i for i in range(15)],
+            "host_cpu_stat": stat if quota else [], "clock": {"test_skew_us": 0.0},
+            "trackers": [{"framework": "mxnet", "cores": 2, "cgroup_quota_cores": quota}]}
+
+
+def test_each_hosts_busy_cpu_is_read_from_the_roles_cpu_seconds_and_warned_for_process_what_ifs():
+    """Workers' CPU seconds at their iteration starts and servers' at their updates give each host's busy cores
+    over the window's unprofiled iterations; a what-if that adds or removes processes on a busy host warns."""
+    from dprorun.replay.ps_cpu import cpu_note, read_host_cpu
+
+    servers = {s: {"cpu_marks": [[1e9 - 5_000.0, 1.0], [1e9 + 200_000.0, 1.0 + 0.004 * 20.5]]} for s in (0, 1)}
+    # host a: a worker at 0.8 cores and two servers at 0.4 each, under a 1.8-core quota throttled in 3 of 10
+    # periods; host b: a worker at 0.5 of 2 cores and no server
+    workers = {0: _cpu_worker("a", 0.008, quota=1.8, throttled=3), 1: _cpu_worker("b", 0.005)}
+    hosts = read_host_cpu(workers, servers, ["a", "b"], [0, 1], [0, 0])
+    a, b = hosts
+    assert (a.host, a.cores, a.quota, a.workers, a.servers) == ("a", 1.8, True, 1, 2)
+    assert a.worker_cores == pytest.approx(0.8) and a.server_cores == pytest.approx(0.8, rel=0.01)
+    assert a.busy_share == pytest.approx(1.6 / 1.8, rel=0.01) and a.throttled_share == pytest.approx(0.3)
+    assert (b.cores, b.quota, b.servers, b.server_cores, b.throttled_share) == (2.0, False, 0, 0.0, None)
+    assert b.busy_share == pytest.approx(0.25)
+    [warning] = cpu_note(hosts, -2, 0)
+    assert warning.startswith("warning: 2 servers fewer") and "a: 1.60 of 1.8 cores busy (89 %" in warning
+    assert a.throttled_ms == pytest.approx(1.5) and "throttled in 30 % of its quota periods, held back 1.5 ms" in warning
+    assert "b:" not in warning
+    assert cpu_note(hosts, 0, 0) == [] and cpu_note([b], -1, 1) == []
+    # a server with no marks over the span: its host's servers unknown, never a made-up figure
+    unmarked = read_host_cpu(workers, {0: servers[0], 1: {"cpu_marks": []}}, ["a", "b"], [0, 1], [0, 0])
+    assert unmarked[0].server_cores is None and "servers unknown" in unmarked[0].describe()
+    # a run of an older dprorun (no CPU seconds recorded): nothing
+    old = {r: {k: v for k, v in w.items() if k != "iteration_cpu_s"} for r, w in workers.items()}
+    assert read_host_cpu(old, servers, ["a", "b"], [0, 1], [0, 0]) == []
 
 
 def test_the_servers_probes_are_kept_by_size_and_a_failed_probe_is_left_out():

@@ -228,7 +228,7 @@ def test_fusion_blocks_and_the_per_block_compiled_call_leave_the_model_as_it_was
     ("none", None),  # unreadable -> None, never an error
 ])
 def test_cgroup_cpu_quota_is_read_from_v1_and_v2(tmp_path, layout, expected):
-    from dprorun.runtime.cpubudget import _cgroup_quota_cores
+    from dprorun.runtime.cpubudget import cgroup_quota_cores
 
     proc = tmp_path / "cgroup"
     root = tmp_path / "fs"
@@ -241,7 +241,30 @@ def test_cgroup_cpu_quota_is_read_from_v1_and_v2(tmp_path, layout, expected):
         proc.write_text("0::/job.slice\n")
         (root / "job.slice").mkdir(parents=True)
         (root / "job.slice" / "cpu.max").write_text("max 100000\n" if layout == "v2max" else "150000 100000\n")
-    assert _cgroup_quota_cores(str(proc), str(root)) == expected
+    assert cgroup_quota_cores(str(proc), str(root)) == expected
+
+
+def test_the_cgroups_cpu_counters_are_read_where_a_quota_is_set(tmp_path):
+    from dprorun.runtime.cpubudget import cgroup_cpu_stat
+
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:cpu:/emu/h0\n")
+    folder = tmp_path / "fs" / "cpu" / "emu" / "h0"
+    folder.mkdir(parents=True)
+    (folder / "cpu.cfs_quota_us").write_text("-1\n")
+    (folder / "cpu.cfs_period_us").write_text("100000\n")
+    (folder / "cpu.stat").write_text("nr_periods 40\nnr_throttled 12\nthrottled_time 3500000\n")
+    assert cgroup_cpu_stat(str(proc), str(tmp_path / "fs")) is None  # no quota: nothing throttles
+    (folder / "cpu.cfs_quota_us").write_text("90000\n")
+    assert cgroup_cpu_stat(str(proc), str(tmp_path / "fs")) == {"nr_periods": 40, "nr_throttled": 12,
+                                                                "throttled_us": 3500}
+    v2 = tmp_path / "v2"
+    (v2 / "job").mkdir(parents=True)
+    (v2 / "job" / "cpu.max").write_text("50000 100000\n")
+    (v2 / "job" / "cpu.stat").write_text("usage_usec 900\nnr_periods 5\nnr_throttled 1\nthrottled_usec 70\n")
+    proc.write_text("0::/job\n")
+    assert cgroup_cpu_stat(str(proc), str(v2)) == {"nr_periods": 5, "nr_throttled": 1, "throttled_us": 70,
+                                                   "usage_us": 900}
 
 
 @pytest.mark.parametrize("budget, warned", [

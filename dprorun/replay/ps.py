@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
+from dprorun.replay.ps_cpu import HostCPU, cpu_note
 from dprorun.replay.ps_topology import PSKey, PSLinks, PSPlan, engine_us, placed, set_placement, \
     set_ps_network, set_workers
 from dprorun.stats import median
@@ -96,6 +97,7 @@ class PSModel:
     # the host's cores, shared by the workers' compute, the loopback's transfers and the servers' engines (0: each
     # of them as if on a core of its own)
     host_cores: int = 0
+    host_cpu: list[HostCPU] = field(default_factory=list)  # each host's busy cores over the window (replay/ps_cpu.py)
 
     @property
     def measured_iteration_us(self) -> Optional[float]:
@@ -113,7 +115,8 @@ class PSModel:
                 "link_level": round(self.link_level, 3), "host_cores": self.host_cores,
                 "reference": self.reference, "hosts": self.hosts,
                 "worker_hosts": self.worker_hosts, "server_hosts": self.server_hosts,
-                "calibration": [[b, round(t, 1), p] for b, t, p in self.calibration]}
+                "calibration": [[b, round(t, 1), p] for b, t, p in self.calibration],
+                "host_cpu": [h.to_json() for h in self.host_cpu]}
 
 
 @dataclass
@@ -234,6 +237,8 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
                                                                  key=lambda kv: -kv[1])[:8]}
     path = [graph.names[i] for i in result.critical_path]
     notes += _layout_check(model, whatif)
+    notes += cpu_note(model.host_cpu, (whatif.servers or model.servers) - model.servers,
+                      (whatif.workers or model.workers) - model.workers)
     if (whatif.workers or model.workers) > model.workers and (whatif.links or model.links) == "shared":
         notes.append(f"more workers on this host: they share its {model.host_cores} cores with the servers and the "
                      "loopback in the replay, each computing op on one core as profiled (not slowed further by "

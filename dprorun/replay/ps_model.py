@@ -26,6 +26,7 @@ from dprorun.fsutil import TraceError, UnanswerableError
 from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE, node_offset_us, \
     rank_dir, server_dir
 from dprorun.replay.engine import replay
+from dprorun.replay.ps_cpu import busy_hosts, read_host_cpu
 from dprorun.replay.ps import PSModel, PSWhatIf, WorkerOps, calibration_graph, ps_graph
 from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey
 from dprorun.stats import median
@@ -83,6 +84,7 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
                     update_us=update_fit, alpha_us=0.0, bytes_per_us=125.0, calibration=calibration,
                     window_iterations_us=window, clean_iterations_us=clean, notes=notes, copy_us=copy_fit,
                     add_us=add_fit)
+    model.host_cpu = read_host_cpu(workers, server_docs, hosts, worker_hosts, server_hosts)
     if host_cores:
         model.host_cores = model.link_slots if host_cores < 0 else host_cores
         notes.append(f"each host's {model.host_cores} cores shared by its workers' compute, its loopback's transfers "
@@ -111,13 +113,7 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
         model.compute_scale = fit_compute_scale(model, model.measured_iteration_us)
         if model.compute_scale <= COMPUTE_SCALE_FLOOR * 1.5:
             _refit_links_to_reference(model)
-    if len(hosts) > 1:
-        notes.append(f"the roles ran on {len(hosts)} hosts ({', '.join(hosts)}): every transfer is priced on one "
-                     "medium fitted to the job's own calibration; `--links hosts` puts what crosses hosts on each "
-                     f"host's NIC and the rest on its loopback ({LOOPBACK_GBIT} Gbit/s; it replayed the job as it ran "
-                     "65 % slow on two emulated hosts). One server fewer per host was predicted 4.8-9.7 % too slow on "
-                     "one medium there (3-4 rounds): fewer server processes ran 6-11 % faster on those 0.9-core hosts, "
-                     "which no model here prices (--host-cores does not change it)")
+    notes += _host_notes(model, hosts)
     if window and clean:
         gap = median(window) / median(clean) - 1
         if abs(gap) > 0.05:
@@ -126,6 +122,23 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
                          f"prediction follows the {model.reference} ones"
                          + (" (no profiler and no hook work in them)" if model.reference == "clean" else ""))
     return model
+
+
+def _host_notes(model: PSModel, hosts: list[str]) -> list[str]:
+    """What the roles' hosts mean for the figures: a host whose CPU held the job back, the roles across hosts."""
+    notes = [f"the CPU held the job back on {h.describe()} over the window's iterations without the profiler: "
+             "each role's work is replayed at the time it took there, the waits for the CPU included"
+             for h in busy_hosts(model.host_cpu)]
+    if len(hosts) > 1:
+        notes.append(f"the roles ran on {len(hosts)} hosts ({', '.join(hosts)}): every transfer is priced on one "
+                     "medium fitted to the job's own calibration; `--links hosts` puts what crosses hosts on each "
+                     f"host's NIC and the rest on its loopback ({LOOPBACK_GBIT} Gbit/s; it replayed the job as it ran "
+                     "65 % slow on two emulated hosts). One server fewer per host was predicted 4.8-9.7 % too slow on "
+                     "one medium there (3-4 rounds; +5.8 % in 3 more): fewer server processes ran 6-11 % faster on "
+                     "those 0.9-core hosts, whose CPU was 28-57 % busy over the window, their quota holding them back "
+                     "1-4 ms an iteration: what makes the difference is not priced here (--host-cores does not change "
+                     "it)")
+    return notes
 
 
 def _read_workers(run_dir: str, workers: dict, keys: list[PSKey],

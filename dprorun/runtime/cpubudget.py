@@ -12,9 +12,8 @@ import os
 from typing import Optional
 
 
-def _cgroup_quota_cores(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[float]:
-    """The CPU quota of this process's cgroup in cores (cgroup v2 cpu.max or v1 cfs_quota/period); None when
-    unlimited or unreadable."""
+def _cpu_cgroup_dir(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[tuple[str, str]]:
+    """(the folder of this process's CPU cgroup, "v1" or "v2"); None when none is readable."""
     try:
         with open(proc_cgroup) as handle:
             lines = handle.read().splitlines()
@@ -28,27 +27,63 @@ def _cgroup_quota_cores(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sy
         path = path.lstrip("/")
         if controllers == "":  # v2 unified hierarchy
             for base in (root, os.path.join(root, "unified")):
-                try:
-                    with open(os.path.join(base, path, "cpu.max")) as handle:
-                        quota, period = handle.read().split()[:2]
-                except (OSError, ValueError):
-                    continue
-                if quota != "max" and float(period) > 0:
-                    return float(quota) / float(period)
+                if os.path.isfile(os.path.join(base, path, "cpu.max")):
+                    return os.path.join(base, path), "v2"
         elif "cpu" in controllers.split(","):
             base = os.path.join(root, controllers)
             if not os.path.isdir(base):
                 base = os.path.join(root, "cpu")
-            try:
-                with open(os.path.join(base, path, "cpu.cfs_quota_us")) as handle:
-                    quota_us = float(handle.read().strip())
-                with open(os.path.join(base, path, "cpu.cfs_period_us")) as handle:
-                    period_us = float(handle.read().strip())
-            except (OSError, ValueError):
-                continue
-            if quota_us > 0 and period_us > 0:
-                return quota_us / period_us
+            if os.path.isfile(os.path.join(base, path, "cpu.cfs_quota_us")):
+                return os.path.join(base, path), "v1"
     return None
+
+
+def cgroup_quota_cores(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[float]:
+    """The CPU quota of this process's cgroup in cores (cgroup v2 cpu.max or v1 cfs_quota/period); None when
+    unlimited or unreadable."""
+    found = _cpu_cgroup_dir(proc_cgroup, root)
+    if found is None:
+        return None
+    folder, kind = found
+    try:
+        if kind == "v2":
+            with open(os.path.join(folder, "cpu.max")) as handle:
+                quota, period = handle.read().split()[:2]
+            return float(quota) / float(period) if quota != "max" and float(period) > 0 else None
+        with open(os.path.join(folder, "cpu.cfs_quota_us")) as handle:
+            quota_us = float(handle.read().strip())
+        with open(os.path.join(folder, "cpu.cfs_period_us")) as handle:
+            period_us = float(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[dict]:
+    """This process's CPU cgroup's counters (the host's, in a container or an emulated host): {"nr_periods",
+    "nr_throttled", "throttled_us"} (and "usage_us" under v2); None where there is no quota to throttle by."""
+    found = _cpu_cgroup_dir(proc_cgroup, root)
+    if found is None or cgroup_quota_cores(proc_cgroup, root) is None:
+        return None
+    folder, kind = found
+    try:
+        with open(os.path.join(folder, "cpu.stat")) as handle:
+            raw = dict(line.split()[:2] for line in handle if len(line.split()) >= 2)
+        out = {"nr_periods": int(raw["nr_periods"]), "nr_throttled": int(raw["nr_throttled"])}
+        if kind == "v2":
+            out["throttled_us"] = int(raw.get("throttled_usec", 0))
+            out["usage_us"] = int(raw.get("usage_usec", 0))
+        else:
+            out["throttled_us"] = int(raw.get("throttled_time", 0)) // 1000
+    except (OSError, KeyError, ValueError):
+        return None
+    return out
+
+
+def process_cpu_s() -> float:
+    """The CPU seconds this process has used, every thread, user and system."""
+    times = os.times()
+    return times.user + times.system
 
 
 def cpu_budget(compute_threads: Optional[int] = None) -> dict:
@@ -59,7 +94,7 @@ def cpu_budget(compute_threads: Optional[int] = None) -> dict:
         cores = float(len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         cores = float(os.cpu_count() or 1)
-    quota = _cgroup_quota_cores()
+    quota = cgroup_quota_cores()
     if quota is not None:
         cores = min(cores, quota)
     local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")

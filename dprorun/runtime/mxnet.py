@@ -18,8 +18,8 @@ Workers (DMLC_ROLE=worker):
 Servers (DMLC_ROLE=server): the optimizer the workers send (`set_optimizer`) becomes the server's updater; the hooks
   time each call (key, start, end, bytes; the update waited for, not the merge of the pushes before it), probe the
   engine's copy and add speed at each new key size (the merging of each push, the copy into each pull's response;
-  in each key's first update, outside its timing), and write server_<r>/server.json when the workers' calibration
-  begins.
+  in each key's first update, outside its timing), read their CPU seconds at updates 20 ms apart or more (how busy
+  a server kept its host: replay/ps_cpu.py), and write server_<r>/server.json when the workers' calibration begins.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Optional
 
 from dprorun.layout import MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE as CALIBRATION_KEY_BASE, SERVER_FILE, \
     SERVER_SCHEMA, server_dir
+from dprorun.runtime.cpubudget import cgroup_quota_cores, process_cpu_s
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 CALIBRATION_SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20, 16 << 20)
 CALIBRATION_KEY_NAME = "dprorun.calibration."  # the calibration's keys in a job whose keys are strings
 MAX_SERVER_RECORDS = 200_000
+CPU_MARK_US = 20_000  # a server's CPU seconds read at its updates at most this often
 
 
 def _nbytes(array) -> int:
@@ -76,6 +78,7 @@ class MXTracker:
                 "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000")),
                 "servers": int(os.environ.get("DMLC_NUM_SERVER", "1")),
                 "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                "cgroup_quota_cores": cgroup_quota_cores(),  # a host (container) held to fewer cores than it has
                 "workers": int(os.environ.get("DMLC_NUM_WORKER", "1")),
                 "iterations": "Trainer.step / Module.update" if self.step_calls else
                 ("push/pull cycles (the script pushes by hand)" if self.cycles else "none seen")}
@@ -291,6 +294,7 @@ class ServerRecorder:
         self.started_us = time.time_ns() / 1000.0
         self.written = False
         self.memory: list[list[float]] = []  # the engine's copy and add, probed: [bytes, copy µs, add µs]
+        self.cpu_marks: list[list[float]] = [[self.started_us, process_cpu_s()]]  # [epoch µs, CPU s], >= 20 ms apart
 
     def probe(self, array) -> bool:
         """The engine's copy and add probed at this array's size, if it is a size not probed yet (at most
@@ -318,6 +322,8 @@ class ServerRecorder:
                 self.records.append([int(key), start, end, _nbytes(local)])
             else:
                 self.dropped += 1
+            if end - self.cpu_marks[-1][0] >= CPU_MARK_US and len(self.cpu_marks) < MAX_SERVER_RECORDS:
+                self.cpu_marks.append([end, process_cpu_s()])  # the server's busy share, over the workers' window
             if self.probe(local) and self.written:  # a calibration size: written again, with it
                 self.write()
             if key >= CALIBRATION_KEY_BASE and not self.written:
@@ -335,7 +341,7 @@ class ServerRecorder:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         doc = {"schema": SERVER_SCHEMA, "version": 1, "server": rank, "host": os.uname().nodename,
                "pid": os.getpid(), "started_us": self.started_us, "updates": self.records, "dropped": self.dropped,
-               "memory": self.memory, "clock": {"source": "time.time_ns"}}
+               "memory": self.memory, "cpu_marks": self.cpu_marks, "clock": {"source": "time.time_ns"}}
         path = os.path.join(folder, SERVER_FILE)
         tmp = path + f".{os.getpid()}.tmp"
         with open(tmp, "w") as handle:

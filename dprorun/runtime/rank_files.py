@@ -43,6 +43,8 @@ def events_document(session: RankSession) -> dict:
                   # which kernel's clock this is (one per machine and boot): ranks that share it need no alignment
                   "boot_id": boot_id()},
         "iteration_starts_us": session.records.iteration_starts,
+        "iteration_cpu_s": session.records.iteration_cpu_s,
+        "host_cpu_stat": session.records.host_cpu_stat,
         "spans": session.records.spans,
         "comm": [c.row() for c in session.records.comm if c.done_us is not None],
         "comm_unfinished": sum(1 for c in session.records.comm if c.done_us is None),
@@ -78,9 +80,12 @@ def clean_document(session: RankSession, rank: Optional[int] = None, starts: Opt
     """clean.json: the start times of iterations W+K.. (the clean ones and the boundary after them)."""
     first = session.cfg.warmup + session.cfg.active
     own = [float(t) for t in session.records.iteration_starts[first:first + session.cfg.clean + 1]]
-    return {"schema": CLEAN_SCHEMA, "version": 1, "rank": session.rank if rank is None else rank,
-            "first_iteration": first, "iteration_starts_us": own if starts is None else starts,
-            "complete": complete}
+    doc = {"schema": CLEAN_SCHEMA, "version": 1, "rank": session.rank if rank is None else rank,
+           "first_iteration": first, "iteration_starts_us": own if starts is None else starts, "complete": complete}
+    if starts is None:  # this rank's own document: its CPU seconds at those starts and its host's quota counters
+        doc["iteration_cpu_s"] = session.records.iteration_cpu_s[first:first + session.cfg.clean + 1]
+        doc["host_cpu_stat"] = session.records.host_cpu_stat
+    return doc
 
 
 def record_memory(session: RankSession) -> None:

@@ -13,6 +13,8 @@ MAX_ITERATION_TIMESTAMPS = 100_000
 @dataclass
 class RankRecords:
     iteration_starts: list[float] = field(default_factory=list)  # epoch µs, one per iteration (capped)
+    iteration_cpu_s: list[float] = field(default_factory=list)  # the process's CPU seconds (all threads) at each
+    host_cpu_stat: list[list] = field(default_factory=list)  # [iteration, epoch µs, cgroup cpu.stat] at phase changes
     spans: list[list] = field(default_factory=list)  # [iteration, name, start_us, end_us]
     comm: list[CommRecord] = field(default_factory=list)  # one per bucket (or Horovod tensor) and iteration
     grad_ready: list[tuple] = field(default_factory=list)  # (iteration, param name, time_us)
@@ -28,6 +30,7 @@ class RankRecords:
     files_written: list[str] = field(default_factory=list)  # this rank's files in the run directory
     warnings: list[str] = field(default_factory=list)  # what went wrong or was left out, said in the summary
 
-    def add_iteration_start(self, now_us: float) -> None:
+    def add_iteration_start(self, now_us: float, cpu_s: float) -> None:
         if len(self.iteration_starts) < MAX_ITERATION_TIMESTAMPS:
             self.iteration_starts.append(now_us)
+            self.iteration_cpu_s.append(cpu_s)

@@ -34,6 +34,7 @@ from dprorun.config import ProfileConfig
 from dprorun.fsutil import atomic_write_json, make_private_dir
 from dprorun.layout import CLEAN_FILE, rank_dir
 from dprorun.runtime import rank_files
+from dprorun.runtime.cpubudget import cgroup_cpu_stat, process_cpu_s
 from dprorun.runtime.records import RankRecords
 from dprorun.runtime.log import warn
 
@@ -116,12 +117,17 @@ class RankSession:
         now = self.now_us()
         self._close_mark("update", now)
         self.iteration += 1
-        self.records.add_iteration_start(now)
+        self.records.add_iteration_start(now, process_cpu_s())
         if self.disabled or self.phase == "done":
             return
         if self.profiler is not None:
             self.profiler.step()  # ProfilerStep#N annotations, as Holistic Trace Analysis expects
         cfg = self.cfg
+        if self.iteration in (cfg.warmup, cfg.warmup + cfg.kineto_iters, cfg.warmup + cfg.active,
+                              cfg.warmup + cfg.active + cfg.clean):
+            stat = cgroup_cpu_stat()  # the host's CPU quota: how often it held the job back (None: no quota)
+            if stat is not None:
+                self.records.host_cpu_stat.append([self.iteration, now, stat])
         if self.iteration == cfg.warmup and self.phase == "warmup":
             self.guard("starting the profiling window", self._start_window)
         elif self.iteration == cfg.warmup + cfg.active and self.phase == "active":

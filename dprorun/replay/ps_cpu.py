@@ -1,0 +1,150 @@
+"""How busy each host's CPU was while a parameter-server job ran its window: the evidence behind (or against) the
+replay's what-ifs that change how many processes share a host.
+
+The replay gives every role's work the time it took as profiled. On a host whose cores (or whose CPU quota: a
+container, a cgroup) were all busy, that time includes waiting for the CPU the other roles used; a what-if with
+fewer or more processes there changes that wait, which nothing in the graph prices. The hooks record each worker's
+CPU seconds at every iteration start (events.json `iteration_cpu_s`), each server's at its updates (server.json
+`cpu_marks`), and the host's quota counters at the window's phase changes (`host_cpu_stat`: periods, throttled
+periods). `read_host_cpu` turns them into each host's busy cores over the window's iterations run without the
+profiler; `cpu_note` says what that means for a what-if.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+BUSY_SHARE_WARN = 0.85  # a host this busy (of its cores or quota) is CPU-bound for the what-ifs' purposes
+THROTTLED_SHARE_WARN = 0.05  # or one whose quota held its processes back in this share of its periods
+
+
+@dataclass
+class HostCPU:
+    host: str
+    cores: float  # what the roles may use: the CPU quota where one is set, else the cores of their affinity
+    quota: bool  # cores is a cgroup quota
+    workers: int
+    servers: int
+    worker_cores: float  # CPU seconds per second, the host's workers together, over the span
+    server_cores: Optional[float]  # the same for its servers (None: a server recorded no CPU marks over the span)
+    throttled_share: Optional[float]  # quota periods in which the host was held back, of those in the span
+    throttled_ms: Optional[float]  # the time its processes were held back by the quota, per iteration (cgroup's sum)
+    span_ms: float  # the span measured: the window's iterations without the profiler (a worker of this host)
+
+    @property
+    def busy_cores(self) -> float:
+        return self.worker_cores + (self.server_cores or 0.0)
+
+    @property
+    def busy_share(self) -> float:
+        return self.busy_cores / self.cores if self.cores else 0.0
+
+    def describe(self) -> str:
+        parts = [f"workers {self.worker_cores:.2f}"]
+        parts.append("servers unknown" if self.server_cores is None else f"servers {self.server_cores:.2f}")
+        text = (f"{self.host}: {self.busy_cores:.2f} of {self.cores:g} cores busy ({100 * self.busy_share:.0f} %; "
+                f"{', '.join(parts)}{'; a CPU quota' if self.quota else ''}")
+        if self.throttled_share is not None:
+            text += f"; throttled in {100 * self.throttled_share:.0f} % of its quota periods"
+        if self.throttled_ms:
+            text += f", held back {self.throttled_ms:.1f} ms an iteration"
+        return text + ")"
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "cores": self.cores, "quota": self.quota, "workers": self.workers,
+                "servers": self.servers, "worker_cores": round(self.worker_cores, 3),
+                "server_cores": None if self.server_cores is None else round(self.server_cores, 3),
+                "busy_share": round(self.busy_share, 3),
+                "throttled_share": None if self.throttled_share is None else round(self.throttled_share, 3),
+                "throttled_ms": None if self.throttled_ms is None else round(self.throttled_ms, 3)}
+
+
+def _span(events: dict) -> Optional[tuple[int, int]]:
+    """The window's iterations without the profiler, as indices into iteration_starts_us (first, last)."""
+    window = events.get("window") or {}
+    profiled = window.get("kineto_iterations") or []
+    first = (max(profiled) + 2) if profiled else int(window.get("warmup", 0)) + 1  # +1: the profiler's stop
+    last = int(window.get("warmup", 0)) + int(window.get("active", 0))  # read before the end-of-window work
+    cpu = events.get("iteration_cpu_s") or []
+    if last - first < 2 or last >= len(cpu):
+        return None
+    return first, last
+
+
+def _cpu_at(marks: list[list[float]], t_us: float) -> Optional[float]:
+    """A server's CPU seconds at time t (linear between its marks); None outside them."""
+    for (t0, c0), (t1, c1) in zip(marks, marks[1:]):
+        if t0 <= t_us <= t1:
+            return c0 if t1 == t0 else c0 + (c1 - c0) * (t_us - t0) / (t1 - t0)
+    return None
+
+
+def _throttled(stats: list[list], first: int, last: int) -> tuple[Optional[float], Optional[float]]:
+    """(throttled periods of all periods, throttled ms per iteration) between the counters read at the phase changes
+    from iteration first - 1 (the profiler's stop) to last; (None, None) without a quota."""
+    inside = [s for s in stats if first - 1 <= int(s[0]) <= last]
+    if len(inside) < 2 or int(inside[-1][0]) <= int(inside[0][0]):
+        return None, None
+    (i0, _, a), (i1, _, b) = inside[0], inside[-1]
+    periods = int(b.get("nr_periods", 0)) - int(a.get("nr_periods", 0))
+    if periods <= 0:
+        return None, None
+    held_ms = (int(b.get("throttled_us", 0)) - int(a.get("throttled_us", 0))) / 1000.0 / (int(i1) - int(i0))
+    return (int(b.get("nr_throttled", 0)) - int(a.get("nr_throttled", 0))) / periods, held_ms
+
+
+def read_host_cpu(workers: dict[int, dict], server_docs: dict[int, dict], hosts: list[str],
+                  worker_hosts: list[int], server_hosts: list[int]) -> list[HostCPU]:
+    """Each host's busy cores over its first worker's unprofiled window iterations; [] for a run recorded by a
+    dprorun before these records (or a host with no worker: nothing to time its servers against)."""
+    names = hosts or [str(workers[min(workers)].get("host", "") or "this host")]
+    out = []
+    for h, name in enumerate(names):
+        ranks = [r for k, r in enumerate(sorted(workers)) if (worker_hosts[k] if k < len(worker_hosts) else 0) == h]
+        spans = {r: _span(workers[r]) for r in ranks}
+        timed = [r for r in ranks if spans[r] is not None]
+        if not timed:
+            continue
+        tracker = next((t for t in workers[timed[0]].get("trackers", []) if t.get("framework") == "mxnet"), {})
+        quota = tracker.get("cgroup_quota_cores")
+        cores = float(quota) if quota else float(tracker.get("cores") or 1)
+        worker_cores = 0.0
+        for r in timed:
+            (first, last), events = spans[r], workers[r]
+            starts, cpu = events["iteration_starts_us"], events["iteration_cpu_s"]
+            worker_cores += (cpu[last] - cpu[first]) / ((starts[last] - starts[first]) / 1e6)
+        worker_cores *= len(ranks) / len(timed)
+        first, last = spans[timed[0]]
+        events = workers[timed[0]]
+        skew = float((events.get("clock") or {}).get("test_skew_us") or 0.0)  # the servers' stamps have none
+        t0, t1 = events["iteration_starts_us"][first] - skew, events["iteration_starts_us"][last] - skew
+        mine = [s for s in server_docs if (server_hosts[s] if s < len(server_hosts) else 0) == h]
+        server_cores: Optional[float] = 0.0
+        for s in mine:  # on the worker's host: one clock, no alignment needed
+            marks = [[float(t), float(c)] for t, c in server_docs[s].get("cpu_marks") or []]
+            c0, c1 = _cpu_at(marks, t0), _cpu_at(marks, t1)
+            if c0 is None or c1 is None:
+                server_cores = None
+                break
+            server_cores += (c1 - c0) / ((t1 - t0) / 1e6)
+        throttled = _throttled(workers[timed[0]].get("host_cpu_stat") or [], first, last)
+        out.append(HostCPU(name, cores, bool(quota), len(ranks), len(mine), worker_cores, server_cores,
+                           *throttled, (t1 - t0) / 1000.0))
+    return out
+
+
+def busy_hosts(host_cpu: list[HostCPU]) -> list[HostCPU]:
+    """The hosts whose CPU held the job back: busy near all its cores, or its quota throttling it often."""
+    return [h for h in host_cpu if h.busy_share >= BUSY_SHARE_WARN or (h.throttled_share or 0) >= THROTTLED_SHARE_WARN]
+
+
+def cpu_note(host_cpu: list[HostCPU], servers_change: int, workers_change: int) -> list[str]:
+    """A warning where a what-if adds or removes processes (servers, workers) on hosts whose CPU was busy."""
+    busy = busy_hosts(host_cpu)
+    if not busy or not (servers_change or workers_change):
+        return []
+    what = " and ".join(f"{abs(n)} {name}{'s' if abs(n) > 1 else ''} {'more' if n > 0 else 'fewer'}"
+                        for n, name in ((servers_change, "server"), (workers_change, "worker")) if n)
+    return [f"warning: {what} change how the CPU of {', '.join(h.host for h in busy)} is shared "
+            f"({'; '.join(h.describe() for h in busy)}): the replay prices each role's work at the time it took as "
+            "run, the waits for that CPU included, not the CPU the processes added or removed would take or leave"]
