@@ -40,6 +40,9 @@ BOUND = 100_000
 CONFIGS = (("as run", 2, None), ("servers 1", 1, None), ("bound", 2, BOUND))
 MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600"],
           "mlp-adam": ["--model", "mlp", "--width", "600", "--optimizer", "adam"],
+          # the kvstore's asynchronous mode: each push updated on its own (not in the default set)
+          "mlp-async": ["--model", "mlp", "--width", "600", "--kvstore", "dist_async"],
+          "conv-async": ["--model", "conv", "--kvstore", "dist_async"],
           # the Module API (Module.fit, string keys), a symbolic MLP: examples/mxnet_module.py
           "module": ["--width", "512"],
           # hand-written kv.push / kv.pull per parameter, the optimizer on the servers: examples/mxnet_kvstore_loop.py

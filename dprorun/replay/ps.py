@@ -1,4 +1,4 @@
-"""Parameter-server jobs (MXNet kvstore dist_sync) in the global DFG: the model's types, the
+"""Parameter-server jobs (MXNet kvstore dist_sync and dist_async) in the global DFG: the model's types, the
 PS topology joining the workers' local DFGs through the servers, and its replay under what-ifs.
 
 The graph of one iteration: the workers' local DFGs (`local_dfgs`: worker r's profiled compute ops in order, gaps
@@ -97,7 +97,9 @@ class PSModel:
     # the host's cores, shared by the workers' compute, the loopback's transfers and the servers' engines (0: each
     # of them as if on a core of its own)
     host_cores: int = 0
-    host_cpu: list[HostCPU] = field(default_factory=list)  # each host's busy cores over the window (replay/ps_cpu.py)
+    host_cpu: list[HostCPU] = field(default_factory=list)
+    fitted_as_run_us: Optional[float] = None  # the job as it ran, replayed with the fitted costs (its self-check)
+    sync: bool = True  # the kvstore's mode: dist_sync (the workers joined at every key's update), or dist_async  # each host's busy cores over the window (replay/ps_cpu.py)
 
     @property
     def measured_iteration_us(self) -> Optional[float]:
@@ -106,6 +108,7 @@ class PSModel:
 
     def to_json(self) -> dict:
         return {"workers": self.workers, "servers": self.servers, "bigarray_bound": self.bigarray_bound,
+                "kvstore": "dist_sync" if self.sync else "dist_async",
                 "keys": len(self.keys), "bytes": sum(k.nbytes for k in self.keys),
                 "alpha_us": round(self.alpha_us, 2), "bandwidth_gbit_s": round(self.bytes_per_us * 8e-3, 3),
                 "update_us": [round(self.update_us[0], 2), round(self.update_us[1] * 1e6, 3)],
@@ -183,7 +186,8 @@ def local_dfgs(model: PSModel, keys: Optional[list[PSKey]] = None,
                     model.update_us, list(model.worker_hosts), list(model.server_hosts), model.copy_us, model.add_us,
                     model.host_cores)
     plan = PSPlan(model.workers, model.servers, model.bigarray_bound, list(labelled),
-                  placed(labelled, model.servers, model.bigarray_bound), ins, outs, links, g.size, keys=labelled)
+                  placed(labelled, model.servers, model.bigarray_bound), ins, outs, links, g.size, keys=labelled,
+                  sync=model.sync)
     return g.build({"ps_plan": plan, "world_size": model.workers, "servers": model.servers,
                     "bigarray_bound": model.bigarray_bound, "ranks_built": model.workers, "links": model.links})
 
@@ -236,7 +240,7 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
     busy = {name: round(us / 1000.0, 3) for name, us in sorted(result.device_busy_us.items(),
                                                                  key=lambda kv: -kv[1])[:8]}
     path = [graph.names[i] for i in result.critical_path]
-    notes += _layout_check(model, whatif)
+    notes += _layout_check(model, whatif) + _self_check(model)
     notes += cpu_note(model.host_cpu, (whatif.servers or model.servers) - model.servers,
                       (whatif.workers or model.workers) - model.workers)
     if (whatif.workers or model.workers) > model.workers and (whatif.links or model.links) == "shared":
@@ -280,6 +284,19 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
     return PSPrediction(result.iteration_time_us / 1000.0, whatif.describe(), _compress(path), busy, graph.size,
                         notes, None if window_ms is None else round(window_ms / 1000, 3),
                         None if clean_ms is None else round(clean_ms / 1000, 3), spread)
+
+
+SELF_CHECK_WARN = 0.03  # the job as it ran, replayed, this far from its own iterations: the fit did not hold
+
+
+def _self_check(model: PSModel) -> list[str]:
+    """A warning where the fitted model does not replay the job as it ran to the run's own iterations."""
+    measured, as_run = model.measured_iteration_us, model.fitted_as_run_us
+    if not measured or not as_run or abs(as_run / measured - 1) <= SELF_CHECK_WARN:
+        return []
+    return [f"warning: the job as it ran replays to {as_run / 1000:.2f} ms against its own {measured / 1000:.2f} ms "
+            f"({100 * (as_run / measured - 1):+.1f} %): the costs could not be fitted to this run; read a what-if "
+            f"as a ratio to {as_run / 1000:.2f} ms, not as a time"]
 
 
 LAYOUT_GAP_WARN = 0.10  # the job as it ran, replayed under another links layout, this far from its own iterations

@@ -20,6 +20,8 @@ Per key (in push order), per part:
            was not recorded)
   respond  per pull, the stored value copied into the response on `s<s>` (probed, as the merge)
   pull     to every worker, mirrored (SEND on `s<s>.tx`, RECV on `w<r>.rx` per node), into the worker's Out node
+A dist_async job (`PSPlan.sync` False): no merge; each worker's push updated on its own as it arrives (`s<s>.update
+<key> w<r>`), then that worker's response copied and its pull: the workers meet only on the servers and the links.
 Transaction ids: (key, part's server, worker, push/pull) name the SEND/RECV pairs. A server's ops carry rank -1 - s.
 Host cores (`PSLinks.host_cores`, off unless asked): each host's cores a pool `h<a>.cpu` that its workers' compute,
 its servers' engines and its loopback's transfers hold while they run (`_share_host_cores`).
@@ -114,6 +116,9 @@ class PSPlan:
     bandwidth_gbit: Optional[float] = None
     bandwidth_scale: float = 1.0
     layout: Optional[str] = None  # the links' layout asked (None: as the job ran)
+    # dist_sync: a key's update waits for every worker's push, every pull for the update; dist_async (False): each
+    # push updated on its own as it arrives, the pusher's pull answered after it (MXNet's KVStoreDistServer)
+    sync: bool = True
 
     @property
     def bytes_per_us(self) -> float:
@@ -256,6 +261,17 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
     for label in plan.order:
         for part in plan.parts[label]:
             s = part.server
+            if not plan.sync:  # each worker's push updated on its own, its pull answered from the value it made
+                for w in range(plan.workers):
+                    push = transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True, wire(part.nbytes, part.push_us),
+                                    plan.ins[w][label])
+                    update = g.op(f"s{s}.update {label} w{w}", "UPDATE", -1 - s, f"s{s}",
+                                  links.update_us[0] + links.update_us[1] * part.nbytes)
+                    g.edge(push, update)
+                    respond = _server_op(g, links, f"s{s}.respond {label} w{w}", s, part.nbytes, False, update)
+                    g.edge(transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(part.nbytes, part.pull_us),
+                                    respond), plan.outs[w][label])
+                continue
             arrivals = [transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True, wire(part.nbytes, part.push_us),
                                  plan.ins[w][label]) for w in range(plan.workers)]
             if part.server_us is not None:  # the wait at the server, as the worker saw it
