@@ -226,6 +226,29 @@ def test_the_timeline_shows_push_update_pull_per_key(ps_run, tmp_path):
 
 
 @needs_mxnet
+def test_the_optimizer_on_the_workers_prices_the_servers_sums_from_the_workers_probe(tmp_path):
+    """update_on_kvstore=False: the servers only sum the pushes (no updater reaches their hooks, so they time and
+    probe nothing); the workers probe the same engine at the end of the window and the model prices the servers'
+    merging and storing from it, with a note, instead of as nothing."""
+    run_dir = tmp_path / "workers_update"
+    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", *WINDOW, "python",
+                           os.path.join(EXAMPLES, "mxnet_variants.py"), "--steps", "24", "--update-on-kvstore", "0",
+                           "--freeze"], run_dir, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tracker = json.loads((run_dir / "rank_0" / "events.json").read_text())["trackers"][0]
+    assert tracker["update_on_kvstore"] is False
+    # three dense layers, the first frozen (its weight and bias never pushed); the 1 MB weight of the second probed
+    assert len(tracker["keys"]) == 4 and [row[0] for row in tracker["engine_probe"]] == [512 * 512 * 4]
+    assert all(copy > 0 and add > 0 for _, copy, add in tracker["engine_probe"])
+    model = build_ps_model(str(run_dir))
+    assert model.copy_us and model.add_us and model.update_us[1] > 0
+    assert any(n.startswith("the optimizer ran on the workers") for n in model.notes)
+    assert not [n for n in model.notes if "older dprorun" in n or "taken as 0" in n]
+    graph = ps_graph(model, PSWhatIf())
+    assert sum(d for n, d in zip(graph.names, graph.durations) if ".merge " in n) > 0
+
+
+@needs_mxnet
 def test_a_module_api_job_is_profiled_with_its_string_keys(tmp_path):
     """Module.fit: iterations are Module.update calls; the parameters' names are the kvstore's keys, numbered as the
     kvstore numbers them (init order); the calibration uses string keys too (a kvstore refuses mixed kinds)."""

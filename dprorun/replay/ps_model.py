@@ -71,13 +71,9 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
         raise UnanswerableError(f"{run_dir}: no worker has a complete profiled iteration in {MX_PROFILE_FILE} "
                                 "(give --kineto-iters 3 or more, and --warmup 1 or more)")
     server_docs = read_server_docs(run_dir)  # read once: updates, hosts, probes
-    updates = _server_updates(run_dir, workers, server_docs)
-    update_fit = _linear_fit(updates) if updates else (0.0, 0.0)
-    if not updates:
-        notes.append("no server recorded its updates: the servers' update time is taken as 0")
+    update_fit, copy_fit, add_fit = _server_costs(run_dir, workers, server_docs, tracker, notes)
     calibration = _calibration(workers)
     hosts, worker_hosts, server_hosts = _role_hosts(server_docs, workers)
-    copy_fit, add_fit = _server_memory(server_docs)
     model = PSModel(workers=int(tracker.get("workers", len(workers))), servers=int(tracker.get("servers", 1)),
                     bigarray_bound=int(tracker.get("bigarray_bound", 1_000_000)), keys=keys, worker_ops=ops,
                     link_slots=max(1, int(tracker.get("cores") or 1)),
@@ -95,9 +91,6 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
         notes.append(f"each host's {model.host_cores} cores shared by its workers' compute, its loopback's transfers "
                      "and its servers' engines (--host-cores; on loopback, 2 cores, 5 models, 8 rounds: the what-ifs "
                      "were no closer than without it)")
-    if server_docs and not any(doc.get("memory") for doc in server_docs.values()):
-        notes.append("no server probed its copy and add speed (a run of an older dprorun): the merging of each push "
-                     "and the copy into each pull's response are not priced on the servers")
     if len(hosts) > 1:  # the roles' hosts, for the "hosts" links (a what-if: the job is fitted on one medium)
         model.hosts, model.worker_hosts, model.server_hosts = hosts, worker_hosts, server_hosts
     if calibration:
@@ -268,6 +261,32 @@ def _server_updates(run_dir: str, workers: dict, server_docs: dict[int, dict]) -
     updates, _ = read_server_updates(run_dir, server_docs)
     return [(u.nbytes, u.end_us - u.start_us) for u in updates
             if u.key < PS_CALIBRATION_KEY_BASE and lo <= u.start_us <= hi]
+
+
+def _server_costs(run_dir: str, workers: dict, server_docs: dict[int, dict], tracker: dict,
+                  notes: list[str]) -> tuple[tuple[float, float], tuple, tuple]:
+    """(update a + b x bytes, the engine's copy and add by size) of the servers: fitted to their timed updates and
+    taken from their probes; where the optimizer ran on the workers (update_on_kvstore False: no updater reaches the
+    servers' hooks), the merging priced from the workers' probe of the same engine and the update as the copy of
+    the summed pushes into the stored value, which is what such a server does."""
+    updates = _server_updates(run_dir, workers, server_docs)
+    update_fit = _linear_fit(updates) if updates else (0.0, 0.0)
+    copy_fit, add_fit = _server_memory(server_docs)
+    probes = {r: {"memory": t.get("engine_probe")} for r, events in workers.items()
+              for t in events.get("trackers", []) if t.get("framework") == "mxnet" and t.get("engine_probe")}
+    if tracker.get("update_on_kvstore") is False and not updates and not copy_fit and probes:
+        copy_fit, add_fit = _server_memory(probes)
+        update_fit = (0.0, copy_fit[-1][1] / copy_fit[-1][0])
+        notes.append("the optimizer ran on the workers (update_on_kvstore False): the servers sum the pushes and store "
+                     "the sum, priced from the workers' probe of the same engine (their copy and add by size); no "
+                     "server CPU is recorded (no updater reaches the hooks)")
+        return update_fit, copy_fit, add_fit
+    if not updates:
+        notes.append("no server recorded its updates: the servers' update time is taken as 0")
+    if server_docs and not copy_fit:
+        notes.append("no server probed its copy and add speed (a run of an older dprorun): the merging of each push "
+                     "and the copy into each pull's response are not priced on the servers")
+    return update_fit, copy_fit, add_fit
 
 
 def _server_memory(server_docs: dict[int, dict]) -> tuple[tuple[tuple[float, float], ...],

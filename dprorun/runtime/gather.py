@@ -46,13 +46,18 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     if session.framework == "mxnet":  # parameter-server workers of one host: each writes into the run directory
         if session.rank == 0:
             print("[dprorun] window done: kvstore calibration and writing the traces", file=sys.stderr, flush=True)
-        from dprorun.runtime.mxnet import calibrate_kvstore
+        from dprorun.runtime.mxnet import calibrate_kvstore, probe_engine
 
         tracker = session.profiler_backend
         try:
             session.records.calibration = calibrate_kvstore(tracker) if tracker is not None else []
         except Exception as exc:  # the cost model then relies on the profile alone
             session.records.warnings.append(f"kvstore calibration failed: {type(exc).__name__}: {exc}")
+        if tracker is not None and tracker.update_on_kvstore is False:  # the servers' hooks never run: probe here
+            try:
+                tracker.engine_probe = probe_engine(tracker)
+            except Exception as exc:
+                session.records.warnings.append(f"the engine's copy/add probe failed: {type(exc).__name__}: {exc}")
         _write_events_keeping_step(session)
         return
     if session.framework == "tf":  # TensorFlow workers of one host: each writes into the run directory

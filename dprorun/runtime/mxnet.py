@@ -11,6 +11,8 @@ Workers (DMLC_ROLE=worker):
               parameters) is the integer the kvstore gives it: the order of its `init` calls, from 0;
   profiler    `mx.profiler` (operators, imperative and symbolic) over the window's first --kineto-iters
               iterations, dumped as Chrome JSON to rank_<r>/mx_profile.json (trace/mxprofile.py reads it);
+  engine      where the optimizer runs on the workers (update_on_kvstore False: the servers' hooks never run), the
+              engine's copy and add probed at the keys' sizes at the end of the window (probe_engine);
   calibration at the end of the window every worker pushes and pulls arrays of 4 KiB - 16 MiB through the job's
               own kvstore (keys of their own, the servers' optimizer applied as for the model's keys): the round
               trip the cost model is fitted to.
@@ -69,6 +71,7 @@ class MXTracker:
         self.step_calls = 0  # Trainer.step / Module.update calls: the iterations, when the script makes them
         self.cycle: set[int] = set()  # a script pushing by hand: the keys pushed since this cycle's first push
         self.cycles = 0
+        self.engine_probe: list[list[float]] = []  # [bytes, copy µs, add µs]: see probe_engine
         session.trackers.append(self)
 
     def describe(self) -> dict:
@@ -80,6 +83,7 @@ class MXTracker:
                 "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                 "cgroup_quota_cores": cgroup_quota_cores(),  # a host (container) held to fewer cores than it has
                 "workers": int(os.environ.get("DMLC_NUM_WORKER", "1")),
+                "engine_probe": self.engine_probe,
                 "iterations": "Trainer.step / Module.update" if self.step_calls else
                 ("push/pull cycles (the script pushes by hand)" if self.cycles else "none seen")}
 
@@ -279,6 +283,16 @@ def calibrate_kvstore(tracker: MXTracker, repeats: int = 5) -> list[list[float]]
             times.append((time.perf_counter() - start) * 1e6)
         out.append([size, statistics.median(times), servers if count >= bound else 1])
     return out
+
+
+def probe_engine(tracker: MXTracker) -> list[list[float]]:
+    """[bytes, copy µs, add µs] of this worker's engine at its keys' sizes of 64 KiB or more (the largest
+    MEMORY_PROBE_MAX_SIZES): for a job whose optimizer runs on the workers (update_on_kvstore False), whose servers
+    then sum the pushes with the same engine but never reach the hooks that probe it there."""
+    import mxnet as mx
+
+    sizes = sorted({int(k["elements"]) for k in tracker.keys.values() if k["bytes"] >= MEMORY_PROBE_MIN_BYTES})
+    return [memory_probe(mx.nd.zeros((n,))) for n in sizes[-MEMORY_PROBE_MAX_SIZES:]]
 
 
 # ---- servers -------------------------------------------------------------------------------------------------
