@@ -97,9 +97,9 @@ class PSModel:
     # the host's cores, shared by the workers' compute, the loopback's transfers and the servers' engines (0: each
     # of them as if on a core of its own)
     host_cores: int = 0
-    host_cpu: list[HostCPU] = field(default_factory=list)
+    host_cpu: list[HostCPU] = field(default_factory=list)  # each host's busy cores over the window (replay/ps_cpu.py)
     fitted_as_run_us: Optional[float] = None  # the job as it ran, replayed with the fitted costs (its self-check)
-    sync: bool = True  # the kvstore's mode: dist_sync (the workers joined at every key's update), or dist_async  # each host's busy cores over the window (replay/ps_cpu.py)
+    sync: bool = True  # the kvstore's mode: dist_sync (the workers joined at every key's update), or dist_async
 
     @property
     def measured_iteration_us(self) -> Optional[float]:

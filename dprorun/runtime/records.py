@@ -13,7 +13,7 @@ MAX_ITERATION_TIMESTAMPS = 100_000
 @dataclass
 class RankRecords:
     iteration_starts: list[float] = field(default_factory=list)  # epoch µs, one per iteration (capped)
-    iteration_cpu_s: list[float] = field(default_factory=list)  # the process's CPU seconds (all threads) at each
+    iteration_cpu_s: list[float] = field(default_factory=list)  # the process's CPU seconds (all threads) at each start
     host_cpu_stat: list[list] = field(default_factory=list)  # [iteration, epoch µs, cgroup cpu.stat] at phase changes
     spans: list[list] = field(default_factory=list)  # [iteration, name, start_us, end_us]
     comm: list[CommRecord] = field(default_factory=list)  # one per bucket (or Horovod tensor) and iteration
