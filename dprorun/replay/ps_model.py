@@ -1,6 +1,6 @@
-"""The PS model of a run directory (MXNet kvstore dist_sync or dist_async: the mode the hooks saw): `build_ps_model` reads the workers' events, profiles
-and calibration and the servers' server.json once each, and fits the costs so that the graph of replay/ps.py
-replays the job as it ran.
+"""The PS model of a run directory (MXNet kvstore dist_sync or dist_async: the mode the hooks saw): `build_ps_model`
+reads the workers' events, profiles and calibration and the servers' server.json once each, and fits the costs so
+that the graph of replay/ps.py replays the job as it ran.
 
 Costs: alpha and the link bandwidth are fitted so that the same topology replays the end-of-window calibration
 (round trips of 4 KiB - 16 MiB through the job's kvstore) as measured, then scaled by one level so that the
