@@ -14,6 +14,7 @@ profiler's usual inflation (x0.8) and the link level is refitted to them instead
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -383,9 +384,11 @@ def fit_link_level(model: PSModel, profiled_us: float, compute_scale: float = 1.
 
 def fit_compute_scale(model: PSModel, target_us: float, rounds: int = 6) -> float:
     """The factor on the profiled compute with which the job as it ran replays to `target_us` (its iterations
-    without the profiler): the replay is monotone in it, so a few fixed-point rounds settle it."""
+    without the profiler): the replay is monotone in it, so a few fixed-point rounds usually settle it, and a
+    bisection does where they do not (each factor replayed once)."""
     compute = statistics.median(w.compute_us + w.tail_us + w.copy_us_per_byte * sum(k.nbytes for k in model.keys)
                                 for w in model.worker_ops.values())
+    @functools.lru_cache(maxsize=None)
     def replayed(factor: float) -> float:
         return replay(ps_graph(replace(model, compute_scale=factor), PSWhatIf())).iteration_time_us
 

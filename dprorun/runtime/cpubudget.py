@@ -42,9 +42,11 @@ def cgroup_quota_cores(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys
     """The CPU quota of this process's cgroup in cores (cgroup v2 cpu.max or v1 cfs_quota/period); None when
     unlimited or unreadable."""
     found = _cpu_cgroup_dir(proc_cgroup, root)
-    if found is None:
-        return None
-    folder, kind = found
+    return None if found is None else _quota_in(*found)
+
+
+def _quota_in(folder: str, kind: str) -> Optional[float]:
+    """The quota in cores of the cgroup at `folder` ("v1" or "v2"); None when unlimited or unreadable."""
     try:
         if kind == "v2":
             with open(os.path.join(folder, "cpu.max")) as handle:
@@ -63,7 +65,7 @@ def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs
     """This process's CPU cgroup's counters (the host's, in a container or an emulated host): {"nr_periods",
     "nr_throttled", "throttled_us"} (and "usage_us" under v2); None where there is no quota to throttle by."""
     found = _cpu_cgroup_dir(proc_cgroup, root)
-    if found is None or cgroup_quota_cores(proc_cgroup, root) is None:
+    if found is None or _quota_in(*found) is None:
         return None
     folder, kind = found
     try:
