@@ -94,9 +94,9 @@ def plain_ms(model: str, servers: int, net: str, bound: int | None = None) -> fl
     return float(found.group(1))
 
 
-def profile(model: str, net: str, run_dir: str) -> None:
-    """`dprorun --backend mxnet -np 2 --servers 2` of the model into `run_dir`."""
-    cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "-np", "2", "--servers", "2",
+def profile(model: str, net: str, run_dir: str, servers: int = 2) -> None:
+    """`dprorun --backend mxnet -np 2 --servers 2` (or `servers`) of the model into `run_dir`."""
+    cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "-np", "2", "--servers", str(servers),
                      "--run-dir", run_dir, "-q", "--warmup", "10", "--active", "20", "--clean", str(STEPS - 40),
                      "python", example(model), "--steps", str(STEPS), *MODELS[model]])
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
