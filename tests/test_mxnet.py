@@ -159,7 +159,8 @@ def test_offline_commands_answer_for_the_ps_model(ps_run):
     assert "parameter server: 2 workers, 2 servers, 10 keys" in summary.stdout
     assert "nothing to align" in dpro("align").stdout
     graph = dpro("graph")
-    assert graph.returncode == 0 and "devices (w0, w1, link, s0, s1)" in graph.stdout
+    assert graph.returncode == 0 and "5 devices (" in graph.stdout
+    assert set(graph.stdout.split("devices (")[1].split(")")[0].split(", ")) == {"w0", "w1", "link", "s0", "s1"}
     # report.html at job end, and `dpro report`: the PS model's page (timelines, critical path, what-if curves)
     assert (run_dir / "report.html").stat().st_size > 10_000, _log_tail(run_dir)
     report = dpro("report", "--json")
@@ -485,7 +486,8 @@ def test_roles_on_two_hosts_cross_their_nics_and_stay_on_loopback_at_home():
     assert device["push k0.s0 w1->s0"] == "h1.tx" and device["push k0.s0 w1->s0 RECV"] == "h0.rx"
     assert device["pull k0.s0 s0->w1"] == "h0.tx" and device["pull k0.s0 s0->w1 RECV"] == "h1.rx"
     nbytes = 2_000_000 * 4
-    assert by_name["push k0.s0 w0->s0"] == pytest.approx(50.0 + nbytes / LOOPBACK_BYTES_PER_US)
+    assert by_name["push k0.s0 w0->s0"] == pytest.approx(nbytes / LOOPBACK_BYTES_PER_US)
+    assert by_name["push k0.s0 w0->s0 handled"] == pytest.approx(50.0)  # its fixed cost: on the server
     assert by_name["push k0.s0 w1->s0 RECV"] == pytest.approx(nbytes / 125.0)
     slow = ps_graph(model, PSWhatIf(bandwidth_scale=0.5))
     slow_by_name = dict(zip(slow.names, slow.durations))
@@ -589,6 +591,29 @@ def test_on_a_shared_link_every_transfer_takes_a_slot_of_it():
     # on one medium, the servers' count changes only who updates: the bytes all cross the same link
     one_slot_servers = replay(ps_graph(shared, PSWhatIf(servers=1))).iteration_time_us
     assert one_slot_servers >= one_slot * 0.99
+
+
+def test_each_server_takes_the_sync_pushes_one_at_a_time():
+    """A dist_sync push's fixed cost (alpha) is the server's: held by its engine before the bytes move, so one server
+    takes every worker's pushes in turn where two servers take half each; a pull's alpha stays with its bytes on the
+    link, and so does a dist_async push's (answered at once)."""
+    keys = [PSKey(k, 4000, 1000, -k) for k in range(16)]  # 16 small keys: the fixed costs dominate
+    model = _model(links="shared", slots=4, alpha=200.0, bw=1e4, keys=keys)
+    graph = ps_graph(model, PSWhatIf())
+    device = {name: graph.device_names[d] for name, d in zip(graph.names, graph.devices)}
+    duration = dict(zip(graph.names, graph.durations))
+    server = (1 * 9973) % 2
+    assert device[f"push k1.s{server} w0->s{server} handled"] == f"s{server}"
+    assert duration[f"push k1.s{server} w0->s{server} handled"] == pytest.approx(200.0)
+    assert duration[f"push k1.s{server} w0->s{server}"] == pytest.approx(4000 / 1e4)  # the bytes alone
+    assert f"pull k1.s{server} s{server}->w1 handled" not in device
+    assert duration[f"pull k1.s{server} s{server}->w1"] == pytest.approx(200.0 + 4000 / 1e4)
+    two = replay(graph).iteration_time_us
+    one = replay(ps_graph(model, PSWhatIf(servers=1))).iteration_time_us
+    # 16 keys x 2 workers = 32 pushes of 200 us: 6.4 ms on one server, 3.2 ms on each of two
+    assert one - two > 0.8 * 16 * 200.0
+    async_model = replace(model, sync=False)
+    assert not any(name.endswith(" handled") for name in ps_graph(async_model, PSWhatIf()).names)
 
 
 def test_one_server_merges_every_push_and_copies_every_response_on_its_engine_alone():
@@ -726,6 +751,14 @@ def test_the_link_fit_recovers_the_links_a_calibration_was_made_with():
     alpha, bw = fit_links(replace(truth, alpha_us=0.0, bytes_per_us=1.0, calibration=calibration))
     assert alpha == pytest.approx(80.0, rel=0.15)
     assert bw == pytest.approx(300.0, rel=0.1)
+    # one medium of 2 slots, the servers' engines taking the messages: the fit's slope measured at a fitted alpha's
+    # size (at 1 us the order of the engines' ops can flip and the slope with it)
+    shared = replace(_model(links="shared", slots=2, alpha=150.0, bw=1000.0), copy_us=((1e6, 300.0),),
+                     add_us=((1e6, 400.0),))
+    calibration = [(b, replay(calibration_graph(shared, b, p)).iteration_time_us, p) for b, p in sizes]
+    alpha, bw = fit_links(replace(shared, alpha_us=0.0, bytes_per_us=1.0, calibration=calibration))
+    assert alpha == pytest.approx(150.0, rel=0.15)
+    assert bw == pytest.approx(1000.0, rel=0.15)
 
 
 @needs_mxnet

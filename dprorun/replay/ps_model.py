@@ -339,6 +339,11 @@ def _calibration(workers: dict) -> list[tuple[int, float, int]]:
     return [(b, statistics.median(ts), p) for (b, p), ts in sorted(rows.items())]
 
 
+# the alpha the calibration's slope is measured at: of the size fitted (100-450 us here), so that the order in which
+# the servers' engines take their ops, which a 1 us alpha can flip, is the order of the fitted model
+ALPHA_PROBE_US = 100.0
+
+
 def fit_links(model: PSModel) -> tuple[float, float]:
     """(alpha µs, bytes/µs) with which the topology replays the calibration round trips closest (relative least
     squares over a bandwidth grid; alpha, which enters each round trip's critical path a fixed number of times,
@@ -348,9 +353,9 @@ def fit_links(model: PSModel) -> tuple[float, float]:
         bw = gbit * 1e9 / 8 / 1e6
         trial = replace(model, alpha_us=0.0, bytes_per_us=bw)
         base = np.array([replay(calibration_graph(trial, b, p)).iteration_time_us for b, _, p in model.calibration])
-        one = replace(trial, alpha_us=1.0)
-        slope = np.array([replay(calibration_graph(one, b, p)).iteration_time_us for b, _, p in model.calibration])
-        slope = np.maximum(slope - base, 1e-9)
+        probe = replace(trial, alpha_us=ALPHA_PROBE_US)
+        slope = np.array([replay(calibration_graph(probe, b, p)).iteration_time_us for b, _, p in model.calibration])
+        slope = np.maximum(slope - base, 1e-9) / ALPHA_PROBE_US
         measured = np.array([t for _, t, _ in model.calibration])
         weights = 1.0 / measured ** 2
         alpha = max(0.0, float(np.sum(weights * slope * (measured - base)) / np.sum(weights * slope * slope)))

@@ -11,7 +11,10 @@ Per key (in push order), per part:
            the worker's host's uplink `h<a>.tx`, RECV on the server's host's downlink `h<b>.rx`, or, both on one
            host, one op on that host's loopback `h<a>.lo` (the host's cores as slots, priced at LOOPBACK_GBIT); as
            recorded at the worker ("worker-side": BytePS) one op on the worker's own push device. Priced
-           alpha + bytes / bandwidth (alpha on the op that starts the transfer), or the measured time
+           alpha + bytes / bandwidth (alpha on the op that starts the transfer), or the measured time; a dist_sync
+           push's alpha is its handling by the server instead, held by the server's engine `s<s>` before the bytes
+           move (the server takes every worker's push of a key in turn and answers it after the update, between
+           its merges, updates and copies: fewer servers take more pushes each)
   merge    each arriving push merged on the server's engine `s<s>` (the first worker's copied into the merge
            buffer, the others' added to it: priced from the server's probes by size, `engine_us`), where the
            servers probed it
@@ -230,33 +233,21 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
         return measured / plan.bandwidth_scale if measured is not None else nbytes / bandwidth
 
     def transfer(name: str, w: int, s: int, up: bool, seconds: float, after: int) -> int:
-        """One transfer: SEND on the sender's link, RECV on the receiver's; one op on a shared medium or, recorded
-        at the worker, on the worker's own push or pull device."""
-        start = (links.alpha_us if layout != "worker-side" else 0.0) + seconds
-        if layout == "hosts":
-            a, b = (links.worker_host(w), links.server_host(s)) if up else (links.server_host(s), links.worker_host(w))
-            if a == b:  # both roles on one host: its loopback
-                op = g.op(name, "COMM", w, f"h{a}.lo", links.alpha_us + seconds * bandwidth / LOOPBACK_BYTES_PER_US,
-                          capacity=links.slots)
-                g.edge(after, op)
-                return op
-            send = g.op(name, "COMM", w, f"h{a}.tx", start)
-            g.edge(after, send)
-            op = g.op(name + " RECV", "COMM", w, f"h{b}.rx", seconds)
-            g.edge(send, op)
+        """One transfer between a worker and server s, its bytes priced by `_bytes`, its fixed cost (alpha) where
+        the message is handled: a dist_sync push by the server (on its engine `s<s>`, before the bytes: it
+        takes every worker's push of a key in turn and answers each after the key's update, between the merges,
+        updates and copies of its other keys, so fewer servers take more of them each); a pull, or a dist_async
+        push (answered at once), with its bytes. Recorded at the worker (BytePS): the measured time alone, on the
+        worker's own push or pull device."""
+        if layout == "worker-side":
+            op = g.op(name, "COMM", w, plan.worker_links[w][0 if up else 1], seconds)
+            g.edge(after, op)
             return op
-        if layout == "shared":
-            op = g.op(name, "COMM", w, "link", start, capacity=links.slots)
-        elif layout == "worker-side":
-            op = g.op(name, "COMM", w, plan.worker_links[w][0 if up else 1], start)
-        else:
-            send = g.op(name, "COMM", w, f"w{w}.tx" if up else f"s{s}.tx", start)
-            g.edge(after, send)
-            op = g.op(name + " RECV", "COMM", w, f"s{s}.rx" if up else f"w{w}.rx", seconds)
-            g.edge(send, op)
-            return op
-        g.edge(after, op)
-        return op
+        if not (up and plan.sync and links.alpha_us):
+            return _bytes(g, plan, layout, name, w, s, up, seconds, after, links.alpha_us)
+        handle = g.op(name + " handled", "COMM", -1 - s, f"s{s}", links.alpha_us)
+        g.edge(after, handle)
+        return _bytes(g, plan, layout, name, w, s, up, seconds, handle)
 
     for label in plan.order:
         for part in plan.parts[label]:
@@ -289,6 +280,33 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
                 recv = transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(part.nbytes, part.pull_us),
                                 respond)
                 g.edge(recv, plan.outs[w][label])
+
+
+def _bytes(g: GraphBuilder, plan: PSPlan, layout: str, name: str, w: int, s: int, up: bool, seconds: float,
+           after: int, alpha: float = 0.0) -> int:
+    """The bytes of one transfer between worker w and server s (`up`: a push), with `alpha` on the op that starts
+    it: SEND on the sender's link, RECV on the receiver's, or one op on a shared medium (a host's loopback with a
+    NIC per host)."""
+    links = plan.links
+    if layout == "hosts":
+        a, b = (links.worker_host(w), links.server_host(s)) if up else (links.server_host(s), links.worker_host(w))
+        if a == b:  # both roles on one host: its loopback
+            op = g.op(name, "COMM", w, f"h{a}.lo", alpha + seconds * plan.bytes_per_us / LOOPBACK_BYTES_PER_US,
+                      capacity=links.slots)
+            g.edge(after, op)
+            return op
+        sender, receiver = f"h{a}.tx", f"h{b}.rx"
+    elif layout == "shared":
+        op = g.op(name, "COMM", w, "link", alpha + seconds, capacity=links.slots)
+        g.edge(after, op)
+        return op
+    else:
+        sender, receiver = (f"w{w}.tx", f"s{s}.rx") if up else (f"s{s}.tx", f"w{w}.rx")
+    send = g.op(name, "COMM", w, sender, alpha + seconds)
+    g.edge(after, send)
+    op = g.op(name + " RECV", "COMM", w, receiver, seconds)
+    g.edge(send, op)
+    return op
 
 
 def _share_host_cores(g: GraphBuilder, plan: PSPlan, layout: str) -> None:
