@@ -316,3 +316,34 @@ def test_a_job_whose_hooks_saw_no_step_says_what_they_need():
     assert "nothing to profile" in eager_hvd_tf and "@tf.function" in eager_hvd_tf
     assert "strategy.run" in no_step_seen([SimpleNamespace(framework="tf")])
     assert "no step ran" in no_step_seen([SimpleNamespace(framework="ddp")])
+
+
+def test_a_tf_gradient_read_ready_after_its_horovod_operation_began_is_enqueued_by_that_start():
+    """horovod.tensorflow: a tensor's all-reduce runs from its gradient being ready (the TF profile) to the end of its
+    operation in Horovod's timeline; a ready time the profile puts after the operation's start (a producing op it
+    names otherwise, read from the last op of the scope) is not the tensor's: the operation's start bounds it, so the
+    all-reduce keeps its length instead of shrinking to nothing."""
+    from dprorun.trace.horovod import HorovodTimeline
+    from dprorun.trace.model import Op, OpKind, RankTrace
+    from dprorun.trace.rundir import add_tf_records
+    from dprorun.trace.xplane import TFProfile
+
+    packs = [{"tensors": ["dense/kernel/grad:0"], "bytes": [1024], "op": "HorovodAllreduce_k"},
+             {"tensors": ["dense/bias/grad:0"], "bytes": [256], "op": "HorovodAllreduce_b"}]
+    doc = {"trackers": [{"framework": "horovod", "tf": True, "packs": packs}], "window": {"kineto_iterations": [0]},
+           "iteration_starts_us": [0.0, 10_000.0], "grad_ready": [], "spans": [], "comm": []}
+    compute = [Op("MatMul", OpKind.FW, 0, 100.0, 1000.0, args={"op": "dense/MatMul"}),
+               Op("MatMulGrad", OpKind.BW, 0, 1000.0, 3000.0, args={"op": "dense/kernel/grad"}),
+               # the bias's gradient op is named otherwise: its ready time falls back to its scope's last op
+               Op("BiasAddGrad", OpKind.BW, 0, 3000.0, 3100.0, args={"op": "dense/bias/BiasAddGrad"}),
+               Op("Late", OpKind.BW, 0, 3100.0, 6000.0, args={"op": "dense/bias/later_op"})]
+    timeline = RankTrace(rank=0, host="h", ops=[
+        Op("allreduce", OpKind.COMM, 0, 3200.0, 5000.0, iteration=0, tensor="scope/HorovodAllreduce_k",
+           phase="operation", source="horovod"),
+        Op("allreduce", OpKind.COMM, 0, 3300.0, 4000.0, iteration=0, tensor="scope/HorovodAllreduce_b",
+           phase="operation", source="horovod")])
+    add_tf_records(doc, TFProfile(compute=compute, collectives=[], steps=[(0, 0.0, 10_000.0)]),
+                   HorovodTimeline("timeline.json", timeline, ["k", "b"], 1, []))
+    comm = {row[2]: row for row in doc["comm"]}
+    assert comm[0][3] == 3000.0 and comm[0][-1] == 5000.0  # ready when its gradient op ended
+    assert comm[1][3] == 3300.0 and comm[1][-1] == 4000.0  # read ready at 6000: bounded by its operation's start

@@ -259,10 +259,11 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
         if horovod:
             records = []
             for k, pack in enumerate(packs):
-                done = next((e for s, e in operations.get(k, []) if start <= s < end), None)
-                if done is not None:
-                    enqueue = min(max(ready_of[n] for n in pack.get("tensors", [])), done)
-                    records.append(CommRecord(step, 0, k, enqueue, enqueue, done))
+                operation = next(((s, e) for s, e in operations.get(k, []) if start <= s < end), None)
+                if operation is not None:  # enqueued by the operation's start at the latest: a gradient's ready
+                    # time read later than that (a producing op the profile names otherwise) is not this tensor's
+                    enqueue = min(max(ready_of[n] for n in pack.get("tensors", [])), operation[0])
+                    records.append(CommRecord(step, 0, k, enqueue, enqueue, operation[1]))
             if len(records) < len(packs):  # e.g. the timeline's writer had not flushed the step when it stopped
                 incomplete.append(step)
                 continue
