@@ -15,6 +15,8 @@ The last line: the what-if's ratio error, and the swap that closes most of it.
 
 usage: python benchmarks/mxnet_two_configs.py [--models conv] [--b-servers 1 | --b-bound 100000] [--reps 3]
        [--keep DIR | --from DIR[,DIR]]
+       python benchmarks/mxnet_two_configs.py --multihost KEEP_A,KEEP_B   (two `mxnet_multihost.py --keep` runs at
+       two server counts per host, paired round by round: the same analysis across hosts)
 """
 from __future__ import annotations
 
@@ -67,6 +69,19 @@ def comm_span_ms(run_dir: str) -> float:
     spans = [max(op.end_us for op in g) - min(op.start_us for op in g)
              for g in comm_phases([op for op in ops if op.is_kvstore])]
     return statistics.median(spans[1:] or spans) / 1000
+
+
+def multihost_records(keep_a: str, keep_b: str) -> list[dict]:
+    """Records of two `mxnet_multihost.py --keep` runs paired round by round (node 0's run directories)."""
+    runs = []
+    for keep in (keep_a, keep_b):
+        with open(os.path.join(keep, "rounds.json")) as handle:
+            runs.append(json.load(handle))
+    a, b = runs
+    hosts = 2  # the benchmark's two emulated hosts
+    return [{"model": f"{a['model']}, 2 hosts", "plain": {"A": x["plain"], "B": y["plain"]},
+             "dirs": {"A": x["run_dir"], "B": y["run_dir"]}, "b_servers": b["servers"] * hosts, "b_bound": None}
+            for x, y in zip(a["rounds"], b["rounds"])]
 
 
 def analyse(record: dict) -> dict:
@@ -130,10 +145,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=bench.STEPS)
     parser.add_argument("--keep", default=None, metavar="DIR")
     parser.add_argument("--from", dest="kept", default=None, metavar="DIR[,DIR...]")
+    parser.add_argument("--multihost", default=None, metavar="KEEP_A,KEEP_B",
+                        help="pair the rounds of two `mxnet_multihost.py --keep` runs (A: more servers per host, B: "
+                             "fewer), round by round, instead of launching")
     args = parser.parse_args()
     bench.STEPS = args.steps
     records = []
-    if args.kept:
+    if args.multihost:
+        records = multihost_records(*args.multihost.split(","))
+    elif args.kept:
         for kept in args.kept.split(","):
             with open(os.path.join(kept, "rounds.json")) as handle:
                 records += json.load(handle)
