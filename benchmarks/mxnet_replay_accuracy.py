@@ -94,12 +94,14 @@ def plain_ms(model: str, servers: int, net: str, bound: int | None = None) -> fl
     return float(found.group(1))
 
 
-def profile(model: str, net: str, run_dir: str, servers: int = 2) -> None:
-    """`dprorun --backend mxnet -np 2 --servers 2` (or `servers`) of the model into `run_dir`."""
+def profile(model: str, net: str, run_dir: str, servers: int = 2, bound: int | None = None) -> None:
+    """`dprorun --backend mxnet -np 2 --servers 2` (or `servers`; with MXNET_KVSTORE_BIGARRAY_BOUND=`bound`) of the
+    model into `run_dir`."""
     cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "-np", "2", "--servers", str(servers),
                      "--run-dir", run_dir, "-q", "--warmup", "10", "--active", "20", "--clean", str(STEPS - 40),
                      "python", example(model), "--steps", str(STEPS), *MODELS[model]])
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    env = dict(os.environ, **({"MXNET_KVSTORE_BIGARRAY_BOUND": str(bound)} if bound else {}))
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
     if done.returncode != 0:
         raise SystemExit(f"dprorun failed: {done.stderr[-2000:]}")
 

@@ -51,15 +51,7 @@ def launch_round(model: str, b_servers: int, b_bound: int | None, keep: str, rep
     dirs = {}
     for label, servers, bound in (("A", 2, None), ("B", b_servers, b_bound)):
         dirs[label] = os.path.join(keep, f"{model}-{rep}-{label}")
-        env_bound = os.environ.pop("MXNET_KVSTORE_BIGARRAY_BOUND", None)
-        if bound:
-            os.environ["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(bound)
-        try:
-            bench.profile(model, "loopback", dirs[label], servers=servers)
-        finally:
-            os.environ.pop("MXNET_KVSTORE_BIGARRAY_BOUND", None)
-            if env_bound is not None:
-                os.environ["MXNET_KVSTORE_BIGARRAY_BOUND"] = env_bound
+        bench.profile(model, "loopback", dirs[label], servers=servers, bound=bound)
     return {"model": model, "plain": plain, "dirs": dirs, "b_servers": b_servers, "b_bound": b_bound}
 
 
@@ -78,7 +70,7 @@ def multihost_records(keep_a: str, keep_b: str) -> list[dict]:
         with open(os.path.join(keep, "rounds.json")) as handle:
             runs.append(json.load(handle))
     a, b = runs
-    hosts = 2  # the benchmark's two emulated hosts
+    hosts = 2  # mxnet_multihost.py's two emulated hosts (emu0, emu1)
     return [{"model": f"{a['model']}, 2 hosts", "plain": {"A": x["plain"], "B": y["plain"]},
              "dirs": {"A": x["run_dir"], "B": y["run_dir"]}, "b_servers": b["servers"] * hosts, "b_bound": None}
             for x, y in zip(a["rounds"], b["rounds"])]
