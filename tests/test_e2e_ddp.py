@@ -228,7 +228,14 @@ def test_launcher_torchrun_and_the_torchrun_shim(tmp_path):
     assert sorted(load_run(str(tmp_path / "b")).ranks) == [0, 1]
 
 
+# The script frees the sharded model and waits at a barrier before tearing its group down. Without that, torch 2.13's
+# gloo group outlives destroy_process_group (FSDP2's mesh holds it), and a worker thread of the group that drops its
+# last all-reduce's work late, after the interpreter began to finalize, needs the GIL for that work's Python state
+# and aborts the rank ("terminate called without an active exception", SIGABRT; core: ProcessGroupGloo::runLoop ->
+# ~AsyncAllreduceWork -> ~ThreadLocalState -> gil_scoped_acquire -> pthread_exit). Seen under plain torchrun in 3 of
+# 55 runs and under dprorun in 1 of 40 (2026-12-02); with these lines 0 of 100 under torchrun.
 FSDP_SCRIPT = """
+import gc
 import torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 dist.init_process_group("gloo")
@@ -241,6 +248,9 @@ for _ in range(4):
     opt.zero_grad()
     model(torch.randn(8, 64)).sum().backward()
     opt.step()
+dist.barrier()
+del model, opt
+gc.collect()
 dist.destroy_process_group()
 """
 
