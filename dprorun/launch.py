@@ -21,8 +21,8 @@ from typing import Optional
 from dprorun.config import JobConfig
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 # the shared process helpers, importable from here as before
-from dprorun.procs import LaunchResult, Watchdog, error_message, free_port, rank_environment, signal_name, \
-    split_command
+from dprorun.procs import LaunchResult, Watchdog, error_message, exit_abort_hint, free_port, rank_environment, \
+    signal_name, split_command
 
 
 def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) -> str:
@@ -187,8 +187,11 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
         except ChildFailedError as err:
             rank, failure = _root_failure(err)
             code = failure.exitcode
+            hint = ""
             if code < 0:
                 how = f"was killed by signal {signal_name(-code)}"
+                if -code == signal.SIGABRT:
+                    hint = exit_abort_hint(os.path.join(job.output.run_dir, "logs"), failure.local_rank)
                 code = 128 - code
             else:
                 how = f"exited with code {code}"
@@ -199,6 +202,8 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
             others = sorted(r for r in err.failures if r != rank)
             if others:
                 message += f" (also failed: ranks {others})"
+            if hint:
+                message += f"; {hint}"
             return LaunchResult(code or 1, message, rank,
                                 {r: {"exitcode": f.exitcode, "pid": f.pid} for r, f in err.failures.items()})
         except SignalException as exc:

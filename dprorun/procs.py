@@ -138,6 +138,34 @@ def error_message(failure) -> str:
     return text.splitlines()[0][:300]
 
 
+CXX_TERMINATE = "terminate called without an active exception"
+
+
+def exit_abort_hint(log_dir: str, local_rank: int) -> str:
+    """Why a rank that aborted (SIGABRT) most likely did, read off the end of its stderr log in torch elastic's log
+    folder (`<log_dir>/<run>/attempt_<n>/<local_rank>/stderr.log`): a C++ thread that was still running when the
+    interpreter shut down (in torch jobs: a process group's worker thread, the group kept alive past the script's
+    end). Empty when the log does not say so or is not there (the ranks' output was not kept)."""
+    import glob
+
+    logs = glob.glob(os.path.join(glob.escape(log_dir), "*", "attempt_*", str(local_rank), "stderr.log"))
+    try:
+        if not logs:
+            return ""
+        path = max(logs, key=os.path.getmtime)  # this launch's (an autotune run holds several)
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - 8192))
+            tail = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    if CXX_TERMINATE not in tail:
+        return ""
+    return (f"its log's last lines say '{CXX_TERMINATE}': a C++ thread was still running as the process exited. In "
+            "a torch job that is usually a process group's worker thread, the group still alive (a model that holds "
+            "it, or no dist.destroy_process_group()); the job aborts the same way under torchrun. Destroy the group "
+            "at the end, after dropping what holds it")
+
+
 def signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name

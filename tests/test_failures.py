@@ -57,6 +57,33 @@ def test_a_rank_killed_by_sigkill_is_named_with_its_signal(tmp_path):
     assert (tmp_path / "run" / "rank_1" / "events.json").exists()  # written at the end of its window
 
 
+ABORT_AT_EXIT = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+if int(os.environ["RANK"]) == 1:
+    # what libstdc++ prints when a C++ thread still runs at exit (a process group kept alive), then the abort
+    print("terminate called without an active exception" if "{says}" == "yes" else "bye", file=sys.stderr, flush=True)
+    os.abort()
+"""
+
+
+@pytest.mark.parametrize("says", ["yes", "no"])
+def test_a_rank_that_aborts_at_exit_is_named_and_the_cause_its_log_shows_is_said(tmp_path, says):
+    """A rank killed by SIGABRT: exit code 134 and the rank named; where its log ends with libstdc++'s 'terminate
+    called without an active exception' (torch 2.13's gloo group outliving the script, seen with FSDP2), the message
+    says what that means and what to do; otherwise no guess."""
+    script = tmp_path / "abort.py"
+    script.write_text(ABORT_AT_EXIT.replace("{says}", says))
+    proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=60)
+    assert proc.returncode == 134 and "rank 1 (local rank 1" in proc.stderr and "SIGABRT" in proc.stderr, \
+        proc.stderr[-3000:]
+    hinted = "a C++ thread was still running as the process exited" in proc.stderr
+    assert hinted == (says == "yes") and ("dist.destroy_process_group()" in proc.stderr) == (says == "yes")
+
+
 def test_profiler_failure_disables_profiling_and_training_continues(tmp_path):
     import json
 
