@@ -254,8 +254,8 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
             notes.append("fewer servers on one host: the handling of each push, the merging of the pushes, the "
                          "updates and the copies into the pulls' responses move to the remaining servers (priced "
                          "from the servers' probe); the transfers stay on the shared loopback (loopback, 2 cores, 1 "
-                         "server of 2 as a ratio to the as-run replay: a conv net -0.1 % of the measured over 20 "
-                         "rounds profiled at both counts; 8 dist_sync models of 3-4 rounds each -10.3 to +11.2 %)")
+                         "server of 2 as a ratio to the as-run replay, profiled at both counts: a conv net -0.1 % "
+                         "of the measured over 20 rounds, 5 more shapes over 8-24 rounds -5.5 to +1.4 %)")
         else:
             notes.append("fewer servers on one host: the replay keeps every byte on the shared loopback and moves "
                          "only the updates (the servers did not probe their merging: a run of an older dprorun), so "
@@ -267,7 +267,7 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
                      "shared by the servers in the replay, which for a net with one large key (3.2 MB) on loopback "
                      "was 10-12 % optimistic in two runs of 3-4 rounds and 3 % in one of 8 (as ratios to the as-run "
                      "row); profiled at both bounds, a net with one 1 MB key -6.2 % over 12 rounds, a symbolic MLP "
-                     "-4.8 % over 6")
+                     "-4.8 % over 6, a dist_async MLP -3.5 % over 12")
     if model.compute_scale < 0.5 or model.compute_scale > 1.5:
         compute, moved = compute_fit_moved_us(model)
         reference = model.measured_iteration_us or result.iteration_time_us
