@@ -11,6 +11,8 @@ Reported (medians over rounds):
              response copies): the group that brings the what-if to B's own as-run replay is what the what-if
              does not predict
   costs      each profile's fitted costs side by side
+  vs plain   each profile's as-run replay against the plain launches of its configuration, paired per round (the
+             replay is fitted to the profiled run's own iterations: how far those were from a launch without dprorun)
 The last line: the what-if's ratio error, and the swap that closes most of it.
 
 usage: python benchmarks/mxnet_two_configs.py [--models conv] [--b-servers 1 | --b-bound 100000] [--reps 3]
@@ -117,6 +119,10 @@ def report(records: list[dict]) -> None:
             ratio = med(r["replays"][key] / a for r, a in zip(group, base))
             errors[key] = 100 * (ratio / measured - 1)
             print(f"{key:34} {med(r['replays'][key] for r in group):8.2f} {ratio:10.3f} {errors[key]:+18.1f}")
+        as_run = {label: [r["replays"][f"{label} as run"] / r["plain"][label] for r in group] for label in ("A", "B")}
+        print("as run against the plain launches (paired per round): " + ", ".join(
+            f"{label} {100 * (med(v) - 1):+.1f} % (per round {100 * (min(v) - 1):+.0f} to {100 * (max(v) - 1):+.0f})"
+            for label, v in as_run.items()))
         print(f"\n{'fitted cost':18} {'A':>10} {'B':>10}")
         for name in group[0]["replays"]["costs"]["A"]:
             print(f"{name:18} {med(r['replays']['costs']['A'][name] for r in group):10.3f} "
