@@ -136,7 +136,8 @@ def _host_notes(model: PSModel, hosts: list[str]) -> list[str]:
                      f"host's NIC and the rest on its loopback ({LOOPBACK_GBIT} Gbit/s; it replayed the job as it ran "
                      "65 % slow on two emulated hosts). One server fewer per host was predicted 4.8-9.7 % too slow on "
                      "one medium there (3-4 rounds; +5.8, +6.4 % in 3 more each, +7.4 % over 6): fewer server "
-                     "processes ran 6-11 % faster on those 0.9-core hosts, the replay 0-1 % faster. Profiled at both counts (3 rounds), the transfers' fitted level "
+                     "processes ran 6-11 % faster on those 0.9-core hosts, the replay 0-1 % faster. Profiled at "
+                     "both counts (3 rounds), the transfers' fitted level "
                      "was 5 % higher with half the servers while the hosts' CPU was alike (18-31 % busy, throttled "
                      "0-2 ms an iteration either way): the level the transfers reach with fewer servers is not "
                      "predicted here")
