@@ -11,8 +11,8 @@ Per round:
             checkout's code (before/after on the same profiles)
 Needs root (namespaces, tc, cgroups) and the MXNet environment (scripts/install-mxnet).
 
-usage: sudo python benchmarks/mxnet_multihost.py [--model mlp] [--servers 1] [--reps 3] [--steps 40]
-       [--compare-with CHECKOUT] [--keep DIR]
+usage: sudo python benchmarks/mxnet_multihost.py [--model mlp] [--servers 1] [--reps 3] [--steps 40] [--cpus 0.9]
+       [--rate 1gbit] [--compare-with CHECKOUT] [--keep DIR]
        python benchmarks/mxnet_multihost.py --from DIR[,DIR] [--compare-with CHECKOUT] [--links hosts]
        [--host-cores N|auto]
        (the kept profiles replayed again, this checkout's replays with those options)
@@ -100,7 +100,7 @@ def measure(args: argparse.Namespace, options: tuple[str, ...]) -> list[dict]:
 
     rounds = []
     keep = os.path.abspath(args.keep) if args.keep else None
-    with EmulatedCluster(2, 0.9) as cluster, tempfile.TemporaryDirectory() as tmp:
+    with EmulatedCluster(2, args.cpus, rate=args.rate) as cluster, tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             plain = plain_ms(cluster, args, args.servers)
             fewer = plain_ms(cluster, args, args.servers - 1) if args.servers > 1 else None
@@ -109,7 +109,8 @@ def measure(args: argparse.Namespace, options: tuple[str, ...]) -> list[dict]:
                            "replays": replays(node0, args.servers, args.compare_with, options)})
             if keep:
                 with open(os.path.join(keep, "rounds.json"), "w") as handle:
-                    json.dump({"servers": args.servers, "model": args.model, "rounds": rounds}, handle, indent=1)
+                    json.dump({"servers": args.servers, "model": args.model, "cpus": args.cpus, "rate": args.rate,
+                               "rounds": rounds}, handle, indent=1)
     return rounds
 
 
@@ -119,6 +120,8 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=1, help="servers per host")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--cpus", type=float, default=0.9, help="each emulated host's CPU quota (cores)")
+    parser.add_argument("--rate", default="1gbit", help="each emulated host's link (tc tbf rate)")
     add_kept_arguments(parser)
     parser.add_argument("--links", default=None, choices=("shared", "hosts", "per-node"),
                         help="replay with `dpro replay --links` (this checkout's replays only)")

@@ -249,7 +249,12 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
                      "its neighbours)" if model.host_cores else
                      "more workers on this host: each gets its own compute device in the replay, while on the "
                      "host they would share its cores")
-    if whatif.servers and whatif.servers < model.servers and (whatif.links or model.links) == "shared":
+    if whatif.servers and whatif.servers < model.servers and len(model.hosts) > 1:
+        notes.append(f"warning: fewer servers across {len(model.hosts)} hosts: on two emulated hosts one server fewer "
+                     "per host ran the job 3.6-12 % faster (more where the links were faster: 12 % at 3 Gbit/s, 6.6 % "
+                     "at 1 Gbit/s) while this replay moved -0.4 to +3 %; a cost that grows with the number of server "
+                     "processes is not in the model: read this figure as up to about 15 % slow")
+    elif whatif.servers and whatif.servers < model.servers and (whatif.links or model.links) == "shared":
         if model.copy_us or model.add_us:
             notes.append("fewer servers on one host: the handling of each push, the merging of the pushes, the "
                          "updates and the copies into the pulls' responses move to the remaining servers (priced "
