@@ -134,14 +134,7 @@ def _host_notes(model: PSModel, hosts: list[str]) -> list[str]:
         notes.append(f"the roles ran on {len(hosts)} hosts ({', '.join(hosts)}): every transfer is priced on one "
                      "medium fitted to the job's own calibration; `--links hosts` puts what crosses hosts on each "
                      f"host's NIC and the rest on its loopback ({LOOPBACK_GBIT} Gbit/s; it replayed the job as it ran "
-                     "65 % slow on two emulated hosts). One server fewer per host was predicted 4.8-9.7 % too slow on "
-                     "one medium there (3-4 rounds; +5.8, +6.4 % in 3 more each, +7.4 % over 6; +14 % with 3 "
-                     "Gbit/s links): fewer server processes ran 6-12 % faster on those 0.9-core hosts, the replay "
-                     "0-1 % faster (3 % slower at 3 Gbit/s). Profiled at "
-                     "both counts (3 rounds), the transfers' fitted level "
-                     "was 5 % higher with half the servers while the hosts' CPU was alike (18-31 % busy, throttled "
-                     "0-2 ms an iteration either way): the level the transfers reach with fewer servers is not "
-                     "predicted here")
+                     "65 % slow on two emulated hosts); a what-if with fewer servers says how far it was off there")
     return notes
 
 
