@@ -233,7 +233,7 @@ def test_launcher_torchrun_and_the_torchrun_shim(tmp_path):
 # last all-reduce's work late, after the interpreter began to finalize, needs the GIL for that work's Python state
 # and aborts the rank ("terminate called without an active exception", SIGABRT; core: ProcessGroupGloo::runLoop ->
 # ~AsyncAllreduceWork -> ~ThreadLocalState -> gil_scoped_acquire -> pthread_exit). Seen under plain torchrun in 3 of
-# 55 runs and under dprorun in 1 of 40 (2026-12-02); with these lines 0 of 100 under torchrun.
+# 61 runs and under dprorun in 1 of 40 (2026-12-02); with these lines 0 of 100 under torchrun.
 FSDP_SCRIPT = """
 import gc
 import torch, torch.distributed as dist
