@@ -9,14 +9,19 @@ Per round:
   profile   `dprorun --backend mxnet --hosts emu0:1,emu1:1 --servers S`, then `dpro replay --json` on node 0's run
             directory as run (and with --servers for the what-if); with --compare-with CHECKOUT each also by that
             checkout's code (before/after on the same profiles)
+  rates     with --rates R1,R2: the plain launch again with every link re-shaped to each rate, the truth of the
+            profile's `--bandwidth-scale R/--rate` what-if
 Needs root (namespaces, tc, cgroups) and the MXNet environment (scripts/install-mxnet).
 
 usage: sudo python benchmarks/mxnet_multihost.py [--model mlp] [--servers 1] [--reps 3] [--steps 40] [--cpus 0.9]
-       [--rate 1gbit] [--compare-with CHECKOUT] [--keep DIR]
+       [--rate 1gbit] [--rates 3gbit,10gbit] [--compare-with CHECKOUT] [--keep DIR]
        python benchmarks/mxnet_multihost.py --from DIR[,DIR] [--compare-with CHECKOUT] [--links hosts]
        [--host-cores N|auto]
        (the kept profiles replayed again, this checkout's replays with those options)
-Last line: the as-run error of the medians.
+       sudo python benchmarks/mxnet_multihost.py --plain-sweep 1,2,3 [--reps 4] [--cpus ..] [--rate ..]
+       (plain launches only, at each count of servers per host, the counts' order rotated per round: what the
+       server count alone does to the job)
+Last line: the as-run error of the medians (with --rates, the bandwidth what-ifs' errors after it).
 """
 from __future__ import annotations
 
@@ -74,13 +79,16 @@ def profile(cluster, args, base: str) -> str:
     return os.path.join(base, "node0")
 
 
-def replays(node0: str, servers: int, compare_with: str | None, options: tuple[str, ...] = ()) -> dict[str, float]:
-    """{"as run", "fewer servers" (one per host fewer), "clean"} of node 0's run directory (ms); with `compare_with`
-    (a checkout) also each by that checkout's code ("as run, other checkout", ...); `options` go to this checkout's
-    `dpro replay` calls."""
+def replays(node0: str, servers: int, compare_with: str | None, options: tuple[str, ...] = (),
+            scales: tuple[float, ...] = ()) -> dict[str, float]:
+    """{"as run", "fewer servers" (one per host fewer), "bandwidth x<k>" (each of `scales`), "clean"} of node 0's run
+    directory (ms); with `compare_with` (a checkout) also each by that checkout's code ("as run, other checkout",
+    ...); `options` go to this checkout's `dpro replay` calls."""
     out = {}
     fewer = ["--servers", str(2 * (servers - 1))]
-    for label, extra in (("as run", []), ("fewer servers", fewer)):
+    whatifs = [("as run", []), ("fewer servers", fewer)]
+    whatifs += [(f"bandwidth x{k:g}", ["--bandwidth-scale", f"{k:g}"]) for k in scales]
+    for label, extra in whatifs:
         for code, checkout in (("", REPO), (", other checkout", compare_with)):
             if (label == "fewer servers" and servers < 2) or not checkout:
                 continue
@@ -91,6 +99,18 @@ def replays(node0: str, servers: int, compare_with: str | None, options: tuple[s
             out[label + code] = doc["predicted_iteration_ms"]
             out["clean"] = doc["clean_ms"]
     return out
+
+
+def gbit(rate: str) -> float:
+    """A tc rate (e.g. 3gbit, 500mbit) in Gbit/s."""
+    found = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.strip().lower())
+    if not found:
+        raise SystemExit(f"a rate such as 1gbit or 500mbit, not {rate!r}")
+    return float(found.group(1)) * {"k": 1e-6, "m": 1e-3, "g": 1.0, "": 1e-9}[found.group(2)]
+
+
+def rate_scales(base: str, rates: list[str]) -> tuple[float, ...]:
+    return tuple(round(gbit(rate) / gbit(base), 6) for rate in rates)
 
 
 def measure(args: argparse.Namespace, options: tuple[str, ...]) -> list[dict]:
@@ -105,12 +125,18 @@ def measure(args: argparse.Namespace, options: tuple[str, ...]) -> list[dict]:
             plain = plain_ms(cluster, args, args.servers)
             fewer = plain_ms(cluster, args, args.servers - 1) if args.servers > 1 else None
             node0 = profile(cluster, args, os.path.join(keep, f"round-{rep}") if keep else tmp)
-            rounds.append({"plain": plain, "fewer": fewer, "run_dir": node0 if keep else None,
-                           "replays": replays(node0, args.servers, args.compare_with, options)})
+            at_rates = {}
+            for rate in args.rates:  # the same job launched plainly with other links: the bandwidth what-ifs' truth
+                cluster.set_rate(rate)
+                at_rates[rate] = plain_ms(cluster, args, args.servers)
+            cluster.set_rate(args.rate)
+            rounds.append({"plain": plain, "fewer": fewer, "run_dir": node0 if keep else None, "at_rates": at_rates,
+                           "replays": replays(node0, args.servers, args.compare_with, options,
+                                              rate_scales(args.rate, args.rates))})
             if keep:
                 with open(os.path.join(keep, "rounds.json"), "w") as handle:
                     json.dump({"servers": args.servers, "model": args.model, "cpus": args.cpus, "rate": args.rate,
-                               "rounds": rounds}, handle, indent=1)
+                               "rates": args.rates, "rounds": rounds}, handle, indent=1)
     return rounds
 
 
@@ -122,27 +148,59 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--cpus", type=float, default=0.9, help="each emulated host's CPU quota (cores)")
     parser.add_argument("--rate", default="1gbit", help="each emulated host's link (tc tbf rate)")
+    parser.add_argument("--rates", default="", metavar="RATE[,RATE...]",
+                        help="per round, the job also launched plainly with every link at each of these rates: the "
+                             "truth of the profile's `--bandwidth-scale` what-ifs (rate / --rate)")
+    parser.add_argument("--plain-sweep", default=None, metavar="S[,S...]",
+                        help="no profile: plain launches at each count of servers per host, interleaved")
     add_kept_arguments(parser)
     parser.add_argument("--links", default=None, choices=("shared", "hosts", "per-node"),
                         help="replay with `dpro replay --links` (this checkout's replays only)")
     args = parser.parse_args()
+    args.rates = [rate for rate in args.rates.split(",") if rate]
     options = (("--links", args.links) if args.links else ()) + (("--host-cores", args.host_cores)
                                                                  if args.host_cores else ())
+    if args.plain_sweep:
+        return plain_sweep(args, [int(s) for s in args.plain_sweep.split(",")])
     if args.kept:
         rounds = []
         for kept_dir in args.kept.split(","):  # several --keep runs (of one --servers): their rounds together
             with open(os.path.join(kept_dir, "rounds.json")) as handle:
                 kept = json.load(handle)
-            args.servers = kept["servers"]
+            args.servers, args.rate, args.rates = kept["servers"], kept.get("rate", "1gbit"), kept.get("rates", [])
             rounds += kept["rounds"]
         for r in rounds:
-            r["replays"] = replays(r["run_dir"], args.servers, args.compare_with, options)
+            r["replays"] = replays(r["run_dir"], args.servers, args.compare_with, options,
+                                   rate_scales(args.rate, args.rates))
     else:
         rounds = measure(args, options)
-    report(rounds)
+    report(rounds, args)
 
 
-def report(rounds: list[dict]) -> None:
+def plain_sweep(args: argparse.Namespace, counts: list[int]) -> None:
+    """Plain launches only: per round every count of servers per host, the order rotated from round to round; a
+    table of the medians and each against the first count's."""
+    from emulated_cluster import EmulatedCluster
+
+    times: dict[int, list[float]] = {count: [] for count in counts}
+    with EmulatedCluster(2, args.cpus, rate=args.rate) as cluster:
+        for rep in range(args.reps):
+            for count in counts[rep % len(counts):] + counts[:rep % len(counts)]:
+                times[count].append(plain_ms(cluster, args, count))
+            print(f"round {rep}: " + ", ".join(f"{c} per host {times[c][-1]:.2f} ms" for c in counts), flush=True)
+    base = statistics.median(times[counts[0]])
+    print(f"{'servers per host':>16} {'plain ms (rounds)':>40} {'median':>8} {'vs ' + str(counts[0]):>8} "
+          f"{'ms more':>8}")
+    for count in counts:
+        median = statistics.median(times[count])
+        print(f"{count:16d} {' / '.join(f'{x:.1f}' for x in times[count]):>40} {median:8.2f} "
+              f"{100 * (median / base - 1):+7.1f}% {median - base:+8.2f}")
+    print(f"plain across two hosts ({args.model}, {args.cpus} cores, {args.rate}), servers per host "
+          + "/".join(map(str, counts)) + ": " + " / ".join(f"{statistics.median(times[c]):.2f}" for c in counts)
+          + " ms")
+
+
+def report(rounds: list[dict], args: argparse.Namespace) -> None:
     plain = [r["plain"] for r in rounds]
     fewer = [r["fewer"] for r in rounds if r["fewer"] is not None]
     column = {key: [r["replays"][key] for r in rounds if key in r["replays"]]
@@ -156,6 +214,13 @@ def report(rounds: list[dict]) -> None:
     rows += [("servers -1 per host", fewer, column["fewer servers"])] if fewer else []
     rows += ([("servers -1, other checkout", fewer, column["fewer servers, other checkout"])]
              if column["fewer servers, other checkout"] else [])
+    for rate, scale in zip(args.rates, rate_scales(args.rate, args.rates)):
+        label = f"bandwidth x{scale:g}"
+        for suffix in ("", ", other checkout"):
+            pairs = [(r["at_rates"][rate], r["replays"][label + suffix]) for r in rounds
+                     if rate in r.get("at_rates", {}) and label + suffix in r["replays"]]
+            if pairs:
+                rows.append((f"{label} ({rate}){suffix}", [t for t, _ in pairs], [p for _, p in pairs]))
     for kind, truth, pred in rows:
         t, p = statistics.median(truth), statistics.median(pred)
         print(f"{kind:28} {' / '.join(f'{x:.1f}' for x in truth):>30} {t:8.2f} "
@@ -163,6 +228,10 @@ def report(rounds: list[dict]) -> None:
     print(f"clean iterations of the profiled runs: {' / '.join(f'{x:.1f}' for x in cleans)} ms")
     t, p = statistics.median(plain), statistics.median(replays_)
     print(f"as run across two hosts: replay {p:.2f} ms vs plain {t:.2f} ms ({100 * (p / t - 1):+.1f} %)")
+    bandwidth = [(kind, 100 * (statistics.median(pred) / statistics.median(truth) - 1))
+                 for kind, truth, pred in rows if kind.startswith("bandwidth x") and "other" not in kind]
+    if bandwidth:
+        print("bandwidth what-ifs across two hosts: " + ", ".join(f"{kind} {err:+.1f} %" for kind, err in bandwidth))
 
 
 if __name__ == "__main__":

@@ -157,7 +157,7 @@ class EmulatedCluster:
         self._made_ns.append(switch)
         self._sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
         self._sh("ip", "-n", switch, "link", "set", "br0", "up")
-        tbf = ["tbf", "rate", self.rate, "burst", "256kb", "latency", "50ms"]
+        tbf = self._tbf()
         hosts_file = "127.0.0.1 localhost\n" + "".join(f"{self.addr(k)} {self.hostname(k)}\n"
                                                         for k in range(self.hosts))
         for k in range(self.hosts):
@@ -183,6 +183,17 @@ class EmulatedCluster:
             self._made_cgroups.append(self._make_cgroup(k))
         if self.ssh:
             self._start_sshd()
+
+    def _tbf(self) -> list[str]:
+        return ["tbf", "rate", self.rate, "burst", "256kb", "latency", "50ms"]
+
+    def set_rate(self, rate: str) -> None:
+        """Every host's link (both directions) re-shaped to `rate` (tc's syntax, e.g. 3gbit), the hosts kept."""
+        self.rate = rate
+        switch = f"{self.tag}sw"
+        for k in range(self.hosts):
+            self._sh("tc", "-n", self.host_ns(k), "qdisc", "change", "dev", HOST_IF, "root", *self._tbf())
+            self._sh("tc", "-n", switch, "qdisc", "change", "dev", f"{self.tag}p{k}", "root", *self._tbf())
 
     def _start_sshd(self) -> None:
         """One sshd per host on its own address, with throw-away host and client keys; the hosts' command runs
