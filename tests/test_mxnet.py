@@ -119,6 +119,15 @@ def test_ps_replay_and_what_ifs(ps_run, tmp_path):
     assert one_per_node > per_node, (one_per_node, per_node, *context)
     slow = predict_ps(model, PSWhatIf(bandwidth_scale=0.1))
     assert slow.iteration_ms > as_run.iteration_ms, (slow.iteration_ms, *context)
+    # ten times the bandwidth on this host: never below the CPU time its roles took an iteration over its cores
+    from dprorun.replay.ps_cpu import cpu_floor
+
+    fast, floor = predict_ps(model, PSWhatIf(bandwidth_scale=10)), cpu_floor(model.host_cpu)
+    assert floor is not None and 0 < floor.iteration_us <= 1.05 * as_run.iteration_ms * 1000, (floor, *context)
+    if host.busy_share >= 0.85:  # the host's CPU held the job back: its CPU time is the bound
+        assert fast.iteration_ms >= floor.iteration_us / 1000 - 1e-6, (fast.iteration_ms, floor, *context)
+    else:
+        assert fast.graph_ms is None, (fast.iteration_ms, floor, *context)
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--servers", "1",
                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -741,6 +750,45 @@ def test_each_hosts_busy_cpu_is_read_from_the_roles_cpu_seconds_and_warned_for_p
     # a run of an older dprorun (no CPU seconds recorded): nothing
     old = {r: {k: v for k, v in w.items() if k != "iteration_cpu_s"} for r, w in workers.items()}
     assert read_host_cpu(old, servers, ["a", "b"], [0, 1], [0, 0]) == []
+
+
+def test_a_faster_network_what_if_is_held_to_the_cpu_the_hosts_roles_took():
+    """Faster links leave every role's work on its host: on a host whose CPU held the job back, the CPU time its
+    roles took an iteration over its cores bounds the what-if (across two 0.9-core emulated hosts the replay of 3x
+    and 10x the links gave 9-43 % less than the job ran at those rates, which sat near that bound). The bound
+    replaces a faster replay with a warning that names the host and keeps the graph's own figure; slower links, the
+    job as it ran, hosts with CPU to spare and what-ifs that move work between hosts (servers, workers, the bound, a
+    link per role) are not bounded so."""
+    from dprorun.replay.ps_cpu import HostCPU, cpu_floor
+
+    model = replace(_model(links="shared", slots=2), worker_hosts=[0, 1], server_hosts=[0, 1], hosts=["a", "b"])
+    as_run = predict_ps(model).iteration_ms
+    # host a: its roles busy 0.6 of 0.9 cores over 10 iterations of the as-run length; host b: less busy
+    a = HostCPU("a", 0.9, True, 1, 1, 0.2, 0.4, 0.3, 2.0, 10 * as_run, 10)
+    b = HostCPU("b", 0.9, True, 1, 1, 0.2, 0.1, 0.0, 0.0, 10 * as_run, 10)
+    assert a.cpu_ms_per_iteration == pytest.approx(0.6 * as_run)
+    floor = cpu_floor([b, a])
+    assert floor.host is a and floor.iteration_us == pytest.approx(0.6 * as_run * 1000 / 0.9)
+    bounded = replace(model, host_cpu=[a, b])
+    fast = predict_ps(bounded, PSWhatIf(bandwidth_scale=100))
+    assert fast.graph_ms is not None and fast.graph_ms < 0.6 * as_run  # the network alone: far faster
+    assert fast.iteration_ms == pytest.approx(0.6 * as_run / 0.9)
+    [warning] = [n for n in fast.notes if "hosts' CPU bounds" in n]
+    assert warning.startswith("warning:") and "a's roles took" in warning and "of its 0.9 cores" in warning
+    assert f"{fast.graph_ms:.2f} ms the replay gives the faster network alone" in warning
+    assert fast.to_json()["graph_replay_ms"] == pytest.approx(fast.graph_ms, abs=1e-3)
+    assert predict_ps(bounded, PSWhatIf(bandwidth_gbit=1000.0, links="hosts")).graph_ms is not None
+    for whatif in (PSWhatIf(), PSWhatIf(bandwidth_scale=0.5), PSWhatIf(bandwidth_scale=100, servers=1),
+                   PSWhatIf(bandwidth_scale=100, workers=4), PSWhatIf(bandwidth_scale=100, bigarray_bound=1000),
+                   PSWhatIf(bandwidth_scale=100, links="per-node")):
+        unbounded = predict_ps(bounded, whatif)
+        assert unbounded.graph_ms is None and not [n for n in unbounded.notes if "hosts' CPU bounds" in n], whatif
+    assert predict_ps(model, PSWhatIf(bandwidth_scale=100)).graph_ms is None  # no CPU recorded: no bound
+    # hosts whose CPU did not hold the job back (no throttling, 67 % busy): their CPU time bounds nothing
+    spare = [replace(a, throttled_share=0.0), b]
+    assert predict_ps(replace(model, host_cpu=spare), PSWhatIf(bandwidth_scale=100)).graph_ms is None
+    unknown = replace(a, server_cores=None)  # a server's CPU not recorded over the span: no made-up bound
+    assert unknown.cpu_ms_per_iteration is None and cpu_floor([unknown]) is None
 
 
 def test_the_servers_probes_are_kept_by_size_and_a_failed_probe_is_left_out():

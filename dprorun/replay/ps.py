@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
-from dprorun.replay.ps_cpu import HostCPU, cpu_note
+from dprorun.replay.ps_cpu import CPUFloor, HostCPU, busy_hosts, cpu_floor, cpu_note
 from dprorun.replay.ps_topology import PSKey, PSLinks, PSPlan, engine_us, placed, set_placement, \
     set_ps_network, set_workers
 from dprorun.stats import median
@@ -133,9 +133,11 @@ class PSPrediction:
     window_ms: Optional[float] = None  # the run's own unprofiled window iterations (median)
     clean_ms: Optional[float] = None
     spread_ms: Optional[tuple[float, float]] = None  # p10-p90 of the clean iterations
+    graph_ms: Optional[float] = None  # the graph's own replay, where the hosts' CPU floor (iteration_ms) is above it
 
     def to_json(self) -> dict:
         return {"predicted_iteration_ms": round(self.iteration_ms, 3), "whatif": self.whatif,
+                "graph_replay_ms": None if self.graph_ms is None else round(self.graph_ms, 3),
                 "critical_path": self.critical_path, "device_busy_ms": self.device_busy_ms,
                 "graph_ops": self.graph_ops, "window_ms": self.window_ms, "clean_ms": self.clean_ms,
                 "clean_spread_ms": self.spread_ms, "notes": self.notes}
@@ -250,10 +252,10 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
                      "more workers on this host: each gets its own compute device in the replay, while on the "
                      "host they would share its cores")
     if whatif.servers and whatif.servers < model.servers and len(model.hosts) > 1:
-        notes.append(f"warning: fewer servers across {len(model.hosts)} hosts: on two emulated hosts one server fewer "
-                     "per host ran the job 3.6-12 % faster (more where the links were faster: 12 % at 3 Gbit/s, 6.6 % "
-                     "at 1 Gbit/s) while this replay moved -0.4 to +3 %; a cost that grows with the number of server "
-                     "processes is not in the model: read this figure as up to about 15 % slow")
+        notes.append(f"warning: fewer servers across {len(model.hosts)} hosts: on two emulated hosts the job ran "
+                     "3.6-12 % faster with 1 server a host than with 2 at 1 and 3 Gbit/s (4.8 % slower at 10 Gbit/s, "
+                     "and as fast with 3 a host as with 2), while this replay moved -0.4 to +3 %; what sets that is "
+                     "not in the model: read this figure as up to about 15 % slow")
     elif whatif.servers and whatif.servers < model.servers and (whatif.links or model.links) == "shared":
         if model.copy_us or model.add_us:
             notes.append("fewer servers on one host: the handling of each push, the merging of the pushes, the "
@@ -283,14 +285,44 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
             notes.append(f"the profiled compute ({compute / 1000:.2f} ms a worker) was scaled by "
                          f"{model.compute_scale:.2f} to match the iterations without the profiler: "
                          f"{moved / 1000:.2f} ms of a {reference / 1000:.2f} ms iteration")
+    iteration_us, graph_ms = result.iteration_time_us, None
+    floor = _network_floor(model, whatif)
+    if floor and floor.iteration_us > iteration_us:
+        graph_ms, iteration_us = iteration_us / 1000.0, floor.iteration_us
+        notes.append(f"warning: the hosts' CPU bounds this what-if, not the network: {floor.describe()}, above the "
+                     f"{graph_ms:.2f} ms the replay gives the faster network alone (it prices the transfers on the "
+                     f"links, not the CPU that moves them); {CPU_FLOOR_EVIDENCE}")
     clean = model.clean_iterations_us
     spread = (round(float(np.percentile(clean, 10)) / 1000, 3), round(float(np.percentile(clean, 90)) / 1000, 3)) \
         if clean else None
     window_ms = median(model.window_iterations_us)
     clean_ms = median(clean)
-    return PSPrediction(result.iteration_time_us / 1000.0, whatif.describe(), _compress(path), busy, graph.size,
+    return PSPrediction(iteration_us / 1000.0, whatif.describe(), _compress(path), busy, graph.size,
                         notes, None if window_ms is None else round(window_ms / 1000, 3),
-                        None if clean_ms is None else round(clean_ms / 1000, 3), spread)
+                        None if clean_ms is None else round(clean_ms / 1000, 3), spread, graph_ms)
+
+
+# how far the floor was from the job measured at the faster links (benchmarks/mxnet_multihost.py --rates; RESULTS.md)
+CPU_FLOOR_EVIDENCE = ("on two emulated 0.9-core hosts profiled at 1 Gbit/s the bound was -1.7 to +15.5 % of the job "
+                      "launched at 3 and 10 Gbit/s (an MLP at 1 and 2 servers a host, a conv net), where the network "
+                      "alone replayed 9-43 % fast: read it as up to about 15 % slow")
+
+
+def _network_floor(model: PSModel, whatif: PSWhatIf) -> Optional[CPUFloor]:
+    """The hosts' CPU floor (replay/ps_cpu.py) for a what-if of the network alone (bandwidth, or a NIC per host):
+    every role keeps its host and its work, so the CPU each host's roles took an iteration stays a bound, on the
+    hosts whose CPU held the job back as it ran (busy_hosts: near all their cores, or throttled by their quota). A
+    host with CPU to spare spent part of its CPU time waiting (threads that spin or poll while the iteration waits for
+    the network): that part shrinks with a faster network (a one-host job at 1 Gbit/s, 20 % busy, took more CPU an
+    iteration than the whole of its loopback iteration allows), so it bounds nothing. None for other what-ifs
+    (servers, workers, the bound, a link per role move work between hosts) and the job as it ran."""
+    network = whatif.bandwidth_gbit is not None or whatif.bandwidth_scale != 1.0
+    moved = any(v is not None and v != mine for v, mine in ((whatif.servers, model.servers),
+                                                              (whatif.workers, model.workers),
+                                                              (whatif.bigarray_bound, model.bigarray_bound)))
+    if not network or moved or whatif.links not in (None, model.links, "hosts"):
+        return None
+    return cpu_floor(busy_hosts(model.host_cpu))
 
 
 SELF_CHECK_WARN = 0.03  # the job as it ran, replayed, this far from its own iterations: the fit did not hold
@@ -349,12 +381,15 @@ def format_ps_prediction(model: PSModel, prediction: PSPrediction) -> str:
              f"{engine_us(model.copy_us, 1e6):.0f} / {engine_us(model.add_us, 1e6):.0f} us; compute "
              f"x{model.compute_scale:.2f} of the profile (to the {model.reference} iterations)"
              + (f"; {model.host_cores} cores a host, shared by its roles" if model.host_cores else ""),
-             f"predicted iteration time: {prediction.iteration_ms:.2f} ms ({prediction.whatif})"]
+             f"predicted iteration time: {prediction.iteration_ms:.2f} ms ({prediction.whatif}"
+             + ("; the hosts' CPU floor: see the warning" if prediction.graph_ms is not None else "") + ")"]
     if prediction.window_ms is not None:
         lines.append(f"the run's own iterations: {prediction.window_ms:.2f} ms in the window without the profiler"
                      + (f", {prediction.clean_ms:.2f} ms after it (p10-p90 {prediction.spread_ms[0]:.2f}-"
                         f"{prediction.spread_ms[1]:.2f})" if prediction.clean_ms is not None else ""))
-    lines.append("critical path: " + " -> ".join(prediction.critical_path[:12])
+    lines.append(("critical path of the graph's own " + f"{prediction.graph_ms:.2f} ms: "
+                  if prediction.graph_ms is not None else "critical path: ")
+                 + " -> ".join(prediction.critical_path[:12])
                  + (" ..." if len(prediction.critical_path) > 12 else ""))
     lines += [f"note: {n}" for n in prediction.notes]
     return "\n".join(lines)

@@ -7,7 +7,9 @@ fewer or more processes there changes that wait, which nothing in the graph pric
 CPU seconds at every iteration start (events.json `iteration_cpu_s`), each server's at its updates (server.json
 `cpu_marks`), and the host's quota counters at the window's phase changes (`host_cpu_stat`: periods, throttled
 periods). `read_host_cpu` turns them into each host's busy cores over the window's iterations run without the
-profiler; `cpu_note` says what that means for a what-if.
+profiler; `cpu_note` says what that means for a what-if that adds or removes processes; `cpu_floor` is the shortest
+iteration those hosts' CPU allows with the roles' work as measured (their CPU time an iteration over their cores),
+the bound on a what-if that speeds up the network and leaves every role's work where it was.
 """
 from __future__ import annotations
 
@@ -30,6 +32,15 @@ class HostCPU:
     throttled_share: Optional[float]  # quota periods in which the host was held back, of those in the span
     throttled_ms: Optional[float]  # the time its processes were held back by the quota, per iteration (cgroup's sum)
     span_ms: float  # the span measured: the window's iterations without the profiler (a worker of this host)
+    iterations: int = 0  # iterations in the span
+
+    @property
+    def cpu_ms_per_iteration(self) -> Optional[float]:
+        """The CPU time the host's roles took an iteration (workers and servers together); None where a server's
+        is unknown or no iteration was timed."""
+        if self.server_cores is None or not self.iterations:
+            return None
+        return self.busy_cores * self.span_ms / self.iterations
 
     @property
     def busy_cores(self) -> float:
@@ -129,13 +140,37 @@ def read_host_cpu(workers: dict[int, dict], server_docs: dict[int, dict], hosts:
             server_cores += (c1 - c0) / ((t1 - t0) / 1e6)
         throttled = _throttled(workers[timed[0]].get("host_cpu_stat") or [], first, last)
         out.append(HostCPU(name, cores, bool(quota), len(ranks), len(mine), worker_cores, server_cores,
-                           *throttled, (t1 - t0) / 1000.0))
+                           *throttled, (t1 - t0) / 1000.0, last - first))
     return out
 
 
 def busy_hosts(host_cpu: list[HostCPU]) -> list[HostCPU]:
     """The hosts whose CPU held the job back: busy near all its cores, or its quota throttling it often."""
     return [h for h in host_cpu if h.busy_share >= BUSY_SHARE_WARN or (h.throttled_share or 0) >= THROTTLED_SHARE_WARN]
+
+
+@dataclass
+class CPUFloor:
+    """The shortest iteration the hosts' CPU allows with the roles' work as measured: on the host where it is
+    longest, the CPU time its roles took an iteration over the cores (or quota) they had."""
+
+    iteration_us: float
+    host: HostCPU
+
+    def describe(self) -> str:
+        h = self.host
+        cpu = h.cpu_ms_per_iteration or 0.0
+        workers, servers = h.worker_cores / h.busy_cores * cpu, (h.server_cores or 0.0) / h.busy_cores * cpu
+        return (f"{h.host}'s roles took {cpu:.1f} ms of CPU an iteration (workers {workers:.1f}, servers "
+                f"{servers:.1f}) of its {h.cores:g} cores: at least {self.iteration_us / 1000:.2f} ms an iteration")
+
+
+def cpu_floor(host_cpu: list[HostCPU]) -> Optional[CPUFloor]:
+    """The hosts' CPU floor (CPUFloor), from each host's measured CPU time an iteration; None where no host has
+    one (a run recorded before these records, a server without CPU marks)."""
+    floors = [CPUFloor(h.cpu_ms_per_iteration * 1000.0 / h.cores, h) for h in host_cpu
+              if h.cpu_ms_per_iteration and h.cores and h.busy_cores]
+    return max(floors, key=lambda f: f.iteration_us, default=None)
 
 
 def cpu_note(host_cpu: list[HostCPU], servers_change: int, workers_change: int) -> list[str]:
