@@ -29,7 +29,9 @@ def cmd_import_horovod(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     print(f"{args.timeline}: {summary['tensors']} tensors, {summary['steps']} steps"
-          + (" (file cut short: complete events only)" if summary["truncated"] else ""))
+          + (" (file cut short: complete events only)" if summary["truncated"] else "")
+          + (f"; {summary['unfinished_steps_left_out']} unfinished step left out" if
+             summary["unfinished_steps_left_out"] else ""))
     print(f"fused responses in the first step: {summary['fused_responses_first_step']} "
           f"(tensors per response: {summary['tensors_per_response']})")
     print(f"{'step':>4} {'span ms':>9} {'negotiate ms':>12} {'queue ms':>9} {'memcpy ms':>9} {'transmit ms':>11}")

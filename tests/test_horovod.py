@@ -71,6 +71,13 @@ def test_truncated_and_foreign_timelines(tmp_path):
     cut = _constructed(tmp_path / "cut.json", cut=len(full.read_text()) * 2 // 3)
     timeline = read_horovod_timeline(str(cut))
     assert timeline.truncated and timeline.steps <= 2
+    # cut after the second step's first negotiation, before any tensor's operation closed it (a job's file cut at
+    # exit): the summary's rows are whole steps only, and it says how many it left out
+    mid_step = _constructed(tmp_path / "mid.json", cut=full.read_text().index('"ts": 10210'))
+    timeline = read_horovod_timeline(str(mid_step))
+    summary = timeline_summary(timeline)
+    assert timeline.steps == 1 and [r["step"] for r in summary["per_step"]] == [0]
+    assert summary["unfinished_steps_left_out"] == 1
     (tmp_path / "bad.json").write_text('{"traceEvents": []}')
     with pytest.raises(TraceError, match="not a Horovod timeline"):
         read_horovod_timeline(str(tmp_path / "bad.json"))

@@ -199,9 +199,11 @@ def timeline_summary(timeline: HorovodTimeline) -> dict:
         elif op.phase == "transmit" and (op.iteration, op.txn_id) not in seen_txn:
             seen_txn.add((op.iteration, op.txn_id))
             row["transmit_ms"] += dur
+    # a step some tensor's operation never closed (the file cut at exit, mid-step) is left out: every row a whole step
     steps = [{"step": s, "span_ms": round((r["end"] - r["start"]) / 1000, 3),
-              **{k: round(v, 3) for k, v in r.items() if k.endswith("_ms")}} for s, r in sorted(per_step.items())]
+              **{k: round(v, 3) for k, v in r.items() if k.endswith("_ms")}} for s, r in sorted(per_step.items())
+             if s < timeline.steps]
     return {"path": timeline.path, "tensors": len(timeline.tensors), "steps": timeline.steps,
-            "truncated": timeline.truncated,
+            "unfinished_steps_left_out": len(per_step) - len(steps), "truncated": timeline.truncated,
             "fused_responses_first_step": len(timeline.fused_responses),
             "tensors_per_response": [len(g) for g in timeline.fused_responses], "per_step": steps}
