@@ -13,8 +13,8 @@ Per round:
             profile's `--bandwidth-scale R/--rate` what-if
 Needs root (namespaces, tc, cgroups) and the MXNet environment (scripts/install-mxnet).
 
-usage: sudo python benchmarks/mxnet_multihost.py [--model mlp] [--servers 1] [--reps 3] [--steps 40] [--cpus 0.9]
-       [--rate 1gbit] [--rates 3gbit,10gbit] [--compare-with CHECKOUT] [--keep DIR]
+usage: sudo python benchmarks/mxnet_multihost.py [--model mlp] [--script-args '--optimizer adam'] [--servers 1]
+       [--reps 3] [--steps 40] [--cpus 0.9] [--rate 1gbit] [--rates 3gbit,10gbit] [--compare-with CHECKOUT] [--keep DIR]
        python benchmarks/mxnet_multihost.py --from DIR[,DIR] [--compare-with CHECKOUT] [--links hosts]
        [--host-cores N|auto]
        (the kept profiles replayed again, this checkout's replays with those options)
@@ -52,7 +52,7 @@ def mxnet_python() -> str:
 
 def plain_ms(cluster, args, servers_per_host: int) -> float:
     python = mxnet_python()
-    script = f"{python} -u {EXAMPLE} --steps {args.steps} --model {args.model}"
+    script = f"{python} -u {EXAMPLE} --steps {args.steps} --model {args.model} {args.script_args}"
     env = (f"DMLC_PS_ROOT_URI={{master_addr}} DMLC_PS_ROOT_PORT={PORT} DMLC_NUM_SERVER={2 * servers_per_host} "
            f"DMLC_NUM_WORKER=2 DMLC_NODE_HOST={{addr}} DMLC_INTERFACE=eth0")
     roles = " ".join(f"DMLC_ROLE=server {script} & " for _ in range(servers_per_host))
@@ -72,7 +72,8 @@ def profile(cluster, args, base: str) -> str:
     results = cluster.run([sys.executable, "-m", "dprorun.cli", "--backend", "mxnet", "--hosts",
                            f"{cluster.hostname(0)}:1,{cluster.hostname(1)}:1", "--servers", str(args.servers), "-q",
                            "--overwrite", "--warmup", "10", "--active", "15", "--clean", str(args.steps - 30),
-                           "--run-dir", run, "python", EXAMPLE, "--steps", str(args.steps), "--model", args.model],
+                           "--run-dir", run, "python", EXAMPLE, "--steps", str(args.steps), "--model", args.model,
+                           *args.script_args.split()],
                           600, dict(os.environ, OMP_NUM_THREADS="1"))
     if any(r.returncode for r in results):
         raise SystemExit("dprorun failed: " + " | ".join(r.stderr[-1500:] for r in results))
@@ -135,7 +136,8 @@ def measure(args: argparse.Namespace, options: tuple[str, ...]) -> list[dict]:
                                               rate_scales(args.rate, args.rates))})
             if keep:
                 with open(os.path.join(keep, "rounds.json"), "w") as handle:
-                    json.dump({"servers": args.servers, "model": args.model, "cpus": args.cpus, "rate": args.rate,
+                    json.dump({"servers": args.servers, "model": args.model, "script_args": args.script_args,
+                               "cpus": args.cpus, "rate": args.rate,
                                "rates": args.rates, "rounds": rounds}, handle, indent=1)
     return rounds
 
@@ -143,6 +145,8 @@ def measure(args: argparse.Namespace, options: tuple[str, ...]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mlp")
+    parser.add_argument("--script-args", default="", metavar="'ARGS'",
+                        help="more arguments for examples/mxnet_gluon.py (e.g. '--width 600 --optimizer adam')")
     parser.add_argument("--servers", type=int, default=1, help="servers per host")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
