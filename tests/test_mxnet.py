@@ -755,7 +755,7 @@ def test_each_hosts_busy_cpu_is_read_from_the_roles_cpu_seconds_and_warned_for_p
 def test_a_faster_network_what_if_is_held_to_the_cpu_the_hosts_roles_took():
     """Faster links leave every role's work on its host: on a host whose CPU held the job back, the CPU time its
     roles took an iteration over its cores bounds the what-if (across two 0.9-core emulated hosts the replay of 3x
-    and 10x the links gave 9-43 % less than the job ran at those rates, which sat near that bound). The bound
+    and 10x the links gave 9-49 % less than the job ran at those rates, which sat near that bound). The bound
     replaces a faster replay with a warning that names the host and keeps the graph's own figure; slower links, the
     job as it ran, hosts with CPU to spare and what-ifs that move work between hosts (servers, workers, the bound, a
     link per role) are not bounded so."""

@@ -303,9 +303,10 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
 
 
 # how far the floor was from the job measured at the faster links (benchmarks/mxnet_multihost.py --rates; RESULTS.md)
-CPU_FLOOR_EVIDENCE = ("on two emulated 0.9-core hosts profiled at 1 Gbit/s the bound was -1.7 to +15.5 % of the job "
-                      "launched at 3 and 10 Gbit/s (an MLP at 1 and 2 servers a host, a conv net), where the network "
-                      "alone replayed 9-43 % fast: read it as up to about 15 % slow")
+CPU_FLOOR_EVIDENCE = ("on two emulated 0.9-core hosts profiled at 1 Gbit/s the bound was -1.7 to +20.8 % of the job "
+                      "launched at 3 and 10 Gbit/s (median +9 %; an MLP at 1 and 2 servers a host, a conv net, a wider "
+                      "MLP with Adam), where the network alone replayed 9-49 % fast: read it as up to about 20 % "
+                      "slow")
 
 
 def _network_floor(model: PSModel, whatif: PSWhatIf) -> Optional[CPUFloor]:
