@@ -50,14 +50,21 @@ def mxnet_python() -> str:
     return find(JobConfig(command=["python"]))
 
 
-def plain_ms(cluster, args, servers_per_host: int) -> float:
-    python = mxnet_python()
-    script = f"{python} -u {EXAMPLE} --steps {args.steps} --model {args.model} {args.script_args}"
+def plain_shell(model: str, script_args: str, steps: int, servers_per_host: int, timed: str = "") -> str:
+    """The shell line every emulated host runs for the plain job: MXNet's roles with their DMLC_* variables (the
+    scheduler on host 0, the servers and one worker on each); `timed` (with ROLE in it) put before each server's and
+    worker's command (e.g. /usr/bin/time)."""
+    script = f"{mxnet_python()} -u {EXAMPLE} --steps {steps} --model {model} {script_args}"
     env = (f"DMLC_PS_ROOT_URI={{master_addr}} DMLC_PS_ROOT_PORT={PORT} DMLC_NUM_SERVER={2 * servers_per_host} "
            f"DMLC_NUM_WORKER=2 DMLC_NODE_HOST={{addr}} DMLC_INTERFACE=eth0")
-    roles = " ".join(f"DMLC_ROLE=server {script} & " for _ in range(servers_per_host))
-    shell = (f"export {env}; if [ {{node_rank}} = 0 ]; then DMLC_ROLE=scheduler {script} & fi; {roles}"
-             f"DMLC_ROLE=worker {script}; wait")
+    server, worker = (f"{timed.replace('ROLE', role)} {script}".strip() for role in ("server", "worker"))
+    roles = " ".join(f"DMLC_ROLE=server {server} & " for _ in range(servers_per_host))
+    return (f"export {env}; if [ {{node_rank}} = 0 ]; then DMLC_ROLE=scheduler {script} & fi; {roles}"
+            f"DMLC_ROLE=worker {worker}; wait")
+
+
+def plain_ms(cluster, args, servers_per_host: int) -> float:
+    shell = plain_shell(args.model, args.script_args, args.steps, servers_per_host)
     results = cluster.run(["bash", "-c", shell], 600, dict(os.environ, OMP_NUM_THREADS="1"))
     for result in results:
         found = re.search(r"median iteration ([0-9.]+) ms", result.stdout)

@@ -6,6 +6,7 @@ Each role (servers, workers) of the plain job (as benchmarks/mxnet_multihost.py 
 without the start-up and exit. Rounds interleave the server counts; medians per host and role.
 
 usage: sudo python benchmarks/mxnet_role_cpu.py [--servers 1,2] [--reps 2] [--rate 1gbit] [--cpus 0.9] [--model mlp]
+       [--script-args '--width 600']
 Last line: per server count, the busiest host's CPU ms an iteration and the iteration.
 """
 from __future__ import annotations
@@ -19,21 +20,15 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mxnet_multihost import EXAMPLE, PORT, mxnet_python  # noqa: E402  (the same plain job)
+from mxnet_multihost import plain_shell  # noqa: E402  (the same plain job)
 
 EXTRA_STEPS = 100
 
 
-def launch(cluster, model: str, servers_per_host: int, steps: int) -> tuple[float, dict[tuple[int, str], float]]:
+def launch(cluster, model: str, script_args: str, servers_per_host: int,
+           steps: int) -> tuple[float, dict[tuple[int, str], float]]:
     """(worker 0's median iteration ms, {(host, role): CPU seconds, the host's roles of that kind together})."""
-    timed = "/usr/bin/time -f 'CPU %U %S ROLE'"
-    script = f"{mxnet_python()} -u {EXAMPLE} --steps {steps} --model {model}"
-    env = (f"DMLC_PS_ROOT_URI={{master_addr}} DMLC_PS_ROOT_PORT={PORT} DMLC_NUM_SERVER={2 * servers_per_host} "
-           f"DMLC_NUM_WORKER=2 DMLC_NODE_HOST={{addr}} DMLC_INTERFACE=eth0")
-    roles = " ".join(f"DMLC_ROLE=server {timed.replace('ROLE', 'server')} {script} & "
-                     for _ in range(servers_per_host))
-    shell = (f"export {env}; if [ {{node_rank}} = 0 ]; then DMLC_ROLE=scheduler {script} & fi; {roles}"
-             f"DMLC_ROLE=worker {timed.replace('ROLE', 'worker')} {script}; wait")
+    shell = plain_shell(model, script_args, steps, servers_per_host, timed="/usr/bin/time -f 'CPU %U %S ROLE'")
     results = cluster.run(["bash", "-c", shell], 600, dict(os.environ, OMP_NUM_THREADS="1"))
     cpu: dict[tuple[int, str], float] = {}
     iteration = None
@@ -56,6 +51,7 @@ def main() -> None:
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--cpus", type=float, default=0.9)
     parser.add_argument("--model", default="mlp")
+    parser.add_argument("--script-args", default="", help="more arguments for examples/mxnet_gluon.py")
     args = parser.parse_args()
     from emulated_cluster import EmulatedCluster
 
@@ -65,8 +61,8 @@ def main() -> None:
     with EmulatedCluster(2, args.cpus, rate=args.rate) as cluster:
         for rep in range(args.reps):
             for count in counts[rep % len(counts):] + counts[:rep % len(counts)]:
-                short_ms, short = launch(cluster, args.model, count, args.steps)
-                long_ms, long = launch(cluster, args.model, count, args.steps + EXTRA_STEPS)
+                short_ms, short = launch(cluster, args.model, args.script_args, count, args.steps)
+                long_ms, long = launch(cluster, args.model, args.script_args, count, args.steps + EXTRA_STEPS)
                 iterations[count] += [short_ms, long_ms]
                 for key in long:
                     per_iteration[count].setdefault(key, []).append(
