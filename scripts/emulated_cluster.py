@@ -106,6 +106,9 @@ class EmulatedCluster:
     def host_ns(self, k: int) -> str:
         return f"{self.tag}h{k}"
 
+    def switch_ns(self) -> str:
+        return f"{self.tag}sw"
+
     def addr(self, k: int) -> str:
         return f"{SUBNET}.{k + 1}"
 
@@ -152,7 +155,7 @@ class EmulatedCluster:
         subprocess.run(cmd, check=True, capture_output=True, text=True)
 
     def _build(self) -> None:
-        switch = f"{self.tag}sw"
+        switch = self.switch_ns()
         self._sh("ip", "netns", "add", switch)
         self._made_ns.append(switch)
         self._sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
@@ -190,7 +193,7 @@ class EmulatedCluster:
     def set_rate(self, rate: str) -> None:
         """Every host's link (both directions) re-shaped to `rate` (tc's syntax, e.g. 3gbit), the hosts kept."""
         self.rate = rate
-        switch = f"{self.tag}sw"
+        switch = self.switch_ns()
         for k in range(self.hosts):
             self._sh("tc", "-n", self.host_ns(k), "qdisc", "change", "dev", HOST_IF, "root", *self._tbf())
             self._sh("tc", "-n", switch, "qdisc", "change", "dev", f"{self.tag}p{k}", "root", *self._tbf())
