@@ -731,7 +731,7 @@ def test_each_hosts_busy_cpu_is_read_from_the_roles_cpu_seconds_and_warned_for_p
     # host a: a worker at 0.8 cores and two servers at 0.4 each, under a 1.8-core quota throttled in 3 of 10
     # periods; host b: a worker at 0.5 of 2 cores and no server
     workers = {0: _cpu_worker("a", 0.008, quota=1.8, throttled=3), 1: _cpu_worker("b", 0.005)}
-    hosts = read_host_cpu(workers, servers, ["a", "b"], [0, 1], [0, 0])
+    hosts = read_host_cpu(workers, {}, servers, ["a", "b"], [0, 1], [0, 0])
     a, b = hosts
     assert (a.host, a.cores, a.quota, a.workers, a.servers) == ("a", 1.8, True, 1, 2)
     assert a.worker_cores == pytest.approx(0.8) and a.server_cores == pytest.approx(0.8, rel=0.01)
@@ -745,11 +745,35 @@ def test_each_hosts_busy_cpu_is_read_from_the_roles_cpu_seconds_and_warned_for_p
     assert "b:" not in warning
     assert cpu_note(hosts, 0, 0) == [] and cpu_note([b], -1, 1) == []
     # a server with no marks over the span: its host's servers unknown, never a made-up figure
-    unmarked = read_host_cpu(workers, {0: servers[0], 1: {"cpu_marks": []}}, ["a", "b"], [0, 1], [0, 0])
+    unmarked = read_host_cpu(workers, {}, {0: servers[0], 1: {"cpu_marks": []}}, ["a", "b"], [0, 1], [0, 0])
     assert unmarked[0].server_cores is None and "servers unknown" in unmarked[0].describe()
     # a run of an older dprorun (no CPU seconds recorded): nothing
     old = {r: {k: v for k, v in w.items() if k != "iteration_cpu_s"} for r, w in workers.items()}
-    assert read_host_cpu(old, servers, ["a", "b"], [0, 1], [0, 0]) == []
+    assert read_host_cpu(old, {}, servers, ["a", "b"], [0, 1], [0, 0]) == []
+
+
+def test_the_hosts_cpu_is_read_over_the_clean_iterations_where_every_role_covers_them():
+    """The predictions are scaled to the clean iterations after the window: the roles' CPU is read over them where
+    the workers' clean.json has their CPU seconds and every server's marks (written again at its exit) reach past
+    them; else over the window's unprofiled iterations, as before."""
+    from dprorun.replay.ps_cpu import read_host_cpu
+
+    worker = _cpu_worker("a", 0.008)  # 0.8 cores in the window
+    t = worker["iteration_starts_us"][-1] + 1_000_000.0  # the clean iterations: a second later, 0.5 cores
+    clean = {"first_iteration": 14, "iteration_starts_us": [t + 10_000.0 * i for i in range(7)],
+             "iteration_cpu_s": [1.0 + 0.005 * i for i in range(7)]}
+    server = {"cpu_marks": [[1e9 - 5_000.0, 1.0], [t + 100_000.0, 1.0 + 0.002 * (t + 105_000.0 - 1e9) / 10_000]]}
+    [host] = read_host_cpu({0: worker}, {0: clean}, {0: server}, ["a"], [0], [0])
+    assert (host.span, host.iterations, host.span_ms) == ("clean", 5, pytest.approx(50.0))
+    assert host.worker_cores == pytest.approx(0.5) and host.server_cores == pytest.approx(0.2)
+    assert host.cpu_ms_per_iteration == pytest.approx(7.0) and host.to_json()["span"] == "clean"
+    # a server whose marks end with the window (it wrote its file then and not at exit): the window's iterations
+    early = {"cpu_marks": [m for m in server["cpu_marks"] if m[0] < t] + [[1e9 + 150_000.0, 1.3]]}
+    [host] = read_host_cpu({0: worker}, {0: clean}, {0: early}, ["a"], [0], [0])
+    assert host.span == "window" and host.worker_cores == pytest.approx(0.8)
+    # a clean.json of an older dprorun (no CPU seconds): the window's
+    old = {k: v for k, v in clean.items() if k != "iteration_cpu_s"}
+    assert read_host_cpu({0: worker}, {0: old}, {0: server}, ["a"], [0], [0])[0].span == "window"
 
 
 def test_a_faster_network_what_if_is_held_to_the_cpu_the_hosts_roles_took():

@@ -5,11 +5,12 @@ The replay gives every role's work the time it took as profiled. On a host whose
 container, a cgroup) were all busy, that time includes waiting for the CPU the other roles used; a what-if with
 fewer or more processes there changes that wait, which nothing in the graph prices. The hooks record each worker's
 CPU seconds at every iteration start (events.json `iteration_cpu_s`), each server's at its updates (server.json
-`cpu_marks`), and the host's quota counters at the window's phase changes (`host_cpu_stat`: periods, throttled
-periods). `read_host_cpu` turns them into each host's busy cores over the window's iterations run without the
-profiler; `cpu_note` says what that means for a what-if that adds or removes processes; `cpu_floor` is the shortest
-iteration those hosts' CPU allows with the roles' work as measured (their CPU time an iteration over their cores),
-the bound on a what-if that speeds up the network and leaves every role's work where it was.
+`cpu_marks`, written again at exit), and the host's quota counters at the window's phase changes (`host_cpu_stat`:
+periods, throttled periods). `read_host_cpu` turns them into each host's busy cores over the clean iterations (else
+the window's iterations run without the profiler); `cpu_note` says what that means for a what-if that adds or
+removes processes; `cpu_floor` is the shortest iteration those hosts' CPU allows with the roles' work as measured
+(their CPU time an iteration over their cores), the bound on a what-if that speeds up the network and leaves every
+role's work where it was.
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ class HostCPU:
     server_cores: Optional[float]  # the same for its servers (None: a server recorded no CPU marks over the span)
     throttled_share: Optional[float]  # quota periods in which the host was held back, of those in the span
     throttled_ms: Optional[float]  # the time its processes were held back by the quota, per iteration (cgroup's sum)
-    span_ms: float  # the span measured: the window's iterations without the profiler (a worker of this host)
+    span_ms: float  # the span measured: the clean iterations, else the window's without the profiler (a worker here)
     iterations: int = 0  # iterations in the span
+    span: str = "window"  # which: "clean" (the iterations after the window) or "window" (its unprofiled ones)
 
     @property
     def cpu_ms_per_iteration(self) -> Optional[float]:
@@ -63,15 +65,32 @@ class HostCPU:
 
     def to_json(self) -> dict:
         return {"host": self.host, "cores": self.cores, "quota": self.quota, "workers": self.workers,
-                "servers": self.servers, "worker_cores": round(self.worker_cores, 3),
+                "servers": self.servers, "span": self.span, "worker_cores": round(self.worker_cores, 3),
                 "server_cores": None if self.server_cores is None else round(self.server_cores, 3),
                 "busy_share": round(self.busy_share, 3),
                 "throttled_share": None if self.throttled_share is None else round(self.throttled_share, 3),
                 "throttled_ms": None if self.throttled_ms is None else round(self.throttled_ms, 3)}
 
 
-def _span(events: dict) -> Optional[tuple[int, int]]:
-    """The window's iterations without the profiler, as indices into iteration_starts_us (first, last)."""
+@dataclass
+class _Span:
+    """One worker's iterations measured for its host: its starts (its own clock) and CPU seconds, the indices of the
+    first and last start used, and the iteration number of index 0 (for the host's quota counters)."""
+
+    starts: list[float]
+    cpu: list[float]
+    first: int
+    last: int
+    offset: int
+    clean: bool
+
+
+def _span(events: dict, clean: Optional[dict]) -> Optional[_Span]:
+    """The worker's clean iterations (clean.json: no profiler, the iterations the predictions are scaled to) when it
+    recorded their CPU, else the window's iterations without the profiler; None where fewer than 2 were timed."""
+    starts, cpu = (clean or {}).get("iteration_starts_us") or [], (clean or {}).get("iteration_cpu_s") or []
+    if len(cpu) == len(starts) >= 4:  # the first holds the end-of-window work: from the second on
+        return _Span(starts, cpu, 1, len(starts) - 1, int(clean.get("first_iteration", 0)), True)
     window = events.get("window") or {}
     profiled = window.get("kineto_iterations") or []
     first = (max(profiled) + 2) if profiled else int(window.get("warmup", 0)) + 1  # +1: the profiler's stop
@@ -79,7 +98,7 @@ def _span(events: dict) -> Optional[tuple[int, int]]:
     cpu = events.get("iteration_cpu_s") or []
     if last - first < 2 or last >= len(cpu):
         return None
-    return first, last
+    return _Span(events["iteration_starts_us"], cpu, first, last, 0, False)
 
 
 def _cpu_at(marks: list[list[float]], t_us: float) -> Optional[float]:
@@ -104,43 +123,64 @@ def _throttled(stats: list[list], first: int, last: int) -> tuple[Optional[float
     return (int(b.get("nr_throttled", 0)) - int(a.get("nr_throttled", 0))) / periods, held_ms
 
 
-def read_host_cpu(workers: dict[int, dict], server_docs: dict[int, dict], hosts: list[str],
+def _servers_cores(server_docs: dict[int, dict], servers: list[int], t0: float, t1: float) -> Optional[float]:
+    """The CPU seconds per second of these servers from t0 to t1 (µs, their host's clock); None where a server's
+    marks do not cover the span."""
+    cores = 0.0
+    for s in servers:
+        marks = [[float(t), float(c)] for t, c in server_docs[s].get("cpu_marks") or []]
+        c0, c1 = _cpu_at(marks, t0), _cpu_at(marks, t1)
+        if c0 is None or c1 is None:
+            return None
+        cores += (c1 - c0) / ((t1 - t0) / 1e6)
+    return cores
+
+
+def _host_span(workers: dict[int, dict], cleans: dict[int, dict], ranks: list[int], server_docs: dict[int, dict],
+               servers: list[int]) -> Optional[tuple[dict[int, _Span], Optional[float]]]:
+    """The host's timed workers' spans and its servers' cores over the first one's span: the
+    clean iterations where every timed worker and every server (its CPU marks, written at exit) covers them, else the
+    window's unprofiled ones; None where no worker of the host was timed."""
+    for use_clean in (True, False):
+        spans = {r: _span(workers[r], cleans.get(r) if use_clean else None) for r in ranks}
+        spans = {r: span for r, span in spans.items() if span is not None}
+        if not spans or (use_clean and not all(span.clean for span in spans.values())):
+            continue
+        span = spans[min(spans)]
+        skew = float((workers[min(spans)].get("clock") or {}).get("test_skew_us") or 0.0)  # the servers' have none
+        t0, t1 = span.starts[span.first] - skew, span.starts[span.last] - skew
+        server_cores = _servers_cores(server_docs, servers, t0, t1)
+        if use_clean and server_cores is None:
+            continue
+        return spans, server_cores
+    return None
+
+
+def read_host_cpu(workers: dict[int, dict], cleans: dict[int, dict], server_docs: dict[int, dict], hosts: list[str],
                   worker_hosts: list[int], server_hosts: list[int]) -> list[HostCPU]:
-    """Each host's busy cores over its first worker's unprofiled window iterations; [] for a run recorded by a
-    dprorun before these records (or a host with no worker: nothing to time its servers against)."""
+    """Each host's busy cores over its first timed worker's clean iterations (else its window's unprofiled ones); []
+    for a run recorded by a dprorun before these records (or a host with no worker: nothing to time its servers
+    against)."""
     names = hosts or [str(workers[min(workers)].get("host", "") or "this host")]
     out = []
     for h, name in enumerate(names):
         ranks = [r for k, r in enumerate(sorted(workers)) if (worker_hosts[k] if k < len(worker_hosts) else 0) == h]
-        spans = {r: _span(workers[r]) for r in ranks}
-        timed = [r for r in ranks if spans[r] is not None]
-        if not timed:
+        mine = [s for s in server_docs if (server_hosts[s] if s < len(server_hosts) else 0) == h]
+        found = _host_span(workers, cleans, ranks, server_docs, mine)
+        if found is None:
             continue
-        tracker = next((t for t in workers[timed[0]].get("trackers", []) if t.get("framework") == "mxnet"), {})
+        spans, server_cores = found
+        tracker = next((t for t in workers[min(spans)].get("trackers", []) if t.get("framework") == "mxnet"), {})
         quota = tracker.get("cgroup_quota_cores")
         cores = float(quota) if quota else float(tracker.get("cores") or 1)
-        worker_cores = 0.0
-        for r in timed:
-            (first, last), events = spans[r], workers[r]
-            starts, cpu = events["iteration_starts_us"], events["iteration_cpu_s"]
-            worker_cores += (cpu[last] - cpu[first]) / ((starts[last] - starts[first]) / 1e6)
-        worker_cores *= len(ranks) / len(timed)
-        first, last = spans[timed[0]]
-        events = workers[timed[0]]
-        skew = float((events.get("clock") or {}).get("test_skew_us") or 0.0)  # the servers' stamps have none
-        t0, t1 = events["iteration_starts_us"][first] - skew, events["iteration_starts_us"][last] - skew
-        mine = [s for s in server_docs if (server_hosts[s] if s < len(server_hosts) else 0) == h]
-        server_cores: Optional[float] = 0.0
-        for s in mine:  # on the worker's host: one clock, no alignment needed
-            marks = [[float(t), float(c)] for t, c in server_docs[s].get("cpu_marks") or []]
-            c0, c1 = _cpu_at(marks, t0), _cpu_at(marks, t1)
-            if c0 is None or c1 is None:
-                server_cores = None
-                break
-            server_cores += (c1 - c0) / ((t1 - t0) / 1e6)
-        throttled = _throttled(workers[timed[0]].get("host_cpu_stat") or [], first, last)
+        worker_cores = sum((sp.cpu[sp.last] - sp.cpu[sp.first]) / ((sp.starts[sp.last] - sp.starts[sp.first]) / 1e6)
+                           for sp in spans.values()) * len(ranks) / len(spans)
+        span = spans[min(spans)]
+        stats = (cleans.get(min(spans)) if span.clean else workers[min(spans)]) or {}
+        throttled = _throttled(stats.get("host_cpu_stat") or [], span.offset + span.first, span.offset + span.last)
         out.append(HostCPU(name, cores, bool(quota), len(ranks), len(mine), worker_cores, server_cores,
-                           *throttled, (t1 - t0) / 1000.0, last - first))
+                           *throttled, (span.starts[span.last] - span.starts[span.first]) / 1000.0,
+                           span.last - span.first, "clean" if span.clean else "window"))
     return out
 
 

@@ -56,6 +56,8 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
     `host_cores`: the cores a host's roles share in the replay (fitted so, too): None or 0 each role's work as if on a
     core of its own (the default), -1 the cores the hooks recorded, N that many."""
     workers = {r: _load(path) for r, path in numbered_files(run_dir, rank_dir, EVENTS_FILE).items()}
+    cleans = {r: _load(path) for r in workers  # each worker's clean.json, where it wrote one
+              if os.path.exists(path := os.path.join(rank_dir(run_dir, r), CLEAN_FILE))}
     if not workers:
         raise TraceError(run_dir, f"no worker recorded events (rank_0/{EVENTS_FILE})")
     first = workers[0]
@@ -67,7 +69,7 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
     keys = [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
             for k in tracker["keys"]]
     notes: list[str] = []
-    ops, window, clean = _read_workers(run_dir, workers, keys, notes)
+    ops, window, clean = _read_workers(run_dir, workers, cleans, keys, notes)
     if not ops:
         raise UnanswerableError(f"{run_dir}: no worker has a complete profiled iteration in {MX_PROFILE_FILE} "
                                 "(give --kineto-iters 3 or more, and --warmup 1 or more)")
@@ -86,7 +88,7 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
                      "pusher's pull answered after it; the workers meet only on the servers' engines and the links "
                      "(loopback, 2 models, 3 rounds: 1 server of 2 within 1 % as a ratio to the as-run replay, a "
                      "big-array bound of 100000 -4.5 % on a conv net and -13 % on an MLP)")
-    model.host_cpu = read_host_cpu(workers, server_docs, hosts, worker_hosts, server_hosts)
+    model.host_cpu = read_host_cpu(workers, cleans, server_docs, hosts, worker_hosts, server_hosts)
     if host_cores:
         model.host_cores = model.link_slots if host_cores < 0 else host_cores
         notes.append(f"each host's {model.host_cores} cores shared by its workers' compute, its loopback's transfers "
@@ -138,7 +140,7 @@ def _host_notes(model: PSModel, hosts: list[str]) -> list[str]:
     return notes
 
 
-def _read_workers(run_dir: str, workers: dict, keys: list[PSKey],
+def _read_workers(run_dir: str, workers: dict, cleans: dict[int, dict], keys: list[PSKey],
                   notes: list[str]) -> tuple[dict[int, WorkerOps], list[float], list[float]]:
     """(each worker's profiled iteration, the window's unprofiled iterations, the clean ones) of every worker;
     what could not be read said in `notes`."""
@@ -157,7 +159,7 @@ def _read_workers(run_dir: str, workers: dict, keys: list[PSKey],
                 notes.append(f"worker {r}: no complete profiled iteration in {profile}; the other workers' stand "
                              "in for it")
         window += _unprofiled_window(events)
-        clean += _clean_iterations(run_dir, r)
+        clean += _clean_iterations(cleans.get(r))
     return ops, window, clean
 
 
@@ -240,11 +242,9 @@ def _unprofiled_window(events: dict) -> list[float]:
             if i not in disturbed]
 
 
-def _clean_iterations(run_dir: str, rank: int) -> list[float]:
-    path = os.path.join(rank_dir(run_dir, rank), CLEAN_FILE)
-    if not os.path.exists(path):
-        return []
-    starts = _load(path).get("iteration_starts_us", [])
+def _clean_iterations(clean: Optional[dict]) -> list[float]:
+    """A worker's clean iterations (µs) from its clean.json (None: it wrote none)."""
+    starts = (clean or {}).get("iteration_starts_us", [])
     # the first is iteration W+K, inside which the end-of-window work (calibration, files) ran: not clean
     return [b - a for a, b in zip(starts[1:], starts[2:])]
 

@@ -307,6 +307,7 @@ class ServerRecorder:
         self.dropped = 0
         self.started_us = time.time_ns() / 1000.0
         self.written = False
+        self.updates_written: Optional[int] = None  # the updates in the first file (the window's); later ones stay out
         self.memory: list[list[float]] = []  # the engine's copy and add, probed: [bytes, copy µs, add µs]
         self.cpu_marks: list[list[float]] = [[self.started_us, process_cpu_s()]]  # [epoch µs, CPU s], >= 20 ms apart
 
@@ -350,11 +351,16 @@ class ServerRecorder:
         return timed
 
     def write(self) -> None:
+        """server.json: the updates up to now (or, once written, the same updates as then) and every CPU mark up to
+        now. Written first at the end of the window, again at exit: the marks of the clean iterations after it."""
         rank = self.rank if self.rank is not None else self.index
         folder = server_dir(self.run_dir, rank)
         os.makedirs(folder, mode=0o700, exist_ok=True)
+        if self.updates_written is None:
+            self.updates_written = len(self.records)
+        updates = self.records[:self.updates_written]
         doc = {"schema": SERVER_SCHEMA, "version": 1, "server": rank, "host": os.uname().nodename,
-               "pid": os.getpid(), "started_us": self.started_us, "updates": self.records, "dropped": self.dropped,
+               "pid": os.getpid(), "started_us": self.started_us, "updates": updates, "dropped": self.dropped,
                "memory": self.memory, "cpu_marks": self.cpu_marks, "clock": {"source": "time.time_ns"}}
         path = os.path.join(folder, SERVER_FILE)
         tmp = path + f".{os.getpid()}.tmp"
@@ -408,7 +414,8 @@ def patch_mxnet_server(recorder: ServerRecorder) -> None:
 
 def install_server(environ) -> Optional[ServerRecorder]:
     """In a server process: record its updates and write them at exit (MXNet's server loop runs inside `import
-    mxnet` and ends with sys.exit, so atexit runs)."""
+    mxnet` and ends with sys.exit, so atexit runs); a server that wrote them at the end of the window writes its
+    file again there, with the CPU marks of the iterations after the window (the clean ones)."""
     import atexit
 
     run_dir = environ.get("DPRO_RUN_DIR", "")
@@ -418,8 +425,7 @@ def install_server(environ) -> Optional[ServerRecorder]:
 
     def write():
         try:
-            if not recorder.written:
-                recorder.write()
+            recorder.write()
         except Exception as exc:
             print(f"[dprorun] warning: server {recorder.rank} could not write its updates: {exc}", file=sys.stderr)
 
