@@ -128,7 +128,8 @@ def measure(args: argparse.Namespace, options: tuple[str, ...]) -> list[dict]:
 
     rounds = []
     keep = os.path.abspath(args.keep) if args.keep else None
-    with EmulatedCluster(2, args.cpus, rate=args.rate) as cluster, tempfile.TemporaryDirectory() as tmp:
+    with EmulatedCluster(2, args.cpus, rate=args.rate, pin_cores=args.pin) as cluster, \
+            tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             plain = plain_ms(cluster, args, args.servers)
             fewer = plain_ms(cluster, args, args.servers - 1) if args.servers > 1 else None
@@ -144,7 +145,7 @@ def measure(args: argparse.Namespace, options: tuple[str, ...]) -> list[dict]:
             if keep:
                 with open(os.path.join(keep, "rounds.json"), "w") as handle:
                     json.dump({"servers": args.servers, "model": args.model, "script_args": args.script_args,
-                               "cpus": args.cpus, "rate": args.rate,
+                               "cpus": args.cpus, "pin": args.pin, "rate": args.rate,
                                "rates": args.rates, "rounds": rounds}, handle, indent=1)
     return rounds
 
@@ -159,6 +160,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--cpus", type=float, default=0.9, help="each emulated host's CPU quota (cores)")
     parser.add_argument("--rate", default="1gbit", help="each emulated host's link (tc tbf rate)")
+    parser.add_argument("--pin", action="store_true",
+                        help="each host's processes on a core of their own (taskset), under the same quota")
     parser.add_argument("--rates", default="", metavar="RATE[,RATE...]",
                         help="per round, the job also launched plainly with every link at each of these rates: the "
                              "truth of the profile's `--bandwidth-scale` what-ifs (rate / --rate)")
@@ -194,7 +197,7 @@ def plain_sweep(args: argparse.Namespace, counts: list[int]) -> None:
     from emulated_cluster import EmulatedCluster
 
     times: dict[int, list[float]] = {count: [] for count in counts}
-    with EmulatedCluster(2, args.cpus, rate=args.rate) as cluster:
+    with EmulatedCluster(2, args.cpus, rate=args.rate, pin_cores=args.pin) as cluster:
         for rep in range(args.reps):
             for count in counts[rep % len(counts):] + counts[:rep % len(counts)]:
                 times[count].append(plain_ms(cluster, args, count))
@@ -206,7 +209,8 @@ def plain_sweep(args: argparse.Namespace, counts: list[int]) -> None:
         median = statistics.median(times[count])
         print(f"{count:16d} {' / '.join(f'{x:.1f}' for x in times[count]):>40} {median:8.2f} "
               f"{100 * (median / base - 1):+7.1f}% {median - base:+8.2f}")
-    print(f"plain across two hosts ({args.model}, {args.cpus} cores, {args.rate}), servers per host "
+    print(f"plain across two hosts ({args.model}, {args.cpus} cores{', pinned' if args.pin else ''}, {args.rate}), "
+          "servers per host "
           + "/".join(map(str, counts)) + ": " + " / ".join(f"{statistics.median(times[c]):.2f}" for c in counts)
           + " ms")
 

@@ -97,6 +97,7 @@ class EmulatedCluster:
     tag: str = field(default_factory=lambda: f"d{os.getpid() % 100000}")
     cpu_period_us: int = CPU_PERIOD_US  # the quota's period: a throttled host waits up to (1 - cpus) x period
     ssh_identity: str = ""  # the client key sshd accepts (set when ssh=True)
+    pin_cores: bool = False  # host k's processes on core k only (a host of its own cores: no bursts past its quota)
     _made_ns: list[str] = field(default_factory=list)
     _made_cgroups: list[str] = field(default_factory=list)
     _daemons: list = field(default_factory=list)
@@ -118,7 +119,8 @@ class EmulatedCluster:
     def in_host(self, k: int, argv: list[str]) -> list[str]:
         """argv run on host k: its network namespace (whose /etc/hosts names every host) and its own hostname
         (a UTS namespace), so that name lookups give the host's own address as on a real cluster."""
-        return ["ip", "netns", "exec", self.host_ns(k), "unshare", "--uts", "sh", "-c",
+        pin = ["taskset", "-c", str(k % (os.cpu_count() or 1))] if self.pin_cores else []
+        return ["ip", "netns", "exec", self.host_ns(k), *pin, "unshare", "--uts", "sh", "-c",
                 f'hostname {self.hostname(k)} && {self._cgroup_mount_sh()}exec "$@"', "sh", *argv]
 
     def _cgroup_mount_sh(self) -> str:

@@ -503,9 +503,19 @@ def test_roles_on_two_hosts_cross_their_nics_and_stay_on_loopback_at_home():
     assert slow_by_name["push k0.s0 w0->s0"] == pytest.approx(by_name["push k0.s0 w0->s0"])  # loopback: as is
     assert slow_by_name["push k0.s0 w1->s0 RECV"] == pytest.approx(2 * by_name["push k0.s0 w1->s0 RECV"])
     assert replay(slow).iteration_time_us > replay(graph).iteration_time_us
-    # a third server (what-if) lands on the hosts round-robin; the one-medium layout stays askable
+    # another count of servers (what-if) is laid over the hosts that ran them as dprorun launches them and ps-lite
+    # ranks them: as many on each host, a host's together, the hosts in the recorded ranks' order
+    from dprorun.replay.ps_topology import launcher_server_hosts, plan_of
+
+    assert launcher_server_hosts([1, 1, 0, 0], 2) == [1, 0] and launcher_server_hosts([1, 0], 4) == [1, 1, 0, 0]
+    assert launcher_server_hosts([0, 1], 3) == [0, 0, 1]  # a count the hosts do not divide: the first host more
     three = ps_graph(model, PSWhatIf(servers=3))
+    assert plan_of(three).links.server_hosts == [0, 0, 1]
     assert any(graph_device.startswith("h0.") for graph_device in three.device_names)
+    four = replace(model, servers=4, server_hosts=[1, 1, 0, 0])
+    halved = ps_graph(four, PSWhatIf(servers=2))
+    assert plan_of(halved).links.server_hosts == [1, 0]  # one on each host, not both ranks 0 and 1's host
+    assert {graph_device for graph_device in halved.device_names if graph_device.endswith(".rx")} == {"h0.rx", "h1.rx"}
     shared = ps_graph(model, PSWhatIf(links="shared"))
     assert "link" in shared.device_names and not any(d.startswith("h0.") for d in shared.device_names)
     with pytest.raises(UnanswerableError, match="ran on one host"):  # nothing crosses hosts: a clear refusal

@@ -199,8 +199,22 @@ def set_placement(graph: ReplayGraph, servers: Optional[int] = None,
     if not plan.keys:
         raise UnanswerableError("the keys' placement was recorded, not derived (BytePS: the servers are not in the "
                                 "files): another server count or big-array bound cannot be placed")
-    plan = replace(plan, servers=servers, bigarray_bound=bound, parts=placed(plan.keys, servers, bound))
+    links = plan.links
+    if servers != plan.servers and len(set(links.server_hosts)) > 1:
+        links = replace(links, server_hosts=launcher_server_hosts(links.server_hosts, servers))
+    plan = replace(plan, servers=servers, bigarray_bound=bound, parts=placed(plan.keys, servers, bound), links=links)
     return _with_plan(graph, plan, graph.size > plan.local_nodes)
+
+
+def launcher_server_hosts(recorded: list[int], servers: int) -> list[int]:
+    """Each server's host for `servers` servers over the hosts that ran the recorded ones, as dprorun launches them
+    (the same count on every host: launch_ps) and ps-lite's scheduler ranks them (a host's servers together, the hosts
+    in the order of the recorded ranks: [1, 1, 0, 0] as recorded gives [1, 0] for 2). Keeping the recorded ranks'
+    hosts put both of 2 servers left of 4 on one host (under `--links hosts`, two emulated hosts: +3.7 % against the
+    job as it ran; laid out so +1.4 to +2.7 %; the job launched so ran 6 % faster: RESULTS.md, session 22)."""
+    order = list(dict.fromkeys(recorded))
+    each, extra = divmod(servers, len(order))
+    return [h for i, h in enumerate(order) for _ in range(each + (1 if i < extra else 0))]
 
 
 def set_workers(graph: ReplayGraph, workers: int) -> ReplayGraph:
