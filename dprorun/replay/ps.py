@@ -254,8 +254,9 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
     if whatif.servers and whatif.servers < model.servers and len(model.hosts) > 1:
         notes.append(f"warning: fewer servers across {len(model.hosts)} hosts: on two emulated hosts the job ran "
                      "3.6-12 % faster with 1 server a host than with 2 at 1 and 3 Gbit/s (4.8 % slower at 10 Gbit/s, "
-                     "and as fast with 3 a host as with 2), while this replay moved -0.4 to +3 %; what sets that is "
-                     "not in the model: read this figure as up to about 15 % slow")
+                     "and as fast with 3 a host as with 2; also with each host on a core of its own, with and "
+                     "without a CPU quota: not the hosts' CPU), while this replay moved -0.4 to +3 %; what sets that "
+                     "is not in the model: read this figure as up to about 15 % slow")
     elif whatif.servers and whatif.servers < model.servers and (whatif.links or model.links) == "shared":
         if model.copy_us or model.add_us:
             notes.append("fewer servers on one host: the handling of each push, the merging of the pushes, the "
@@ -302,11 +303,12 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
                         None if clean_ms is None else round(clean_ms / 1000, 3), spread, graph_ms)
 
 
-# how far the floor was from the job measured at the faster links (benchmarks/mxnet_multihost.py --rates; RESULTS.md)
-CPU_FLOOR_EVIDENCE = ("on two emulated 0.9-core hosts profiled at 1 Gbit/s the bound was -1.7 to +20.8 % of the job "
-                      "launched at 3 and 10 Gbit/s (median +9 %; an MLP at 1 and 2 servers a host, a conv net, a wider "
-                      "MLP with Adam), where the network alone replayed 9-49 % fast: read it as up to about 20 % "
-                      "slow")
+# how far the floor was from the job measured at the faster links (benchmarks/mxnet_multihost.py --rates; RESULTS.md,
+# session 22: the roles' CPU read over the clean iterations)
+CPU_FLOOR_EVIDENCE = ("on two emulated 0.9-core hosts profiled at 1 Gbit/s the bound was -5.6 to +9.0 % of the job "
+                      "launched at 3 and 10 Gbit/s (median |error| 3.7 %; an MLP at 1 and 2 servers a host, a conv "
+                      "net, a wider MLP with Adam), where the network alone replayed 9-49 % fast: read it as within "
+                      "about 10 %")
 
 
 def _network_floor(model: PSModel, whatif: PSWhatIf) -> Optional[CPUFloor]:
