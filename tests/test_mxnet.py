@@ -777,10 +777,12 @@ def test_the_hosts_cpu_is_read_over_the_clean_iterations_where_every_role_covers
     assert (host.span, host.iterations, host.span_ms) == ("clean", 5, pytest.approx(50.0))
     assert host.worker_cores == pytest.approx(0.5) and host.server_cores == pytest.approx(0.2)
     assert host.cpu_ms_per_iteration == pytest.approx(7.0) and host.to_json()["span"] == "clean"
+    assert host.describe().endswith("over the clean iterations)")
     # a server whose marks end with the window (it wrote its file then and not at exit): the window's iterations
     early = {"cpu_marks": [m for m in server["cpu_marks"] if m[0] < t] + [[1e9 + 150_000.0, 1.3]]}
     [host] = read_host_cpu({0: worker}, {0: clean}, {0: early}, ["a"], [0], [0])
     assert host.span == "window" and host.worker_cores == pytest.approx(0.8)
+    assert host.describe().endswith("over the window's iterations without the profiler)")
     # a clean.json of an older dprorun (no CPU seconds): the window's
     old = {k: v for k, v in clean.items() if k != "iteration_cpu_s"}
     assert read_host_cpu({0: worker}, {0: old}, {0: server}, ["a"], [0], [0])[0].span == "window"

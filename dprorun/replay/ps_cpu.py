@@ -61,7 +61,8 @@ class HostCPU:
             text += f"; throttled in {100 * self.throttled_share:.0f} % of its quota periods"
         if self.throttled_ms:
             text += f", held back {self.throttled_ms:.1f} ms an iteration"
-        return text + ")"
+        span = "the clean iterations" if self.span == "clean" else "the window's iterations without the profiler"
+        return text + f"; over {span})"
 
     def to_json(self) -> dict:
         return {"host": self.host, "cores": self.cores, "quota": self.quota, "workers": self.workers,
