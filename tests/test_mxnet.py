@@ -788,6 +788,33 @@ def test_the_hosts_cpu_is_read_over_the_clean_iterations_where_every_role_covers
     assert read_host_cpu({0: worker}, {0: old}, {0: server}, ["a"], [0], [0])[0].span == "window"
 
 
+def test_a_server_writes_its_file_again_at_exit_with_the_cpu_marks_after_the_window(tmp_path, monkeypatch):
+    """The server's file, written when the workers' calibration begins, is written again at exit: the same updates
+    (the job's later ones stay out) and every CPU mark, those of the clean iterations after the window included."""
+    import numpy as np
+
+    from dprorun.layout import PS_CALIBRATION_KEY_BASE
+    from dprorun.runtime import mxnet as hooks
+
+    class Array:  # what the updater gets from MXNet's server: only what the hooks touch
+        size, dtype = 16, np.float32
+
+        def wait_to_read(self):
+            return None
+
+    monkeypatch.setattr(hooks, "CPU_MARK_US", 0.0)  # a mark at every update
+    recorder = hooks.ServerRecorder(str(tmp_path), 0)
+    timed = recorder.wrap(lambda key, recv, local: None)
+    for key in (0, 1, PS_CALIBRATION_KEY_BASE, 0, 1):  # the window's updates, the calibration's, the clean ones
+        timed(key, Array(), Array())
+    first = json.load(open(tmp_path / "server_0" / "server.json"))
+    assert [u[0] for u in first["updates"]] == [0, 1, PS_CALIBRATION_KEY_BASE] and len(first["cpu_marks"]) == 4
+    recorder.write(at_exit=True)
+    last = json.load(open(tmp_path / "server_0" / "server.json"))
+    assert last["updates"] == first["updates"] and len(last["cpu_marks"]) == 6
+    assert last["cpu_marks"][:4] == first["cpu_marks"]
+
+
 def test_a_faster_network_what_if_is_held_to_the_cpu_the_hosts_roles_took():
     """Faster links leave every role's work on its host: on a host whose CPU held the job back, the CPU time its
     roles took an iteration over its cores bounds the what-if (across two 0.9-core emulated hosts the replay of 3x

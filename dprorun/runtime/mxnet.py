@@ -307,7 +307,7 @@ class ServerRecorder:
         self.dropped = 0
         self.started_us = time.time_ns() / 1000.0
         self.written = False
-        self.updates_written: Optional[int] = None  # the updates in the first file (the window's); later ones stay out
+        self.updates_written: Optional[int] = None  # the updates in the file as last written before exit
         self.memory: list[list[float]] = []  # the engine's copy and add, probed: [bytes, copy µs, add µs]
         self.cpu_marks: list[list[float]] = [[self.started_us, process_cpu_s()]]  # [epoch µs, CPU s], >= 20 ms apart
 
@@ -350,13 +350,14 @@ class ServerRecorder:
 
         return timed
 
-    def write(self) -> None:
-        """server.json: the updates up to now (or, once written, the same updates as then) and every CPU mark up to
-        now. Written first at the end of the window, again at exit: the marks of the clean iterations after it."""
+    def write(self, at_exit: bool = False) -> None:
+        """server.json: the updates up to now and every CPU mark up to now. Written at the end of the window (and
+        after each calibration size probed), and again at exit with the same updates as then (the job's later ones
+        stay out) and the CPU marks of the clean iterations after the window."""
         rank = self.rank if self.rank is not None else self.index
         folder = server_dir(self.run_dir, rank)
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        if self.updates_written is None:
+        if not at_exit or self.updates_written is None:
             self.updates_written = len(self.records)
         updates = self.records[:self.updates_written]
         doc = {"schema": SERVER_SCHEMA, "version": 1, "server": rank, "host": os.uname().nodename,
@@ -425,7 +426,7 @@ def install_server(environ) -> Optional[ServerRecorder]:
 
     def write():
         try:
-            recorder.write()
+            recorder.write(at_exit=True)
         except Exception as exc:
             print(f"[dprorun] warning: server {recorder.rank} could not write its updates: {exc}", file=sys.stderr)
 
