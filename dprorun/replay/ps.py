@@ -271,11 +271,12 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
                          "the same)")
     if (whatif.bigarray_bound and whatif.bigarray_bound < model.bigarray_bound and (model.copy_us or model.add_us)
             and (whatif.links or model.links) == "shared"):
-        notes.append("a lower big-array bound on one host: the keys it splits have their merging and updates "
-                     "shared by the servers in the replay, which for a net with one large key (3.2 MB) on loopback "
-                     "was 10-12 % optimistic in two runs of 3-4 rounds and 3 % in one of 8 (as ratios to the as-run "
-                     "row); profiled at both bounds, a net with one 1 MB key -6.2 % over 12 rounds, a symbolic MLP "
-                     "-4.8 % over 6, a dist_async MLP -3.5 % over 12")
+        notes.append("warning: a lower big-array bound on one host: the keys it splits have their merging, updates "
+                     "and transfers shared by the servers in the replay, in parallel, while on the host they take "
+                     "turns on the same cores; for a conv net with one large key (3.2 MB) on loopback that was 10-17 % "
+                     "optimistic in four runs of 2-4 rounds and 3 % in one of 8 (as ratios to the as-run row); "
+                     "profiled at both bounds, a net with one 1 MB key -6.2 % over 12 rounds, a symbolic MLP -4.8 % "
+                     "over 6, a dist_async MLP -3.5 % over 12: read this figure as up to about 17 % fast")
     if model.compute_scale < 0.5 or model.compute_scale > 1.5:
         compute, moved = compute_fit_moved_us(model)
         reference = model.measured_iteration_us or result.iteration_time_us
