@@ -68,7 +68,7 @@ class MXTracker:
         self.profile_path = os.path.join(session.rank_dir, MX_PROFILE_FILE)
         self.update_on_kvstore: Optional[bool] = None
         self.string_keys: dict[str, int] = {}  # a string key -> the kvstore's integer for it (init order)
-        self.step_calls = 0  # Trainer.step / Module.update calls: the iterations, when the script makes them
+        self.step_calls = 0  # Trainer.step / allreduce_grads / Module.update calls: the iterations, if any
         self.cycle: set[int] = set()  # a script pushing by hand: the keys pushed since this cycle's first push
         self.cycles = 0
         self.engine_probe: list[list[float]] = []  # [bytes, copy µs, add µs]: see probe_engine
@@ -84,7 +84,7 @@ class MXTracker:
                 "cgroup_quota_cores": cgroup_quota_cores(),  # a host (container) held to fewer cores than it has
                 "workers": int(os.environ.get("DMLC_NUM_WORKER", "1")),
                 "engine_probe": self.engine_probe,
-                "iterations": "Trainer.step / Module.update" if self.step_calls else
+                "iterations": "Trainer.step / allreduce_grads / Module.update" if self.step_calls else
                 ("push/pull cycles (the script pushes by hand)" if self.cycles else "none seen")}
 
     # ---- kvstore -----------------------------------------------------------------------------------------
@@ -232,9 +232,30 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
     from mxnet.module import Module
 
     _patch_iteration(tracker, Trainer, "step", "_kv_initialized")
+    # Trainer.step split in two by the script (gradient clipping: allreduce_grads, clip, update; the optimizer on
+    # the workers): an iteration per allreduce_grads (step calls the private _allreduce_grads, not this one)
+    _patch_iteration(tracker, Trainer, "allreduce_grads", "_kv_initialized")
     # the Module API: `Module.update` (once per batch in `fit`, after forward_backward)
     _patch_iteration(tracker, Module, "update", "optimizer_initialized")
+    import atexit
+
+    # registered after MXNet's own exit handler (at `import mxnet`), so it runs first: see drain_engine_at_exit
+    atexit.register(drain_engine_at_exit)
     return tracker
+
+
+def drain_engine_at_exit() -> None:
+    """The worker's pending engine operations (the last step's pushes and pulls) finish before MXNet's exit handler
+    shuts its engine down. A script that ends without mx.nd.waitall() otherwise hangs at exit now and then, under
+    plain MXNet too: one worker waits in the shutdown's WaitForAll for an operation that never completes while the
+    other waits for it at the kvstore's closing barrier (2 of 3 launches of a conv net with BatchNorm, 24 steps;
+    none in 6 with the waitall; benchmarks/RESULTS.md, MXNet exit)."""
+    import mxnet as mx
+
+    try:
+        mx.nd.waitall()
+    except Exception:  # a failed operation: MXNet's own exit handler reports it as it would without the hooks
+        pass
 
 
 def _patch_iteration(tracker: MXTracker, cls, method: str, ready_attr: str) -> None:
