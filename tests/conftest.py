@@ -29,7 +29,20 @@ def run_dprorun(args, run_dir, timeout=180, env=None):
     full_env.setdefault("DPRO_REPORT", "0")
     cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir)] + list(args)
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as launcher:
+        try:
+            stdout, stderr = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # SIGTERM first: dprorun stops every rank or role it started (a SIGKILL would leave them running,
+            # holding the cores for the rest of the suite), then the test fails on the timeout
+            launcher.terminate()
+            try:
+                launcher.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+            raise
+    proc = subprocess.CompletedProcess(cmd, launcher.returncode, stdout, stderr)
     return proc, time.monotonic() - start
 
 
