@@ -25,6 +25,9 @@ def parse_args(description: str, **defaults) -> argparse.Namespace:
     parser.add_argument("--optimizer", choices=("sgd", "adam", "adagrad"), default=defaults.get("optimizer", "sgd"),
                         help="sgd (momentum 0.9), adam or adagrad (per-parameter state)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--accumulate", type=int, default=1,
+                        help="micro-batches per optimizer step (DDP's no_sync for all but the last; default: 1, or "
+                        "what a dprorun strategy asks for)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend (auto: nccl with a GPU, gloo without)")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: raise at this step")
@@ -71,8 +74,8 @@ def make_optimizer(params, args: argparse.Namespace) -> torch.optim.Optimizer:
 def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace) -> None:
     """Synthetic-data training loop; rank 0 prints the median step time of the second half of the run."""
     rank, world, device = init_distributed(args.backend)
-    micro_batches = accumulation_steps()
-    if micro_batches > 1 and rank == 0:
+    micro_batches = args.accumulate if args.accumulate > 1 else accumulation_steps()
+    if micro_batches > 1 and rank == 0 and args.accumulate <= 1:
         print(f"accumulating gradients over {micro_batches} micro-batches (dprorun strategy)", flush=True)
     torch.manual_seed(args.seed)
     model = model.to(device)

@@ -99,17 +99,6 @@ def test_failing_rank_stops_group_is_named_and_traces_kept(tmp_path):
             assert json.loads(out.stdout)
 
 
-def test_remote_rank_traces_are_gathered_over_the_process_group(tmp_path):
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "1", "--active", "2", "--clean", "1", "python",
-                           os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "6"], tmp_path / "run",
-                          env={"DPRO_TEST_HOSTS": "hostA,hostB"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (tmp_path / "run" / "rank_1" / "GATHERED_FROM").read_text() == "hostB"
-    assert not (tmp_path / "run" / "rank_0" / "GATHERED_FROM").exists()
-    run = load_run(str(tmp_path / "run"))
-    assert run.ranks[1].host == "hostB" and run.ranks[0].host == "hostA"
-
-
 def test_examples_run_unchanged_under_plain_torchrun():
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           os.path.join(EXAMPLES, "transformer_small.py"), "--steps", "3"],
@@ -148,6 +137,28 @@ def test_memory_parts_calibration_and_probes_are_recorded(mlp_run):
     assert cpu["spare_cores"] == round(cpu["cores_per_rank"] - cpu["compute_threads"], 3)
     probes = run.ranks[0].clock["probes"]
     assert len(probes) == 40 and all(p[2] == "origin" for p in probes)
+
+
+def test_gradient_accumulation_with_no_sync_is_replayed_with_its_micro_batches(tmp_path):
+    """A conv net stepping once per 2 micro-batches (DDP's no_sync for the first): an iteration holds two
+    forwards and backwards; the first pair is the template's "accumulate" phase and the last backward carries the
+    buckets. The replay of the job as it ran stays near the window's own iterations (taking the first pair as the
+    iteration's forward and backward, it fell 33 % short)."""
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "--kineto-iters", "2", "--clean", "3", "-q",
+                           "python", os.path.join(EXAMPLES, "resnet_small.py"), "--steps", "16", "--accumulate", "2",
+                           "--batch-size", "16"], run_dir, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from dprorun.replay.build import build_job_model
+
+    model = build_job_model(load_run(str(run_dir)))
+    for template in model.templates.values():
+        assert template.accumulate_us > 0.5 * (template.forward_us + template.backward_us), template
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    assert abs(doc["predicted_iteration_time_ms"] / doc["measured_iteration_time_ms"] - 1) < 0.15, doc
 
 
 def test_no_comm_hook_keeps_ddp_builtin_path(tmp_path):
@@ -268,7 +279,8 @@ def test_a_job_with_nothing_to_profile_says_so(tmp_path):
 
 def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):
     """--run-dir pointing at an earlier (here interrupted) run: refused with exit 2, nothing touched; --overwrite
-    replaces it, and the new manifest is the new run's alone."""
+    replaces it, and the new manifest is the new run's alone. The new run's ranks pose as two hosts
+    (DPRO_TEST_HOSTS): rank 1's traces reach rank 0's node over the process group."""
     run_dir = tmp_path / "run"
     (run_dir / "rank_0").mkdir(parents=True)
     old_manifest = json.dumps({"schema": "dprorun-run", "job_id": "old-job", "status": "running",
@@ -282,11 +294,15 @@ def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):
     assert (run_dir / "rank_0" / "events.json").read_text() == "{}"
     proc, _ = run_dprorun(["--overwrite", "-np", "2", "--warmup", "1", "--active", "2", "--clean", "1", "-q",
                            "--job-id", "new-job", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"),
-                           "--steps", "6"], run_dir, timeout=120)
+                           "--steps", "6"], run_dir, timeout=120, env={"DPRO_TEST_HOSTS": "hostA,hostB"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["job_id"] == "new-job" and manifest["started_at"] != "2026-11-29T10:00:00+0000"
-    assert sorted(load_run(str(run_dir)).ranks) == [0, 1]
+    run = load_run(str(run_dir))
+    assert sorted(run.ranks) == [0, 1]
+    assert (run_dir / "rank_1" / "GATHERED_FROM").read_text() == "hostB"
+    assert not (run_dir / "rank_0" / "GATHERED_FROM").exists()
+    assert run.ranks[1].host == "hostB" and run.ranks[0].host == "hostA"
 
 
 def test_a_trainer_framework_job_is_profiled(tmp_path):

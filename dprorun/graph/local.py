@@ -21,7 +21,7 @@ from typing import Optional
 from dprorun.stats import median
 from dprorun.trace.model import Op, OpKind, RankTrace
 
-PHASES = ("forward", "loss", "backward", "finalize", "update", "tail")
+PHASES = ("accumulate", "forward", "loss", "backward", "finalize", "update", "tail")
 GAP_NAME = "(between ops)"
 MIN_GAP_US = 5.0  # shorter gaps between two ops stay with the op before them
 _PREFIXES = ("autograd::engine::evaluate_function: ", "torch::autograd::")
@@ -102,13 +102,25 @@ def _windows(trace: RankTrace, iteration: int) -> Optional[tuple[dict[str, tuple
             done.append(op.end_us)
     if not all(k in spans for k in (OpKind.FW, OpKind.BW, OpKind.UPDATE)):
         return None
-    fw, bw, up = spans[OpKind.FW][0], spans[OpKind.BW][0], spans[OpKind.UPDATE][-1]
+    first, fw, bw, up = phase_spans(spans)
     end = next((e for i, _, e in trace.iterations if i == iteration), up.end_us)
     finalize_start = min(max([bw.end_us] + done), up.start_us)
-    windows = {"forward": (fw.start_us, fw.end_us), "loss": (fw.end_us, max(fw.end_us, bw.start_us)),
+    windows = {"accumulate": (first.start_us, fw.start_us),
+               "forward": (fw.start_us, fw.end_us), "loss": (fw.end_us, max(fw.end_us, bw.start_us)),
                "backward": (bw.start_us, bw.end_us), "finalize": (finalize_start, up.start_us),
                "update": (up.start_us, up.end_us), "tail": (up.end_us, max(up.end_us, end))}
     return windows, enqueue
+
+
+def phase_spans(spans: dict[OpKind, list[Op]]) -> tuple[Op, Op, Op, Op]:
+    """(first forward, forward, backward, update) spans of an iteration whose spans hold all three kinds. Where the
+    script accumulates gradients over micro-batches (DDP's no_sync: several forwards and backwards before the one
+    that synchronises), the forward and backward are the last micro-batch's, and the ones before it, from the first
+    forward's start to the last forward's start, are the iteration's "accumulate" phase (no bucket handed over)."""
+    forwards, backwards = spans[OpKind.FW], spans[OpKind.BW]
+    fw = forwards[-1]
+    bw = next((b for b in backwards if b.start_us >= fw.end_us), backwards[-1]) if len(forwards) > 1 else backwards[0]
+    return forwards[0], fw, bw, spans[OpKind.UPDATE][-1]
 
 
 def _phase_ops(ops: list[Op], a: float, b: float, scope_of) -> list[ProfiledOp]:
@@ -207,7 +219,7 @@ def _iteration_profile(trace: RankTrace, iteration: int, iteration_ops: list[Op]
     for phase in PHASES:
         a, b = windows[phase]
         inside = [op for op in ops if op.end_us > a and op.start_us < b
-                  and (op.stream == "main" or phase in ("loss", "backward"))]
+                  and (op.stream == "main" or phase in ("accumulate", "loss", "backward"))]
         phases[phase] = PhaseProfile(phase, b - a, _phase_ops(inside, a, b, scope_of))
     a, b = windows["backward"]
     if b > a:

@@ -100,11 +100,12 @@ def tf_profiled_steps(trace: RankTrace) -> list[int]:
 
 
 def _compute_us(t: RankTemplate) -> float:
-    return t.forward_us + t.loss_us + sum(t.backward_segments_us) + t.finalize_us + t.update_us + t.tail_us
+    return (t.accumulate_us + t.forward_us + t.loss_us + sum(t.backward_segments_us) + t.finalize_us + t.update_us
+            + t.tail_us)
 
 
 def _scaled(t: RankTemplate, k: float, measured_us: float) -> RankTemplate:
-    return replace(t, forward_us=t.forward_us * k, loss_us=t.loss_us * k,
+    return replace(t, accumulate_us=t.accumulate_us * k, forward_us=t.forward_us * k, loss_us=t.loss_us * k,
                    backward_segments_us=[x * k for x in t.backward_segments_us], backward_us=t.backward_us * k,
                    update_us=t.update_us * k, tail_us=t.tail_us * k, finalize_us=t.finalize_us * k,
                    measured_iteration_us=measured_us, iterations_used=1)
@@ -195,8 +196,8 @@ LOW_COMPUTE_FACTOR = 0.25
 def _op_scaling(model: JobModel) -> dict[str, float]:
     """Per phase, the median over ranks of (unprofiled duration / profiled duration): the factor the replay
     applies to the profiler's ops of that phase (below 1: the profiler inflated them)."""
-    unprofiled = {"forward": "forward_us", "loss": "loss_us", "backward": "backward_us", "finalize": "finalize_us",
-                  "update": "update_us", "tail": "tail_us"}
+    unprofiled = {"accumulate": "accumulate_us", "forward": "forward_us", "loss": "loss_us",
+                  "backward": "backward_us", "finalize": "finalize_us", "update": "update_us", "tail": "tail_us"}
     ratios: dict[str, list[float]] = {}
     for r, profile in model.op_profiles.items():
         template = model.templates.get(r)

@@ -70,7 +70,7 @@ KIND_NAMES = ("FW", "BW", "COMM", "QUEUE", "UPDATE", "IO", "VIRTUAL", "OTHER")
 KIND_CODE = {k: i for i, k in enumerate(KIND_NAMES)}
 # a compute node's phase: what the compute passes scale ("backward" is backward compute; DDP's per-bucket
 # enqueue cost and re-computed forward are phases of their own)
-PHASES = ("", "forward", "loss", "backward", "recompute", "enqueue", "finalize", "update", "tail")
+PHASES = ("", "forward", "loss", "backward", "recompute", "enqueue", "finalize", "update", "tail", "accumulate")
 PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
 
 

@@ -48,7 +48,8 @@ def local_dfg(g: GraphBuilder, r: int, t: RankTemplate, profile: Optional[OpProf
     def phase(name: str, kind: str, which: str, duration: float, a: float = 0.0, b: float = 1.0) -> list[int]:
         return phase_nodes(g, r, dev, name, kind, profile, which, a, b, duration, detail)
 
-    chain = phase(f"r{r}.forward", "FW", "forward", t.forward_us)
+    chain = phase(f"r{r}.accumulate", "FW", "accumulate", t.accumulate_us) if t.accumulate_us > 0 else []
+    chain += phase(f"r{r}.forward", "FW", "forward", t.forward_us)
     chain += phase(f"r{r}.loss", "FW", "loss", t.loss_us)
     ins: dict[tuple[str, int], int] = {}
     if measured:

@@ -42,8 +42,13 @@ def scale_compute(graph: ReplayGraph, forward: float, backward: float) -> Replay
     if forward == 1.0 and backward == 1.0:
         return graph
     factor = np.ones(graph.size)
-    factor[np.isin(graph.phases, [PHASE_CODE["forward"], PHASE_CODE["recompute"]])] = forward
-    factor[graph.phases == PHASE_CODE["backward"]] = backward
+    forwards = np.isin(graph.phases, [PHASE_CODE["forward"], PHASE_CODE["recompute"]])
+    backwards = graph.phases == PHASE_CODE["backward"]
+    factor[forwards] = forward
+    factor[backwards] = backward
+    # micro-batches accumulated before the forward (DDP's no_sync): forwards and backwards in the graph's own mix
+    f, b = float(graph.durations[forwards].sum()), float(graph.durations[backwards].sum())
+    factor[graph.phases == PHASE_CODE["accumulate"]] = (f * forward + b * backward) / (f + b) if f + b > 0 else 1.0
     return replace(graph, durations=graph.durations * factor)
 
 

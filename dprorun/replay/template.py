@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 
 from dprorun.fsutil import UnanswerableError
-from dprorun.graph.local import OpProfile
+from dprorun.graph.local import OpProfile, phase_spans
 from dprorun.stats import median
 from dprorun.trace.model import OpKind, RankTrace, RunTrace
 
@@ -36,6 +36,7 @@ class RankTemplate:
     iterations_used: int
     measured_iteration_us: float
     finalize_us: float = 0.0  # DDP's finalize after the last bucket (copying results into .grad)
+    accumulate_us: float = 0.0  # micro-batches before the forward (gradient accumulation, DDP's no_sync)
 
 
 @dataclass
@@ -183,7 +184,7 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
         spans = slot["spans"]
         if not all(k in spans for k in (OpKind.FW, OpKind.BW, OpKind.UPDATE)):
             continue
-        fw, bw, up = spans[OpKind.FW][0], spans[OpKind.BW][0], spans[OpKind.UPDATE][-1]
+        first, fw, bw, up = phase_spans(spans)
         comm = sorted(slot["comm"].items(), key=lambda kv: kv[1]["enqueue"])
         cuts = [bw.start_us] + [min(max(c["enqueue"], bw.start_us), bw.end_us) for _, c in comm] + [bw.end_us]
         last_done = max([c["done"] for _, c in comm], default=bw.end_us)
@@ -194,7 +195,8 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             segments[k] -= cut
             removed += cut
         samples[i] = RankTemplate(
-            rank=trace.rank, forward_us=fw.dur_us, loss_us=max(0.0, bw.start_us - fw.end_us),
+            rank=trace.rank, accumulate_us=fw.start_us - first.start_us, forward_us=fw.dur_us,
+            loss_us=max(0.0, bw.start_us - fw.end_us),
             backward_segments_us=segments, bucket_ready_order=[k for k, _ in comm],
             update_us=up.dur_us, tail_us=max(0.0, ends[i] - up.end_us), enqueue_cost_us=enqueue_cost - hook_overhead,
             backward_us=bw.dur_us - removed, iterations_used=1, measured_iteration_us=ends[i] - starts[i],
@@ -216,7 +218,8 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
     def med(attr: str) -> float:
         return median([getattr(t, attr) for t in values], 0.0)
 
-    template = RankTemplate(rank=trace.rank, forward_us=med("forward_us"), loss_us=med("loss_us"),
+    template = RankTemplate(rank=trace.rank, accumulate_us=med("accumulate_us"), forward_us=med("forward_us"),
+                            loss_us=med("loss_us"),
                             backward_segments_us=[float(x) for x in np.median(np.array(same), axis=0)],
                             bucket_ready_order=list(order), update_us=med("update_us"), tail_us=med("tail_us"),
                             enqueue_cost_us=enqueue_cost - hook_overhead, backward_us=med("backward_us"),
