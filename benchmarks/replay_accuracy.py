@@ -9,6 +9,10 @@ Networks: loopback, and a 1 Gbit/s tbf-shaped loopback inside a fresh network na
 (scripts/with-netns-1gbit; needs root, skipped otherwise).
 
 usage: python benchmarks/replay_accuracy.py [--examples ...] [--buckets 1,25] [--nets loopback,1gbit]
+       [--script-args "--accumulate 2"] [--compare-with DIR]
+--script-args go to every launch of the examples (torchrun's and dprorun's); --compare-with DIR also replays each
+profiled run with the dprorun of another checkout (its column: the "other" error against the same run's clean
+iterations).
 """
 from __future__ import annotations
 
@@ -30,10 +34,10 @@ def wrap(net: str, cmd: list[str]) -> list[str]:
     return [NETNS, "--"] + cmd if net == "1gbit" else cmd
 
 
-def measured_ms(example: str, bucket_mb: float, net: str, steps: int) -> float:
+def measured_ms(example: str, bucket_mb: float, net: str, steps: int, script_args: tuple[str, ...] = ()) -> float:
     cmd = wrap(net, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                      os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps),
-                     "--bucket-mb", str(bucket_mb)])
+                     "--bucket-mb", str(bucket_mb), *script_args])
     for attempt in (1, 2):  # a plain torchrun launch on this VM fails now and then (rendezvous); retry once
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900,
                              env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
@@ -44,7 +48,8 @@ def measured_ms(example: str, bucket_mb: float, net: str, steps: int) -> float:
     raise SystemExit("torchrun failed twice")
 
 
-def profiled(example: str, bucket_mb: float, net: str, steps: int, whatifs: list[list[str]]) -> list[dict]:
+def profiled(example: str, bucket_mb: float, net: str, steps: int, whatifs: list[list[str]],
+             script_args: tuple[str, ...] = (), compare_with: str | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
         # the window covers the same part of the run as the torchrun measurement (its second half): on this VM
@@ -54,7 +59,7 @@ def profiled(example: str, bucket_mb: float, net: str, steps: int, whatifs: list
         cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "-np", "2", "--run-dir", run_dir, "-q",
                          "--warmup", str(warmup), "--active", str(active), "--kineto-iters", "3", "--clean", str(clean),
                          "python", os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps),
-                         "--bucket-mb", str(bucket_mb)])
+                         "--bucket-mb", str(bucket_mb), *script_args])
         subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO, timeout=900,
                        env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
         with open(os.path.join(run_dir, "summary.json")) as handle:
@@ -65,6 +70,10 @@ def profiled(example: str, bucket_mb: float, net: str, steps: int, whatifs: list
                                  capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
             doc = json.loads(res.stdout)
             doc["clean_ms"] = clean_ms
+            if compare_with and not extra:  # the same run replayed by another checkout's dprorun
+                other = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json"],
+                                       capture_output=True, text=True, check=True, cwd=compare_with, timeout=600)
+                doc["other_ms"] = json.loads(other.stdout)["predicted_iteration_time_ms"]
             out.append(doc)
         return out
 
@@ -75,10 +84,13 @@ def main() -> None:
     parser.add_argument("--buckets", default="1,25")
     parser.add_argument("--nets", default="loopback,1gbit")
     parser.add_argument("--reps", type=int, default=3, help="interleaved measured/profiled pairs per config")
+    parser.add_argument("--script-args", default="", help="extra arguments of every example launch")
+    parser.add_argument("--compare-with", help="a checkout of another dprorun: its replay of the same runs too")
     parser.add_argument("--steps-scale", type=float, default=1.0,
                         help="multiply every example's step count (longer runs: more iterations per median)")
     args = parser.parse_args()
     nets = args.nets.split(",")
+    script_args = tuple(args.script_args.split())
     if "1gbit" in nets and os.geteuid() != 0:
         print("note: not root, the 1 Gbit network namespace is skipped")
         nets = [n for n in nets if n != "1gbit"]
@@ -89,11 +101,14 @@ def main() -> None:
         for bucket in (float(b) for b in args.buckets.split(",")):
             for net in nets:
                 steps = int(STEPS.get(example, 40) * args.steps_scale)
-                truths, preds, dds, cleans = [], [], [], []
+                truths, preds, dds, cleans, others = [], [], [], [], []
                 for _ in range(args.reps):
-                    truths.append(measured_ms(example, bucket, net, steps))
-                    dpro, daydream = profiled(example, bucket, net, steps, [[], ["--baseline", "daydream"]])
+                    truths.append(measured_ms(example, bucket, net, steps, script_args))
+                    dpro, daydream = profiled(example, bucket, net, steps, [[], ["--baseline", "daydream"]],
+                                              script_args, args.compare_with)
                     preds.append(dpro["predicted_iteration_time_ms"])
+                    if "other_ms" in dpro:
+                        others.append(dpro["other_ms"])
                     dds.append(daydream["predicted_iteration_time_ms"])
                     cleans.append(dpro["clean_ms"])
                 truth, pred, dd = statistics.median(truths), statistics.median(preds), statistics.median(dds)
@@ -106,8 +121,11 @@ def main() -> None:
                 dd_errors.append(abs(dd_err))
                 # spread: how far apart this row's torchrun launches were (max - min, % of their median)
                 spread = 100 * (max(truths) - min(truths)) / truth
+                other = (f" other {statistics.median(others):8.2f} "
+                         f"{100 * (statistics.median(others) / clean - 1):+6.1f}% vs clean" if others else "")
                 print(f"{example:18} {bucket:6g} {net:8} {truth:9.2f} {pred:8.2f} {err:+6.1f}% {clean:8.2f} "
-                      f"{clean_err:+6.1f}% {dd:9.2f} {dd_err:+6.1f}% {dd_clean_err:+8.1f}% {spread:6.1f}%", flush=True)
+                      f"{clean_err:+6.1f}% {dd:9.2f} {dd_err:+6.1f}% {dd_clean_err:+8.1f}% {spread:6.1f}%{other}",
+                      flush=True)
     print(f"vs torchrun runs: dPRO |error| median {statistics.median(errors):.1f} %, max {max(errors):.1f} %; "
           f"Daydream median {statistics.median(dd_errors):.1f} %, max {max(dd_errors):.1f} %")
     print(f"vs the same run's unprofiled iterations: dPRO |error| median {statistics.median(clean_errors):.1f} %, "
