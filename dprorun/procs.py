@@ -135,7 +135,12 @@ def error_message(failure) -> str:
     text = str(message or "").strip()
     if not text or text.startswith("To enable traceback") or text == "<N/A>":
         return ""
-    return text.splitlines()[0][:300]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines[0].endswith("Traceback (most recent call last):") and len(lines) > 1:
+        # an error raised in C++ with that library's own traceback in its message (MXNetError): the last line
+        # says what failed
+        return lines[-1][:300]
+    return lines[0][:300]
 
 
 CXX_TERMINATE = "terminate called without an active exception"

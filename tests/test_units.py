@@ -281,3 +281,21 @@ def test_torch_threads_beyond_the_ranks_cores_are_named(budget, warned):
     assert bool(message) == warned
     if warned:
         assert f"{budget['compute_threads']} threads" in message and "OMP_NUM_THREADS" in message
+
+
+def test_a_failure_message_is_its_first_line_or_the_last_of_a_cpp_traceback():
+    """What the launcher prints after 'exited with code 1:': the error's first line, or, for an error raised in C++
+    whose message holds that library's traceback (MXNet 1.9.1's 'Compression not supported with PushPull', raised
+    by a Gluon Trainer with gradient compression on a dist kvstore), its last line."""
+    from types import SimpleNamespace
+
+    from dprorun.procs import error_message
+
+    mxnet = ("MXNetError: Traceback (most recent call last):\n  File \"../src/kvstore/./kvstore_dist.h\", line 262\n"
+             "MXNetError: Check failed: gradient_compression_->get_type() == CompressionType: :kNone: Compression "
+             "not supported with PushPull\n")
+    said = error_message(SimpleNamespace(message={"message": mxnet}))
+    assert said.startswith("MXNetError: Check failed") and said.endswith("Compression not supported with PushPull")
+    plain = error_message(SimpleNamespace(message="RuntimeError: injected failure\nmore"))
+    assert plain == "RuntimeError: injected failure"
+    assert error_message(SimpleNamespace(message={"message": "<N/A>"})) == ""
