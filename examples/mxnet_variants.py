@@ -1,7 +1,7 @@
 """Gluon on MXNet's kvstore in the shapes a parameter-server job takes besides the default: the optimizer on the
 workers (`update_on_kvstore=False`: the servers only sum the gradients), frozen layers (`grad_req='null'`: their keys
-are never pushed), an embedding table (a large dense key), and the kvstore's asynchronous mode (`--kvstore
-dist_async`). Run it with `dprorun --backend mxnet -np 2 --servers 2 python examples/mxnet_variants.py --freeze`
+are never pushed), an embedding table (a large dense key), the kvstore's asynchronous mode (`--kvstore
+dist_async`), and a step split for gradient clipping (`--clip`: allreduce_grads, clip_global_norm, update). Run it with `dprorun --backend mxnet -np 2 --servers 2 python examples/mxnet_variants.py --freeze`
 (or launched plainly with MXNet's DMLC_* variables). Worker 0 prints the median iteration time of the second half.
 """
 import argparse
@@ -28,7 +28,11 @@ def main() -> None:
     parser.add_argument("--embedding", action="store_true", help="an embedding table in front of the dense layers")
     parser.add_argument("--freeze", action="store_true", help="the first dense layer frozen (grad_req='null')")
     parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--clip", type=float, default=0.0,
+                        help="clip the global gradient norm to this (a split step: the optimizer on the workers)")
     args = parser.parse_args()
+    if args.clip > 0:
+        args.update_on_kvstore = 0  # MXNet refuses allreduce_grads with the optimizer on the servers
 
     kv = mx.kv.create(args.kvstore)
     mx.random.seed(kv.rank)
@@ -53,7 +57,13 @@ def main() -> None:
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
-        trainer.step(64)
+        if args.clip > 0:
+            trainer.allreduce_grads()
+            grads = [p.grad() for p in net.collect_params().values() if p.grad_req != "null"]
+            gluon.utils.clip_global_norm(grads, args.clip * 64)
+            trainer.update(64)
+        else:
+            trainer.step(64)
         loss.wait_to_read()
         times.append(time.perf_counter() - started)
     nd.waitall()

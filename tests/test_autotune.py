@@ -20,15 +20,17 @@ def _phases(run_dir) -> dict:
 
 
 def test_strategy_file_is_applied_by_the_hooks(mlp_run, tmp_path):
-    """Groups of the real model's parameters in gradient-ready order become DDP's buckets (per-bucket caps), and
-    one bucket's all-reduce runs in 3 pieces through the comm hook; training runs to the end."""
+    """Groups of the real model's parameters in gradient-ready order become DDP's buckets (per-bucket caps), one
+    bucket's all-reduce runs in 3 pieces through the comm hook, a submodule is torch.compile'd and the model runs
+    under bf16 autocast; training runs to the end."""
     run = load_run(str(mlp_run[0]))
     trace = run.ranks[0]
     ready = sorted({name for _, name, _ in trace.grad_ready},
                    key=lambda n: min(t for _, m, t in trace.grad_ready if m == n))
     groups = [ready[:10], ready[10:30], ready[30:]]
     path = tmp_path / "strategy.json"
-    save_strategy(Strategy(buckets=groups, partitions={"bucket1": 3}), str(path))
+    save_strategy(Strategy(buckets=groups, partitions={"bucket1": 3}, compiled_modules=["2"], precision="bf16"),
+                  str(path))
     run_dir = tmp_path / "run"
     proc, _ = run_dprorun(["-np", "2", "-q", "--strategy", str(path), *WINDOW, "python", MLP, "--steps", "14"],
                           run_dir)
@@ -37,15 +39,16 @@ def test_strategy_file_is_applied_by_the_hooks(mlp_run, tmp_path):
     events = json.load(open(run_dir / "rank_0" / "events.json"))
     applied = events["strategy"]["applied"]
     assert len(applied["bucket_cap_mb_list"]) == 3 and applied["partitions"] == {"bucket1": 3}
+    assert applied["compiled_modules"] == ["2"] and applied["precision"] == "bf16 autocast on cpu"
     buckets = load_run(str(run_dir)).ranks[0].buckets
     assert sorted(len(b.params) for b in buckets) == sorted(len(g) for g in groups)
     assert {frozenset(b.params) for b in buckets} == {frozenset(g) for g in groups}
 
 
-def test_compute_variants_are_measured_and_compile_and_bf16_are_applied(tmp_path):
+def test_compute_variants_are_measured(tmp_path):
     """--measure-variants: rank 0 times the real model eager / torch.compile / bf16 after the window (training
-    then continues to the end with its state restored); a strategy with compiled_modules and bf16 reaches the
-    model through the hooks."""
+    then continues to the end with its state restored). (A strategy's compiled_modules and bf16 reach the model
+    through the hooks: test_strategy_file_is_applied_by_the_hooks.)"""
     run_dir = tmp_path / "measured"
     proc, _ = run_dprorun(["-np", "2", "-q", "--measure-variants", *WINDOW, "python", MLP, "--steps", "14"],
                           run_dir, timeout=400)
@@ -61,15 +64,6 @@ def test_compute_variants_are_measured_and_compile_and_bf16_are_applied(tmp_path
     from dprorun.replay.build import build_job_model
 
     assert build_job_model(model).compute_scales("eager") == (1.0, 1.0)
-
-    path = tmp_path / "strategy.json"
-    save_strategy(Strategy(compiled_modules=["2"], precision="bf16"), str(path))
-    run_dir = tmp_path / "applied"
-    proc, _ = run_dprorun(["-np", "2", "-q", "--strategy", str(path), *WINDOW, "python", MLP, "--steps", "14"],
-                          run_dir, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    applied = json.load(open(run_dir / "rank_0" / "events.json"))["strategy"]["applied"]
-    assert applied["compiled_modules"] == ["2"] and applied["precision"] == "bf16 autocast on cpu"
 
 
 def test_a_second_trial_drops_only_the_compute_passes(mlp_run):

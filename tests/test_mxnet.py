@@ -239,13 +239,16 @@ def test_the_timeline_shows_push_update_pull_per_key(ps_run, tmp_path):
 def test_the_optimizer_on_the_workers_prices_the_servers_sums_from_the_workers_probe(tmp_path):
     """update_on_kvstore=False: the servers only sum the pushes (no updater reaches their hooks, so they time and
     probe nothing); the workers probe the same engine at the end of the window and the model prices the servers'
-    merging and storing from it, with a note, instead of as nothing."""
+    merging and storing from it, with a note, instead of as nothing. The script splits its step to clip gradients
+    (Trainer.allreduce_grads, clip_global_norm, Trainer.update): each allreduce_grads starts an iteration (before
+    that was patched the job read as push/pull cycles, placement unknown, the servers' sums unpriced)."""
     run_dir = tmp_path / "workers_update"
     proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", *WINDOW, "python",
                            os.path.join(EXAMPLES, "mxnet_variants.py"), "--steps", "24", "--update-on-kvstore", "0",
-                           "--freeze"], run_dir, timeout=300)
+                           "--freeze", "--clip", "1"], run_dir, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tracker = json.loads((run_dir / "rank_0" / "events.json").read_text())["trackers"][0]
+    assert tracker["iterations"] == "Trainer.step / allreduce_grads / Module.update"
     assert tracker["update_on_kvstore"] is False
     # three dense layers, the first frozen (its weight and bias never pushed); the 1 MB weight of the second probed
     assert len(tracker["keys"]) == 4 and [row[0] for row in tracker["engine_probe"]] == [512 * 512 * 4]
@@ -276,24 +279,6 @@ def test_a_script_that_ends_without_waitall_exits_and_batchnorm_statistics_are_n
     # 2 convolutions, 2 BatchNorms (gamma and beta only), the dense head: weight and bias each
     assert len(tracker["keys"]) == 10 and len(events["iteration_starts_us"]) == 24
     assert "predicted iteration time:" in proc.stdout
-
-
-@needs_mxnet
-def test_a_step_split_for_gradient_clipping_is_an_iteration(tmp_path):
-    """Trainer.allreduce_grads, clip_global_norm, Trainer.update (the optimizer on the workers): each
-    allreduce_grads starts an iteration, so the job's optimizer placement is read and the workers probe the engine
-    that prices the servers' sums (without the patch: push/pull cycles, placement unknown, sums unpriced)."""
-    run_dir = tmp_path / "clip"
-    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", "--warmup", "3", "--active", "8",
-                           "--kineto-iters", "4", "--clean", "4", "python",
-                           os.path.join(EXAMPLES, "mxnet_batchnorm_clip.py"), "--model", "lstm", "--clip", "1",
-                           "--steps", "18"], run_dir, timeout=150)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    tracker = json.loads((run_dir / "rank_0" / "events.json").read_text())["trackers"][0]
-    assert tracker["iterations"] == "Trainer.step / allreduce_grads / Module.update"
-    assert tracker["update_on_kvstore"] is False and tracker["engine_probe"]
-    notes = json.loads((run_dir / "summary.json").read_text())["as_run"]["notes"]
-    assert not [n for n in notes if "older dprorun" in n or "not priced" in n], notes
 
 
 @needs_mxnet
