@@ -801,6 +801,12 @@ def test_the_hosts_cpu_is_read_over_the_clean_iterations_where_every_role_covers
     assert host.worker_cores == pytest.approx(0.5) and host.server_cores == pytest.approx(0.2)
     assert host.cpu_ms_per_iteration == pytest.approx(7.0) and host.to_json()["span"] == "clean"
     assert host.describe().endswith("over the clean iterations)")
+    # a busy host's note names the span it was read over, once (it said "the window's" after the clean one)
+    from dprorun.replay.ps_model import _host_notes
+
+    [busy] = read_host_cpu({0: _cpu_worker("a", 0.018)}, {}, {}, ["a"], [0], [0])
+    [note] = _host_notes(replace(_model(), host_cpu=[busy]), ["a"])
+    assert note.count("over the") == 1 and "over the window's iterations without the profiler)" in note
     # a server whose marks end with the window (it wrote its file then and not at exit): the window's iterations
     early = {"cpu_marks": [m for m in server["cpu_marks"] if m[0] < t] + [[1e9 + 150_000.0, 1.3]]}
     [host] = read_host_cpu({0: worker}, {0: clean}, {0: early}, ["a"], [0], [0])

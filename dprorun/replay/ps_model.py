@@ -129,8 +129,8 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
 
 def _host_notes(model: PSModel, hosts: list[str]) -> list[str]:
     """What the roles' hosts mean for the figures: a host whose CPU held the job back, the roles across hosts."""
-    notes = [f"the CPU held the job back on {h.describe()} over the window's iterations without the profiler: "
-             "each role's work is replayed at the time it took there, the waits for the CPU included"
+    notes = [f"the CPU held the job back on {h.describe()}: each role's work is replayed at the time it took "
+             "there, the waits for the CPU included"
              for h in busy_hosts(model.host_cpu)]
     if len(hosts) > 1:
         notes.append(f"the roles ran on {len(hosts)} hosts ({', '.join(hosts)}): every transfer is priced on one "
