@@ -1,0 +1,95 @@
+"""How often a rank of a short 4-rank DDP job aborts: under dprorun, under dprorun --no-comm-hook, under plain
+torchrun, and a plain-torchrun job that starts and stops torch.profiler every 3 iterations.
+
+The job is tests/test_align_graph.py's SHORT_SCRIPT (4 Linear layers, 11 steps, the process group torn down at the
+end) with that test's window. Rounds alternate the launchers; each launch's outcome is its exit code and, for a
+rank killed by a signal, the line its log holds ("malloc(): ... corrupted", "terminate called without an active
+exception").
+
+    python benchmarks/abort_rate.py --reps 12 [--launchers dprorun,no-comm-hook,torchrun,profiler-stress]
+
+Last line: `aborted: dprorun A of N, no-comm-hook B of N, torchrun C of N, profiler-stress D of N`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from test_align_graph import SHORT_SCRIPT  # noqa: E402
+
+STRESS_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from torch.profiler import profile, ProfilerActivity
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+prof = None
+for step in range(150):
+    if step % 3 == 0:  # at a forward's start, as dprorun's hooks stop it
+        if prof is not None:
+            prof.stop()
+            prof = None
+        else:
+            prof = profile(activities=[ProfilerActivity.CPU])
+            prof.start()
+    opt.zero_grad()
+    model(torch.randn(32, 256)).sum().backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+WINDOW = ["--warmup", "3", "--active", "5", "--kineto-iters", "2", "--clean", "3", "-q"]
+CAUSES = ("malloc(): [^\n]*", "terminate called without an active exception", "double free[^\n]*",
+          "Segmentation fault")
+
+
+def launch(launcher: str, tmp: str, index: int) -> tuple[int, str]:
+    short, stress = os.path.join(tmp, "short.py"), os.path.join(tmp, "stress.py")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    env = dict(os.environ, DPRO_REPORT="0")
+    if launcher in ("dprorun", "no-comm-hook"):
+        env.update(DPRO_TEST_HOSTS="h0,h1,h2,h3", DPRO_TEST_CLOCK_SKEW_US="0,5000,-3000,1200")
+        cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, f"{launcher}-{index}"), "-np", "4",
+               *(["--no-comm-hook"] if launcher == "no-comm-hook" else []), *WINDOW, "python", short, "11",
+               "teardown"]
+    elif launcher == "torchrun":
+        cmd = torchrun + [short, "11", "teardown"]
+    else:
+        cmd = torchrun + [stress]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=240)
+    except subprocess.TimeoutExpired:
+        return 124, "timed out"
+    text = out.stdout + out.stderr
+    found = [m.group(0) for cause in CAUSES for m in [re.search(cause, text)] if m]
+    return out.returncode, found[0] if found else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=12)
+    parser.add_argument("--launchers", default="dprorun,no-comm-hook,torchrun,profiler-stress")
+    args = parser.parse_args()
+    launchers = args.launchers.split(",")
+    aborted = {name: 0 for name in launchers}
+    print("| round | launcher | exit code | what the logs say |\n|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "short.py"), "w") as handle:
+            handle.write(SHORT_SCRIPT)
+        with open(os.path.join(tmp, "stress.py"), "w") as handle:
+            handle.write(STRESS_SCRIPT)
+        for rep in range(args.reps):
+            for name in launchers if rep % 2 == 0 else reversed(launchers):
+                code, cause = launch(name, tmp, rep)
+                aborted[name] += code != 0
+                print(f"| {rep} | {name} | {code} | {cause} |", flush=True)
+    print("aborted: " + ", ".join(f"{name} {aborted[name]} of {args.reps}" for name in launchers))
+
+
+if __name__ == "__main__":
+    main()
