@@ -1,8 +1,9 @@
 """Gluon on MXNet's kvstore in the shapes a parameter-server job takes besides the default: the optimizer on the
 workers (`update_on_kvstore=False`: the servers only sum the gradients), frozen layers (`grad_req='null'`: their keys
 are never pushed), an embedding table (a large dense key), the kvstore's asynchronous mode (`--kvstore
-dist_async`), and a step split for gradient clipping (`--clip`: allreduce_grads, clip_global_norm, update). Run it with `dprorun --backend mxnet -np 2 --servers 2 python examples/mxnet_variants.py --freeze`
-(or launched plainly with MXNet's DMLC_* variables). Worker 0 prints the median iteration time of the second half.
+dist_async`), and a step split for gradient clipping (`--clip`: allreduce_grads, clip_global_norm, update). Run it
+with `dprorun --backend mxnet -np 2 --servers 2 python examples/mxnet_variants.py --freeze` (or launched plainly
+with MXNet's DMLC_* variables). Worker 0 prints the median iteration time of the second half.
 """
 import argparse
 import statistics

@@ -248,8 +248,8 @@ def drain_engine_at_exit() -> None:
     """The worker's pending engine operations (the last step's pushes and pulls) finish before MXNet's exit handler
     shuts its engine down. A script that ends without mx.nd.waitall() otherwise hangs at exit now and then, under
     plain MXNet too: one worker waits in the shutdown's WaitForAll for an operation that never completes while the
-    other waits for it at the kvstore's closing barrier (2 of 3 launches of a conv net with BatchNorm, 24 steps;
-    none in 6 with the waitall; benchmarks/RESULTS.md, MXNet exit)."""
+    other waits for it at the kvstore's closing barrier (examples/mxnet_batchnorm_clip.py: 3 of 3 plain launches
+    hung, 0 of 3 under the hooks; benchmarks/mxnet_exit.py)."""
     import mxnet as mx
 
     try:
