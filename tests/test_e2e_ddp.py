@@ -100,9 +100,13 @@ def test_failing_rank_stops_group_is_named_and_traces_kept(tmp_path):
 
 
 def test_examples_run_unchanged_under_plain_torchrun():
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          os.path.join(EXAMPLES, "transformer_small.py"), "--steps", "3"],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    """One relaunch is allowed for torch 2.13's gloo abort at exit (SIGABRT after the script printed its result,
+    no dprorun involved: 1 of 3 clean-clone CI runs of 2026-12-03 hit it here), never for anything else."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(EXAMPLES, "transformer_small.py"), "--steps", "3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    if out.returncode != 0 and "median iteration time" in out.stdout and "SIGABRT" in out.stderr:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "median iteration time" in out.stdout
 
