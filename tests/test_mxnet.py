@@ -99,7 +99,7 @@ def test_ps_replay_and_what_ifs(ps_run, tmp_path):
     # the job as it ran replays to its own iterations without the profiler (compute scaled to the clean ones); the
     # replay is a discrete schedule, a step function of the compute factor: where a transfer's order flips at the
     # factor that would fit, the nearest one is off (2026-12-03 clean-clone CI: 36.87 ms against 36.10, +2.1 %, at
-    # x0.16 with the bisection settled)
+    # a compute factor of x0.16)
     reference = as_run.clean_ms if model.reference == "clean" else as_run.window_ms
     context = (as_run.iteration_ms, reference, model.reference, model.compute_scale, model.link_level)
     assert as_run.iteration_ms == pytest.approx(reference, rel=0.03), context
