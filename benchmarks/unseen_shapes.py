@@ -1,0 +1,76 @@
+"""Training scripts of shapes no example has (benchmarks/shapes/), each run once under dprorun: what the job-end
+self-check says of the replay of the job as it ran against the run's own clean iterations.
+
+Shapes: DDP with gradient accumulation (no_sync), find_unused_parameters with a branch used every other step,
+static_graph, gradient_as_bucket_view with bf16 autocast, a GAN (two DDP models), activation checkpointing,
+ZeroRedundancyOptimizer, a loss all-reduced for logging each step (with and without DataLoader workers); Horovod
+with backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs. Frameworks that are not installed are
+skipped with a line saying so.
+
+    python benchmarks/unseen_shapes.py [--only NAME,...]
+
+Last line: `self-check: A of N agree`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAPES = os.path.join(REPO, "benchmarks", "shapes")
+# name: (dprorun options, script, script arguments, module the job needs)
+JOBS = {
+    "ddp-accumulate-2": ([], "ddp_shapes.py", ["--accum", "2"], "torch"),
+    "ddp-unused-branch": ([], "ddp_shapes.py", ["--unused"], "torch"),
+    "ddp-static-graph": ([], "ddp_shapes.py", ["--static"], "torch"),
+    "ddp-bucket-view-bf16": ([], "ddp_shapes.py", ["--bucket-view", "--amp"], "torch"),
+    "ddp-gan": ([], "ddp_more.py", ["--gan"], "torch"),
+    "ddp-checkpointing": ([], "ddp_more.py", ["--ckpt"], "torch"),
+    "ddp-zero": ([], "ddp_more.py", ["--zero"], "torch"),
+    "ddp-logged-loss": ([], "ddp_metric.py", [], "torch"),
+    "ddp-logged-loss-loader-workers": ([], "ddp_metric.py", ["--workers", "2"], "torch"),
+    "horovod-accumulate-2": (["--backend", "horovod"], "hvd_accum.py", [], "horovod"),
+    "tf-keras-gru-fit": (["--backend", "tf"], "tf_gru_fit.py", [], "tensorflow"),
+}
+CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
+                   r"iterations \(([0-9.]+) ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated job names")
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(JOBS)
+    agree = checked = 0
+    print("| job | replay ms | clean ms | difference | self-check |\n|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            options, script, script_args, needs = JOBS[name]
+            if importlib.util.find_spec(needs) is None:
+                print(f"| {name} | - | - | - | skipped: {needs} is not installed |", flush=True)
+                continue
+            cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, name), *options, "-np", "2",
+                   "python", os.path.join(SHAPES, script), "--steps", str(args.steps), *script_args]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600,
+                                 env=dict(os.environ, DPRO_REPORT="0"))
+            found = CHECK.search(out.stdout + out.stderr)
+            if out.returncode != 0 or not found:
+                print(f"| {name} | - | - | - | exit {out.returncode}, no self-check |", flush=True)
+                checked += 1
+                continue
+            replay, verdict, clean = float(found.group(1)), found.group(2), float(found.group(3))
+            checked += 1
+            agree += verdict == "agrees with"
+            print(f"| {name} | {replay:.2f} | {clean:.2f} | {100 * (replay / clean - 1):+.1f} % | "
+                  f"{'agrees' if verdict == 'agrees with' else 'differs (warned)'} |", flush=True)
+    print(f"self-check: {agree} of {checked} agree")
+
+
+if __name__ == "__main__":
+    main()
