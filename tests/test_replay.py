@@ -11,7 +11,7 @@ from conftest import REPO
 from dprorun.replay.engine import GraphBuilder, critical_path_report, replay
 from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate, ddp_buckets, fit_comm_model
 from dprorun.replay.whatif import WhatIf
-from dprorun.replay.predict import predict
+from dprorun.replay.predict import predict, self_check
 from dprorun.trace.rundir import load_run
 
 
@@ -192,6 +192,23 @@ def _toy_model(world=2, transmit_us=4000.0) -> JobModel:
                BucketInfo("bucket1", 4 << 20, [f"p{k}" for k in range(4, 8)], transmit_us)]
     comm = CommModel(alpha_us=50.0, bandwidth_bytes_per_us=(4 << 20) / (transmit_us - 100.0), source="toy")
     return JobModel(world, {0: template, 1: template}, buckets, params, fractions, comm, 4.0, channels=1)
+
+
+def test_self_check_does_not_widen_its_tolerance_by_the_replays_own_spread():
+    """A replay 25 % off the clean iterations agrees with nothing, however widely its own iterations spread:
+    within that spread it is "uncertain" and warned with the difference; beyond it, "disagrees"."""
+    class Model:
+        clean_iterations_us = [100_000 + 500 * (k % 3) for k in range(12)]
+        window_iterations_us = [125_000] * 5
+
+    steady = self_check(Model, [101_000] * 8)
+    assert steady["status"] == "agrees" and "+0.5 %" in steady["message"] and steady["tolerance_ms"] == 2.01
+    settling = self_check(Model, [90_000, 110_000, 125_000, 125_000, 140_000, 160_000])
+    assert settling["status"] == "uncertain" and settling["difference_pct"] == 24.38
+    assert settling["message"].startswith("warning:") and "+24.4 %" in settling["message"]
+    assert "uncertain by about ±20 %" in settling["message"] and "--warmup" in settling["message"]
+    off = self_check(Model, [125_000] * 8)
+    assert off["status"] == "disagrees" and "window's own iterations ran at 125.00 ms" in off["message"]
 
 
 def test_whatif_directions():

@@ -100,7 +100,7 @@ def test_job_end_analysis_and_dpro_report_read_and_align_once(mlp_run, tmp_path,
     assert finalize_run(job, LaunchResult(0, "all ranks finished")) == 0
     assert counts == {"reads": 1, "solves": 1}
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["self_check"]["status"] in ("agrees", "disagrees", "unchecked")
+    assert summary["self_check"]["status"] in ("agrees", "uncertain", "disagrees", "unchecked")
     assert "uncertainty_us" in summary["alignment"]
     counts.update(reads=0, solves=0)
     assert dpro(["report", str(run_dir), "--json"]) == 0

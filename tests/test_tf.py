@@ -90,7 +90,7 @@ def test_replay_what_if_and_report_of_a_tf_run(tf_run, tmp_path):
     out = _dpro("replay", run_dir, "--json", "--exec-graph", tmp_path / "exec.json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["predicted_iteration_time_ms"] > 0 and doc["self_check"]["status"] in ("agrees", "disagrees")
+    assert doc["predicted_iteration_time_ms"] > 0 and doc["self_check"]["status"] in ("agrees", "uncertain", "disagrees")
     # the critical path names TF ops with their scopes (the whole path: which ops rank top varies between runs; in
     # one clean-clone run an SGD update op of a step fell into the next step's forward and ranked first)
     executed = json.loads((tmp_path / "exec.json").read_text())
