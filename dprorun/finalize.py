@@ -98,12 +98,13 @@ def _write_report(analysis: RunAnalysis) -> None:
 def _horovod_timeline(job: JobConfig) -> Optional[dict]:
     """Horovod jobs: the coordinator's timeline, read into the trace model and summarised per step."""
     from dprorun.fsutil import TraceError
-    from dprorun.launch import HOROVOD_TIMELINE
+    from dprorun.launch import HOROVOD_TIMELINE, horovod_timeline_mode
     from dprorun.trace.horovod import read_horovod_timeline, timeline_summary
 
     path = os.path.join(job.output.run_dir, HOROVOD_TIMELINE)
     if not os.path.exists(path):
-        print(f"dprorun: warning: Horovod wrote no timeline ({path})", file=sys.stderr)
+        if horovod_timeline_mode(job) != "off":  # off: horovod.torch's hooks time each all-reduce themselves
+            print(f"dprorun: warning: Horovod wrote no timeline ({path})", file=sys.stderr)
         return None
     try:
         return timeline_summary(read_horovod_timeline(path))

@@ -71,6 +71,7 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         horovod = horovod_running()
         if horovod:
+            _record_cpu_budget(session)
             try:
                 session.records.calibration = calibrate_horovod(session)
             except Exception as exc:  # the cost model then relies on Horovod's timeline
@@ -84,6 +85,20 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         probe_clocks(session, group)
     except Exception as exc:  # alignment falls back to trace-only evidence
         session.records.warnings.append(f"clock probes failed: {exc}")
+    _record_cpu_budget(session)
+    try:
+        session.records.calibration = calibrate_allreduce(session)
+        session.records.calibration_under_compute = calibrate_under_compute(session)
+    except Exception as exc:  # the cost model then relies on the trace alone
+        session.records.warnings.append(f"all-reduce calibration failed: {exc}")
+    _write_events_keeping_step(session)
+    gather_to_rank0(session, group)
+    session.window_group = group  # released after the clean iterations (exchange_clean_starts)
+
+
+def _record_cpu_budget(session: RankSession) -> None:
+    """The rank's cores and torch's compute threads; a warning (printed by each host's first rank) where the
+    threads clearly outnumber the cores, e.g. several ranks per host without OMP_NUM_THREADS under horovodrun."""
     try:
         session.records.cpu_budget = cpu_budget()
         oversubscribed = oversubscription_warning(session.records.cpu_budget)
@@ -93,14 +108,6 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
                 warn(oversubscribed)
     except Exception as exc:  # informative only
         session.records.warnings.append(f"CPU budget unreadable: {exc}")
-    try:
-        session.records.calibration = calibrate_allreduce(session)
-        session.records.calibration_under_compute = calibrate_under_compute(session)
-    except Exception as exc:  # the cost model then relies on the trace alone
-        session.records.warnings.append(f"all-reduce calibration failed: {exc}")
-    _write_events_keeping_step(session)
-    gather_to_rank0(session, group)
-    session.window_group = group  # released after the clean iterations (exchange_clean_starts)
 
 
 def _finish_tf_window(session: RankSession, timeout_s: float) -> None:
