@@ -1,12 +1,13 @@
 """How often a rank of a short 4-rank DDP job aborts: under dprorun, under dprorun --no-comm-hook, under plain
-torchrun, and a plain-torchrun job that starts and stops torch.profiler every 3 iterations.
+torchrun, and a plain-torchrun job that starts and stops torch.profiler every 3 iterations (profiler-stress), also with a
+Python comm hook like dprorun's (profiler-hook-stress).
 
 The job is tests/test_align_graph.py's SHORT_SCRIPT (4 Linear layers, 11 steps, the process group torn down at the
 end) with that test's window. Rounds alternate the launchers; each launch's outcome is its exit code and, for a
 rank killed by a signal, the line its log holds ("malloc(): ... corrupted", "terminate called without an active
 exception").
 
-    python benchmarks/abort_rate.py --reps 12 [--launchers dprorun,no-comm-hook,torchrun,profiler-stress]
+    python benchmarks/abort_rate.py --reps 12 [--launchers dprorun,no-comm-hook,torchrun,profiler-stress,profiler-hook-stress]
 
 Last line: `aborted: dprorun A of N, no-comm-hook B of N, torchrun C of N, profiler-stress D of N`.
 """
@@ -29,6 +30,11 @@ from torch.profiler import profile, ProfilerActivity
 dist.init_process_group("gloo")
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+if "hook" in sys.argv:  # a Python comm hook as dprorun's: divide, all-reduce, one callback on gloo's thread
+    def hook(group, bucket):
+        tensor = bucket.buffer().div_(dist.get_world_size())
+        return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
+    model.register_comm_hook(None, hook)
 prof = None
 for step in range(150):
     if step % 3 == 0:  # at a forward's start, as dprorun's hooks stop it
@@ -60,7 +66,7 @@ def launch(launcher: str, tmp: str, index: int) -> tuple[int, str]:
     elif launcher == "torchrun":
         cmd = torchrun + [short, "11", "teardown"]
     else:
-        cmd = torchrun + [stress]
+        cmd = torchrun + [stress] + (["hook"] if launcher == "profiler-hook-stress" else [])
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=240)
     except subprocess.TimeoutExpired:
