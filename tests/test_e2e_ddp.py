@@ -214,10 +214,17 @@ def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path, signame):
 
 
 def test_dry_run_stops_after_the_window_and_predicts_a_larger_world(tmp_path):
+    """Also a sparse gradient (the recommender's user table, sparse=True): its bucket holds the rows gloo sends,
+    not the table, and the larger world prices it as a gather."""
     proc, elapsed = run_dprorun(["--dry-run", "-np", "8", "--local-np", "2", "--warmup", "2", "--active", "6",
-                                 "--clean", "0", "--json", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"),
-                                 "--steps", "1000000"], tmp_path / "run", timeout=120)
+                                 "--clean", "0", "--json", "python", os.path.join(EXAMPLES, "embedding_adam.py"),
+                                 "--sparse", "--optimizer", "adagrad", "--steps", "1000000"], tmp_path / "run",
+                                timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    buckets = json.loads((tmp_path / "run" / "rank_0" / "events.json").read_text())["buckets"]
+    sparse = [b for b in buckets if b.get("sparse")]
+    assert [b["params"] for b in sparse] == [["user.weight"]] and sparse[0]["dense_nbytes"] == 50_000 * 64 * 4
+    assert sparse[0]["nbytes"] == 64 * (64 * 4 + 8)  # a batch of 64 rows: values and int64 indices
     doc = json.loads(proc.stdout[proc.stdout.index("{\n"):])
     assert doc["world_size"] == 8 and doc["profiled_world_size"] == 2
     assert doc["predicted_iteration_time_ms"] > 0

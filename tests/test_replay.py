@@ -211,6 +211,30 @@ def test_self_check_does_not_widen_its_tolerance_by_the_replays_own_spread():
     assert off["status"] == "disagrees" and "window's own iterations ran at 125.00 ms" in off["message"]
 
 
+def test_a_sparse_gradient_keeps_a_bucket_of_its_own_and_is_priced_as_a_gather():
+    """DDP gives a sparse gradient a bucket of its own and gloo gathers every rank's indices and values: a
+    re-bucketing keeps it alone, and its modelled time grows with N-1 messages of its bytes (a ring all-reduce's
+    bytes per rank stay near 2S)."""
+    from types import SimpleNamespace
+
+    from dprorun.replay.comm import CommPricing
+    from dprorun.replay.whatif import Sync
+
+    order, sizes = ["a", "emb", "b", "c"], {"a": 600, "emb": 10_000, "b": 600, "c": 600}
+    assert ddp_buckets(order, sizes, 1000) == [["a", "emb"], ["b", "c"]]
+    assert ddp_buckets(order, sizes, 1000, sparse={"emb": 80}) == [["emb"], ["a", "b"], ["c"]]
+    comm = CommModel(alpha_us=10.0, bandwidth_bytes_per_us=100.0, source="test", collective_us=20.0)
+
+    def total_us(world, sparse):
+        pricing = CommPricing(SimpleNamespace(comm=comm), world, False, False, 1.0, 100.0, 10.0)
+        step, _ = pricing.step(Sync("bucket0", 100_000, 1.0, None, sparse=sparse), 1, None)
+        return step * 2 * (world - 1)
+
+    assert total_us(2, True) == pytest.approx(20 + 10 + 1000)
+    assert total_us(8, True) == pytest.approx(20 + 7 * (10 + 1000))
+    assert total_us(8, False) == pytest.approx(20 + 14 * (10 + 100_000 / 8 / 100))
+
+
 def test_whatif_directions():
     model = _toy_model()
     base = predict(model).predicted_iteration_time_ms

@@ -67,12 +67,13 @@ def _renumber_partitions(parts: dict[str, int], mapping: Callable[[int], list[in
 def tensor_fusion(ctx: SearchContext) -> Iterable[Candidate]:
     groups = ctx.strategy.buckets or []
     sizes = [sum(ctx.model.param_bytes[p] for p in g) for g in groups]
+    sparse = ctx.model.sparse_gradients()  # DDP keeps each sparse gradient in a bucket of its own
     for key in ctx.critical_buckets[:3]:
         i = _index(key)
         if i >= len(groups):
             continue
         for j in (i - 1, i):  # merge bucket j with j+1 (saves one synchronisation's latency)
-            if 0 <= j < len(groups) - 1:
+            if 0 <= j < len(groups) - 1 and not any(p in sparse for p in groups[j] + groups[j + 1]):
                 merged = groups[:j] + [groups[j] + groups[j + 1]] + groups[j + 2:]
                 parts = _renumber_partitions(ctx.strategy.partitions,
                                              lambda b, j=j: [b if b <= j else b - 1])
@@ -105,6 +106,8 @@ def tensor_partition(ctx: SearchContext) -> Iterable[Candidate]:
         i = _index(key)
         if i >= len(groups):
             continue
+        if any(p in ctx.model.sparse_gradients() for p in groups[i]):
+            continue  # a sparse gradient is sent as gathered indices and values, in one piece
         nbytes = sum(ctx.model.param_bytes[p] for p in groups[i])
         k_star, _ = best_partitions(ctx.model, nbytes)
         current = ctx.strategy.partitions.get(key, 1)

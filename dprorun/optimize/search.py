@@ -69,7 +69,7 @@ def ddp_grouping(model: JobModel, cap_mb: float) -> list[list[str]]:
     """DDP's buckets for an explicit bucket_cap_mb (the first bucket gets the same cap; only DDP's default
     setting caps the first bucket at 1 MiB)."""
     cap = int(cap_mb * MB)
-    return ddp_buckets(ready_order(model), model.param_bytes, cap)
+    return ddp_buckets(ready_order(model), model.param_bytes, cap, sparse=model.sparse_gradients())
 
 
 def whatif_for(strategy: Strategy, model: Optional[JobModel] = None) -> WhatIf:

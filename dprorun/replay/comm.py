@@ -116,7 +116,7 @@ def join_ranks(g: GraphBuilder, plan: CommPlan, pricing: "CommPricing") -> None:
     """Every collective's topology between its In and Out nodes, appended to g."""
     whatif, model = plan.whatif, plan.model
     for s in plan.syncs:
-        pieces = whatif.pieces(s.key)
+        pieces = 1 if s.sparse else whatif.pieces(s.key)
         for p in range(pieces):
             ins, outs = plan.ins[(s.key, p)], plan.outs[s.key]
             if whatif.baseline == "daydream":
@@ -181,6 +181,10 @@ class CommPricing:
             return measured / steps, 0.0
         nbytes = sync.nbytes / pieces
         model, comm = self.model, self.model.comm
+        if sync.sparse:  # gloo gathers every rank's indices and values: N-1 messages of them reach each rank
+            latency = comm.collective_us + (self.world - 1) * self.alpha_us
+            total = self.scale * (latency + (self.world - 1) * nbytes / self.bandwidth)
+            return total / steps, self.scale * latency / steps
         if self.ring_delta:
             net_bw = model.network.bandwidth_bytes_per_us
             total = self.scale * comm.allreduce_us(nbytes, model.world_size) \

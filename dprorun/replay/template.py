@@ -45,6 +45,7 @@ class BucketInfo:
     nbytes: int
     params: list[str]
     transmit_us: float  # measured, averaged over ranks and iterations
+    sparse: bool = False  # one sparse gradient: nbytes its indices and values, gathered from every rank
 
 
 @dataclass
@@ -105,6 +106,11 @@ class JobModel:
             return (other["forward_us"] / eager["forward_us"], other["backward_us"] / eager["backward_us"])
         except (KeyError, TypeError, ZeroDivisionError):
             return None
+
+    def sparse_gradients(self) -> dict[str, int]:
+        """The parameters with sparse gradients (each its own bucket), with the bytes their bucket sent."""
+        return {b.params[0]: b.nbytes for b in self.buckets if b.sparse and len(b.params) == 1}
+
     def fusion_blocks(self) -> list[str]:
         """The blocks rank 0 compiled one by one for the "compiled_blocks" variant ([] if not measured)."""
         return list(self.compute_variants.get("compiled_blocks", {}).get("blocks") or [])
@@ -402,12 +408,16 @@ def _ready_fractions(run: RunTrace) -> dict[str, float]:
 
 
 def ddp_buckets(param_order: list[str], param_bytes: dict[str, int], cap_bytes: int,
-                first_cap_bytes: Optional[int] = None) -> list[list[str]]:
+                first_cap_bytes: Optional[int] = None, sparse=()) -> list[list[str]]:
     """Group parameters (in gradient-ready order) into buckets as DDP's reducer does: a bucket closes once its
-    size reaches the cap (the first bucket's cap may be smaller)."""
+    size reaches the cap (the first bucket's cap may be smaller); a parameter with a sparse gradient (in
+    `sparse`) gets a bucket of its own."""
     buckets, current, size = [], [], 0
     limit = first_cap_bytes if first_cap_bytes is not None else cap_bytes
     for name in param_order:
+        if name in sparse:
+            buckets.append([name])
+            continue
         current.append(name)
         size += param_bytes.get(name, 0)
         if size >= limit:

@@ -73,6 +73,7 @@ class Sync:
     ready_fraction: float
     measured_us: Optional[float]
     delay_us: float = 0.0  # after its ready point, before it can start (Horovod: cycle negotiation)
+    sparse: bool = False  # one sparse gradient (BucketInfo.sparse): priced as a gather of every rank's bytes
 
 
 def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> list[tuple[list[str], float, float]]:
@@ -135,10 +136,11 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
     if whatif.buckets is None and whatif.bucket_mb is None:
         fractions = model.param_ready_fraction
         return [Sync(b.key, b.nbytes, max((fractions[p] for p in b.params if p in fractions), default=0.0),
-                      b.transmit_us) for b in model.buckets], True
+                      b.transmit_us, sparse=b.sparse) for b in model.buckets], True
     if not model.param_ready_fraction:
         raise UnanswerableError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
+    sparse = model.sparse_gradients()
     if whatif.buckets is not None:
         groups = whatif.buckets
     elif model.framework == "tf":
@@ -148,7 +150,7 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
                      "gradient is ready)")
     else:
         cap = int(whatif.bucket_mb * MB)
-        groups = ddp_buckets(order, model.param_bytes, cap)
+        groups = ddp_buckets(order, model.param_bytes, cap, sparse=sparse)
         notes.append(f"{len(groups)} buckets of up to {whatif.bucket_mb:g} MB, grouped in gradient-ready order "
                      "as DDP's reducer does")
     syncs = []
@@ -156,8 +158,9 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
         missing = [p for p in group if p not in model.param_ready_fraction]
         if missing:
             raise UnanswerableError(f"bucket {k}: unknown parameters {missing[:3]}")
-        syncs.append(Sync(f"bucket{k}", sum(model.param_bytes[p] for p in group),
-                           max(model.param_ready_fraction[p] for p in group), None))
+        alone = len(group) == 1 and group[0] in sparse
+        syncs.append(Sync(f"bucket{k}", sparse[group[0]] if alone else sum(model.param_bytes[p] for p in group),
+                          max(model.param_ready_fraction[p] for p in group), None, sparse=alone))
     return syncs, False
 
 
@@ -208,6 +211,7 @@ def comm_scale(model: JobModel) -> float:
     close in submission order and overstate them)."""
     if model.framework == "horovod" and model.comm.source.startswith("horovod"):
         return 1.0
-    pairs = [(b.transmit_us, model.comm.allreduce_us(b.nbytes, model.world_size)) for b in model.buckets]
+    pairs = [(b.transmit_us, model.comm.allreduce_us(b.nbytes, model.world_size)) for b in model.buckets
+             if not b.sparse]  # a sparse gradient's gather is no ring all-reduce
     pairs = [(measured, modelled) for measured, modelled in pairs if measured > 0 and modelled > 0]
     return sum(m for m, _ in pairs) / sum(x for _, x in pairs) if pairs else 1.0

@@ -281,8 +281,13 @@ class DDPTracker:
     def _record_bucket(self, key: tuple[int, int], bucket) -> None:
         buffer = bucket.buffer()
         names = [self.param_names.get(id(p), f"<unnamed {i}>") for i, p in enumerate(bucket.parameters())]
-        self.session.records.buckets[key] = {"nbytes": buffer.numel() * buffer.element_size(), "numel": buffer.numel(),
-                                     "dtype": str(buffer.dtype).replace("torch.", ""), "params": names}
+        entry = {"nbytes": buffer.numel() * buffer.element_size(), "numel": buffer.numel(),
+                 "dtype": str(buffer.dtype).replace("torch.", ""), "params": names}
+        if buffer.is_sparse:  # a sparse gradient's bucket: what gloo sends is its indices and values, not the table
+            values, indices = buffer._values(), buffer._indices()
+            entry.update(sparse=True, dense_nbytes=entry["nbytes"], numel=values.numel(),
+                         nbytes=values.numel() * values.element_size() + indices.numel() * indices.element_size())
+        self.session.records.buckets[key] = entry
 
 
 def _allreduce_mean(process_group, bucket, record=None, clock=None):

@@ -93,6 +93,7 @@ class Bucket:
     params: list[str]
     dtype: str = "float32"
     numel: int = 0
+    sparse: bool = False  # a sparse gradient (DDP: one embedding's): nbytes are its indices and values as sent
 
 
 @dataclass
