@@ -1,13 +1,13 @@
 """How often a rank of a short 4-rank DDP job aborts: under dprorun, under dprorun --no-comm-hook, under plain
-torchrun, and a plain-torchrun job that starts and stops torch.profiler every 3 iterations (profiler-stress), also with a
-Python comm hook like dprorun's (profiler-hook-stress).
+torchrun, and a plain-torchrun job that starts and stops torch.profiler every 3 iterations (profiler-stress), also
+with a Python comm hook like dprorun's (profiler-hook-stress).
 
 The job is tests/test_align_graph.py's SHORT_SCRIPT (4 Linear layers, 11 steps, the process group torn down at the
 end) with that test's window. Rounds alternate the launchers; each launch's outcome is its exit code and, for a
 rank killed by a signal, the line its log holds ("malloc(): ... corrupted", "terminate called without an active
 exception").
 
-    python benchmarks/abort_rate.py --reps 12 [--launchers dprorun,no-comm-hook,torchrun,profiler-stress,profiler-hook-stress]
+    python benchmarks/abort_rate.py --reps 12 [--launchers NAME,...]  (the names above; default: the first four)
 
 Last line: `aborted: dprorun A of N, no-comm-hook B of N, torchrun C of N, profiler-stress D of N`.
 """

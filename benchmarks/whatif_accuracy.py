@@ -13,13 +13,18 @@ With --net 1gbit every launch (profile and measurements) runs in a fresh network
 a 1 Gbit/s tbf link (scripts/with-netns-1gbit; needs root): communication then goes over a network rather than
 being CPU copies that compete with the backward on these 2 cores.
 
+--script-args passes extra arguments to every launch of the examples (e.g. "--sparse --optimizer adagrad");
+--compare-with DIR profiles each round a second time with the dprorun of another checkout (DIR, e.g. a git
+worktree of an older commit: its hooks and its replay) and prints its predictions beside this one's.
+
 usage: python benchmarks/whatif_accuracy.py [--examples ...] [--profile-mb 25] [--predict-mb 1,100] [--reps 3]
-       [--net loopback|1gbit]
+       [--net loopback|1gbit] [--script-args "..."] [--compare-with DIR]
 """
 import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -33,9 +38,10 @@ def wrap(net: str, cmd: list[str]) -> list[str]:
     return [NETNS, "--"] + cmd if net == "1gbit" else cmd
 
 
-def measure(example: str, bucket_mb: float, nproc: int, steps: int, net: str) -> float:
+def measure(example: str, bucket_mb: float, nproc: int, steps: int, net: str, script_args: list[str]) -> float:
     cmd = wrap(net, [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps), "--bucket-mb", str(bucket_mb)])
+           os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps), "--bucket-mb", str(bucket_mb),
+           *script_args])
     for attempt in (1, 2):  # a launch that failed (seen: an abort at exit after the result was printed) is retried
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
         found = re.search(r"median iteration time: ([0-9.]+) ms", out.stdout)
@@ -46,20 +52,23 @@ def measure(example: str, bucket_mb: float, nproc: int, steps: int, net: str) ->
     raise SystemExit("torchrun failed twice")
 
 
-def predictions(example: str, bucket_mb: float, steps: int, queries: list[list[str]],
-                net: str) -> tuple[list[float], bool]:
-    """The predicted iteration times for `queries` from one profile, and whether that profile's transport shares
-    the cores its ranks compute on (the replay flags it: its what-ifs are outside the model's assumptions)."""
+def predictions(example: str, bucket_mb: float, steps: int, queries: list[list[str]], net: str,
+                script_args: list[str], checkout: str = REPO) -> tuple[list[float], bool]:
+    """The predicted iteration times for `queries` from one profile (by the dprorun of `checkout`), and whether
+    that profile's transport shares the cores its ranks compute on (the replay flags it: its what-ifs are outside
+    the model's assumptions)."""
+    env = dict(os.environ, PYTHONPATH=checkout, DPRO_REPORT="0")
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        subprocess.run(wrap(net, [sys.executable, "-m", "dprorun.cli", "-np", "2", "--run-dir", run_dir, "-q", "--warmup",
-                        str(steps // 4), "--active", str(steps - steps // 4 - 4), "--clean", "2", "python",
+        subprocess.run(wrap(net, [sys.executable, "-m", "dprorun.cli", "-np", "2", "--run-dir", run_dir, "-q",
+                        "--warmup", str(steps // 4), "--active", str(steps - steps // 4 - 4), "--clean", "2", "python",
                         os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps), "--bucket-mb",
-                        str(bucket_mb)]), capture_output=True, text=True, check=True, cwd=REPO, timeout=900)
+                        str(bucket_mb), *script_args]), capture_output=True, text=True, check=True, cwd=checkout,
+                       timeout=900, env=env)
         out, shares_cores = [], False
         for query in queries:
             res = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json", *query],
-                                 capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
+                                 capture_output=True, text=True, check=True, cwd=checkout, timeout=600, env=env)
             doc = json.loads(res.stdout)
             out.append(doc["predicted_iteration_time_ms"])
             shares_cores = bool((doc["comm_model"].get("transport") or {}).get("shares_cores"))
@@ -75,49 +84,78 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--net", choices=("loopback", "1gbit"), default="loopback")
+    parser.add_argument("--script-args", default="", help="extra arguments of every example launch")
+    parser.add_argument("--compare-with", help="a checkout of another dprorun: its own profile and predictions too")
     args = parser.parse_args()
+    script_args = shlex.split(args.script_args)
     if args.net == "1gbit" and os.geteuid() != 0:
         raise SystemExit("--net 1gbit needs root (a network namespace with a tbf qdisc)")
     targets = [("bucket_mb", float(x)) for x in args.predict_mb.split(",") if x] + \
               [("np", int(x)) for x in args.np_targets.split(",") if x]
-    as_run = ("as_run", args.profile_mb)
     print(f"network: {args.net}, {args.reps} rounds, profiled at {args.profile_mb:g} MB buckets")
     print(f"{'example':18} {'what-if':>14} {'measured':>9} {'predicted':>9} {'err':>7} {'meas. change':>12} "
-          f"{'pred. change':>12} {'diff':>7}")
+          f"{'pred. change':>12} {'diff':>7}" + ("  other: predicted, err" if args.compare_with else ""))
     bucket_errors, change_errors = [], []
     for example in args.examples.split(","):
-        measured = {t: [] for t in targets + [as_run]}
-        predicted = {t: [] for t in targets + [as_run]}
-        flagged = 0
-        for _ in range(args.reps):
-            queries = [["--bucket-mb", str(v)] if k == "bucket_mb" else ["--np", str(v)] for k, v in targets] + [[]]
-            values, shares_cores = predictions(example, args.profile_mb, args.steps, queries, args.net)
-            flagged += shares_cores
-            for t, value in zip(targets + [as_run], values):
-                predicted[t].append(value)
-            for kind, value in targets + [as_run]:
-                measured[(kind, value)].append(measure(example, value if kind == "bucket_mb" else args.profile_mb,
-                                                       value if kind == "np" else 2, args.steps, args.net))
-        base_m, base_p = statistics.median(measured[as_run]), statistics.median(predicted[as_run])
-        print(f"{example:18} {f'as run {args.profile_mb:g} MB':>14} {base_m:9.2f} {base_p:9.2f} "
-              f"{100 * (base_p / base_m - 1):+6.1f}%   (transport on the compute cores in {flagged} of "
-              f"{args.reps} profiles)", flush=True)
-        for t in targets:
-            m, p = statistics.median(measured[t]), statistics.median(predicted[t])
-            err = 100 * (p / m - 1)
-            # the change the what-if makes, per round (same profile, same round's launches), then the median
-            changes_m = [100 * (a / b - 1) for a, b in zip(measured[t], measured[as_run])]
-            changes_p = [100 * (a / b - 1) for a, b in zip(predicted[t], predicted[as_run])]
-            cm, cp = statistics.median(changes_m), statistics.median(changes_p)
-            if t[0] == "bucket_mb":
-                bucket_errors.append(abs(err))
-                change_errors.append(abs(cp - cm))
-            label = f"{t[1]:g} MB buckets" if t[0] == "bucket_mb" else f"np {t[1]}"
-            print(f"{example:18} {label:>14} {m:9.2f} {p:9.2f} {err:+6.1f}% {cm:+11.1f}% {cp:+11.1f}% "
-                  f"{cp - cm:+6.1f}", flush=True)
+        measured, predicted, other = run_rounds(example, targets, args, script_args)
+        errors, changes = report(example, targets, args, measured, predicted, other)
+        bucket_errors += errors
+        change_errors += changes
     print(f"bucket-size what-if |error| (profiled at {args.profile_mb:g} MB): median "
           f"{statistics.median(bucket_errors):.1f} %, max {max(bucket_errors):.1f} %; predicted vs measured change: "
           f"median {statistics.median(change_errors):.1f}, max {max(change_errors):.1f} points")
+
+
+def run_rounds(example: str, targets: list, args, script_args: list[str]) -> tuple[dict, dict, dict]:
+    """Per target (and as run): the measured and predicted times of every round (and the other checkout's)."""
+    as_run = ("as_run", args.profile_mb)
+    measured = {t: [] for t in targets + [as_run]}
+    predicted = {t: [] for t in targets + [as_run]}
+    other = {t: [] for t in targets + [as_run]}
+    flagged = 0
+    queries = [["--bucket-mb", str(v)] if k == "bucket_mb" else ["--np", str(v)] for k, v in targets] + [[]]
+    for rep in range(args.reps):
+        checkouts = [(REPO, predicted)] + ([(os.path.abspath(args.compare_with), other)] if args.compare_with else [])
+        for checkout, into in checkouts if rep % 2 == 0 else reversed(checkouts):
+            values, shares_cores = predictions(example, args.profile_mb, args.steps, queries, args.net, script_args,
+                                               checkout)
+            flagged += shares_cores and checkout == REPO
+            for t, value in zip(targets + [as_run], values):
+                into[t].append(value)
+        for kind, value in targets + [as_run]:
+            measured[(kind, value)].append(measure(example, value if kind == "bucket_mb" else args.profile_mb,
+                                                   value if kind == "np" else 2, args.steps, args.net, script_args))
+    measured["flagged"] = flagged
+    return measured, predicted, other
+
+
+def report(example: str, targets: list, args, measured: dict, predicted: dict, other: dict) -> tuple[list, list]:
+    """Print the example's rows; the bucket-size rows' |error| and |predicted - measured change|."""
+    as_run = ("as_run", args.profile_mb)
+
+    def versus(t, m):
+        return f"  {statistics.median(other[t]):9.2f} {100 * (statistics.median(other[t]) / m - 1):+6.1f}%" \
+            if other[t] else ""
+
+    base_m, base_p = statistics.median(measured[as_run]), statistics.median(predicted[as_run])
+    print(f"{example:18} {f'as run {args.profile_mb:g} MB':>14} {base_m:9.2f} {base_p:9.2f} "
+          f"{100 * (base_p / base_m - 1):+6.1f}%{versus(as_run, base_m)}   (transport on the compute cores in "
+          f"{measured['flagged']} of {args.reps} profiles)", flush=True)
+    errors, change_errors = [], []
+    for t in targets:
+        m, p = statistics.median(measured[t]), statistics.median(predicted[t])
+        err = 100 * (p / m - 1)
+        # the change the what-if makes, per round (same profile, same round's launches), then the median
+        changes_m = [100 * (a / b - 1) for a, b in zip(measured[t], measured[as_run])]
+        changes_p = [100 * (a / b - 1) for a, b in zip(predicted[t], predicted[as_run])]
+        cm, cp = statistics.median(changes_m), statistics.median(changes_p)
+        if t[0] == "bucket_mb":
+            errors.append(abs(err))
+            change_errors.append(abs(cp - cm))
+        label = f"{t[1]:g} MB buckets" if t[0] == "bucket_mb" else f"np {t[1]}"
+        print(f"{example:18} {label:>14} {m:9.2f} {p:9.2f} {err:+6.1f}% {cm:+11.1f}% {cp:+11.1f}% "
+              f"{cp - cm:+6.1f}{versus(t, m)}", flush=True)
+    return errors, change_errors
 
 
 if __name__ == "__main__":

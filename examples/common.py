@@ -15,8 +15,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def parse_args(description: str, **defaults) -> argparse.Namespace:
+def parse_args(description: str, add_arguments=None, **defaults) -> argparse.Namespace:
+    """The examples' shared options; `add_arguments(parser)` adds an example's own."""
     parser = argparse.ArgumentParser(description=description)
+    if add_arguments is not None:
+        add_arguments(parser)
     parser.add_argument("--steps", type=int, default=defaults.get("steps", 30))
     parser.add_argument("--batch-size", type=int, default=defaults.get("batch_size", 32))
     parser.add_argument("--bucket-mb", type=float, default=None,
