@@ -7,12 +7,17 @@ host. Each round, interleaved: the dry run (`dprorun --dry-run --nnodes 2 -np 2 
 profiled, 4 predicted, printed as `predicted iteration time`), `dpro replay RUN --np 3` on its run directory,
 then plain torchrun jobs on 2, 3 and 4 hosts (each prints its median iteration time). Medians over --reps rounds.
 
+--script-args passes extra arguments to every launch of the examples; --compare-with DIR also dry-runs each round
+with the dprorun of another checkout (DIR: its hooks and its replay) and prints its predictions beside.
+
 usage: sudo python benchmarks/dryrun_world_size.py [--examples mlp_many_layers,...] [--reps 3]
+       [--script-args "..."] [--compare-with DIR]
 """
 import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -38,7 +43,8 @@ def measure(example: str, hosts: int, args, env: dict) -> float:
         out = host_output(cluster.run(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
              "--master-addr", "{master_addr}", "--master-port", str(PORT), "--nproc-per-node", "1",
-             os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(args.steps)], 900, env))
+             os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(args.steps),
+             *shlex.split(args.script_args)], 900, env))
     return float(re.search(r"median iteration time: ([0-9.]+) ms", out).group(1))
 
 
@@ -49,11 +55,12 @@ def dry_run(example: str, args, env: dict, run_dir: str) -> tuple[float, float, 
             [sys.executable, "-m", "dprorun.cli", "--dry-run", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
              "--master-addr", "{master_addr}", "--master-port", str(PORT + 1), "-np", "2", "--local-np", "1",
              "--run-dir", os.path.join(run_dir, "node{node_rank}"), "python",
-             os.path.join(REPO, "examples", f"{example}.py"), "--steps", "40"], 900, env))
+             os.path.join(REPO, "examples", f"{example}.py"), "--steps", "40", *shlex.split(args.script_args)],
+            900, env))
     four = float(re.search(r"predicted iteration time: ([0-9.]+) ms", out).group(1))
     profiled = float(re.search(r"measured iteration time ([0-9.]+) ms", out).group(1))
     res = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", os.path.join(run_dir, "node0"),
-                          "--np", "3", "--json"], capture_output=True, text=True, check=True, timeout=600)
+                          "--np", "3", "--json"], capture_output=True, text=True, check=True, timeout=600, env=env)
     return profiled, four, json.loads(res.stdout)["predicted_iteration_time_ms"]
 
 
@@ -64,27 +71,38 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--cpus", type=float, default=0.45, help="CPU quota per host")
     parser.add_argument("--rate", default="1gbit", help="each host's link")
+    parser.add_argument("--script-args", default="", help="extra arguments of every example launch")
+    parser.add_argument("--compare-with", help="a checkout of another dprorun: its dry runs too")
     args = parser.parse_args()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "examples"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "examples"), DPRO_REPORT="0")
+    other_env = dict(env, PYTHONPATH=os.pathsep.join([os.path.abspath(args.compare_with), env["PYTHONPATH"]])) \
+        if args.compare_with else None
     print(f"emulated hosts: {args.cpus:g} CPU and a {args.rate} link each, one rank per host, {args.reps} rounds")
     print(f"{'example':18} {'np':>3} {'measured':>9} {'predicted':>9} {'err':>7}   (2-rank: torchrun / profiled)")
     errors = {3: [], 4: []}
     for example in args.examples.split(","):
-        rows = {k: [] for k in ("m2", "m3", "m4", "profiled", "p3", "p4")}
+        rows = {k: [] for k in ("m2", "m3", "m4", "profiled", "p3", "p4", "o3", "o4")}
         for _ in range(args.reps):
             with tempfile.TemporaryDirectory() as tmp:
                 profiled, p4, p3 = dry_run(example, args, env, tmp)
+            if other_env is not None:
+                with tempfile.TemporaryDirectory() as tmp:
+                    _, o4, o3 = dry_run(example, args, other_env, tmp)
+                rows["o4"].append(o4)
+                rows["o3"].append(o3)
             rows["profiled"].append(profiled)
             rows["p4"].append(p4)
             rows["p3"].append(p3)
             for hosts in (2, 3, 4):
                 rows[f"m{hosts}"].append(measure(example, hosts, args, env))
-        med = {k: statistics.median(v) for k, v in rows.items()}
+        med = {k: statistics.median(v) for k, v in rows.items() if v}
         for n in (3, 4):
             err = 100 * (med[f"p{n}"] / med[f"m{n}"] - 1)
             errors[n].append(err)
+            other = f"   other: {med[f'o{n}']:.2f} ({100 * (med[f'o{n}'] / med[f'm{n}'] - 1):+.1f} %)" \
+                if f"o{n}" in med else ""
             print(f"{example:18} {n:3d} {med[f'm{n}']:9.2f} {med[f'p{n}']:9.2f} {err:+6.1f}%   "
-                  f"({med['m2']:.2f} / {med['profiled']:.2f})", flush=True)
+                  f"({med['m2']:.2f} / {med['profiled']:.2f}){other}", flush=True)
     worst = max(abs(e) for v in errors.values() for e in v)
     print(f"dry-run world-size prediction from 2 ranks: np 4 |error| max {max(abs(e) for e in errors[4]):.1f} %, "
           f"np 3 max {max(abs(e) for e in errors[3]):.1f} %, overall max {worst:.1f} %")
