@@ -163,6 +163,41 @@ def test_a_failing_horovod_rank_fails_the_job(tmp_path):
     assert proc.returncode != 0 and "horovodrun exited with code" in proc.stderr
 
 
+SPARSE_SCRIPT = """
+import torch, torch.nn as nn
+import horovod.torch as hvd
+hvd.init(); torch.manual_seed(0)
+model = nn.Sequential(nn.EmbeddingBag(5000, 32, mode="sum", sparse=True), nn.Linear(32, 64), nn.Linear(64, 4))
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+ids, y = torch.randint(0, 5000, (16, 8)), torch.randint(0, 4, (16,))
+for step in range(10):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(ids), y).backward()
+    opt.step()
+"""
+
+
+@needs_horovod
+def test_a_sparse_gradient_under_horovod_is_an_allgather_of_its_rows_timed_in_order(tmp_path):
+    """horovod.torch all-gathers a sparse gradient and step() calls its handle instead of synchronize(): the
+    record holds the rows' bytes (not the table's) and closes when the gather returns, so the records after it
+    close in order (before, each later record took its predecessor's completion)."""
+    script = tmp_path / "sparse.py"
+    script.write_text(SPARSE_SCRIPT)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "2", "--active", "4",
+                           "--kineto-iters", "1", "--clean", "2", "python", str(script)], run_dir, timeout=180,
+                          env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    sparse = [b for b in events["buckets"] if b.get("sparse")]
+    assert [b["params"] for b in sparse] == [["0.weight"]] and sparse[0]["dense_nbytes"] == 5000 * 32 * 4
+    assert sparse[0]["nbytes"] == 16 * 8 * (32 * 4 + 8)  # 128 rows (uncoalesced lookups) and their indices
+    for iteration in set(events["window"]["kineto_iterations"]) | {3, 4}:
+        records = [c for c in events["comm"] if c[0] == iteration]
+        assert len(records) == len(events["buckets"]) and all(c[5] and c[5] >= c[4] for c in records)
+
+
 @needs_horovod
 def test_a_strategy_reaches_horovod_through_its_own_knobs(tmp_path):
     from dprorun.strategy import Strategy, save_strategy

@@ -233,6 +233,18 @@ def test_a_sparse_gradient_keeps_a_bucket_of_its_own_and_is_priced_as_a_gather()
     assert total_us(2, True) == pytest.approx(20 + 10 + 1000)
     assert total_us(8, True) == pytest.approx(20 + 7 * (10 + 1000))
     assert total_us(8, False) == pytest.approx(20 + 14 * (10 + 100_000 / 8 / 100))
+    # in a job model: out of the comm scale; alone in DDP's re-bucketing and in Horovod's fusion
+    from dprorun.replay.whatif import comm_scale, horovod_fusion
+
+    model = _toy_model()
+    scale = comm_scale(model)
+    model.buckets.append(BucketInfo("bucket2", 4096, ["emb"], 3000.0, sparse=True))
+    model.param_bytes["emb"], model.param_ready_fraction["emb"] = 8 << 20, 0.5
+    assert model.sparse_gradients() == {"emb": 4096} and comm_scale(model) == scale
+    rebucketed = predict(model, WhatIf(bucket_mb=100))
+    assert rebucketed.buckets == 2 and rebucketed.predicted_iteration_time_ms > 0
+    responses = [group for group, _, _ in horovod_fusion(model, threshold_bytes=64 << 20, cycle_us=10_000.0)]
+    assert sorted(map(len, responses)) == [1, 8] and ["emb"] in responses
 
 
 def test_whatif_directions():

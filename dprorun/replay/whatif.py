@@ -86,6 +86,7 @@ def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> 
     backward = float(np.median([t.backward_us for t in model.templates.values()])) or 1.0
     negotiation = model.horovod_negotiation_us
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
+    sparse = model.sparse_gradients()  # all-gathered, each a response of its own
     responses: list[tuple[list[str], float, float]] = []
     current: list[str] = []
     size = 0.0
@@ -93,6 +94,10 @@ def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> 
     for name in order:
         ready_us = model.param_ready_fraction[name] * backward
         cycle = int(ready_us // cycle_us) + 1 if cycle_us > 0 else ready_us
+        if name in sparse:
+            end_us = cycle * cycle_us if cycle_us > 0 else ready_us
+            responses.append(([name], min(1.0, end_us / backward), negotiation + max(0.0, end_us - backward)))
+            continue
         nbytes = model.param_bytes.get(name, 0)
         if current and (cycle != current_cycle or threshold_bytes <= 0 or size + nbytes > threshold_bytes):
             responses.append((current, current_end, current_delay))
@@ -131,7 +136,9 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
         notes.append(f"Horovod fusion at {threshold / MB:g} MB, cycle {cycle / 1000:g} ms: {len(responses)} responses "
                      f"per step (cycles aligned with the start of backward; {model.horovod_negotiation_us:.0f} µs of "
                      "negotiation per cycle)")
-        return [Sync(f"bucket{k}", sum(model.param_bytes[p] for p in group), fraction, None, delay)
+        sparse = model.sparse_gradients()
+        return [Sync(f"bucket{k}", sparse[group[0]] if group[0] in sparse else sum(model.param_bytes[p] for p in group),
+                     fraction, None, delay, sparse=group[0] in sparse)
                 for k, (group, fraction, delay) in enumerate(responses)], False
     if whatif.buckets is None and whatif.bucket_mb is None:
         fractions = model.param_ready_fraction

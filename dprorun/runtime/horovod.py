@@ -75,6 +75,12 @@ class HorovodTracker:
             sizes = [p.numel() * p.element_size() for p in ps]
             session.records.buckets[key] = {"nbytes": sum(sizes), "numel": sum(p.numel() for p in ps),
                                             "dtype": str(ps[0].dtype).replace("torch.", ""), "params": names}
+            grad = ps[0].grad
+            if len(ps) == 1 and grad is not None and grad.is_sparse and not optimizer.sparse_as_dense:
+                values, indices = grad._values(), grad._indices()  # all-gathered: a rank's rows, not the table
+                session.records.buckets[key].update(
+                    sparse=True, dense_nbytes=sizes[0], numel=values.numel(),
+                    nbytes=values.numel() * values.element_size() + indices.numel() * indices.element_size())
             session.records.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
             for member, nbytes in zip(names, sizes):
                 session.records.params[0]["order"].append(member)
@@ -153,7 +159,16 @@ def patch_horovod(session: RankSession) -> None:
     @functools.wraps(original_async)
     def _allreduce_grad_async(self, p):
         session.guard("recording a Horovod all-reduce", tracker.submitted, self, p)
-        return original_async(self, p)
+        result = original_async(self, p)
+        if isinstance(result, tuple) and len(result) == 2 and callable(result[0]):
+            gathered, ctx = result  # a sparse gradient's all-gather: step() calls it, not synchronize(handle)
+
+            def handle():
+                output = gathered()
+                tracker.synchronized_one()
+                return output
+            return handle, ctx
+        return result
 
     if original_grouped is not None:
         @functools.wraps(original_grouped)
