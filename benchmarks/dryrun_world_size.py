@@ -75,7 +75,9 @@ def main() -> None:
     parser.add_argument("--compare-with", help="a checkout of another dprorun: its dry runs too")
     args = parser.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "examples"), DPRO_REPORT="0")
-    other_env = dict(env, PYTHONPATH=os.pathsep.join([os.path.abspath(args.compare_with), env["PYTHONPATH"]])) \
+    # PYTHONSAFEPATH: `python -m` would put the working directory (this checkout) ahead of PYTHONPATH
+    other_env = dict(env, PYTHONSAFEPATH="1",
+                     PYTHONPATH=os.pathsep.join([os.path.abspath(args.compare_with), env["PYTHONPATH"]])) \
         if args.compare_with else None
     print(f"emulated hosts: {args.cpus:g} CPU and a {args.rate} link each, one rank per host, {args.reps} rounds")
     print(f"{'example':18} {'np':>3} {'measured':>9} {'predicted':>9} {'err':>7}   (2-rank: torchrun / profiled)")
