@@ -7,6 +7,7 @@ follow the window with no profiling, and over the few iterations with torch.prof
 over the rounds and their ratios.
 
 usage: python benchmarks/overhead.py [--reps 5] [--np 2] [--steps 40] [--examples mlp_many_layers,...]
+(an entry of --examples ending in .py is a script's path from the repository root, e.g. benchmarks/shapes/x.py)
 """
 from __future__ import annotations
 
@@ -23,9 +24,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = ("mlp_many_layers", "resnet_small", "transformer_small")
 
 
+def script_path(example: str) -> str:
+    return os.path.join(REPO, example) if example.endswith(".py") else os.path.join(REPO, "examples", f"{example}.py")
+
+
 def plain_torchrun(example: str, nproc: int, steps: int) -> float:
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                          os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps)],
+                          script_path(example), "--steps", str(steps)],
                          capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
     match = re.search(r"median iteration time: ([0-9.]+) ms", out.stdout)
     if not match:
@@ -40,7 +45,7 @@ def under_dprorun(example: str, nproc: int, steps: int, extra: list[str]) -> tup
         run_dir = os.path.join(tmp, "run")
         subprocess.run([sys.executable, "-m", "dprorun.cli", "-np", str(nproc), "--run-dir", run_dir, "-q",
                         "--warmup", str(half), "--active", str(active), "--clean", str(steps - half - active - 1),
-                        *extra, "python", os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(steps)],
+                        *extra, "python", script_path(example), "--steps", str(steps)],
                        capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
         from dprorun.summary import summarize_run
 

@@ -3,10 +3,11 @@ self-check says of the replay of the job as it ran against the run's own clean i
 
 Shapes: DDP with gradient accumulation (no_sync), find_unused_parameters with a branch used every other step,
 static_graph, gradient_as_bucket_view with bf16 autocast, a GAN (two DDP models), activation checkpointing,
-ZeroRedundancyOptimizer, a loss all-reduced for logging each step (with and without DataLoader workers), epochs
-over a DistributedSampler with a validation pass after each, a sparse-gradient EmbeddingBag, a frozen trunk,
-AdamW with OneCycleLR and clipping; Horovod with backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs.
-Frameworks that are not installed are skipped with a line saying so.
+ZeroRedundancyOptimizer, torch.compile(DDP(model)) by the script, a loss all-reduced for logging each step (with and
+without DataLoader workers), epochs over a DistributedSampler with a validation pass after each, a sparse-gradient
+EmbeddingBag, a frozen trunk, AdamW with OneCycleLR and clipping; Horovod with backward_passes_per_step=2; tf-keras
+fit of a GRU over 2 epochs, and of a conv net with validation data, a schedule and ReduceLROnPlateau. Frameworks
+that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -35,12 +36,14 @@ JOBS = {
     "ddp-zero": ([], "ddp_more.py", ["--zero"], "torch"),
     "ddp-logged-loss": ([], "ddp_metric.py", [], "torch"),
     "ddp-logged-loss-loader-workers": ([], "ddp_metric.py", ["--workers", "2"], "torch"),
+    "ddp-compiled-by-the-script": ([], "ddp_compiled.py", [], "torch"),
     "ddp-eval-epochs": ([], "ddp_data.py", ["--eval"], "torch"),
     "ddp-sparse-embedding": ([], "ddp_data.py", ["--sparse"], "torch"),
     "ddp-frozen-trunk": ([], "ddp_data.py", ["--frozen"], "torch"),
     "ddp-adamw-onecycle-clip": ([], "ddp_data.py", ["--sched"], "torch"),
     "horovod-accumulate-2": (["--backend", "horovod"], "hvd_accum.py", [], "horovod"),
     "tf-keras-gru-fit": (["--backend", "tf"], "tf_gru_fit.py", [], "tensorflow"),
+    "tf-keras-fit-validation": (["--backend", "tf"], "tf_fit_val.py", [], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
