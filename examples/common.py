@@ -31,6 +31,8 @@ def parse_args(description: str, add_arguments=None, **defaults) -> argparse.Nam
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (DDP's no_sync for all but the last; default: 1, or "
                         "what a dprorun strategy asks for)")
+    parser.add_argument("--comm-hook", choices=("none", "fp16", "bf16"), default="none",
+                        help="DDP comm hook from torch's default_hooks: gradients sent as fp16 / bf16 (half the bytes)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend (auto: nccl with a GPU, gloo without)")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: raise at this step")
@@ -84,6 +86,10 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
     model = model.to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
               bucket_cap_mb=args.bucket_mb)
+    if args.comm_hook != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, getattr(default_hooks, f"{args.comm_hook}_compress_hook"))
     optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], args)
     generator = torch.Generator().manual_seed(args.seed + rank)
     step_times = []

@@ -175,6 +175,25 @@ def test_no_comm_hook_keeps_ddp_builtin_path(tmp_path):
     assert events["spans"]  # phases are still recorded
 
 
+def test_a_scripts_own_compressing_comm_hook_is_timed_and_its_bucket_bytes_are_what_it_sends(tmp_path):
+    """The script registers torch's fp16_compress_hook: dprorun wraps it (never replaces it), times its buckets,
+    and records what it sends (half the gradients' bytes), which re-bucketing what-ifs keep."""
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "1", "--active", "3", "--kineto-iters", "1", "--clean", "1", "-q",
+                           "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "8", "--comm-hook",
+                           "fp16"], run_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert events["trackers"][0]["user_comm_hook_name"] == "fp16_compress_hook" and events["comm"]
+    assert all(b["nbytes"] * 2 == b["buffer_nbytes"] and b["wire_dtype"] == "float16" for b in events["buckets"])
+    from dprorun.replay.build import build_job_model
+    from dprorun.replay.whatif import WhatIf, plan_syncs
+
+    model = build_job_model(load_run(str(run_dir)))
+    syncs, _ = plan_syncs(model, WhatIf(bucket_mb=100), [])
+    assert model.wire_ratio() == 0.5 and sum(s.nbytes for s in syncs) == sum(model.param_bytes.values()) // 2
+
+
 def test_the_comm_hook_goes_in_with_the_window_not_before(tmp_path):
     """Until the window starts DDP keeps its built-in all-reduce (the averaging fused into its bucket copy): a
     job whose window never comes runs without any Python comm hook."""

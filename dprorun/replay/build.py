@@ -47,8 +47,10 @@ def build_job_model(run: RunTrace) -> JobModel:
     samples = [MeasuredIteration({r: per_rank_samples[r][i] for r in ranks},
                       {k: float(np.mean(v)) for k, v in per_iteration_tx.get(i, {}).items()}) for i in common]
     first = run.ranks[ranks[0]]
-    buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), median(transmit.get(f"bucket{b.index}", []), 0.0),
-                          sparse=b.sparse) for b in first.buckets]
+    buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), median(transmit.get(f"bucket{b.index}", []),
+                                                                                  0.0),
+                          sparse=b.sparse, wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0)
+               for b in first.buckets]
     points = [(b.nbytes, t) for b in buckets if not b.sparse for t in transmit.get(b.key, [])]  # ring all-reduces
     calibration = [tuple(p) for p in first.meta.get("calibration", [])]
     latency = message_latency_us(run)

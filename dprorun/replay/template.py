@@ -46,6 +46,7 @@ class BucketInfo:
     params: list[str]
     transmit_us: float  # measured, averaged over ranks and iterations
     sparse: bool = False  # one sparse gradient: nbytes its indices and values, gathered from every rank
+    wire_ratio: float = 1.0  # bytes sent / the gradients' bytes (a compressing comm hook: 0.5)
 
 
 @dataclass
@@ -106,6 +107,11 @@ class JobModel:
             return (other["forward_us"] / eager["forward_us"], other["backward_us"] / eager["backward_us"])
         except (KeyError, TypeError, ZeroDivisionError):
             return None
+
+    def wire_ratio(self) -> float:
+        """Bytes sent per byte of gradient, as the measured buckets were sent (a compressing comm hook: 0.5)."""
+        ratios = [b.wire_ratio for b in self.buckets if not b.sparse]
+        return float(np.median(ratios)) if ratios else 1.0
 
     def sparse_gradients(self) -> dict[str, int]:
         """The parameters with sparse gradients (each its own bucket), with the bytes their bucket sent."""

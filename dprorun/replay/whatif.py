@@ -147,7 +147,7 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
     if not model.param_ready_fraction:
         raise UnanswerableError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
-    sparse = model.sparse_gradients()
+    sparse, wire = model.sparse_gradients(), model.wire_ratio()
     if whatif.buckets is not None:
         groups = whatif.buckets
     elif model.framework == "tf":
@@ -166,8 +166,9 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
         if missing:
             raise UnanswerableError(f"bucket {k}: unknown parameters {missing[:3]}")
         alone = len(group) == 1 and group[0] in sparse
-        syncs.append(Sync(f"bucket{k}", sparse[group[0]] if alone else sum(model.param_bytes[p] for p in group),
-                          max(model.param_ready_fraction[p] for p in group), None, sparse=alone))
+        nbytes = sparse[group[0]] if alone else round(wire * sum(model.param_bytes[p] for p in group))
+        syncs.append(Sync(f"bucket{k}", nbytes, max(model.param_ready_fraction[p] for p in group), None,
+                          sparse=alone))
     return syncs, False
 
 

@@ -47,6 +47,7 @@ class DDPTracker:
         self.index = index
         self.primary = index == 0
         self.user_hook = False
+        self.user_hook_name = None  # the script's own comm hook (its function's name)
         self.builtin_hook = False
         self.hook_registered = False
         self.hook_decided = False
@@ -103,7 +104,7 @@ class DDPTracker:
     def describe(self) -> dict:
         return {"ddp": self.index, "user_comm_hook": self.user_hook, "builtin_comm_hook": self.builtin_hook,
                 "timed_buckets": self.hook_registered or self.user_hook,
-                "backend": self.backend}
+                "backend": self.backend, "user_comm_hook_name": self.user_hook_name}
 
     # ---- forward / backward ------------------------------------------------------------------------------
     def _pre_forward(self, module, inputs):
@@ -287,7 +288,14 @@ class DDPTracker:
             values, indices = buffer._values(), buffer._indices()
             entry.update(sparse=True, dense_nbytes=entry["nbytes"], numel=values.numel(),
                          nbytes=values.numel() * values.element_size() + indices.numel() * indices.element_size())
+        elif self.user_hook_name in COMPRESSING_HOOKS:  # the hook casts the bucket before sending it
+            dtype, size = COMPRESSING_HOOKS[self.user_hook_name]
+            entry.update(buffer_nbytes=entry["nbytes"], nbytes=buffer.numel() * size, wire_dtype=dtype)
         self.session.records.buckets[key] = entry
+
+
+# torch's own compressing comm hooks (ddp_comm_hooks.default_hooks): what they send, per element
+COMPRESSING_HOOKS = {"fp16_compress_hook": ("float16", 2), "bf16_compress_hook": ("bfloat16", 2)}
 
 
 def _allreduce_mean(process_group, bucket, record=None, clock=None):
@@ -376,6 +384,7 @@ def patch_ddp_class(session: RankSession) -> None:
         tracker = getattr(self, "_dpro_tracker", None)
         if tracker is not None and not tracker.hook_registered:
             tracker.user_hook = True
+            tracker.user_hook_name = getattr(hook, "__name__", type(hook).__name__)
             hook = tracker.timed(hook)
             if tracker.ring is not None:
                 session.records.warnings.append("the script registers its own comm hook: --comm-detail ring not applied")

@@ -94,6 +94,7 @@ class Bucket:
     dtype: str = "float32"
     numel: int = 0
     sparse: bool = False  # a sparse gradient (DDP: one embedding's): nbytes are its indices and values as sent
+    buffer_nbytes: int = 0  # the gradients' own size where a comm hook sends fewer bytes (fp16 / bf16): 0 = nbytes
 
 
 @dataclass
