@@ -18,6 +18,9 @@ from dprorun.layout import CommRecord
 from dprorun.runtime.apply import resolve_group
 from dprorun.runtime.session import RankSession
 
+# torch's own compressing comm hooks (ddp_comm_hooks.default_hooks): what they send, per element
+COMPRESSING_HOOKS = {"fp16_compress_hook": ("float16", 2), "bf16_compress_hook": ("bfloat16", 2)}
+
 MAX_OUTPUT_TENSORS = 64
 
 
@@ -293,9 +296,6 @@ class DDPTracker:
             entry.update(buffer_nbytes=entry["nbytes"], nbytes=buffer.numel() * size, wire_dtype=dtype)
         self.session.records.buckets[key] = entry
 
-
-# torch's own compressing comm hooks (ddp_comm_hooks.default_hooks): what they send, per element
-COMPRESSING_HOOKS = {"fp16_compress_hook": ("float16", 2), "bf16_compress_hook": ("bfloat16", 2)}
 
 
 def _allreduce_mean(process_group, bucket, record=None, clock=None):
