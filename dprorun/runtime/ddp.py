@@ -297,7 +297,6 @@ class DDPTracker:
         self.session.records.buckets[key] = entry
 
 
-
 def _allreduce_mean(process_group, bucket, record=None, clock=None):
     """DDP's default semantics (average over ranks, divided before the sum as torch's allreduce_hook does),
     with the process group's own allreduce binding and a single future callback, which also stamps the
