@@ -256,7 +256,8 @@ def test_horovod_autotune_ranks_knobs_by_replay_and_trials_decide(tmp_path):
 @needs_horovod
 def test_a_strategy_groups_horovod_allreduces_and_remote_ranks_ship_their_traces(tmp_path):
     """horovod_groups in a strategy become DistributedOptimizer(groups=...) through the hooks (grouped
-    allreduce), with no change to the script. The same job declares its ranks on two hosts (DPRO_TEST_HOSTS): with
+    allreduce), with no change to the script; its hvd.Compression.fp16 recorded as the half-size bytes it sends.
+    The same job declares its ranks on two hosts (DPRO_TEST_HOSTS): with
     no torch.distributed in a Horovod job, a rank whose files are not on rank 0's disk ships them through
     Horovod's own alltoall."""
     from dprorun.strategy import Strategy, save_strategy
@@ -267,7 +268,8 @@ def test_a_strategy_groups_horovod_allreduces_and_remote_ranks_ship_their_traces
     run_dir = tmp_path / "run"
     proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--strategy", str(path), "--warmup", "2",
                            "--active", "3", "--kineto-iters", "1", "--clean", "1", "python", EXAMPLE, "--steps",
-                           "8"], run_dir, timeout=180, env={"OMP_NUM_THREADS": "1", "DPRO_TEST_HOSTS": "hostA,hostB"})
+                           "8", "--compression", "fp16"], run_dir, timeout=180,
+                          env={"OMP_NUM_THREADS": "1", "DPRO_TEST_HOSTS": "hostA,hostB"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     applied = json.load(open(run_dir / "rank_0" / "events.json"))["strategy"]["applied"]
     assert applied["horovod_groups"] == [26, 26]
@@ -275,8 +277,10 @@ def test_a_strategy_groups_horovod_allreduces_and_remote_ranks_ship_their_traces
     assert not (run_dir / "rank_0" / "GATHERED_FROM").exists() and not list(run_dir.glob(".gather-*"))
     run = load_run(str(run_dir))
     assert run.ranks[1].host == "hostB"
-    for trace in run.ranks.values():  # each group is one all-reduce, recorded with its parameters and bytes
+    for trace in run.ranks.values():  # each group is one all-reduce, recorded with its parameters and the bytes
+        # hvd.Compression.fp16 sends: half the gradients'
         assert len(trace.buckets) == 2 and sorted(len(b.params) for b in trace.buckets) == [26, 26]
+        assert all(b.buffer_nbytes == 2 * b.nbytes for b in trace.buckets)
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -87,6 +87,7 @@ def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> 
     negotiation = model.horovod_negotiation_us
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
     sparse = model.sparse_gradients()  # all-gathered, each a response of its own
+    wire = model.wire_ratio()  # hvd.Compression.fp16: responses fill with the compressed bytes
     responses: list[tuple[list[str], float, float]] = []
     current: list[str] = []
     size = 0.0
@@ -98,7 +99,7 @@ def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> 
             end_us = cycle * cycle_us if cycle_us > 0 else ready_us
             responses.append(([name], min(1.0, end_us / backward), negotiation + max(0.0, end_us - backward)))
             continue
-        nbytes = model.param_bytes.get(name, 0)
+        nbytes = wire * model.param_bytes.get(name, 0)
         if current and (cycle != current_cycle or threshold_bytes <= 0 or size + nbytes > threshold_bytes):
             responses.append((current, current_end, current_delay))
             current, size = [], 0.0
@@ -136,9 +137,10 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
         notes.append(f"Horovod fusion at {threshold / MB:g} MB, cycle {cycle / 1000:g} ms: {len(responses)} responses "
                      f"per step (cycles aligned with the start of backward; {model.horovod_negotiation_us:.0f} µs of "
                      "negotiation per cycle)")
-        sparse = model.sparse_gradients()
-        return [Sync(f"bucket{k}", sparse[group[0]] if group[0] in sparse else sum(model.param_bytes[p] for p in group),
-                     fraction, None, delay, sparse=group[0] in sparse)
+        sparse, wire = model.sparse_gradients(), model.wire_ratio()
+        return [Sync(f"bucket{k}", sparse[group[0]] if group[0] in sparse
+                     else round(wire * sum(model.param_bytes[p] for p in group)), fraction, None, delay,
+                     sparse=group[0] in sparse)
                 for k, (group, fraction, delay) in enumerate(responses)], False
     if whatif.buckets is None and whatif.bucket_mb is None:
         fractions = model.param_ready_fraction

@@ -81,6 +81,10 @@ class HorovodTracker:
                 session.records.buckets[key].update(
                     sparse=True, dense_nbytes=sizes[0], numel=values.numel(),
                     nbytes=values.numel() * values.element_size() + indices.numel() * indices.element_size())
+            else:
+                sent = _compressed_nbytes(optimizer, ps)
+                if sent != sum(sizes):  # a compression (hvd.Compression.fp16) sends fewer bytes than the gradients
+                    session.records.buckets[key].update(buffer_nbytes=sum(sizes), nbytes=sent)
             session.records.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
             for member, nbytes in zip(names, sizes):
                 session.records.params[0]["order"].append(member)
@@ -103,6 +107,21 @@ class HorovodTracker:
         self.pending.clear()
         session.begin_iteration()
         self.iteration_start = session.now_us() if session.phase != "done" else now
+
+
+def _compressed_nbytes(optimizer, ps) -> int:
+    """The bytes the optimizer's compression sends for the tensors `ps` (its compress() of an empty tensor of each
+    one's dtype gives the element size it sends)."""
+    import torch
+
+    compression = getattr(optimizer, "_compression", None)
+    total = 0
+    for p in ps:
+        size = p.element_size()
+        if compression is not None:
+            size = compression.compress(torch.empty(0, dtype=p.dtype))[0].element_size()
+        total += p.numel() * size
+    return total
 
 
 GROUPS_ARG = 3  # _DistributedOptimizer.__init__(params, named_parameters, compression, backward_passes_per_step,
