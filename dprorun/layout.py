@@ -79,6 +79,14 @@ NODE_CLOCKS_FILE = "node_clocks.json"  # a multi-host PS job: every node's clock
 GATHERED_MARK = "GATHERED_FROM"  # in a role folder another node sent: that node's host name
 
 
+def sparse_bucket_fields(grad, dense_nbytes: int) -> dict:
+    """A bucket record's fields for one sparse gradient (DDP's gloo gathers it; horovod.torch all-gathers it): the
+    bytes sent are its indices and values, the table's size beside them."""
+    values, indices = grad._values(), grad._indices()
+    return {"sparse": True, "dense_nbytes": dense_nbytes, "numel": values.numel(),
+            "nbytes": values.numel() * values.element_size() + indices.numel() * indices.element_size()}
+
+
 def server_dir(run_dir: str, server: int) -> str:
     """Where parameter server `server`'s files lie in a run directory."""
     return os.path.join(run_dir, f"server_{server}")

@@ -102,11 +102,12 @@ def best_partitions(model: JobModel, nbytes: int, choices=(1, 2, 4, 8)) -> tuple
 
 def tensor_partition(ctx: SearchContext) -> Iterable[Candidate]:
     groups = ctx.strategy.buckets or []
+    sparse = ctx.model.sparse_gradients()
     for key in ctx.critical_buckets[:2]:
         i = _index(key)
         if i >= len(groups):
             continue
-        if any(p in ctx.model.sparse_gradients() for p in groups[i]):
+        if any(p in sparse for p in groups[i]):
             continue  # a sparse gradient is sent as gathered indices and values, in one piece
         nbytes = sum(ctx.model.param_bytes[p] for p in groups[i])
         k_star, _ = best_partitions(ctx.model, nbytes)

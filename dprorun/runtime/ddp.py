@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from dprorun.layout import CommRecord
+from dprorun.layout import CommRecord, sparse_bucket_fields
 from dprorun.runtime.apply import resolve_group
 from dprorun.runtime.session import RankSession
 
@@ -288,9 +288,7 @@ class DDPTracker:
         entry = {"nbytes": buffer.numel() * buffer.element_size(), "numel": buffer.numel(),
                  "dtype": str(buffer.dtype).replace("torch.", ""), "params": names}
         if buffer.is_sparse:  # a sparse gradient's bucket: what gloo sends is its indices and values, not the table
-            values, indices = buffer._values(), buffer._indices()
-            entry.update(sparse=True, dense_nbytes=entry["nbytes"], numel=values.numel(),
-                         nbytes=values.numel() * values.element_size() + indices.numel() * indices.element_size())
+            entry.update(sparse_bucket_fields(buffer, entry["nbytes"]))
         elif self.user_hook_name in COMPRESSING_HOOKS:  # the hook casts the bucket before sending it
             dtype, size = COMPRESSING_HOOKS[self.user_hook_name]
             entry.update(buffer_nbytes=entry["nbytes"], nbytes=buffer.numel() * size, wire_dtype=dtype)

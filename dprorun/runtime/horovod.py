@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from dprorun.layout import CommRecord
+from dprorun.layout import CommRecord, sparse_bucket_fields
 from dprorun.runtime.horovod_timeline import WindowTimeline
 from dprorun.runtime.session import RankSession
 
@@ -77,10 +77,7 @@ class HorovodTracker:
                                             "dtype": str(ps[0].dtype).replace("torch.", ""), "params": names}
             grad = ps[0].grad
             if len(ps) == 1 and grad is not None and grad.is_sparse and not optimizer.sparse_as_dense:
-                values, indices = grad._values(), grad._indices()  # all-gathered: a rank's rows, not the table
-                session.records.buckets[key].update(
-                    sparse=True, dense_nbytes=sizes[0], numel=values.numel(),
-                    nbytes=values.numel() * values.element_size() + indices.numel() * indices.element_size())
+                session.records.buckets[key].update(sparse_bucket_fields(grad, sizes[0]))
             else:
                 sent = _compressed_nbytes(optimizer, ps)
                 if sent != sum(sizes):  # a compression (hvd.Compression.fp16) sends fewer bytes than the gradients
