@@ -134,7 +134,8 @@ def test_dprorun_backend_horovod_and_the_horovodrun_drop_in(tmp_path):
 
     assert [row[0] for row in run.ranks[0].meta["calibration"]] == [1 << 12, 1 << 16, 1 << 20, 1 << 22]
     model = build_job_model(run)
-    assert model.comm.source.startswith("horovod calibration") and model.comm.bandwidth_bytes_per_us > 0
+    assert model.comm.source.startswith("horovod calibration") and model.comm.bandwidth_bytes_per_us > 0, \
+        (run.ranks[0].meta["calibration"], model.notes)
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -72,6 +72,11 @@ def build_job_model(run: RunTrace) -> JobModel:
         fitted = horovod_comm_model(calibration, _horovod_timeline_points(run), world, model.horovod_knobs[1])
         if fitted is not None:
             model.comm, model.horovod_negotiation_us = fitted
+        if len(calibration) >= 2 and model.comm.source.startswith("horovod timeline"):
+            model.notes.append("warning: Horovod's calibration did not fit a line growing with size ("
+                               + ", ".join(f"{int(p[0])} B {p[1] / 1e3:.1f} ms" for p in calibration)
+                               + "): communication is priced from the timeline's fused responses, which include "
+                               "waiting for the other ranks (expect modelled what-ifs to overrate communication)")
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
     if tf_job and model.framework == "horovod":

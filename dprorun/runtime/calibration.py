@@ -33,7 +33,10 @@ def calibrate_allreduce(session: RankSession, reps: int = 5) -> list[list[float]
 def _timed_sizes(line_up, call, device: str, reps: int, make=None) -> list[list[float]]:
     """For every calibration size: `reps` calls of `call(tensor)`, each after `line_up(nbytes, k)`, timed, with
     the CPU time the process's other threads (the transport) spent meanwhile: this process's CPU time minus the
-    calling thread's. [[bytes, median µs, median transport CPU µs], ...]. `make(count)` makes the float32 tensor
+    calling thread's. [[bytes, median µs, median transport CPU µs], ...]. The sizes take turns (round k calls
+    every size once), so a stall of a few calls' length (a descheduled rank on a busy host) lands on several sizes
+    once each, where the median discards it, not on all the calls of one size, where it bent the fitted line (a
+    2-core CI host fitted a slope <= 0 and the cost model fell back). `make(count)` makes the float32 tensor
     of `count` zeros (a torch tensor on `device` unless given)."""
     import statistics
 
@@ -43,19 +46,19 @@ def _timed_sizes(line_up, call, device: str, reps: int, make=None) -> list[list[
         def make(count: int):
             return torch.zeros(count, dtype=torch.float32, device=device)
 
-    rows = []
-    for nbytes in CALIBRATION_SIZES:
-        tensor = make(nbytes // 4)
-        times, transport_cpu = [], []
-        for k in range(reps):
+    tensors = {nbytes: make(nbytes // 4) for nbytes in CALIBRATION_SIZES}
+    times: dict[int, list[float]] = {nbytes: [] for nbytes in CALIBRATION_SIZES}
+    transport_cpu: dict[int, list[float]] = {nbytes: [] for nbytes in CALIBRATION_SIZES}
+    for k in range(reps):
+        for nbytes, tensor in tensors.items():
             line_up(nbytes, k)
             start, process_cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
             call(tensor)
-            times.append((time.perf_counter() - start) * 1e6)
+            times[nbytes].append((time.perf_counter() - start) * 1e6)
             others_cpu = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)
-            transport_cpu.append(max(0.0, others_cpu) * 1e6)
-        rows.append([nbytes, statistics.median(times), statistics.median(transport_cpu)])
-    return rows
+            transport_cpu[nbytes].append(max(0.0, others_cpu) * 1e6)
+    return [[nbytes, statistics.median(times[nbytes]), statistics.median(transport_cpu[nbytes])]
+            for nbytes in CALIBRATION_SIZES]
 
 
 def calibrate_horovod(session: RankSession, reps: int = 5) -> list[list[float]]:
