@@ -5,9 +5,10 @@ Shapes: DDP with gradient accumulation (no_sync), find_unused_parameters with a 
 static_graph, gradient_as_bucket_view with bf16 autocast, a GAN (two DDP models), activation checkpointing,
 ZeroRedundancyOptimizer, torch.compile(DDP(model)) by the script, a loss all-reduced for logging each step (with and
 without DataLoader workers), epochs over a DistributedSampler with a validation pass after each, a sparse-gradient
-EmbeddingBag, a frozen trunk, AdamW with OneCycleLR and clipping; Horovod with backward_passes_per_step=2; tf-keras
-fit of a GRU over 2 epochs, and of a conv net with validation data, a schedule and ReduceLROnPlateau. Frameworks
-that are not installed are skipped with a line saying so.
+EmbeddingBag, a frozen trunk, AdamW with OneCycleLR and clipping, Accelerate's and Lightning's own loops (with and
+without gradient accumulation; Lightning steps the optimizer with a closure); Horovod with
+backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs, and of a conv net with validation data, a schedule
+and ReduceLROnPlateau. Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -41,6 +42,11 @@ JOBS = {
     "ddp-sparse-embedding": ([], "ddp_data.py", ["--sparse"], "torch"),
     "ddp-frozen-trunk": ([], "ddp_data.py", ["--frozen"], "torch"),
     "ddp-adamw-onecycle-clip": ([], "ddp_data.py", ["--sched"], "torch"),
+    "ddp-accelerate": ([], "ddp_trainers.py", ["--framework", "accelerate"], "accelerate"),
+    "ddp-accelerate-accumulate-2": ([], "ddp_trainers.py", ["--framework", "accelerate", "--accum", "2"],
+                                    "accelerate"),
+    "ddp-lightning": ([], "ddp_trainers.py", ["--framework", "lightning"], "lightning"),
+    "ddp-lightning-accumulate-2": ([], "ddp_trainers.py", ["--framework", "lightning", "--accum", "2"], "lightning"),
     "horovod-accumulate-2": (["--backend", "horovod"], "hvd_accum.py", [], "horovod"),
     "tf-keras-gru-fit": (["--backend", "tf"], "tf_gru_fit.py", [], "tensorflow"),
     "tf-keras-fit-validation": (["--backend", "tf"], "tf_fit_val.py", [], "tensorflow"),

@@ -31,6 +31,9 @@ def parse_args(description: str, add_arguments=None, **defaults) -> argparse.Nam
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (DDP's no_sync for all but the last; default: 1, or "
                         "what a dprorun strategy asks for)")
+    parser.add_argument("--closure", action="store_true",
+                        help="optimizer.step(closure), the closure running forward and backward (Lightning's "
+                        "automatic optimization does this)")
     parser.add_argument("--comm-hook", choices=("none", "fp16", "bf16"), default="none",
                         help="DDP comm hook from torch's default_hooks: gradients sent as fp16 / bf16 (half the bytes)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
@@ -108,10 +111,18 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
                 with ddp.no_sync() if k < len(pieces) - 1 else contextlib.nullcontext():
                     loss = loss_fn(ddp(piece_in), piece_target) / len(pieces)
                     loss.backward()
+        elif args.closure:
+            def closure():
+                loss = loss_fn(ddp(inputs), targets)
+                loss.backward()
+                return loss
         else:
             loss = loss_fn(ddp(inputs), targets)
             loss.backward()
-        optimizer.step()
+        if args.closure and micro_batches == 1:
+            loss = optimizer.step(closure)
+        else:
+            optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - start)

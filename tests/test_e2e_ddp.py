@@ -165,6 +165,31 @@ def test_gradient_accumulation_with_no_sync_is_replayed_with_its_micro_batches(t
     assert abs(doc["predicted_iteration_time_ms"] / doc["measured_iteration_time_ms"] - 1) < 0.15, doc
 
 
+def test_an_optimizer_step_given_a_closure_has_its_update_after_the_closures_backward(tmp_path):
+    """optimizer.step(closure) runs the forward and backward inside the step (Lightning's automatic optimization):
+    the update is from the closure's return to the step's end (it was read from the step's start to the forward
+    that starts the iteration: ~0.1 ms, Adam's time left as a gap)."""
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "1", "--active", "4", "--kineto-iters", "1", "--clean", "1", "-q",
+                           "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "9", "--closure",
+                           "--optimizer", "adam"], run_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = load_run(str(run_dir))
+    for trace in run.ranks.values():
+        spans = {}
+        for op in trace.ops:
+            if op.stream == "phase":
+                spans.setdefault(op.iteration, {}).setdefault(op.kind.value, []).append(op)
+        window = [kinds for kinds in spans.values() if {"FW", "BW", "UPDATE"} <= set(kinds)]
+        assert len(window) >= 2  # the window's first step began before its hooks: no update span
+        for kinds in window:
+            assert [o.start_us >= kinds["BW"][-1].end_us for o in kinds["UPDATE"]] == [True], kinds
+    from dprorun.replay.build import build_job_model
+
+    for template in build_job_model(run).templates.values():  # Adam over 26 layers vs the gap before it
+        assert template.update_us > max(template.finalize_us, 1000.0), template
+
+
 def test_no_comm_hook_keeps_ddp_builtin_path(tmp_path):
     proc, _ = run_dprorun(["-np", "2", "--no-comm-hook", "--warmup", "1", "--active", "3", "--kineto-iters", "1",
                            "--clean", "1", "-q", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"),

@@ -167,9 +167,9 @@ class RankSession:
         if self.disabled or self.phase in ("warmup", "done"):
             return  # profiling off, the window never started, or everything already ran
         if self.phase == "active":
-            self.records.warnings.append(f"the script tore its process group down at iteration {self.iteration}, inside "
-                                 f"the profiling window (iterations {self.cfg.warmup}-"
-                                 f"{self.cfg.warmup + self.cfg.active - 1}): the window was closed there")
+            self.records.warnings.append(f"the script tore its process group down at iteration {self.iteration}, "
+                                         f"inside the profiling window (iterations {self.cfg.warmup}-"
+                                         f"{self.cfg.warmup + self.cfg.active - 1}): the window was closed there")
             self._close_window_and_gather()
         if self.phase == "clean":
             self.guard("writing the clean iterations", self._finish_clean, True)
@@ -188,7 +188,8 @@ class RankSession:
     # ---- window ------------------------------------------------------------------------------------------
     def _start_window(self) -> None:
         make_private_dir(self.rank_dir)
-        peak = rank_files.peak_rss_bytes()  # the job's own peak so far (warm-up iterations), before any profiler buffer exists
+        # the job's own peak so far (warm-up iterations), before any profiler buffer exists
+        peak = rank_files.peak_rss_bytes()
         if peak is not None:
             self.records.memory["max_rss_before_window_bytes"] = peak
         self.phase = "active"
@@ -216,13 +217,30 @@ class RankSession:
         self.profiler = self.profiler_backend
 
     def _register_optimizer_hooks(self) -> None:
+        """The update span: optimizer.step's pre-hook to its post-hook. A step given a closure (Lightning's
+        automatic optimization, LBFGS) runs the forward and backward inside that closure: its update starts when
+        the closure returns (the closure is wrapped to mark it), not at the step's start, which the forward's new
+        iteration would close at once (Lightning's Adam updates were read as 0.1 ms and their time as a gap)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def after_closure(closure):
+            def closure_then_update(*a, **kw):
+                result = closure(*a, **kw)
+                if self.detail_active:
+                    self.open_mark("update")
+                return result
+            return closure_then_update
 
         def pre(optimizer, args, kwargs):
             if self.detail_active:
-                self.open_mark("update")
                 if not any(o is optimizer for o in self.optimizers):
                     self.optimizers.append(optimizer)
+                if callable(kwargs.get("closure")):
+                    return args, dict(kwargs, closure=after_closure(kwargs["closure"]))
+                if len(args) > 1 and callable(args[1]):  # args[0] is the optimizer itself
+                    return (args[0], after_closure(args[1]), *args[2:]), kwargs
+                self.open_mark("update")
+            return None
 
         def post(optimizer, args, kwargs):
             if self.detail_active:
@@ -321,7 +339,8 @@ class RankSession:
 
 
 SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or through Lightning, Hugging Face "
-                      "Trainer or Accelerate), horovod.torch.DistributedOptimizer and horovod.tensorflow's all-reduce inside a "
+                      "Trainer or Accelerate), horovod.torch.DistributedOptimizer and horovod.tensorflow's all-reduce "
+                      "inside a "
                       "tf.function step (DistributedGradientTape, DistributedOptimizer)")
 
 
