@@ -6,7 +6,7 @@ static_graph, gradient_as_bucket_view with bf16 autocast, a GAN (two DDP models)
 ZeroRedundancyOptimizer, torch.compile(DDP(model)) by the script, a loss all-reduced for logging each step (with and
 without DataLoader workers), epochs over a DistributedSampler with a validation pass after each, a sparse-gradient
 EmbeddingBag, a frozen trunk, AdamW with OneCycleLR and clipping, Accelerate's and Lightning's own loops (with and
-without gradient accumulation; Lightning steps the optimizer with a closure); Horovod with
+without gradient accumulation; Lightning steps the optimizer with a closure; Lightning under --autotune); Horovod with
 backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs, and of a conv net with validation data, a schedule
 and ReduceLROnPlateau. Frameworks that are not installed are skipped with a line saying so.
 
@@ -46,6 +46,7 @@ JOBS = {
     "ddp-accelerate-accumulate-2": ([], "ddp_trainers.py", ["--framework", "accelerate", "--accum", "2"],
                                     "accelerate"),
     "ddp-lightning": ([], "ddp_trainers.py", ["--framework", "lightning"], "lightning"),
+    "ddp-lightning-autotune": (["--autotune"], "ddp_trainers.py", ["--framework", "lightning"], "lightning"),
     "ddp-lightning-accumulate-2": ([], "ddp_trainers.py", ["--framework", "lightning", "--accum", "2"], "lightning"),
     "horovod-accumulate-2": (["--backend", "horovod"], "hvd_accum.py", [], "horovod"),
     "tf-keras-gru-fit": (["--backend", "tf"], "tf_gru_fit.py", [], "tensorflow"),

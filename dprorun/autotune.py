@@ -189,8 +189,9 @@ class _Autotune:
         if not job.output.quiet:
             for line in strategy.summary_lines():
                 print(f"dprorun autotune:   {line.strip()}")
-            if "comm_passes" in strategy.search:
-                print(f"dprorun autotune:   communication passes {strategy.search['comm_passes']}")
+            for key, what in (("comm_passes", "communication"), ("compute_passes", "op fusion and bf16")):
+                if key in strategy.search:
+                    print(f"dprorun autotune:   {what} passes {strategy.search[key]}")
         return strategy, candidates, profiled_run
 
     def _trial_list(self, strategy: Strategy, candidates: list, profiled_run) -> tuple[list, bool]:

@@ -335,8 +335,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     for line in strategy.summary_lines():
         print(line)
     search = strategy.search
-    if "comm_passes" in search:
-        print(f"communication passes {search['comm_passes']}")
+    for key, what in (("comm_passes", "communication"), ("compute_passes", "op fusion and bf16")):
+        if key in search:
+            print(f"{what} passes {search[key]}")
     print(f"search: {search['evaluations']} replays in {search['seconds']:.2f} s; strategy written to {out}")
     return 0
 

@@ -285,6 +285,9 @@ class _Search:
                 f"busy {100 * model.transport['transport_cpu_share']:.0f} % of their time), where more collectives "
                 "cost more and overlap gains less than the replay predicts; bucket layout and partitions left as "
                 "they are (`dpro optimize --comm-passes on` forces them)" if self.shares_cores else "off (asked)")
+        failed = [v["error"] for v in model.compute_variants.values() if "error" in v]
+        if failed and len(failed) == len(model.compute_variants):  # asked for, none measured: say why
+            current.search["compute_passes"] = f"off: no compute variant could be measured ({failed[0]})"
         if self.symmetric and final_full > self.baseline_us:
             current.search["warning"] = (f"the symmetric search's choice replays slower in full ({final_full / 1000:.2f} "
                                          f"vs {self.baseline_us / 1000:.2f} ms): the ranks differ more than symmetry "
