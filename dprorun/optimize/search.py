@@ -289,7 +289,7 @@ class _Search:
         if failed and len(failed) == len(model.compute_variants):  # asked for, none measured: say why
             current.search["compute_passes"] = f"off: no compute variant could be measured ({failed[0]})"
         if self.symmetric and final_full > self.baseline_us:
-            current.search["warning"] = (f"the symmetric search's choice replays slower in full ({final_full / 1000:.2f} "
-                                         f"vs {self.baseline_us / 1000:.2f} ms): the ranks differ more than symmetry "
-                                         "assumes")
+            current.search["warning"] = (f"the symmetric search's choice replays slower in full "
+                                         f"({final_full / 1000:.2f} vs {self.baseline_us / 1000:.2f} ms): the ranks "
+                                         "differ more than symmetry assumes")
         return current
