@@ -7,8 +7,8 @@ ZeroRedundancyOptimizer, torch.compile(DDP(model)) by the script, a loss all-red
 without DataLoader workers), epochs over a DistributedSampler with a validation pass after each, a sparse-gradient
 EmbeddingBag, a frozen trunk, AdamW with OneCycleLR and clipping, Accelerate's and Lightning's own loops (with and
 without gradient accumulation; Lightning steps the optimizer with a closure; Lightning under --autotune); Horovod with
-backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs, and of a conv net with validation data, a schedule
-and ReduceLROnPlateau. Frameworks that are not installed are skipped with a line saying so.
+backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs, of a conv net with validation data, a schedule
+and ReduceLROnPlateau, and of an MLP with steps_per_execution=4. Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -51,6 +51,7 @@ JOBS = {
     "horovod-accumulate-2": (["--backend", "horovod"], "hvd_accum.py", [], "horovod"),
     "tf-keras-gru-fit": (["--backend", "tf"], "tf_gru_fit.py", [], "tensorflow"),
     "tf-keras-fit-validation": (["--backend", "tf"], "tf_fit_val.py", [], "tensorflow"),
+    "tf-keras-fit-steps-per-execution-4": (["--backend", "tf"], "tf_fit_spe.py", [], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

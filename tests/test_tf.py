@@ -153,6 +153,32 @@ def test_a_tf_keras_fit_job_runs_unchanged(tmp_path):
     assert next(t for t in events["trackers"] if t["framework"] == "tf")["step_functions"] >= 1
 
 
+def test_a_fit_job_running_several_steps_per_call_is_read_step_by_step(tmp_path):
+    """Keras's steps_per_execution=3: each call of the step function runs 3 training steps in a loop inside the
+    tf.function (its ops named "while/body/_N/..."). The calls are split into steps (the profiled ones at each
+    step's input fetch), so every profiled step has its phases and its pack's all-reduce; the replay is a step's
+    (before: no op was read as backward and there was no replay at all)."""
+    pytest.importorskip("tf_keras", reason="tf-keras is not installed (pip install tf-keras --no-deps)")
+    run_dir = tmp_path / "fit"
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python", os.path.join(EXAMPLES, "tf_keras_fit.py"),
+                          "--steps", "57", "--steps-per-execution", "3"], run_dir, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    from dprorun.trace.rundir import load_run
+
+    run = load_run(str(run_dir))
+    for trace in run.ranks.values():
+        assert trace.meta["window"]["steps_per_call"] == 3 and len(trace.meta["kineto_iterations"]) == 9
+        assert any("ran 3 training steps" in w for w in trace.warnings)
+        for step in trace.meta["kineto_iterations"]:
+            kinds = {op.kind.value for op in trace.ops if op.iteration == step and op.stream == "phase"}
+            assert kinds >= {"FW", "BW", "UPDATE"}, (step, kinds)
+            assert any(op.iteration == step and op.kind.value == "COMM" for op in trace.ops), step
+    out = _dpro("replay", run_dir, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert 0.5 < doc["predicted_iteration_time_ms"] / doc["measured_iteration_time_ms"] < 1.5, doc
+
+
 def test_dry_run_predicts_and_the_workers_leave_after_the_window(tmp_path):
     run_dir = tmp_path / "dry"
     proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "--dry-run", "python",

@@ -217,6 +217,63 @@ def _tf_step_parts(profile: TFProfile, starts: list[float],
     return parts
 
 
+def _steps_per_call(profile: TFProfile, starts: list[float], profiled: list[int]) -> int:
+    """Training steps per call of a TensorFlow step function: how often the call's first collective op runs in
+    it (once per step; a function that loops over steps runs it once per pass), agreed by every profiled call."""
+    counts = set()
+    for step, (_, _, _, colls) in _tf_step_parts(profile, starts, profiled).items():
+        if colls:
+            first = colls[0].args.get("scope")
+            counts.add(sum(1 for op in colls if op.args.get("scope") == first))
+    return counts.pop() if len(counts) == 1 else 1
+
+
+def split_multi_step_calls(doc: dict, profile: TFProfile) -> None:
+    """A step function that runs k training steps per call (Keras's steps_per_execution, a custom loop's
+    tf.range inside the tf.function): the hooks' iterations are calls; here they become steps, so that phases,
+    packs and the replay are a step's. A profiled call splits at each step's input fetch; a call the profiler
+    did not see (or one without k fetches) into k equal steps. Every iteration-indexed record is renumbered."""
+    window = doc["window"]
+    profiled = [int(i) for i in window.get("kineto_iterations", [])]
+    starts = [float(x) for x in doc["iteration_starts_us"]]
+    k = _steps_per_call(profile, starts, profiled)
+    if k <= 1:
+        return
+    bounds: list[list[float]] = []
+    for s, e in zip(starts, starts[1:]):
+        fetches = [f for f in profile.fetches if s <= f < e]
+        bounds.append([s] + fetches[1:] if len(fetches) == k else [s + j * (e - s) / k for j in range(k)])
+    cpu = [float(x) for x in doc.get("iteration_cpu_s", [])]
+    if len(cpu) == len(starts):
+        doc["iteration_cpu_s"] = [c0 + (c1 - c0) * (b - s) / max(e - s, 1e-9)
+                                  for (s, e, c0, c1), parts in zip(zip(starts, starts[1:], cpu, cpu[1:]), bounds)
+                                  for b in parts] + cpu[-1:]
+    doc["iteration_starts_us"] = [b for parts in bounds for b in parts] + starts[-1:]
+
+    def sub(i: int, t: float) -> int:  # the step of call i that holds time t
+        parts = bounds[i] if 0 <= i < len(bounds) else [t]
+        return i * k + max(0, sum(1 for b in parts if b <= t) - 1)
+
+    spans = []
+    for i, name, start, end in doc["spans"]:
+        if name == "step" and 0 <= i < len(bounds):
+            edges = bounds[i] + [end]
+            spans += [[i * k + j, name, max(start, edges[j]), edges[j + 1]] for j in range(k)]
+        else:
+            spans.append([sub(i, start), name, start, end])
+    doc["spans"] = spans
+    doc["host_cpu_stat"] = [[row[0] * k, *row[1:]] for row in doc.get("host_cpu_stat", [])]
+    for key in ("warmup", "active", "clean"):
+        window[key] = int(window.get(key, 0)) * k
+    window["kineto_iterations"] = [i * k + j for i in profiled for j in range(k)]
+    window["steps_per_call"] = k
+    doc["disturbed_iterations"] = [i * k + j for i in doc.get("disturbed_iterations", []) for j in range(k)]
+    doc.setdefault("warnings", []).append(
+        f"each call of the step function ran {k} training steps (Keras's steps_per_execution, or a loop inside the "
+        f"tf.function): iterations here are steps, the profiled calls split at each step's input fetch, the "
+        f"others into {k} equal parts")
+
+
 def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[HorovodTimeline] = None) -> None:
     """A TensorFlow worker's hooks see only whole steps; its profiled steps' phases, per-pack all-reduces and
     gradient-ready times come from the profile, written into the events document as the DDP hooks' records
@@ -421,6 +478,7 @@ def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = T
     if os.path.exists(xplane_path):
         skew = float(doc.get("clock", {}).get("test_skew_us") or 0.0)
         tf_profile = read_tf_profile(xplane_path, doc["rank"], shift_us=skew)
+        split_multi_step_calls(doc, tf_profile)
         add_tf_records(doc, tf_profile, horovod_timeline)
     trace = rank_from_events(doc, kineto, samples)
     trace.kineto = snapshot

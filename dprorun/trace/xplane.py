@@ -23,11 +23,15 @@ Produced (host plane "/host:CPU"):
     buffer allocated inside it (the MemoryAllocation event's requested_bytes);
   (horovod.tensorflow: TensorFlow's profiler records none of Horovod's asynchronous ops; their spans come from
   Horovod's timeline, trace/rundir.add_tf_records);
+  - fetches: the starts of `IteratorGetNextOp::DoCompute` (a step function's `next(iterator)`, once per step),
+    which split a call that runs several steps (rundir.split_multi_step_calls);
+  - ops inside a loop of the step function keep the names they were traced with (`name_outside_loop`);
   - steps: the python thread's `train` events (`tf.profiler.experimental.Trace("train", step_num=N)`), where a
     script set them (dprorun sets none: it splits the profile at its own step boundaries).
 """
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -36,6 +40,7 @@ from dprorun.fsutil import TraceError
 from dprorun.trace.model import Op, OpKind
 
 COMPUTE_THREADS = ("tf_Compute", "tf_inter_op")
+FETCH_EVENT = "IteratorGetNextOp::DoCompute"  # a step function's `next(iterator)`: once at each step's start
 COLLECTIVE_THREADS = ("collective_ops",)
 SKIPPED_PREFIXES = ("ThreadpoolListener", "Memory", "ExecutorState::", "ExecutorDoneCallback", "ParallelFor",
                     "CollectiveOpV2Kernel", "Loop")
@@ -230,23 +235,43 @@ class TFProfile:
     compute: list[Op]
     collectives: list[Op]
     steps: list[tuple[int, float, float]]  # (step_num, start, end)
+    fetches: list[float] = field(default_factory=list)  # starts of the step functions' input fetches (GetNext)
+
+
+LOOP_BODY = re.compile(r"^(?:while(?:_\d+)?/body/_\d+/)+")
+
+
+def name_outside_loop(op_name: str) -> str:
+    """An op's name as the step function traced it, where the function runs its steps in a loop (Keras's
+    steps_per_execution, a custom loop's tf.range): the executed loop body prefixes "while/body/_N/" and the
+    loop's own scope ("gradient_tape/while/sequential/..." for "gradient_tape/sequential/...")."""
+    found = LOOP_BODY.match(op_name)
+    if found is None:
+        return op_name
+    rest = op_name[found.end():]
+    if rest.startswith("gradient_tape/while/"):
+        return "gradient_tape/" + rest[len("gradient_tape/while/"):]
+    return rest[len("while/"):] if rest.startswith("while/") else rest
 
 
 def read_tf_profile(path: str, rank: int, shift_us: float = 0.0) -> TFProfile:
     """The worker's profile; `shift_us` moves every time (the hooks' test clock skew, which TensorFlow's
     profiler does not see)."""
     space = read_xspace(path)
-    compute, collectives, steps = [], [], []
+    compute, collectives, steps, fetches = [], [], [], []
     allocations = [e for e in space.events if e.name == "MemoryAllocation" and e.thread in COLLECTIVE_THREADS]
     for event in space.events:
         start, end = event.start_ns / 1000.0 + shift_us, event.end_ns / 1000.0 + shift_us
         if event.thread == "python" and event.name == "train" and "step_num" in event.stats:
             steps.append((int(event.stats["step_num"]), start, end))
+        elif event.name == FETCH_EVENT:
+            fetches.append(start)
         elif event.thread in COLLECTIVE_THREADS and ":Collective" in event.name:
             inside = [a for a in allocations if event.start_ns <= a.start_ns <= event.end_ns]
             nbytes = int(inside[0].stats.get("requested_bytes", 0)) if inside else 0
             key = event.stats.get("instance_key")
             op_name, op_type = event.name.rsplit(":", 1)
+            op_name = name_outside_loop(op_name)
             collectives.append(Op(name=op_type, kind=OpKind.COMM, rank=rank, start_us=start, end_us=end,
                                   stream="comm:tf", source="xplane", phase="transmit", granularity="collective",
                                   nbytes=nbytes, txn_id=f"tf.instance{key}",
@@ -255,8 +280,9 @@ def read_tf_profile(path: str, rank: int, shift_us: float = 0.0) -> TFProfile:
                                         "step_id": event.stats.get("step_id")}))
         elif event.thread in COMPUTE_THREADS and ":" in event.name and not event.name.startswith(SKIPPED_PREFIXES):
             op_name, op_type = event.name.rsplit(":", 1)
+            op_name = name_outside_loop(op_name)
             scope = op_name.rsplit("/", 1)[0] if "/" in op_name else ""
             kind = OpKind.BW if op_name.startswith("gradient_tape/") else OpKind.FW
             compute.append(Op(name=op_type, kind=kind, rank=rank, start_us=start, end_us=end, stream="main",
                               source="xplane", args={"scope": scope, "op": op_name}))
-    return TFProfile(compute, collectives, sorted(steps))
+    return TFProfile(compute, collectives, sorted(steps), sorted(fetches))
