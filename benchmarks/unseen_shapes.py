@@ -5,10 +5,11 @@ Shapes: DDP with gradient accumulation (no_sync), find_unused_parameters with a 
 static_graph, gradient_as_bucket_view with bf16 autocast, a GAN (two DDP models), activation checkpointing,
 ZeroRedundancyOptimizer, torch.compile(DDP(model)) by the script, a loss all-reduced for logging each step (with and
 without DataLoader workers), epochs over a DistributedSampler with a validation pass after each, a sparse-gradient
-EmbeddingBag, a frozen trunk, AdamW with OneCycleLR and clipping, Accelerate's and Lightning's own loops (with and
-without gradient accumulation; Lightning steps the optimizer with a closure; Lightning under --autotune); Horovod with
-backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs, of a conv net with validation data, a schedule
-and ReduceLROnPlateau, and of an MLP with steps_per_execution=4. Frameworks that are not installed are skipped with a line saying so.
+EmbeddingBag, a frozen trunk, AdamW with OneCycleLR and clipping, Hugging Face Trainer with gradient accumulation,
+Accelerate's and Lightning's own loops (with and without gradient accumulation; Lightning steps the optimizer with a
+closure; Lightning under --autotune); Horovod with backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs,
+of a conv net with validation data, a schedule and ReduceLROnPlateau, and of an MLP with steps_per_execution=4.
+Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -26,7 +27,8 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = os.path.join(REPO, "benchmarks", "shapes")
-# name: (dprorun options, script, script arguments, module the job needs)
+# name: (dprorun options, script (in benchmarks/shapes, or a path from the repository root), script arguments,
+# module the job needs)
 JOBS = {
     "ddp-accumulate-2": ([], "ddp_shapes.py", ["--accum", "2"], "torch"),
     "ddp-unused-branch": ([], "ddp_shapes.py", ["--unused"], "torch"),
@@ -46,6 +48,7 @@ JOBS = {
     "ddp-accelerate-accumulate-2": ([], "ddp_trainers.py", ["--framework", "accelerate", "--accum", "2"],
                                     "accelerate"),
     "ddp-lightning": ([], "ddp_trainers.py", ["--framework", "lightning"], "lightning"),
+    "hf-trainer-accumulate-2": ([], "examples/hf_trainer.py", ["--accumulate", "2"], "transformers"),
     "ddp-lightning-autotune": (["--autotune"], "ddp_trainers.py", ["--framework", "lightning"], "lightning"),
     "ddp-lightning-accumulate-2": ([], "ddp_trainers.py", ["--framework", "lightning", "--accum", "2"], "lightning"),
     "horovod-accumulate-2": (["--backend", "horovod"], "hvd_accum.py", [], "horovod"),
@@ -71,8 +74,9 @@ def main() -> None:
             if importlib.util.find_spec(needs) is None:
                 print(f"| {name} | - | - | - | skipped: {needs} is not installed |", flush=True)
                 continue
+            path = os.path.join(REPO, script) if "/" in script else os.path.join(SHAPES, script)
             cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, name), *options, "-np", "2",
-                   "python", os.path.join(SHAPES, script), "--steps", str(args.steps), *script_args]
+                   "python", path, "--steps", str(args.steps), *script_args]
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600,
                                  env=dict(os.environ, DPRO_REPORT="0"))
             found = CHECK.search(out.stdout + out.stderr)

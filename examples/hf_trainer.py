@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket cap (TrainingArguments."
                                                                       "ddp_bucket_cap_mb; default DDP's own)")
+    parser.add_argument("--accumulate", type=int, default=1, help="TrainingArguments.gradient_accumulation_steps")
     args = parser.parse_args()
     config = BertConfig(vocab_size=4000, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                         intermediate_size=512, max_position_embeddings=args.seq_len, num_labels=4)
@@ -62,6 +63,7 @@ def main() -> None:
                                      max_steps=args.steps, learning_rate=1e-4, logging_strategy="no",
                                      save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
                                      ddp_backend="gloo", disable_tqdm=True,
+                                     gradient_accumulation_steps=args.accumulate,
                                      ddp_bucket_cap_mb=int(args.bucket_mb) if args.bucket_mb else None)
         trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[timer])
         trainer.train()
