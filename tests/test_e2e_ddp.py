@@ -332,6 +332,37 @@ def test_a_job_with_nothing_to_profile_says_so(tmp_path):
     assert "it saw FSDP" in proc.stderr
 
 
+SPAWN_SCRIPT = """
+import os
+import torch, torch.distributed as dist, torch.multiprocessing as mp, torch.nn as nn
+
+def train(rank, world):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(8, 8))
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(train, args=(2,), nprocs=2, join=True)
+"""
+
+
+def test_a_script_that_spawns_its_own_ranks_is_told_how_to_run_under_dprorun(tmp_path):
+    """The DDP tutorial's shape (torch.multiprocessing.spawn of the ranks, rank= and world_size= given): the
+    spawned processes are not dprorun's ranks and carry no hooks; the job runs, and rank 0 says so and how to
+    run the script instead (it said "no distributed training was seen")."""
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWN_SCRIPT)
+    proc, _ = run_dprorun(["-np", "1", "python", str(script)], tmp_path / "run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "is starting 2 process(es) of its own" in proc.stderr  # when they start, not only at the end
+    assert "started 2 process(es) of its own (torch.multiprocessing.spawn)" in proc.stderr
+    assert "dprorun -np 2 python" in proc.stderr and "nothing was profiled" in proc.stderr
+
+
 def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):
     """--run-dir pointing at an earlier (here interrupted) run: refused with exit 2, nothing touched; --overwrite
     replaces it, and the new manifest is the new run's alone. The new run's ranks pose as two hosts

@@ -3,8 +3,9 @@
 Installs, only in a rank process launched by dprorun (DPRO_ENABLED=1 and RANK, or HOROVOD_RANK under
 horovodrun, set; not in its subprocesses): an import hook that patches DistributedDataParallel when
 torch.nn.parallel.distributed is imported and horovod.torch's DistributedOptimizer when horovod.torch.optimizer
-is (torch is not imported here: start-up stays fast), the sampler thread, an excepthook that writes torchelastic's per-rank
-error file, and exit/SIGTERM handlers that keep what was recorded.
+is (torch is not imported here: start-up stays fast; processes the script spawns itself are counted), the sampler
+thread, an excepthook that writes torchelastic's per-rank error file, and exit/SIGTERM handlers that keep what was
+recorded.
 """
 from __future__ import annotations
 
@@ -103,8 +104,9 @@ def install(environ=os.environ) -> Optional[object]:
 
 
 def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[str, Callable[[], None]]:
-    """Module name -> the patch to apply once it is imported: DDP, horovod.torch and horovod.tensorflow in Horovod/torch jobs, tf.function
-    (and Keras 3's fit) in TensorFlow workers, gluon's Trainer in MXNet workers. Each patch runs guarded."""
+    """Module name -> the patch to apply once it is imported: DDP, horovod.torch and horovod.tensorflow (and
+    torch.multiprocessing.spawn, counted) in Horovod/torch jobs, tf.function (and Keras 3's fit) in TensorFlow
+    workers, gluon's Trainer in MXNet workers. Each patch runs guarded."""
     def patch_ddp():
         from dprorun.runtime.ddp import patch_ddp_class
 
@@ -141,7 +143,30 @@ def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[st
         sess.framework = "mxnet"
         return {"mxnet.gluon.trainer": patch_mxnet}
     return {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd,
-            "horovod.tensorflow": patch_hvd_tf}
+            "horovod.tensorflow": patch_hvd_tf,
+            "torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn", _count_spawns,
+                                                              sess)}
+
+
+def _count_spawns(sess) -> None:
+    """Processes the script starts itself with torch.multiprocessing.spawn / start_processes (the DDP tutorial's
+    shape): they are not ranks dprorun launched and carry no hooks; counted so that a job that profiled nothing
+    says why (session.nothing_to_profile)."""
+    module = sys.modules["torch.multiprocessing.spawn"]
+    start_processes = module.start_processes
+
+    def counted(fn, args=(), nprocs=1, *more, **kwargs):
+        if not sess.spawned_processes:
+            from dprorun.runtime.log import warn
+
+            warn(f"the script is starting {nprocs} process(es) of its own (torch.multiprocessing.spawn): dprorun "
+                 "profiles the ranks it launches, not these. They inherit the launcher's rendezvous environment, as "
+                 "under torchrun (TORCHELASTIC_USE_AGENT_STORE: init_process_group joins the store at MASTER_ADDR:"
+                 "MASTER_PORT), so a script that sets a MASTER_PORT of its own waits there until it times out")
+        sess.spawned_processes += int(nprocs)
+        return start_processes(fn, args, nprocs, *more, **kwargs)
+
+    module.start_processes = counted
 
 
 def _install_mxnet_server(environ) -> Optional[object]:
@@ -176,8 +201,8 @@ class _FullDiskGuard:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self._fd)
         os.close(devnull)
-        self._session.records.warnings.append(f"the disk holding this rank's log file is full: its output (fd {self._fd}) "
-                                      "is dropped from here on")
+        self._session.records.warnings.append(f"the disk holding this rank's log file is full: its output (fd "
+                                              f"{self._fd}) is dropped from here on")
 
     def write(self, text):
         try:

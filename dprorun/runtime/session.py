@@ -54,6 +54,7 @@ class RankSession:
         self.records = RankRecords()  # the buffers behind events.json (runtime/records.py)
         self.trackers: list[Any] = []
         self.optimizers: list[Any] = []
+        self.spawned_processes = 0  # started by the script itself (torch.multiprocessing.spawn): not ranks
         self.profiler = None  # the profiler backend while it records, else None
         # start_profiler() / stop_profiler(write) / step(): torch.profiler (runtime/torch_profiler.py) by default;
         # TensorFlow's and MXNet's hooks set their own (runtime/tf.py, runtime/mxnet.py)
@@ -314,7 +315,7 @@ class RankSession:
         """Keep whatever was recorded: close the window if the job ended inside it and write the files. No
         collective here (the other ranks may be gone): what needed one and did not run is recorded as such."""
         if not self.trackers and self.rank == 0 and not self.disabled:
-            warn(nothing_to_profile())
+            warn(nothing_to_profile(self.spawned_processes))
         elif self.iteration < 0 and self.rank == 0 and not self.disabled:
             warn(no_step_seen(self.trackers))
         if self.phase == "active" or (self.disabled and self.profiler is not None):
@@ -356,8 +357,15 @@ def no_step_seen(trackers: list) -> str:
     return f"nothing to profile: the hooks saw no training step ({how}). The job ran unprofiled"
 
 
-def nothing_to_profile() -> str:
-    """What a rank that never met a supported wrapper saw instead: FSDP, a bare process group, or nothing."""
+def nothing_to_profile(spawned: int = 0) -> str:
+    """What a rank that never met a supported wrapper saw instead: FSDP, a bare process group, processes the
+    script spawned as its ranks, or nothing."""
+    if spawned:
+        return (f"nothing to profile: the script started {spawned} process(es) of its own (torch.multiprocessing."
+                f"spawn), which dprorun does not profile: it profiles the ranks it launches. Let the script take its "
+                f"rank and world size from RANK, WORLD_SIZE and LOCAL_RANK (as under torchrun: "
+                f"init_process_group() without rank= and world_size=) instead of spawning them, and run it as "
+                f"`dprorun -np {spawned} python <script>`. The job ran unprofiled")
     seen = []
     if any(name.startswith(("torch.distributed.fsdp", "torch.distributed._composable.fsdp")) for name in sys.modules):
         seen.append("FSDP (FullyShardedDataParallel / fully_shard)")
