@@ -8,8 +8,9 @@ without DataLoader workers), epochs over a DistributedSampler with a validation 
 EmbeddingBag, a frozen trunk, AdamW with OneCycleLR and clipping, Hugging Face Trainer with gradient accumulation,
 Accelerate's and Lightning's own loops (with and without gradient accumulation; Lightning steps the optimizer with a
 closure; Lightning under --autotune); Horovod with backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs,
-of a conv net with validation data, a schedule and ReduceLROnPlateau, and of an MLP with steps_per_execution=4.
-Frameworks that are not installed are skipped with a line saying so.
+of a conv net with validation data, a schedule and ReduceLROnPlateau, and of an MLP with steps_per_execution=4; a
+TensorFlow custom loop running 3 steps per call of its tf.function. Frameworks that are not installed are skipped
+with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -55,6 +56,8 @@ JOBS = {
     "tf-keras-gru-fit": (["--backend", "tf"], "tf_gru_fit.py", [], "tensorflow"),
     "tf-keras-fit-validation": (["--backend", "tf"], "tf_fit_val.py", [], "tensorflow"),
     "tf-keras-fit-steps-per-execution-4": (["--backend", "tf"], "tf_fit_spe.py", [], "tensorflow"),
+    "tf-custom-loop-3-steps-per-call": (["--backend", "tf", "--warmup", "3", "--active", "6", "--clean", "3"],
+                                        "examples/tf_custom_loop.py", ["--steps-per-call", "3"], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

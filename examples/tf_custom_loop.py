@@ -19,6 +19,8 @@ def main() -> None:
     parser.add_argument("--pack-mb", type=float, default=0.0,
                         help="all-reduce pack size (CommunicationOptions bytes_per_pack; 0: TF's default)")
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--steps-per-call", type=int, default=1,
+                        help="training steps run in a tf.range loop inside one call of the tf.function")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: worker 1 raises at this step")
     args = parser.parse_args()
     options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=int(args.pack_mb * (1 << 20)))
@@ -47,13 +49,18 @@ def main() -> None:
 
     @tf.function
     def train_step(x, y):
-        return strategy.run(step_fn, args=(x, y))
+        if args.steps_per_call == 1:
+            return strategy.run(step_fn, args=(x, y))
+        loss = tf.constant(0.0)
+        for _ in tf.range(args.steps_per_call):
+            loss = strategy.reduce("SUM", strategy.run(step_fn, args=(x, y)), axis=None)
+        return loss
 
     tf.random.set_seed(worker)
     x = tf.random.normal((args.batch_size, 32, 32, 3))
     y = tf.random.uniform((args.batch_size,), maxval=10, dtype=tf.int64)
     times = []
-    for step in range(args.steps):
+    for step in range(args.steps // args.steps_per_call):
         if step == args.fail_at_step and worker == 1:
             raise RuntimeError(f"injected failure at step {step} (--fail-at-step)")
         started = time.perf_counter()
@@ -61,7 +68,8 @@ def main() -> None:
         times.append(time.perf_counter() - started)
     if worker == 0:
         second_half = times[len(times) // 2:]
-        print(f"median iteration time: {1000 * statistics.median(second_half):.3f} ms", flush=True)
+        print(f"median iteration time: {1000 * statistics.median(second_half) / args.steps_per_call:.3f} ms",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -323,3 +323,25 @@ def test_compute_variants_leave_a_forward_a_framework_redirected_alone():
     assert set(out) == {"eager", "compiled", "compiled_blocks", "bf16"}
     assert all("redirects the model's forward" in v["error"] for v in out.values())
     assert calls == [] and net.forward is redirected
+
+
+def test_a_call_running_k_steps_splits_at_its_fetches_or_its_first_op_run_k_times():
+    """TensorFlow step functions that loop over k steps per call (rundir._step_starts): the steps start at the
+    input fetches where there are k, else at the occurrences of the call's first op that runs k times (a loop over
+    tensors the function was given fetches nothing; the loop's set-up op runs once), else k equal parts."""
+    from dprorun.trace.model import Op, OpKind
+    from dprorun.trace.rundir import _step_starts
+    from dprorun.trace.xplane import TFProfile, name_outside_loop
+
+    def op(name, t):
+        return Op(name="X", kind=OpKind.FW, rank=0, start_us=t, end_us=t + 3, args={"op": name})
+
+    ops = [op("range/ReadVariableOp", 1)] + [op(n, t + j * 100) for j in range(3) for n, t in (("dense/MatMul", 6),
+                                                                                             ("dense/BiasAdd", 9))]
+    assert _step_starts(TFProfile(ops, [], [], [2.0, 101.0, 198.0]), 0.0, 300.0, 3) == [0.0, 101.0, 198.0]
+    assert _step_starts(TFProfile(ops, [], []), 0.0, 300.0, 3) == [0.0, 106.0, 206.0]
+    assert _step_starts(TFProfile([], [], []), 0.0, 300.0, 3) == [0.0, 100.0, 200.0]
+    assert name_outside_loop("while/body/_1/gradient_tape/while/sequential/dense/MatMul") == \
+        "gradient_tape/sequential/dense/MatMul"
+    assert name_outside_loop("while/body/_1/while/SGD/update_0/mul") == "SGD/update_0/mul"
+    assert name_outside_loop("sequential/while_loop/x") == "sequential/while_loop/x"

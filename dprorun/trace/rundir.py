@@ -228,21 +228,36 @@ def _steps_per_call(profile: TFProfile, starts: list[float], profiled: list[int]
     return counts.pop() if len(counts) == 1 else 1
 
 
+def _step_starts(profile: TFProfile, start: float, end: float, k: int) -> list[float]:
+    """The starts of the k steps of the call [start, end): at the steps' input fetches where there are k, else at
+    the occurrences of the call's first op that runs k times (each step runs its ops in about the same order; a
+    loop over tensors the function was given fetches nothing), else (a call the profiler did not see) k equal
+    parts."""
+    fetches = [f for f in profile.fetches if start <= f < end]
+    if len(fetches) == k:
+        return [start] + fetches[1:]
+    ops = sorted((op for op in profile.compute if start <= op.start_us < end), key=lambda op: op.start_us)
+    runs: dict[str, list[float]] = {}
+    for op in ops:
+        runs.setdefault(op.args.get("op", op.name), []).append(op.start_us)
+    marker = next((runs[name] for name in (op.args.get("op", op.name) for op in ops) if len(runs[name]) == k), None)
+    if marker is not None:
+        return [start] + marker[1:]
+    return [start + j * (end - start) / k for j in range(k)]
+
+
 def split_multi_step_calls(doc: dict, profile: TFProfile) -> None:
     """A step function that runs k training steps per call (Keras's steps_per_execution, a custom loop's
     tf.range inside the tf.function): the hooks' iterations are calls; here they become steps, so that phases,
-    packs and the replay are a step's. A profiled call splits at each step's input fetch; a call the profiler
-    did not see (or one without k fetches) into k equal steps. Every iteration-indexed record is renumbered."""
+    packs and the replay are a step's (`_step_starts`: a profiled call at its steps' input fetches or first
+    repeated op, one the profiler did not see in k equal parts). Every iteration-indexed record is renumbered."""
     window = doc["window"]
     profiled = [int(i) for i in window.get("kineto_iterations", [])]
     starts = [float(x) for x in doc["iteration_starts_us"]]
     k = _steps_per_call(profile, starts, profiled)
     if k <= 1:
         return
-    bounds: list[list[float]] = []
-    for s, e in zip(starts, starts[1:]):
-        fetches = [f for f in profile.fetches if s <= f < e]
-        bounds.append([s] + fetches[1:] if len(fetches) == k else [s + j * (e - s) / k for j in range(k)])
+    bounds = [_step_starts(profile, s, e, k) for s, e in zip(starts, starts[1:])]
     cpu = [float(x) for x in doc.get("iteration_cpu_s", [])]
     if len(cpu) == len(starts):
         doc["iteration_cpu_s"] = [c0 + (c1 - c0) * (b - s) / max(e - s, 1e-9)
@@ -270,7 +285,7 @@ def split_multi_step_calls(doc: dict, profile: TFProfile) -> None:
     doc["disturbed_iterations"] = [i * k + j for i in doc.get("disturbed_iterations", []) for j in range(k)]
     doc.setdefault("warnings", []).append(
         f"each call of the step function ran {k} training steps (Keras's steps_per_execution, or a loop inside the "
-        f"tf.function): iterations here are steps, the profiled calls split at each step's input fetch, the "
+        f"tf.function): iterations here are steps, the profiled calls split where each step starts, the "
         f"others into {k} equal parts")
 
 
