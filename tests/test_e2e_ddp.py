@@ -332,6 +332,39 @@ def test_a_job_with_nothing_to_profile_says_so(tmp_path):
     assert "it saw FSDP" in proc.stderr
 
 
+EVAL_WRAPPER_SCRIPT = """
+import torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)))
+opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+for step in range(16):
+    if step % 4 == 3:  # a validation pass as Lightning runs it: the wrapper to eval, only the model's modes restored
+        ddp.eval()
+        with torch.no_grad():
+            ddp(torch.randn(8, 64))
+        ddp.module.train()
+    opt.zero_grad()
+    ddp(torch.randn(8, 64)).sum().backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_iterations_follow_the_models_mode_not_the_ddp_wrappers(tmp_path):
+    """Lightning's validation puts the DDP wrapper in eval mode and restores the modes of its own module only: the
+    training forwards after it were read as eval ones, no iteration counted after the first validation, no clean
+    iteration and no self-check. Iterations now follow the wrapped model's mode."""
+    script = tmp_path / "eval_wrapper.py"
+    script.write_text(EVAL_WRAPPER_SCRIPT)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "1", "--clean", "4", "-q",
+                           "python", str(script)], run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = load_run(str(run_dir))
+    for trace in run.ranks.values():
+        assert len(trace.iterations) >= 11 and len(trace.meta["clean_iterations"]) >= 3, trace.iterations
+
+
 SPAWN_SCRIPT = """
 import os
 import torch, torch.distributed as dist, torch.multiprocessing as mp, torch.nn as nn

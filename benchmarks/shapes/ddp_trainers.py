@@ -1,13 +1,16 @@
 """Trainer frameworks' own loops over DDP, the script never building DDP itself: --framework accelerate (an
 Accelerator prepares model, optimizer, loader and scheduler; accelerator.backward; --accum N uses its
 gradient_accumulation_steps and accumulate() context) or lightning (a LightningModule fitted by lightning's Trainer
-with strategy="ddp" on CPU, max_steps). A conv trunk with an embedding-fed head, Adam."""
+with strategy="ddp" on CPU, max_steps; --val a validation pass every 10 steps). --bf16: their bf16 mixed
+precision. A conv trunk with an embedding-fed head, Adam."""
 import argparse, statistics, time
 import torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40); p.add_argument("--framework", default="accelerate")
 p.add_argument("--accum", type=int, default=1)
+p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (Accelerate's, Lightning's own)")
+p.add_argument("--val", action="store_true", help="lightning: a validation pass every 10 steps")
 a = p.parse_args()
 torch.manual_seed(0); torch.set_num_threads(1)
 
@@ -38,7 +41,7 @@ def report(times: list, rank: int) -> None:
 def with_accelerate() -> None:
     from accelerate import Accelerator
 
-    acc = Accelerator(cpu=True, gradient_accumulation_steps=a.accum)
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=a.accum, mixed_precision="bf16" if a.bf16 else "no")
     model = Net()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loader = DataLoader(dataset(acc.num_processes), batch_size=16, shuffle=True)
@@ -79,6 +82,10 @@ def with_lightning() -> None:
         def on_train_batch_end(s, out, batch, k):
             s.times.append(time.perf_counter() - s.t)
 
+        def validation_step(s, batch, k):
+            x, ids, y = batch
+            s.log("val_loss", nn.functional.cross_entropy(s.net(x, ids), y), sync_dist=True)
+
         def configure_optimizers(s):
             return torch.optim.Adam(s.parameters(), lr=1e-3)
 
@@ -87,8 +94,11 @@ def with_lightning() -> None:
     module = Module()
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy="ddp", max_steps=a.steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        accumulate_grad_batches=a.accum)
-    trainer.fit(module, DataLoader(dataset(world), batch_size=16, shuffle=True))
+                        accumulate_grad_batches=a.accum, precision="bf16-mixed" if a.bf16 else "32-true",
+                        val_check_interval=10 if a.val else None, limit_val_batches=4 if a.val else 0,
+                        num_sanity_val_steps=0)
+    val = DataLoader(dataset(world), batch_size=16) if a.val else None
+    trainer.fit(module, DataLoader(dataset(world), batch_size=16, shuffle=True), val)
     report(module.times, trainer.global_rank)
 
 
