@@ -59,8 +59,9 @@ JOBS = {
     "tf-keras-gru-fit": (["--backend", "tf"], "tf_gru_fit.py", [], "tensorflow"),
     "tf-keras-fit-validation": (["--backend", "tf"], "tf_fit_val.py", [], "tensorflow"),
     "tf-keras-fit-steps-per-execution-4": (["--backend", "tf"], "tf_fit_spe.py", [], "tensorflow"),
-    "tf-custom-loop-3-steps-per-call": (["--backend", "tf", "--warmup", "3", "--active", "6", "--clean", "3"],
-                                        "examples/tf_custom_loop.py", ["--steps-per-call", "3"], "tensorflow"),
+    "tf-custom-loop-3-steps-per-call": (["--backend", "tf", "--warmup", "3", "--active", "6", "--clean", "5"],
+                                        "examples/tf_custom_loop.py", ["--steps-per-call", "3", "--steps", "60"],
+                                        "tensorflow"),  # 20 calls: 3 + 6 + 5 of them the window
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
