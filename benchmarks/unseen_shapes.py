@@ -5,12 +5,13 @@ Shapes: DDP with gradient accumulation (no_sync), find_unused_parameters with a 
 static_graph, gradient_as_bucket_view with bf16 autocast, a GAN (two DDP models), activation checkpointing,
 ZeroRedundancyOptimizer, torch.compile(DDP(model)) by the script, a loss all-reduced for logging each step (with and
 without DataLoader workers), epochs over a DistributedSampler with a validation pass after each, a sparse-gradient
-EmbeddingBag, a frozen trunk, AdamW with OneCycleLR and clipping, Hugging Face Trainer with gradient accumulation,
-Accelerate's and Lightning's own loops (with and without gradient accumulation; Lightning steps the optimizer with a
-closure; Lightning under --autotune; bf16 mixed precision in both; Lightning validating every 10 steps); Horovod
-with backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs, of a conv net with validation data, a schedule
-and ReduceLROnPlateau, and of an MLP with steps_per_execution=4; a TensorFlow custom loop running 3 steps per call
-of its tf.function. Frameworks that are not installed are skipped with a line saying so.
+EmbeddingBag, a frozen trunk, AdamW with OneCycleLR and clipping, Hugging Face Trainer with gradient accumulation
+and with evaluation every 8 steps, Accelerate's and Lightning's own loops (with and without gradient accumulation;
+Lightning steps the optimizer with a closure; Lightning under --autotune; bf16 mixed precision in both; Lightning
+validating every 10 steps); Horovod with backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs, of a conv
+net with validation data, a schedule and ReduceLROnPlateau, and of an MLP with steps_per_execution=4; a TensorFlow
+custom loop running 3 steps per call of its tf.function. Frameworks that are not installed are skipped with a line
+saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -50,6 +51,7 @@ JOBS = {
                                     "accelerate"),
     "ddp-lightning": ([], "ddp_trainers.py", ["--framework", "lightning"], "lightning"),
     "hf-trainer-accumulate-2": ([], "examples/hf_trainer.py", ["--accumulate", "2"], "transformers"),
+    "hf-trainer-eval-every-8": ([], "examples/hf_trainer.py", ["--eval-every", "8"], "transformers"),
     "ddp-lightning-autotune": (["--autotune"], "ddp_trainers.py", ["--framework", "lightning"], "lightning"),
     "ddp-lightning-bf16-validation": ([], "ddp_trainers.py", ["--framework", "lightning", "--bf16", "--val"],
                                       "lightning"),

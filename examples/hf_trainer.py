@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket cap (TrainingArguments."
                                                                       "ddp_bucket_cap_mb; default DDP's own)")
     parser.add_argument("--accumulate", type=int, default=1, help="TrainingArguments.gradient_accumulation_steps")
+    parser.add_argument("--eval-every", type=int, default=0, help="evaluate on a held-out set every N steps (0: never)")
     args = parser.parse_args()
     config = BertConfig(vocab_size=4000, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                         intermediate_size=512, max_position_embeddings=args.seq_len, num_labels=4)
@@ -64,8 +65,12 @@ def main() -> None:
                                      save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
                                      ddp_backend="gloo", disable_tqdm=True,
                                      gradient_accumulation_steps=args.accumulate,
+                                     eval_strategy="steps" if args.eval_every else "no",
+                                     eval_steps=args.eval_every or None, per_device_eval_batch_size=args.batch_size,
                                      ddp_bucket_cap_mb=int(args.bucket_mb) if args.bucket_mb else None)
-        trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[timer])
+        held_out = Tokens(4 * args.batch_size, args.seq_len, config.vocab_size, config.num_labels, seed=1)
+        trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[timer],
+                          eval_dataset=held_out if args.eval_every else None)
         trainer.train()
     tail = timer.times[len(timer.times) // 2:] or timer.times
     if trainer.is_world_process_zero():
