@@ -365,6 +365,28 @@ def test_iterations_follow_the_models_mode_not_the_ddp_wrappers(tmp_path):
         assert len(trace.iterations) >= 11 and len(trace.meta["clean_iterations"]) >= 3, trace.iterations
 
 
+OWN_ADDRESS_SCRIPT = """
+import datetime, os, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["OWN_PORT"], rank=int(os.environ["RANK"]),
+                        world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=3))
+"""
+
+
+def test_a_rendezvous_at_an_address_of_the_scripts_own_is_named_when_it_starts(tmp_path):
+    """init_process_group(init_method="tcp://host:port") under a launcher that hosts the store (torchrun, dprorun):
+    torch connects there as a client and waits out the timeout (30 min by default). Said at the call, with the fix;
+    the job then fails as under torchrun, the failing rank named."""
+    from dprorun.procs import free_port
+
+    script = tmp_path / "own_address.py"
+    script.write_text(OWN_ADDRESS_SCRIPT)
+    proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120,
+                          env={"OWN_PORT": str(free_port())})
+    assert proc.returncode != 0
+    assert "that nobody serves until its timeout; use init_method='env://'" in proc.stderr
+    assert "dprorun: error: rank" in proc.stderr
+
+
 SPAWN_SCRIPT = """
 import os
 import torch, torch.distributed as dist, torch.multiprocessing as mp, torch.nn as nn

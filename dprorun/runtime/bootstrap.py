@@ -145,7 +145,37 @@ def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[st
     return {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd,
             "horovod.tensorflow": patch_hvd_tf,
             "torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn", _count_spawns,
-                                                              sess)}
+                                                              sess),
+            "torch.distributed": lambda: sess.guard("watching init_process_group", _watch_init_method)}
+
+
+def _watch_init_method() -> None:
+    """A script that rendezvouses at an address of its own (init_process_group(init_method="tcp://host:port"))
+    under a launcher whose agent hosts the store (TORCHELASTIC_USE_AGENT_STORE, as torchrun and dprorun set):
+    torch then connects to host:port as a client, nobody serves it, and the ranks wait out the timeout (30 min
+    by default). Said when the call is made, with the fix."""
+    module = sys.modules["torch.distributed"]
+    init_process_group = getattr(module, "init_process_group", None)
+    if init_process_group is None:
+        return
+
+    def watched(*args, **kwargs):
+        method = kwargs.get("init_method") or (args[1] if len(args) > 1 else None)
+        if isinstance(method, str) and method.startswith("tcp://") and \
+                os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            address = method[len("tcp://"):].split("?", 1)[0]
+            served = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            if address != served:
+                from dprorun.runtime.log import warn
+
+                warn(f"init_process_group(init_method={method!r}): under dprorun, as under torchrun, the ranks "
+                     f"rendezvous through the launcher's store ({served}, TORCHELASTIC_USE_AGENT_STORE=True), so "
+                     f"this waits for a store at {address} that nobody serves until its timeout; use "
+                     "init_method='env://' (or leave it out) and let the launcher set MASTER_ADDR, MASTER_PORT, RANK "
+                     "and WORLD_SIZE")
+        return init_process_group(*args, **kwargs)
+
+    module.init_process_group = watched
 
 
 def _count_spawns(sess) -> None:
