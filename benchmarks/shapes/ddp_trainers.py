@@ -2,7 +2,8 @@
 Accelerator prepares model, optimizer, loader and scheduler; accelerator.backward; --accum N uses its
 gradient_accumulation_steps and accumulate() context) or lightning (a LightningModule fitted by lightning's Trainer
 with strategy="ddp" on CPU, max_steps; --val a validation pass every 10 steps). --bf16: their bf16 mixed
-precision. A conv trunk with an embedding-fed head, Adam."""
+precision. A conv trunk with an embedding-fed head, Adam. Needs `pip install accelerate` / `pip install lightning`
+(benchmarks/unseen_shapes.py skips a job whose framework is missing)."""
 import argparse, statistics, time
 import torch, torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
