@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import os
+from collections import Counter
 from typing import Optional
 
 from dprorun.fsutil import TraceError, read_json
@@ -219,13 +220,17 @@ def _tf_step_parts(profile: TFProfile, starts: list[float],
 
 def _steps_per_call(profile: TFProfile, starts: list[float], profiled: list[int]) -> int:
     """Training steps per call of a TensorFlow step function: how often the call's first collective op runs in
-    it (once per step; a function that loops over steps runs it once per pass), agreed by every profiled call."""
-    counts = set()
-    for step, (_, _, _, colls) in _tf_step_parts(profile, starts, profiled).items():
+    it (once per step; a function that loops over steps runs it once per pass), as most profiled calls have it
+    (a call the profiler cut short counts fewer); 1 unless at least half of them agree."""
+    counts = []
+    for _, _, _, colls in _tf_step_parts(profile, starts, profiled).values():
         if colls:
             first = colls[0].args.get("scope")
-            counts.add(sum(1 for op in colls if op.args.get("scope") == first))
-    return counts.pop() if len(counts) == 1 else 1
+            counts.append(sum(1 for op in colls if op.args.get("scope") == first))
+    if not counts:
+        return 1
+    k, agreeing = Counter(counts).most_common(1)[0]
+    return k if 2 * agreeing >= len(counts) else 1
 
 
 def _step_starts(profile: TFProfile, start: float, end: float, k: int) -> list[float]:
