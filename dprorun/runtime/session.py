@@ -341,8 +341,7 @@ class RankSession:
 
 SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or through Lightning, Hugging Face "
                       "Trainer or Accelerate), horovod.torch.DistributedOptimizer and horovod.tensorflow's all-reduce "
-                      "inside a "
-                      "tf.function step (DistributedGradientTape, DistributedOptimizer)")
+                      "inside a tf.function step (DistributedGradientTape, DistributedOptimizer)")
 
 
 def no_step_seen(trackers: list) -> str:
