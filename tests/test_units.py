@@ -345,3 +345,23 @@ def test_a_call_running_k_steps_splits_at_its_fetches_or_its_first_op_run_k_time
         "gradient_tape/sequential/dense/MatMul"
     assert name_outside_loop("while/body/_1/while/SGD/update_0/mul") == "SGD/update_0/mul"
     assert name_outside_loop("sequential/while_loop/x") == "sequential/while_loop/x"
+
+
+def test_a_tf_steps_backward_starts_where_gradient_work_does_not_at_its_earliest_gradient_op():
+    """TensorFlow runs a gradient op as soon as its inputs exist: one that needs only shapes (an embedding's
+    gradient concat) ran in a GRU net's forward and put its backward's start at 2.4 ms of the real 7.7
+    (rundir.backward_start). Recurrent layers' loop gradients ("gradients/...") are backward ops too."""
+    from dprorun.trace.model import Op, OpKind
+    from dprorun.trace.rundir import backward_start
+    from dprorun.trace.xplane import GRADIENT_SCOPES
+
+    def op(kind, start, dur):
+        return Op(name="X", kind=kind, rank=0, start_us=start, end_us=start + dur)
+
+    forward = [op(OpKind.FW, t, 900) for t in range(0, 7000, 1000)]
+    early = op(OpKind.BW, 2400, 4)
+    backward = [op(OpKind.BW, t, 900) for t in range(7000, 10000, 1000)]
+    assert backward_start(forward + [early] + backward, 10000) == 7000
+    assert backward_start(forward + backward, 10000) == 7000
+    assert backward_start([early], 2404) == 2400
+    assert "gradients/while_grad/".startswith(GRADIENT_SCOPES)

@@ -294,6 +294,25 @@ def split_multi_step_calls(doc: dict, profile: TFProfile) -> None:
         f"others into {k} equal parts")
 
 
+def backward_start(ops: list[Op], bw_end: float) -> float:
+    """Where a TensorFlow step's backward starts: the split of its ops before `bw_end` that leaves the least
+    gradient-op time before it and forward-op time after it. TensorFlow runs an op as soon as its inputs exist, so
+    a gradient op that needs only shapes (an embedding lookup's gradient concat) runs during the forward: the
+    earliest gradient op put a GRU net's forward at 2.4 ms of its real 7.7."""
+    timed = sorted((op for op in ops if op.start_us < bw_end and op.kind in (OpKind.FW, OpKind.BW)),
+                   key=lambda op: op.start_us)
+    forward_after = sum(op.dur_us for op in timed if op.kind is OpKind.FW)
+    backward_before, best, best_cost = 0.0, None, float("inf")
+    for op in timed:
+        if op.kind is OpKind.BW and backward_before + forward_after < best_cost:
+            best, best_cost = op.start_us, backward_before + forward_after
+        if op.kind is OpKind.BW:
+            backward_before += op.dur_us
+        else:
+            forward_after -= op.dur_us
+    return best if best is not None else min(op.start_us for op in ops if op.kind is OpKind.BW)
+
+
 def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[HorovodTimeline] = None) -> None:
     """A TensorFlow worker's hooks see only whole steps; its profiled steps' phases, per-pack all-reduces and
     gradient-ready times come from the profile, written into the events document as the DDP hooks' records
@@ -322,8 +341,8 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
         backward = [op for op in ops if op.kind is OpKind.BW]
         if not backward:
             continue
-        bw_start = min(op.start_us for op in backward)
         bw_end = max(op.end_us for op in backward)
+        bw_start = backward_start(ops, bw_end)
         produced = {op.args.get("op"): op.end_us for op in ops}
         ready_of = {}
         for name in names:

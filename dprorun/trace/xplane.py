@@ -17,7 +17,7 @@ line.timestamp_ns + offset_ps / 1000 (ns), on the worker's wall clock.
 Produced (host plane "/host:CPU"):
   - compute ops: events named "<op name>:<op type>" on the executor threads (`tf_Compute`, `tf_inter_op`):
     name = op type, `args["scope"]` = the op name's scope (e.g. "sequential/dense"), kind FW/BW/UPDATE by
-    position in the step (the caller decides; here BW for `gradient_tape/` ops, FW otherwise);
+    position in the step (the caller decides; here BW for `gradient_tape/` and `gradients/` ops, FW otherwise);
   - collectives: `CollectiveReduceV2` (and other `Collective*` ops) on `collective_ops` threads, kind COMM,
     phase "transmit", txn_id "tf.instance<instance_key>", with group key and step id, and the bytes of the
     buffer allocated inside it (the MemoryAllocation event's requested_bytes);
@@ -40,6 +40,8 @@ from dprorun.fsutil import TraceError
 from dprorun.trace.model import Op, OpKind
 
 COMPUTE_THREADS = ("tf_Compute", "tf_inter_op")
+# a GradientTape's ops; "gradients/": the gradient of a function op (a recurrent layer's while loop, a call)
+GRADIENT_SCOPES = ("gradient_tape/", "gradients/")
 FETCH_EVENT = "IteratorGetNextOp::DoCompute"  # a step function's `next(iterator)`: once at each step's start
 COLLECTIVE_THREADS = ("collective_ops",)
 SKIPPED_PREFIXES = ("ThreadpoolListener", "Memory", "ExecutorState::", "ExecutorDoneCallback", "ParallelFor",
@@ -282,7 +284,7 @@ def read_tf_profile(path: str, rank: int, shift_us: float = 0.0) -> TFProfile:
             op_name, op_type = event.name.rsplit(":", 1)
             op_name = name_outside_loop(op_name)
             scope = op_name.rsplit("/", 1)[0] if "/" in op_name else ""
-            kind = OpKind.BW if op_name.startswith("gradient_tape/") else OpKind.FW
+            kind = OpKind.BW if op_name.startswith(GRADIENT_SCOPES) else OpKind.FW
             compute.append(Op(name=op_type, kind=kind, rank=rank, start_us=start, end_us=end, stream="main",
                               source="xplane", args={"scope": scope, "op": op_name}))
     return TFProfile(compute, collectives, sorted(steps), sorted(fetches))
