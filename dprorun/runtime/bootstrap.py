@@ -10,6 +10,7 @@ recorded.
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -159,6 +160,7 @@ def _watch_init_method() -> None:
     if init_process_group is None:
         return
 
+    @functools.wraps(init_process_group)  # its signature stays readable (inspect follows __wrapped__)
     def watched(*args, **kwargs):
         method = kwargs.get("init_method") or (args[1] if len(args) > 1 else None)
         if isinstance(method, str) and method.startswith("tcp://") and \
@@ -185,6 +187,7 @@ def _count_spawns(sess) -> None:
     module = sys.modules["torch.multiprocessing.spawn"]
     start_processes = module.start_processes
 
+    @functools.wraps(start_processes)
     def counted(fn, args=(), nprocs=1, *more, **kwargs):
         if not sess.spawned_processes:
             from dprorun.runtime.log import warn
