@@ -350,10 +350,10 @@ dist.destroy_process_group()
 """
 
 
-def test_iterations_follow_the_models_mode_not_the_ddp_wrappers(tmp_path):
+def test_iterations_follow_the_models_mode_as_well_as_the_ddp_wrappers(tmp_path):
     """Lightning's validation puts the DDP wrapper in eval mode and restores the modes of its own module only: the
     training forwards after it were read as eval ones, no iteration counted after the first validation, no clean
-    iteration and no self-check. Iterations now follow the wrapped model's mode."""
+    iteration and no self-check. A forward in training mode is one where either DDP or the wrapped model is."""
     script = tmp_path / "eval_wrapper.py"
     script.write_text(EVAL_WRAPPER_SCRIPT)
     run_dir = tmp_path / "run"

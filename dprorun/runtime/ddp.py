@@ -114,9 +114,10 @@ class DDPTracker:
         session = self.session
         import torch
 
-        # the wrapped model's mode, not DDP's: Lightning's validation puts the DDP wrapper in eval mode and then
-        # restores the modes of its own module only (every later forward read as eval: no iteration after it)
-        training = torch.is_grad_enabled() and getattr(module, "module", module).training
+        # DDP's mode or the wrapped model's: Lightning's validation puts the DDP wrapper in eval mode and then
+        # restores the modes of its own module only (every later forward was read as eval: no iteration after it);
+        # a script may train with its model in eval mode (frozen BatchNorm) under a wrapper in train mode
+        training = torch.is_grad_enabled() and (module.training or getattr(module, "module", module).training)
         if training and self.primary and self.prev_forward_synced:
             session.begin_iteration()
         if not self.hook_decided and not self.user_hook and not self.builtin_hook and self._hook_due():
