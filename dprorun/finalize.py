@@ -197,7 +197,7 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
             if not job.output.quiet:
                 print(_horovod_line(horovod))
         if result.exit_code == 0 and not with_events and job.launch.node_rank == 0 and job.launch.backend != "byteps":
-            from dprorun.runtime.session import SUPPORTED_WRAPPERS
+            from dprorun.runtime.watch import SUPPORTED_WRAPPERS
 
             print(f"dprorun: nothing was profiled: no rank built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
                   "FSDP, hand-written all-reduce loops and jobs without a distributed wrapper run unprofiled "

@@ -329,7 +329,37 @@ def test_a_job_with_nothing_to_profile_says_so(tmp_path):
     proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "nothing was profiled" in proc.stderr and "DistributedDataParallel" in proc.stderr
-    assert "it saw FSDP" in proc.stderr
+    assert "it saw 9 FSDP wrapper(s)" in proc.stderr, proc.stderr[-2000:]
+
+
+HAND_AVERAGED_SCRIPT = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(5):
+    opt.zero_grad()
+    model(torch.randn(8, 64)).sum().backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        p.grad /= dist.get_world_size()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_a_job_averaging_gradients_by_hand_is_told_what_was_seen(tmp_path):
+    """The PyTorch tutorial's shape (no wrapper, dist.all_reduce per gradient): runs as under torchrun; rank 0 says
+    it saw the script's own collectives and the group, not FSDP (an optimizer's step imports parts of
+    torch.distributed.fsdp: the package's presence was read as FSDP before)."""
+    script = tmp_path / "by_hand.py"
+    script.write_text(HAND_AVERAGED_SCRIPT)
+    proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nothing was profiled" in proc.stderr and "FSDP wrapper" not in proc.stderr, proc.stderr[-2000:]
+    assert "collectives called by the script itself (torch.distributed.all_reduce x20)" in proc.stderr
+    assert "a gloo process group of 2 ranks" in proc.stderr and "wrapping the model in DistributedDataParallel" \
+        in proc.stderr
 
 
 EVAL_WRAPPER_SCRIPT = """

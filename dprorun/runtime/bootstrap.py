@@ -145,61 +145,19 @@ def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[st
         return {"mxnet.gluon.trainer": patch_mxnet}
     return {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd,
             "horovod.tensorflow": patch_hvd_tf,
-            "torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn", _count_spawns,
-                                                              sess),
-            "torch.distributed": lambda: sess.guard("watching init_process_group", _watch_init_method)}
+            **_script_watches(sess)}
 
 
-def _watch_init_method() -> None:
-    """A script that rendezvouses at an address of its own (init_process_group(init_method="tcp://host:port"))
-    under a launcher whose agent hosts the store (TORCHELASTIC_USE_AGENT_STORE, as torchrun and dprorun set):
-    torch then connects to host:port as a client, nobody serves it, and the ranks wait out the timeout (30 min
-    by default). Said when the call is made, with the fix."""
-    module = sys.modules["torch.distributed"]
-    init_process_group = getattr(module, "init_process_group", None)
-    if init_process_group is None:
-        return
+def _script_watches(sess) -> dict[str, Callable[[], None]]:
+    """torch.distributed use outside the supported wrappers, counted in sess.script_use (runtime/watch.py)."""
+    from dprorun.runtime import watch
 
-    @functools.wraps(init_process_group)  # its signature stays readable (inspect follows __wrapped__)
-    def watched(*args, **kwargs):
-        method = kwargs.get("init_method") or (args[1] if len(args) > 1 else None)
-        if isinstance(method, str) and method.startswith("tcp://") and \
-                os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            address = method[len("tcp://"):].split("?", 1)[0]
-            served = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-            if address != served:
-                from dprorun.runtime.log import warn
-
-                warn(f"init_process_group(init_method={method!r}): under dprorun, as under torchrun, the ranks "
-                     f"rendezvous through the launcher's store ({served}, TORCHELASTIC_USE_AGENT_STORE=True), so "
-                     f"this waits for a store at {address} that nobody serves until its timeout; use "
-                     "init_method='env://' (or leave it out) and let the launcher set MASTER_ADDR, MASTER_PORT, RANK "
-                     "and WORLD_SIZE")
-        return init_process_group(*args, **kwargs)
-
-    module.init_process_group = watched
-
-
-def _count_spawns(sess) -> None:
-    """Processes the script starts itself with torch.multiprocessing.spawn / start_processes (the DDP tutorial's
-    shape): they are not ranks dprorun launched and carry no hooks; counted so that a job that profiled nothing
-    says why (session.nothing_to_profile)."""
-    module = sys.modules["torch.multiprocessing.spawn"]
-    start_processes = module.start_processes
-
-    @functools.wraps(start_processes)
-    def counted(fn, args=(), nprocs=1, *more, **kwargs):
-        if not sess.spawned_processes:
-            from dprorun.runtime.log import warn
-
-            warn(f"the script is starting {nprocs} process(es) of its own (torch.multiprocessing.spawn): dprorun "
-                 "profiles the ranks it launches, not these. They inherit the launcher's rendezvous environment, as "
-                 "under torchrun (TORCHELASTIC_USE_AGENT_STORE: init_process_group joins the store at MASTER_ADDR:"
-                 "MASTER_PORT), so a script that sets a MASTER_PORT of its own waits there until it times out")
-        sess.spawned_processes += int(nprocs)
-        return start_processes(fn, args, nprocs, *more, **kwargs)
-
-    module.start_processes = counted
+    use = sess.script_use
+    return {"torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn",
+                                                              watch.watch_spawns, use),
+            "torch.distributed": lambda: sess.guard("watching torch.distributed", watch.watch_torch_distributed, use),
+            **{name: functools.partial(sess.guard, "watching FSDP", watch.watch_fsdp, use, name)
+               for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")}}
 
 
 def _install_mxnet_server(environ) -> Optional[object]:

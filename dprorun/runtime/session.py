@@ -37,6 +37,7 @@ from dprorun.runtime import rank_files
 from dprorun.runtime.cpubudget import cgroup_cpu_stat, process_cpu_s
 from dprorun.runtime.records import RankRecords
 from dprorun.runtime.log import warn
+from dprorun.runtime.watch import ScriptUse, nothing_to_profile
 
 class RankSession:
     def __init__(self, cfg: ProfileConfig, rank: int, local_rank: int, world_size: int):
@@ -54,7 +55,7 @@ class RankSession:
         self.records = RankRecords()  # the buffers behind events.json (runtime/records.py)
         self.trackers: list[Any] = []
         self.optimizers: list[Any] = []
-        self.spawned_processes = 0  # started by the script itself (torch.multiprocessing.spawn): not ranks
+        self.script_use = ScriptUse()  # torch.distributed use outside the supported wrappers (runtime/watch.py)
         self.profiler = None  # the profiler backend while it records, else None
         # start_profiler() / stop_profiler(write) / step(): torch.profiler (runtime/torch_profiler.py) by default;
         # TensorFlow's and MXNet's hooks set their own (runtime/tf.py, runtime/mxnet.py)
@@ -315,7 +316,7 @@ class RankSession:
         """Keep whatever was recorded: close the window if the job ended inside it and write the files. No
         collective here (the other ranks may be gone): what needed one and did not run is recorded as such."""
         if not self.trackers and self.rank == 0 and not self.disabled:
-            warn(nothing_to_profile(self.spawned_processes))
+            warn(nothing_to_profile(self.script_use))
         elif self.iteration < 0 and self.rank == 0 and not self.disabled:
             warn(no_step_seen(self.trackers))
         if self.phase == "active" or (self.disabled and self.profiler is not None):
@@ -339,11 +340,6 @@ class RankSession:
             self.sampler.stop()
 
 
-SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or through Lightning, Hugging Face "
-                      "Trainer or Accelerate), horovod.torch.DistributedOptimizer and horovod.tensorflow's all-reduce "
-                      "inside a tf.function step (DistributedGradientTape, DistributedOptimizer)")
-
-
 def no_step_seen(trackers: list) -> str:
     """A job whose hooks were installed but never saw a training step (what they need to see one)."""
     if any(getattr(t, "framework", "") == "horovod" and hasattr(t, "step_functions") for t in trackers):
@@ -354,28 +350,3 @@ def no_step_seen(trackers: list) -> str:
     else:
         how = "the training wrapper was built, but no step ran through it"
     return f"nothing to profile: the hooks saw no training step ({how}). The job ran unprofiled"
-
-
-def nothing_to_profile(spawned: int = 0) -> str:
-    """What a rank that never met a supported wrapper saw instead: FSDP, a bare process group, processes the
-    script spawned as its ranks, or nothing."""
-    if spawned:
-        return (f"nothing to profile: the script started {spawned} process(es) of its own (torch.multiprocessing."
-                f"spawn), which dprorun does not profile: it profiles the ranks it launches. Let the script take its "
-                f"rank and world size from RANK, WORLD_SIZE and LOCAL_RANK (as under torchrun: "
-                f"init_process_group() without rank= and world_size=) instead of spawning them, and run it as "
-                f"`dprorun -np {spawned} python <script>`. The job ran unprofiled")
-    seen = []
-    if any(name.startswith(("torch.distributed.fsdp", "torch.distributed._composable.fsdp")) for name in sys.modules):
-        seen.append("FSDP (FullyShardedDataParallel / fully_shard)")
-    distributed = sys.modules.get("torch.distributed")
-    try:
-        if distributed is not None and distributed.is_available() and distributed.is_initialized():
-            seen.append(f"a {distributed.get_backend()} process group of {distributed.get_world_size()} ranks")
-    except Exception:
-        pass
-    found = ("it saw " + ", ".join(seen)) if seen else "no distributed training was seen"
-    return (f"nothing to profile: the job never built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
-            f"{found}. The job ran unprofiled, as under torchrun")
-
-

@@ -1,0 +1,152 @@
+"""What a torch job's script does with torch.distributed outside the wrappers the hooks profile: processes it
+spawns itself, FSDP wrappers it builds, collectives it calls by hand, its own rendezvous address. Nothing here
+changes what the calls do; what was seen is counted so that a job that profiled nothing says why
+(`nothing_to_profile`), and a rendezvous that can only time out is named when it is made."""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass, field
+
+from dprorun.runtime.log import warn
+
+SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or through Lightning, Hugging Face "
+                      "Trainer or Accelerate), horovod.torch.DistributedOptimizer and horovod.tensorflow's all-reduce "
+                      "inside a tf.function step (DistributedGradientTape, DistributedOptimizer)")
+# the torch.distributed calls a script makes itself when it shares gradients without a wrapper
+SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                      "reduce", "broadcast")
+
+
+@dataclass
+class ScriptUse:
+    """torch.distributed use seen in the script (counts of calls; the process group as it was made)."""
+    spawned_processes: int = 0  # started by torch.multiprocessing.spawn: not ranks dprorun launched
+    fsdp_wrappers: int = 0  # FullyShardedDataParallel / fully_shard calls
+    collectives: dict[str, int] = field(default_factory=dict)  # torch.distributed.<name> calls the script made
+    process_group: str = ""  # "a gloo process group of 2 ranks", once init_process_group returned
+
+
+def nothing_to_profile(use: ScriptUse) -> str:
+    """What a rank that never met a supported wrapper saw instead: processes the script spawned as its ranks,
+    FSDP, collectives called by hand (gradients averaged in the script), a bare process group, or nothing."""
+    if use.spawned_processes:
+        return (f"nothing to profile: the script started {use.spawned_processes} process(es) of its own "
+                f"(torch.multiprocessing.spawn), which dprorun does not profile: it profiles the ranks it launches. "
+                f"Let the script take its rank and world size from RANK, WORLD_SIZE and LOCAL_RANK (as under "
+                f"torchrun: init_process_group() without rank= and world_size=) instead of spawning them, and run "
+                f"it as `dprorun -np {use.spawned_processes} python <script>`. The job ran unprofiled")
+    seen = []
+    if use.fsdp_wrappers:
+        seen.append(f"{use.fsdp_wrappers} FSDP wrapper(s) (FullyShardedDataParallel / fully_shard)")
+    if use.collectives:
+        calls = ", ".join(f"torch.distributed.{name} x{count}" for name, count in sorted(use.collectives.items()))
+        seen.append(f"collectives called by the script itself ({calls})")
+    if use.process_group:
+        seen.append(use.process_group)
+    found = ("it saw " + "; ".join(seen)) if seen else "no distributed training was seen"
+    advice = ""
+    if use.collectives and not use.fsdp_wrappers:
+        advice = (" Gradients shared by hand-written collectives are not profiled: wrapping the model in "
+                  "DistributedDataParallel (and dropping the loop's all-reduce) lets dprorun profile and replay it.")
+    return (f"nothing to profile: the job never built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
+            f"{found}.{advice} The job ran unprofiled, as under torchrun")
+
+
+def watch_spawns(use: ScriptUse) -> None:
+    """Processes the script starts itself with torch.multiprocessing.spawn / start_processes (the DDP tutorial's
+    shape): they are not ranks dprorun launched and carry no hooks; said at the spawn and counted."""
+    module = sys.modules["torch.multiprocessing.spawn"]
+    start_processes = module.start_processes
+
+    @functools.wraps(start_processes)
+    def counted(fn, args=(), nprocs=1, *more, **kwargs):
+        if not use.spawned_processes:
+            warn(f"the script is starting {nprocs} process(es) of its own (torch.multiprocessing.spawn): dprorun "
+                 "profiles the ranks it launches, not these. They inherit the launcher's rendezvous environment, as "
+                 "under torchrun (TORCHELASTIC_USE_AGENT_STORE: init_process_group joins the store at MASTER_ADDR:"
+                 "MASTER_PORT), so a script that sets a MASTER_PORT of its own waits there until it times out")
+        use.spawned_processes += int(nprocs)
+        return start_processes(fn, args, nprocs, *more, **kwargs)
+
+    module.start_processes = counted
+
+
+def watch_torch_distributed(use: ScriptUse) -> None:
+    """init_process_group: a rendezvous at an address of the script's own (init_method="tcp://host:port") under a
+    launcher whose agent hosts the store (TORCHELASTIC_USE_AGENT_STORE, as torchrun and dprorun set) makes torch
+    connect to host:port as a client nobody serves, and the ranks wait out the timeout (30 min by default): said
+    at the call, with the fix; the group made is noted. Collectives called through the module (dist.all_reduce,
+    ...) are counted: the script's own, and any a wrapper makes that way (the counts are said only when no
+    supported wrapper was built)."""
+    module = sys.modules["torch.distributed"]
+    init_process_group = getattr(module, "init_process_group", None)
+    if init_process_group is None:
+        return
+
+    @functools.wraps(init_process_group)  # its signature stays readable (inspect follows __wrapped__)
+    def watched(*args, **kwargs):
+        _warn_own_rendezvous(kwargs.get("init_method") or (args[1] if len(args) > 1 else None))
+        result = init_process_group(*args, **kwargs)
+        try:
+            use.process_group = f"a {module.get_backend()} process group of {module.get_world_size()} ranks"
+        except Exception:
+            pass
+        return result
+
+    module.init_process_group = watched
+    for name in SCRIPT_COLLECTIVES:
+        if callable(getattr(module, name, None)):
+            setattr(module, name, _counted_collective(module, name, use))
+
+
+def _counted_collective(module, name: str, use: ScriptUse):
+    collective = getattr(module, name)
+    compiler = sys.modules.get("torch.compiler")
+
+    @functools.wraps(collective)
+    def counted(*args, **kwargs):
+        if compiler is None or not compiler.is_compiling():  # traced code: left as torch's own call
+            use.collectives[name] = use.collectives.get(name, 0) + 1
+        return collective(*args, **kwargs)
+
+    return counted
+
+
+def _warn_own_rendezvous(method) -> None:
+    if isinstance(method, str) and method.startswith("tcp://") and \
+            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        address = method[len("tcp://"):].split("?", 1)[0]
+        served = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        if address != served:
+            warn(f"init_process_group(init_method={method!r}): under dprorun, as under torchrun, the ranks "
+                 f"rendezvous through the launcher's store ({served}, TORCHELASTIC_USE_AGENT_STORE=True), so "
+                 f"this waits for a store at {address} that nobody serves until its timeout; use "
+                 "init_method='env://' (or leave it out) and let the launcher set MASTER_ADDR, MASTER_PORT, RANK "
+                 "and WORLD_SIZE")
+
+
+def watch_fsdp(use: ScriptUse, module_name: str) -> None:
+    """FSDP wrappers the script builds (FullyShardedDataParallel, fully_shard) through `module_name`
+    (torch.distributed.fsdp, or the composable API's older home): counted. The package is imported by torch itself
+    too (an optimizer's step imports parts of it), so its presence alone says nothing."""
+    module = sys.modules[module_name]
+    wrapper_class = getattr(module, "FullyShardedDataParallel", None)
+    if isinstance(wrapper_class, type) and not hasattr(wrapper_class.__init__, "__wrapped__"):
+        original_init = wrapper_class.__init__
+
+        @functools.wraps(original_init)
+        def init(self, *args, **kwargs):
+            use.fsdp_wrappers += 1
+            return original_init(self, *args, **kwargs)
+
+        wrapper_class.__init__ = init
+    fully_shard = getattr(module, "fully_shard", None)
+    if callable(fully_shard):
+        @functools.wraps(fully_shard)  # keeps fully_shard.state, which the composable API reads
+        def counted(*args, **kwargs):
+            use.fsdp_wrappers += 1
+            return fully_shard(*args, **kwargs)
+
+        module.fully_shard = counted
