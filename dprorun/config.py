@@ -39,7 +39,9 @@ class ProfileConfig:
     horovod_timeline: str = ""  # Horovod: the coordinator's timeline path, recorded in the detailed tier only
     clock_skew_us: list[float] = field(default_factory=list)  # test knob: per-rank clock shift
     fake_hosts: list[str] = field(default_factory=list)  # test knob: per-rank host name
-    test_fault: str = ""  # test knob: "profiler" makes the profiler fail inside the window
+    test_fault: str = ""  # test knob: "profiler" makes the profiler fail inside the window; "tf-stop-crash:N"
+    # aborts worker 1 inside TensorFlow's profiler stop in launch attempts 1..N (launch.relaunch_after_tf_stop_crash)
+    launch_attempt: int = 1  # which launch of the job this is (a job relaunched after TensorFlow's profiler crashed)
 
     _ENV = {
         "run_dir": "RUN_DIR",
@@ -63,6 +65,7 @@ class ProfileConfig:
         "clock_skew_us": "TEST_CLOCK_SKEW_US",
         "fake_hosts": "TEST_HOSTS",
         "test_fault": "TEST_FAULT",
+        "launch_attempt": "LAUNCH_ATTEMPT",
     }
 
     def to_env(self) -> dict[str, str]:

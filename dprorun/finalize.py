@@ -169,7 +169,9 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     folders = rank_folders(job.output.run_dir) if os.path.isdir(job.output.run_dir) else {}
     with_events = sorted(r for r, d in folders.items() if os.path.exists(os.path.join(d, "events.json")))
     extra = {"exit_code": result.exit_code, "message": result.message, "elapsed_s": round(result.elapsed_s, 3),
-             "ranks_with_traces": with_events, "failed_rank": result.failed_rank}
+             "ranks_with_traces": with_events, "failed_rank": result.failed_rank, "relaunches": result.relaunches}
+    for why in result.relaunches:  # said when it happened; again here, where the run's outcome is read
+        print(f"dprorun: warning: {why}", file=sys.stderr)
     if job.launch.node_rank == 0:
         try:
             write_manifest(job, status, extra)

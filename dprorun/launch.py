@@ -90,7 +90,84 @@ def low_disk(job: JobConfig) -> Optional[str]:
     return None
 
 
+# TensorFlow's profiler stop can crash a worker (see relaunch_after_tf_stop_crash): the job is launched again with
+# the profiler, then once more without it
+TF_STOP_CRASH_LAUNCHES = 3
+
+
 def launch(job: JobConfig) -> LaunchResult:
+    """Launch the job; one that failed because a worker died inside TensorFlow's profiler stop is launched again
+    (`relaunch_after_tf_stop_crash`)."""
+    result = _launch_once(job)
+    relaunches, elapsed_s = [], result.elapsed_s
+    while result.exit_code != 0 and job.profile.launch_attempt < TF_STOP_CRASH_LAUNCHES:
+        why = relaunch_after_tf_stop_crash(job, result)
+        if not why:
+            break
+        relaunches.append(why)
+        result = _launch_once(job)
+        elapsed_s += result.elapsed_s
+    result.relaunches, result.elapsed_s = relaunches, elapsed_s
+    return result
+
+
+def tf_stop_crashes(job: JobConfig, result: LaunchResult) -> list[int]:
+    """The ranks (whose folders are on this host) that died inside TensorFlow's profiler stop: their folder still
+    holds the mark the hooks remove when the stop returns, and (where the engine reports how each rank ended)
+    a signal killed them, not the launcher's SIGTERM/SIGKILL at teardown."""
+    from dprorun.layout import TF_PROFILER_STOP_MARK, rank_dir
+
+    crashed = []
+    for rank in range(job.launch.world_size):
+        if not os.path.exists(os.path.join(rank_dir(job.output.run_dir, rank), TF_PROFILER_STOP_MARK)):
+            continue
+        code = (result.failures.get(rank) or {}).get("exitcode")
+        if code is None or (code < 0 and -code not in (signal.SIGTERM, signal.SIGKILL)):
+            crashed.append(rank)
+    return crashed
+
+
+def relaunch_after_tf_stop_crash(job: JobConfig, result: LaunchResult) -> str:
+    """TensorFlow's host tracer can write to freed memory as its profile is collected (tsl's
+    TraceMeRecorder::Consume keeps pointers to cross-thread events in per-thread deques that a growing vector then
+    copies; libstdc++'s deque cannot be moved without a copy there), killing the worker with SIGSEGV or SIGABRT
+    ("double free or corruption") in a few launches of ten. That kills the user's job early (at the end of the
+    window's first iterations), through no fault of its own: the job is launched again, the failed launch's
+    folders kept in `failed_launch_<n>/`; a second such crash runs the last launch without TensorFlow's profiler
+    (steps, calibration and clocks still recorded). Single-host jobs only: the other hosts' launchers would not
+    know to relaunch. Returns what was done when a relaunch is due (the job updated for it), else ""."""
+    crashed = tf_stop_crashes(job, result) if job.launch.backend in ("tf", "horovod") else []
+    if not crashed:
+        return ""
+    attempt = job.profile.launch_attempt
+    what = (f"dprorun: rank(s) {crashed} died inside TensorFlow's profiler stop (launch {attempt}; a TensorFlow "
+            f"defect in collecting the host trace, not the script's)")
+    if job.launch.nnodes > 1:
+        print(f"{what}; a job across hosts is not relaunched: run it again, or with --no-kineto (no "
+              f"TensorFlow profiler)", file=sys.stderr, flush=True)
+        return ""
+    kept = os.path.join(job.output.run_dir, f"failed_launch_{attempt}")
+    os.makedirs(kept, exist_ok=True)
+    for name in os.listdir(job.output.run_dir):
+        if name.startswith("rank_") and name[5:].isdigit():
+            shutil.move(os.path.join(job.output.run_dir, name), os.path.join(kept, name))
+    job.profile.launch_attempt = attempt + 1
+    if job.profile.launch_attempt == TF_STOP_CRASH_LAUNCHES:
+        job.profile.kineto = False
+    how = "with the profiler" if job.profile.kineto else "without TensorFlow's profiler (no op-level profile)"
+    done = (f"{what}; launched the job again {how} (launch {job.profile.launch_attempt} of at most "
+            f"{TF_STOP_CRASH_LAUNCHES}; the failed launch's files are in {kept})")
+    print(done.replace("; launched the job again", "; launching the job again"), file=sys.stderr, flush=True)
+    try:
+        write_manifest(job, "running", {"relaunched": {"launch": job.profile.launch_attempt, "crashed_ranks": crashed,
+                                                       "cause": "TensorFlow profiler stop",
+                                                       "profiler": job.profile.kineto}})
+    except OSError:
+        pass
+    return done[len("dprorun: "):]
+
+
+def _launch_once(job: JobConfig) -> LaunchResult:
     make_private_dir(job.output.run_dir)
     job.low_disk = low_disk(job)
     if job.low_disk:

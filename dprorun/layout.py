@@ -62,6 +62,8 @@ SCOPE_PREFIX = "module:"
 
 # TensorFlow workers: the profiler's XSpace (runtime/tf.py moves it here, trace/xplane.py reads it)
 XPLANE_FILE = "xplane.pb"
+# left in a worker's folder while TensorFlow's profiler stops: a worker that dies there leaves it (launch.py)
+TF_PROFILER_STOP_MARK = "tf_profiler_stopping"
 # --backend tf: every worker's host:port, in rank order (the launcher sets it; hooks/sitecustomize.py turns it
 # into the worker's TF_CONFIG)
 TF_WORKERS_ENV = "DPRO_TF_WORKERS"

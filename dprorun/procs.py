@@ -25,6 +25,7 @@ class LaunchResult:
     failed_rank: Optional[int] = None
     failures: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
+    relaunches: list[str] = field(default_factory=list)  # why the job was launched again (launch.launch)
 
 
 def hooks_dir() -> str:

@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Optional
 
-from dprorun.layout import XPLANE_FILE
+from dprorun.layout import TF_PROFILER_STOP_MARK, XPLANE_FILE
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
@@ -90,7 +90,18 @@ class TFTracker:
         if not self.profiling:
             return
         self.profiling = False
-        tf.profiler.experimental.stop(save=write)
+        mark = os.path.join(self.session.rank_dir, TF_PROFILER_STOP_MARK)
+        try:  # a worker that dies in the stop leaves the mark: the launcher then knows where it died
+            with open(mark, "w"):
+                pass
+        except OSError:
+            mark = ""
+        try:
+            self._test_stop_crash()
+            tf.profiler.experimental.stop(save=write)
+        finally:
+            if mark:
+                os.remove(mark)
         files = sorted(glob.glob(os.path.join(self.profiler_dir, "plugins", "profile", "*", "*.xplane.pb")))
         if write and files:
             final = os.path.join(self.session.rank_dir, XPLANE_FILE)
@@ -100,6 +111,14 @@ class TFTracker:
         elif write:
             self.session.records.warnings.append("the TensorFlow profiler wrote no .xplane.pb file")
         shutil.rmtree(self.profiler_dir, ignore_errors=True)
+
+    def _test_stop_crash(self) -> None:
+        """Test knob "tf-stop-crash:N": worker 1 aborts here in launch attempts 1..N, as TensorFlow's stop does
+        now and then (see launch.relaunch_after_tf_stop_crash)."""
+        fault = self.session.cfg.test_fault
+        if fault.startswith("tf-stop-crash:") and self.session.rank == 1 and \
+                self.session.cfg.launch_attempt <= int(fault.split(":", 1)[1]):
+            os.abort()
 
     def step(self) -> None:  # torch.profiler's step(): the step markers are the Trace contexts of run_step
         return None
