@@ -174,6 +174,11 @@ def test_a_tf_keras_fit_job_runs_unchanged(tmp_path):
     assert doc["predicted_iteration_time_ms"] > 0 and doc["buckets"] >= 1
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert next(t for t in events["trackers"] if t["framework"] == "tf")["step_functions"] >= 1
+    # the embedding's sparse gradient is all-gathered and Keras reduces its metrics every step, outside the packs:
+    # replayed as measured, and a what-if that re-prices communication says so (a third of this step, 2026-12-03)
+    out = _dpro("replay", run_dir, "--np", "4")
+    assert out.returncode == 0, out.stderr
+    assert "collectives outside the gradient packs (CollectiveGatherV2" in out.stdout + out.stderr, out.stdout
 
 
 def test_a_fit_job_running_several_steps_per_call_is_read_step_by_step(tmp_path):

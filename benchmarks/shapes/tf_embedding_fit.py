@@ -15,10 +15,13 @@ with strategy.scope():
     emb.trainable = not a.frozen
     model = tf.keras.Sequential([tf.keras.Input((20,), dtype=tf.int32), emb,
                                  tf.keras.layers.GlobalAveragePooling1D(),
-                                 tf.keras.layers.Dense(512, activation="relu"), tf.keras.layers.Dense(512, activation="relu"),
+                                 tf.keras.layers.Dense(512, activation="relu"),
+                                 tf.keras.layers.Dense(512, activation="relu"),
                                  tf.keras.layers.Dense(1, dtype="float32")])
-    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.01), loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
-x = tf.random.uniform((gb * 8, 20), maxval=50000, dtype=tf.int32); y = tf.cast(tf.random.uniform((gb * 8, 1)) > 0.5, tf.float32)
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.01),
+                  loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+x = tf.random.uniform((gb * 8, 20), maxval=50000, dtype=tf.int32)
+y = tf.cast(tf.random.uniform((gb * 8, 1)) > 0.5, tf.float32)
 train = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(gb)
 times = []
 class T(tf.keras.callbacks.Callback):

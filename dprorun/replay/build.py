@@ -151,6 +151,20 @@ def _calibrate_tf(model: JobModel, run: RunTrace) -> None:
     model.window_iterations_us = _median_over_ranks(run, {r: list(unprofiled[r]) for r in ranks})
     model.notes.append(f"TensorFlow: phases and collectives from the profiled steps; compute scaled to the "
                        f"{len(samples)} steps without the profiler (x{k_median:.2f} median), collectives as profiled")
+    model.collectives_outside_packs = _collectives_outside_packs(run, ranks)
+
+
+def _collectives_outside_packs(run: RunTrace, ranks: list[int]) -> tuple[list[str], float]:
+    """The profiled steps' collectives that all-reduce no pack (trace/rundir.add_tf_records): their names and the
+    median over ranks of each rank's median time in them a step."""
+    names: list[str] = []
+    per_rank = []
+    for r in ranks:
+        steps = run.ranks[r].meta.get("window", {}).get("collectives_outside_packs") or []
+        if steps:
+            per_rank.append(median([float(s["us"]) for s in steps], 0.0))
+            names = names or list(steps[0]["names"])
+    return names, median(per_rank, 0.0)
 
 
 FIT_ROUNDS = 8

@@ -162,6 +162,12 @@ class CommPricing:
             notes.append(f"{world} ranks: each collective as measured at {model.world_size} ranks plus the longer "
                          f"ring's messages ({comm.alpha_us:.0f} µs each) and bytes at the calibrated "
                          f"{model.network.bandwidth_bytes_per_us * 8e-3:.3g} Gbit/s")
+        names, outside_us = model.collectives_outside_packs
+        if outside_us > 0 and (world != model.world_size or not network_same):
+            notes.append(f"caution: {outside_us / 1000:.1f} ms a step of collectives outside the gradient packs "
+                         f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}: a sparse gradient's "
+                         f"all-gathers, metric reductions) are replayed as measured at {model.world_size} ranks on "
+                         "this network, inside the update, not priced again for this what-if")
         alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us
         return cls(model, world, use_measured, ring_delta, scale, bandwidth, alpha)
 

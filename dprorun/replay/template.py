@@ -144,6 +144,9 @@ class JobModel:
     # unprofiled duration to its profiled one (median over ranks): how much the replay scaled the profiler's ops
     op_profiles: dict[int, OpProfile] = field(default_factory=dict)
     op_scaling: dict[str, float] = field(default_factory=dict)
+    # TensorFlow: collectives in a step that all-reduce no gradient pack (a sparse gradient's all-gathers, Keras's
+    # metric reductions), replayed inside the update as measured: (their names, median µs a step)
+    collectives_outside_packs: tuple[list[str], float] = ([], 0.0)
 
 
 @dataclass

@@ -337,6 +337,7 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
     operations = _horovod_operations(horovod_timeline, packs) if horovod else {}
     profiled = list(doc["window"].get("kineto_iterations", []))
     incomplete: list[int] = []
+    outside: list[dict] = []  # per profiled step, the collectives that all-reduce no pack
     for step, (start, end, ops, colls) in _tf_step_parts(profile, doc["iteration_starts_us"], profiled).items():
         backward = [op for op in ops if op.kind is OpKind.BW]
         if not backward:
@@ -367,10 +368,15 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
         else:
             records = [CommRecord(step, 0, k, c.start_us, c.start_us, c.end_us) for k, c in enumerate(colls)
                        if k < len(packs)]
+            if len(colls) > len(packs):  # sparse gradients' all-gathers, Keras's metric reductions: inside update
+                outside.append({"step": step, "names": [c.args.get("scope") or c.name for c in colls[len(packs):]],
+                                "us": round(sum(c.end_us - c.start_us for c in colls[len(packs):]), 1)})
         update_start = max([bw_end] + [r.done_us for r in records])
         doc["spans"] += [[step, "forward0", start, bw_start], [step, "backward0", bw_start, bw_end],
                          [step, "update", update_start, max([update_start] + [op.end_us for op in ops])]]
         doc["comm"] += [r.row() for r in records]
+    if outside:
+        doc["window"]["collectives_outside_packs"] = outside
     if incomplete:
         doc["window"]["kineto_iterations"] = [i for i in profiled if i not in incomplete]
         doc["disturbed_iterations"] = sorted(set(doc.get("disturbed_iterations", [])) | set(incomplete))
