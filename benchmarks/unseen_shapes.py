@@ -10,8 +10,10 @@ and with evaluation every 8 steps, Accelerate's and Lightning's own loops (with 
 Lightning steps the optimizer with a closure; Lightning under --autotune; bf16 mixed precision in both; Lightning
 validating every 10 steps); Horovod with backward_passes_per_step=2; tf-keras fit of a GRU over 2 epochs, of a conv
 net with validation data, a schedule and ReduceLROnPlateau, and of an MLP with steps_per_execution=4; a TensorFlow
-custom loop running 3 steps per call of its tf.function. Frameworks that are not installed are skipped with a line
-saying so.
+custom loop running 3 steps per call of its tf.function; DDP with a GradScaler under bf16 autocast, an LSTM on
+sequences of a new length every step, uneven inputs under DDP's join; Horovod with fp16 compression, with the loss
+all-reduced every step, with synchronize() and clipping; tf-keras fit of an embedding model with Adagrad (plain,
+mixed_bfloat16, the embedding frozen). Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -61,6 +63,15 @@ JOBS = {
     "tf-keras-gru-fit": (["--backend", "tf"], "tf_gru_fit.py", [], "tensorflow"),
     "tf-keras-fit-validation": (["--backend", "tf"], "tf_fit_val.py", [], "tensorflow"),
     "tf-keras-fit-steps-per-execution-4": (["--backend", "tf"], "tf_fit_spe.py", [], "tensorflow"),
+    "ddp-gradscaler-bf16": ([], "ddp_amp_varlen_join.py", ["--scaler"], "torch"),
+    "ddp-lstm-varying-lengths": ([], "ddp_amp_varlen_join.py", ["--varlen"], "torch"),
+    "ddp-join-uneven-inputs": ([], "ddp_amp_varlen_join.py", ["--join"], "torch"),
+    "horovod-fp16-compression": (["--backend", "horovod"], "hvd_variants.py", ["--fp16"], "horovod"),
+    "horovod-loss-allreduce-each-step": (["--backend", "horovod"], "hvd_variants.py", ["--metric"], "horovod"),
+    "horovod-synchronize-clip": (["--backend", "horovod"], "hvd_variants.py", ["--sync"], "horovod"),
+    "tf-keras-embedding-adagrad-fit": (["--backend", "tf"], "tf_embedding_fit.py", [], "tensorflow"),
+    "tf-keras-embedding-bf16-fit": (["--backend", "tf"], "tf_embedding_fit.py", ["--mixed"], "tensorflow"),
+    "tf-keras-embedding-frozen-fit": (["--backend", "tf"], "tf_embedding_fit.py", ["--frozen"], "tensorflow"),
     "tf-custom-loop-3-steps-per-call": (["--backend", "tf", "--warmup", "3", "--active", "6", "--clean", "5"],
                                         "examples/tf_custom_loop.py", ["--steps-per-call", "3", "--steps", "60"],
                                         "tensorflow"),  # 20 calls: 3 + 6 + 5 of them the window
