@@ -7,7 +7,9 @@ end) with that test's window. Rounds alternate the launchers; each launch's outc
 rank killed by a signal, the line its log holds ("malloc(): ... corrupted", "terminate called without an active
 exception").
 
-    python benchmarks/abort_rate.py --reps 12 [--launchers NAME,...]  (the names above; default: the first four)
+    python benchmarks/abort_rate.py --reps 12 [--launchers NAME,...] [--core-dumps DIR]
+    (the names above; default: the first four; --core-dumps: launches run in DIR with core files allowed, so that an
+    aborting rank leaves a core there (the kernel's core_pattern "core") for gdb)
 
 Last line: `aborted: dprorun A of N, no-comm-hook B of N, torchrun C of N, profiler-stress D of N`.
 """
@@ -54,7 +56,13 @@ CAUSES = ("malloc(): [^\n]*", "terminate called without an active exception", "d
           "Segmentation fault")
 
 
-def launch(launcher: str, tmp: str, index: int) -> tuple[int, str]:
+def _allow_core_files() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def launch(launcher: str, tmp: str, index: int, core_dir: str = "") -> tuple[int, str]:
     short, stress = os.path.join(tmp, "short.py"), os.path.join(tmp, "stress.py")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
     env = dict(os.environ, DPRO_REPORT="0")
@@ -68,7 +76,8 @@ def launch(launcher: str, tmp: str, index: int) -> tuple[int, str]:
     else:
         cmd = torchrun + [stress] + (["hook"] if launcher == "profiler-hook-stress" else [])
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=240)
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=core_dir or REPO, env=env, timeout=240,
+                             preexec_fn=_allow_core_files if core_dir else None)
     except subprocess.TimeoutExpired:
         return 124, "timed out"
     text = out.stdout + out.stderr
@@ -80,7 +89,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=12)
     parser.add_argument("--launchers", default="dprorun,no-comm-hook,torchrun,profiler-stress")
+    parser.add_argument("--core-dumps", default="", help="a folder: launches run there, core files allowed")
     args = parser.parse_args()
+    core_dir = os.path.abspath(args.core_dumps) if args.core_dumps else ""
+    if core_dir:
+        os.makedirs(core_dir, exist_ok=True)
     launchers = args.launchers.split(",")
     aborted = {name: 0 for name in launchers}
     print("| round | launcher | exit code | what the logs say |\n|---|---|---|---|")
@@ -91,9 +104,12 @@ def main() -> None:
             handle.write(STRESS_SCRIPT)
         for rep in range(args.reps):
             for name in launchers if rep % 2 == 0 else reversed(launchers):
-                code, cause = launch(name, tmp, rep)
+                code, cause = launch(name, tmp, rep, core_dir)
                 aborted[name] += code != 0
                 print(f"| {rep} | {name} | {code} | {cause} |", flush=True)
+    if core_dir:
+        cores = sorted(n for n in os.listdir(core_dir) if n.startswith("core"))
+        print(f"core files in {core_dir}: {', '.join(cores) if cores else 'none'}")
     print("aborted: " + ", ".join(f"{name} {aborted[name]} of {args.reps}" for name in launchers))
 
 

@@ -347,6 +347,24 @@ def test_a_call_running_k_steps_splits_at_its_fetches_or_its_first_op_run_k_time
     assert name_outside_loop("sequential/while_loop/x") == "sequential/while_loop/x"
 
 
+def test_steps_per_call_are_counted_by_the_fetches_where_the_profile_holds_no_collective():
+    """horovod.tensorflow with Keras's steps_per_execution: TensorFlow's profiler records none of Horovod's ops, so
+    the calls were read as single steps (a call of 4 steps replayed as one 204 ms iteration; 51 ms a step with the
+    split). The input fetches inside each profiled call count its steps; a call the profiler cut short (none) is
+    left out of the count; with collectives, the first collective's runs still decide."""
+    from dprorun.trace.model import Op, OpKind
+    from dprorun.trace.rundir import _steps_per_call
+    from dprorun.trace.xplane import TFProfile
+
+    starts = [0.0, 400.0, 800.0, 1200.0, 1600.0]
+    fetches = [t + j * 100 + 2 for t in (400.0, 800.0, 1200.0) for j in range(4)]
+    assert _steps_per_call(TFProfile([], [], [], fetches), starts, [0, 1, 2, 3]) == 4
+    assert _steps_per_call(TFProfile([], [], [], []), starts, [1, 2, 3]) == 1
+    reduce = [Op(name="CollectiveReduceV2", kind=OpKind.COMM, rank=0, start_us=t + 50, end_us=t + 60,
+                 args={"scope": "CollectiveReduceV2"}) for t in (400.0, 800.0, 1200.0)]
+    assert _steps_per_call(TFProfile([], reduce, [], fetches), starts, [1, 2, 3]) == 1
+
+
 def test_a_tf_steps_backward_starts_where_gradient_work_does_not_at_its_earliest_gradient_op():
     """TensorFlow runs a gradient op as soon as its inputs exist: one that needs only shapes (an embedding's
     gradient concat) ran in a GRU net's forward and put its backward's start at 2.4 ms of the real 7.7

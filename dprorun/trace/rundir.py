@@ -221,12 +221,17 @@ def _tf_step_parts(profile: TFProfile, starts: list[float],
 def _steps_per_call(profile: TFProfile, starts: list[float], profiled: list[int]) -> int:
     """Training steps per call of a TensorFlow step function: how often the call's first collective op runs in
     it (once per step; a function that loops over steps runs it once per pass), as most profiled calls have it
-    (a call the profiler cut short counts fewer); 1 unless at least half of them agree."""
-    counts = []
-    for _, _, _, colls in _tf_step_parts(profile, starts, profiled).values():
+    (a call the profiler cut short counts fewer); 1 unless at least half of them agree. Where the profile holds
+    no collective (horovod.tensorflow: TensorFlow's profiler records none of Horovod's ops), the input fetches
+    inside each call count the steps instead (`next(iterator)` once per step)."""
+    counts, fetches = [], []
+    for start, end, _, colls in _tf_step_parts(profile, starts, profiled).values():
         if colls:
             first = colls[0].args.get("scope")
             counts.append(sum(1 for op in colls if op.args.get("scope") == first))
+        fetches.append(sum(1 for f in profile.fetches if start <= f < end))
+    if not counts:  # a call the profiler cut short may show none
+        counts = [f for f in fetches if f > 0]
     if not counts:
         return 1
     k, agreeing = Counter(counts).most_common(1)[0]
