@@ -39,6 +39,7 @@ from dprorun.runtime.records import RankRecords
 from dprorun.runtime.log import warn
 from dprorun.runtime.watch import ScriptUse, nothing_to_profile
 
+
 class RankSession:
     def __init__(self, cfg: ProfileConfig, rank: int, local_rank: int, world_size: int):
         self.cfg = cfg
