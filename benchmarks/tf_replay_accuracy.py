@@ -11,6 +11,7 @@ steps without the profiler (hooks on) against the plain launches: the hooks' ove
 loopback, and with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
 usage: python benchmarks/tf_replay_accuracy.py [--examples tf_custom_loop,tf_keras_fit] [--packs 0,1] [--reps 3]
+       [--script-args "--accumulate 2"]  (passed to every example, plain and profiled alike)
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETNS = os.path.join(REPO, "scripts", "with-netns-1gbit")
 STEPS = 40
 CRASHES: list[str] = []
+SCRIPT_ARGS: list[str] = []  # --script-args
 
 
 def wrap(net: str, cmd: list[str]) -> list[str]:
@@ -51,7 +53,8 @@ def plain_ms(example: str, pack_mb: float, net: str) -> float:
     script = os.path.join(REPO, "examples", f"{example}.py")
     shell = " & ".join(
         f"TF_CONFIG='{{\"cluster\": {{\"worker\": {workers}}}, \"task\": {{\"type\": \"worker\", \"index\": {i}}}}}' "
-        f"{sys.executable} {script} --steps {STEPS} --pack-mb {pack_mb}" for i in range(2)) + " & wait"
+        f"{sys.executable} {script} --steps {STEPS} --pack-mb {pack_mb} {' '.join(SCRIPT_ARGS)}" for i in range(2)
+    ) + " & wait"
     out = subprocess.run(wrap(net, ["bash", "-c", shell]), capture_output=True, text=True, timeout=900, cwd=REPO)
     found = re.search(r"median iteration time: ([0-9.]+) ms", out.stdout)
     if not found:
@@ -67,7 +70,7 @@ def profiled(example: str, pack_mb: float, net: str, whatif_packs: list[float]) 
         cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "tf", "-np", "2", "--run-dir", run_dir,
                          "-q", "--warmup", str(STEPS // 2), "--active", str(STEPS // 2 - 10), "--clean", "8",
                          "python", os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(STEPS),
-                         "--pack-mb", str(pack_mb)])
+                         "--pack-mb", str(pack_mb), *SCRIPT_ARGS])
         for attempt in (1, 2):  # a worker crashing natively (seen: SIGABRT, "munmap_chunk(): invalid pointer",
             # 2 launches in about 30, not under a plain launch so far) is reported and the launch retried once
             done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900,
@@ -97,7 +100,9 @@ def main() -> None:
     parser.add_argument("--packs", default="0,1", help="bytes_per_pack in MB; the first is profiled")
     parser.add_argument("--nets", default="loopback")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--script-args", default="", help="extra arguments for every example")
     args = parser.parse_args()
+    SCRIPT_ARGS.extend(args.script_args.split())
     packs = [float(x) for x in args.packs.split(",")]
     rows = []
     overheads: list[tuple[str, str, float, float]] = []

@@ -21,6 +21,9 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--steps-per-call", type=int, default=1,
                         help="training steps run in a tf.range loop inside one call of the tf.function")
+    parser.add_argument("--accumulate", type=int, default=1,
+                        help="gradient accumulation: this many micro-batch calls (gradients kept on the worker), "
+                             "then one call that all-reduces and applies them")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: worker 1 raises at this step")
     args = parser.parse_args()
     options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=int(args.pack_mb * (1 << 20)))
@@ -36,6 +39,9 @@ def main() -> None:
             tf.keras.layers.Dense(10),
         ])
         optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+        # per-worker gradient sums for --accumulate (ON_READ: each worker keeps its own, nothing synchronised)
+        sums = [tf.Variable(tf.zeros_like(v), trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.SUM) for v in model.trainable_variables]
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                             reduction=tf.keras.losses.Reduction.NONE)
     global_batch = args.batch_size * strategy.num_replicas_in_sync
@@ -56,6 +62,26 @@ def main() -> None:
             loss = strategy.reduce("SUM", strategy.run(step_fn, args=(x, y)), axis=None)
         return loss
 
+    def micro_fn(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)), global_batch_size=global_batch)
+        for total, grad in zip(sums, tape.gradient(loss, model.trainable_variables)):
+            total.assign_add(grad)
+
+    def apply_fn():
+        optimizer.apply_gradients(zip([total.read_value() / args.accumulate for total in sums],
+                                      model.trainable_variables))  # the all-reduce happens here
+        for total in sums:
+            total.assign(tf.zeros_like(total))
+
+    @tf.function
+    def micro_step(x, y):
+        strategy.run(micro_fn, args=(x, y))
+
+    @tf.function
+    def apply_step():
+        strategy.run(apply_fn)
+
     tf.random.set_seed(worker)
     x = tf.random.normal((args.batch_size, 32, 32, 3))
     y = tf.random.uniform((args.batch_size,), maxval=10, dtype=tf.int64)
@@ -64,7 +90,12 @@ def main() -> None:
         if step == args.fail_at_step and worker == 1:
             raise RuntimeError(f"injected failure at step {step} (--fail-at-step)")
         started = time.perf_counter()
-        train_step(x, y)
+        if args.accumulate > 1:
+            for _ in range(args.accumulate):
+                micro_step(x, y)
+            apply_step()
+        else:
+            train_step(x, y)
         times.append(time.perf_counter() - started)
     if worker == 0:
         second_half = times[len(times) // 2:]

@@ -383,3 +383,35 @@ def test_a_tf_steps_backward_starts_where_gradient_work_does_not_at_its_earliest
     assert backward_start(forward + backward, 10000) == 7000
     assert backward_start([early], 2404) == 2400
     assert "gradients/while_grad/".startswith(GRADIENT_SCOPES)
+
+
+def test_tf_micro_batch_calls_belong_to_the_iteration_their_syncing_call_ends():
+    """A TensorFlow custom loop accumulating gradients: K calls of a step function that all-reduces nothing, then one
+    that all-reduces and applies. Every call was an iteration (a 310 ms step read as three of ~100 ms, the replay
+    +145 % off its clean iterations); an iteration now runs from the first call after a syncing call to the end of
+    the next syncing one. Where no syncing function is known, every call is an iteration, as before."""
+    from dprorun.runtime.tf import TFTracker
+
+    class Session:
+        rank_dir, trackers, detail_active = "/nonexistent", [], False
+
+        def __init__(self):
+            self.boundaries = []
+
+        def begin_iteration(self):
+            self.boundaries.append(len(calls))
+
+        def now_us(self):
+            return 0.0
+
+    calls: list[str] = []
+    micro, apply = object(), object()
+    session = Session()
+    tracker = TFTracker(session)
+    run = lambda fn, name: tracker.run_step(lambda *a: calls.append(name), fn)  # noqa: E731
+    run(micro, "m")  # nothing known to sync yet: every call is an iteration
+    run(micro, "m")
+    tracker.syncing_functions.add(id(apply))
+    for _ in range(3):
+        run(micro, "m"), run(micro, "m"), run(apply, "a")
+    assert session.boundaries == [0, 1, 2, 5, 8]

@@ -68,6 +68,7 @@ class HorovodTFTracker(TFTracker):
         if module.startswith("horovod."):
             return
         self.step_functions.add(id(outer))
+        self.syncing_functions.add(id(outer))  # every step function seen here all-reduces (see TFTracker.run_step)
         if self.traced_function is None:
             self.traced_function = id(outer)
         if self.traced_function != id(outer) or any(t["op"] == op_name for t in self.tensors):

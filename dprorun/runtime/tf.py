@@ -2,8 +2,9 @@
 
 Training steps: a `tf.function` whose tracing calls `strategy.run` (a custom loop's `train_step`, tf-keras
 `Model.fit`'s `train_function`) is a step function; each call of it is one iteration (start and end taken around
-the call, which returns when the step has run). A script that calls `strategy.run` eagerly, outside any
-tf.function, has each such call as its iteration.
+the call, which returns when the step has run), unless it all-reduces nothing while another step function does
+(gradient accumulation: its calls join the iteration the next syncing call ends; `run_step`). A script that calls
+`strategy.run` eagerly, outside any tf.function, has each such call as its iteration.
 Communication: `CollectiveReplicaLauncher.batch_all_reduce` is patched to record, while a step function is
 traced, the packs the strategy all-reduces (each pack's gradient tensors, their bytes) and the pack size asked for
 (`CommunicationOptions(bytes_per_pack)`); the per-step timing of every pack's `CollectiveReduceV2` comes from the
@@ -34,6 +35,11 @@ class TFTracker:
     def __init__(self, session: "RankSession"):
         self.session = session
         self.step_functions: set[int] = set()  # id() of tf.function objects whose tracing called strategy.run
+        # id() of the step functions whose tracing met the all-reduce: where some step functions do not (gradients
+        # accumulated over micro-batches, all-reduced and applied by another), an iteration runs from the first
+        # call after a syncing one to the end of the next syncing one
+        self.syncing_functions: set[int] = set()
+        self.boundary_due = True  # the next step-function call starts an iteration
         self.local = threading.local()
         self.packs: list[dict] = []  # as traced: [{"tensors": [...], "bytes": [...]}]
         self.bytes_per_pack: Optional[int] = None
@@ -58,11 +64,17 @@ class TFTracker:
         return stack
 
     def run_step(self, call, *args, **kwargs):
-        """One training step: the iteration boundary before it, its span after it."""
+        """A call of a step function: the iteration boundary before it where one is due, its span after it. An
+        iteration ends with a call of a syncing step function (every call, where none is known: an eager
+        strategy.run, or before the syncing one was traced); micro-batch calls before it belong to it."""
         session = self.session
         if self.in_step:  # a step function called from inside a step: one iteration
             return call(*args, **kwargs)
-        session.begin_iteration()
+        function = args[0] if args else None
+        syncing = not self.syncing_functions or id(function) in self.syncing_functions
+        if self.boundary_due:
+            session.begin_iteration()
+        self.boundary_due = syncing
         start = session.now_us()
         self.in_step = True
         try:
@@ -179,6 +191,9 @@ def patch_tensorflow(session: "RankSession") -> TFTracker:
     def traced_batch_all_reduce(self, input_tensor_packs, options=None):
         session.guard("recording the all-reduce packs", _record_packs, tracker, input_tensor_packs,
                       self._options.merge(options))
+        stack = tracker.call_stack()
+        if stack and not tracker.calibrating:
+            tracker.syncing_functions.add(id(stack[0]))
         return batch_all_reduce(self, input_tensor_packs, options)
 
     _apply_pack_size(session)
