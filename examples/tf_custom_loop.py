@@ -41,7 +41,8 @@ def main() -> None:
         optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
         # per-worker gradient sums for --accumulate (ON_READ: each worker keeps its own, nothing synchronised)
         sums = [tf.Variable(tf.zeros_like(v), trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
-                            aggregation=tf.VariableAggregation.SUM) for v in model.trainable_variables]
+                            aggregation=tf.VariableAggregation.SUM)
+                for v in (model.trainable_variables if args.accumulate > 1 else [])]
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                             reduction=tf.keras.losses.Reduction.NONE)
     global_batch = args.batch_size * strategy.num_replicas_in_sync

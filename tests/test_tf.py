@@ -142,24 +142,21 @@ def test_a_pack_size_strategy_is_applied_and_a_failing_worker_is_named_and_its_t
 def test_a_worker_dying_in_tensorflows_profiler_stop_gets_the_job_launched_again(tmp_path):
     """TensorFlow's host tracer can write to freed memory as the profile is collected and kill a worker at the
     profiler's stop (SIGSEGV / SIGABRT "double free or corruption"; 3 of 7 launches of an embedding model here),
-    which ended the user's job. The test knob aborts worker 1 there in launches 1 and 2: the job is launched again
-    with the profiler, then without it, runs to its end (exit 0), and says so; each failed launch's files kept."""
+    which ended the user's job. The test knob aborts worker 1 there in the first launch: the job is launched again,
+    runs to its end (exit 0) and says so; the failed launch's files kept. A second such crash would give a last
+    launch without the profiler (test_units: the relaunch plan)."""
     run_dir = tmp_path / "relaunch"
     proc, _ = run_dprorun(["--backend", "tf", "-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "2",
                            "--clean", "5", "python", os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "14",
-                           "--width", "32"], run_dir, timeout=400, env={"DPRO_TEST_FAULT": "tf-stop-crash:2"})
+                           "--width", "32"], run_dir, timeout=400, env={"DPRO_TEST_FAULT": "tf-stop-crash:1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "launching the job again with the profiler (launch 2 of at most 3" in proc.stderr, proc.stderr[-3000:]
-    assert "launching the job again without TensorFlow's profiler" in proc.stderr
     assert proc.stdout.count("median iteration time:") == 1  # the script ran to its end once: the last launch
-    for launch in (1, 2):
-        assert (run_dir / f"failed_launch_{launch}" / "rank_1" / "tf_profiler_stopping").exists()
+    assert (run_dir / "failed_launch_1" / "rank_1" / "tf_profiler_stopping").exists()
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "completed" and len(manifest["relaunches"]) == 2
-    assert not manifest["profiling_window"]["kineto"]
-    for rank in (0, 1):  # the last launch's files: steps and clean iterations, no profile
-        assert (run_dir / f"rank_{rank}" / "events.json").exists()
-        assert not (run_dir / f"rank_{rank}" / "xplane.pb").exists()
+    assert manifest["status"] == "completed" and len(manifest["relaunches"]) == 1
+    for rank in (0, 1):  # the second launch's files, its profile included
+        assert (run_dir / f"rank_{rank}" / "events.json").exists() and (run_dir / f"rank_{rank}" / "xplane.pb").exists()
 
 
 def test_a_tf_keras_fit_job_runs_unchanged(tmp_path):
@@ -168,17 +165,15 @@ def test_a_tf_keras_fit_job_runs_unchanged(tmp_path):
     proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python",
                            os.path.join(EXAMPLES, "tf_keras_fit.py"), "--steps", "20"], run_dir, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = _dpro("replay", run_dir, "--json")
+    out = _dpro("replay", run_dir, "--json", "--np", "4")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["predicted_iteration_time_ms"] > 0 and doc["buckets"] >= 1
+    assert doc["predicted_iteration_time_ms"] > 0 and doc["buckets"] >= 1 and doc["world_size"] == 4
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert next(t for t in events["trackers"] if t["framework"] == "tf")["step_functions"] >= 1
     # the embedding's sparse gradient is all-gathered and Keras reduces its metrics every step, outside the packs:
     # replayed as measured, and a what-if that re-prices communication says so (a third of this step, 2026-12-03)
-    out = _dpro("replay", run_dir, "--np", "4")
-    assert out.returncode == 0, out.stderr
-    assert "collectives outside the gradient packs (CollectiveGatherV2" in out.stdout + out.stderr, out.stdout
+    assert any("collectives outside the gradient packs (CollectiveGatherV2" in n for n in doc["notes"]), doc["notes"]
 
 
 def test_a_fit_job_running_several_steps_per_call_is_read_step_by_step(tmp_path):

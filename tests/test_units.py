@@ -415,3 +415,34 @@ def test_tf_micro_batch_calls_belong_to_the_iteration_their_syncing_call_ends():
     for _ in range(3):
         run(micro, "m"), run(micro, "m"), run(apply, "a")
     assert session.boundaries == [0, 1, 2, 5, 8]
+
+
+def test_a_second_crash_in_tensorflows_profiler_stop_gives_a_last_launch_without_the_profiler(tmp_path):
+    """launch.relaunch_after_tf_stop_crash, the decisions around one failed launch: a worker that died with the stop's
+    mark in its folder (a signal, not the launcher's SIGTERM) -> the job again with the profiler; the same in the
+    second launch -> the third without it; the failed launch's folders moved aside each time; a rank stopped by
+    the launcher's SIGTERM at teardown, another backend or a job across hosts -> no relaunch."""
+    import signal
+
+    from dprorun.config import JobConfig
+    from dprorun.launch import relaunch_after_tf_stop_crash
+    from dprorun.procs import LaunchResult
+
+    job = JobConfig(command=["python", "train.py"])
+    job.output.run_dir, job.launch.backend, job.launch.nproc_per_node = str(tmp_path), "tf", 2
+
+    def crash(rank: int, code: int) -> LaunchResult:
+        (tmp_path / f"rank_{rank}").mkdir(exist_ok=True)
+        (tmp_path / f"rank_{rank}" / "tf_profiler_stopping").write_text("")
+        return LaunchResult(128 - code, "crashed", rank, {rank: {"exitcode": code, "pid": 1}})
+
+    assert relaunch_after_tf_stop_crash(job, crash(1, -signal.SIGSEGV)).startswith("rank(s) [1] died inside")
+    assert job.profile.launch_attempt == 2 and job.profile.kineto
+    assert (tmp_path / "failed_launch_1" / "rank_1" / "tf_profiler_stopping").exists()
+    assert "without TensorFlow's profiler" in relaunch_after_tf_stop_crash(job, crash(1, -signal.SIGABRT))
+    assert job.profile.launch_attempt == 3 and not job.profile.kineto
+    assert relaunch_after_tf_stop_crash(job, crash(0, -signal.SIGTERM)) == ""  # stopped at teardown, not a crash
+    job.launch.backend = "torch"
+    assert relaunch_after_tf_stop_crash(job, crash(1, -signal.SIGSEGV)) == ""
+    job.launch.backend, job.launch.nnodes, job.launch.nproc_per_node = "tf", 2, 1
+    assert relaunch_after_tf_stop_crash(job, crash(1, -signal.SIGSEGV)) == ""
