@@ -155,16 +155,16 @@ def relaunch_after_tf_stop_crash(job: JobConfig, result: LaunchResult) -> str:
     if job.profile.launch_attempt == TF_STOP_CRASH_LAUNCHES:
         job.profile.kineto = False
     how = "with the profiler" if job.profile.kineto else "without TensorFlow's profiler (no op-level profile)"
-    done = (f"{what}; launched the job again {how} (launch {job.profile.launch_attempt} of at most "
-            f"{TF_STOP_CRASH_LAUNCHES}; the failed launch's files are in {kept})")
-    print(done.replace("; launched the job again", "; launching the job again"), file=sys.stderr, flush=True)
+    detail = (f"{how} (launch {job.profile.launch_attempt} of at most {TF_STOP_CRASH_LAUNCHES}; the failed launch's "
+              f"files are in {kept})")
+    print(f"{what}; launching the job again {detail}", file=sys.stderr, flush=True)
     try:
         write_manifest(job, "running", {"relaunched": {"launch": job.profile.launch_attempt, "crashed_ranks": crashed,
                                                        "cause": "TensorFlow profiler stop",
                                                        "profiler": job.profile.kineto}})
     except OSError:
         pass
-    return done[len("dprorun: "):]
+    return f"{what[len('dprorun: '):]}; launched the job again {detail}"
 
 
 def _launch_once(job: JobConfig) -> LaunchResult:
