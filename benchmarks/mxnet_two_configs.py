@@ -61,7 +61,7 @@ def comm_span_ms(run_dir: str) -> float:
     """Worker 0's profiled iterations: the median span from the first push's start to the last pull's end."""
     ops = read_mx_profile(os.path.join(rank_dir(run_dir, 0), MX_PROFILE_FILE))
     spans = [max(op.end_us for op in g) - min(op.start_us for op in g)
-             for g in comm_phases([op for op in ops if op.is_kvstore])]
+             for g in comm_phases([op for op in ops if op.is_kvstore], ops)]
     return statistics.median(spans[1:] or spans) / 1000
 
 

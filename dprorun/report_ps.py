@@ -107,12 +107,12 @@ def _whatif_curves(model) -> dict:
 
 
 def _measured_timeline(run_dir: str) -> dict:
-    """One iteration of the workers' profiles (worker 0's second complete push/pull round to its third): compute
-    and kvstore lanes per worker, updates per server; ms from the iteration's start."""
+    """One iteration of the workers' profiles (from the end of worker 0's first push/pull round to the end of its
+    second): compute and kvstore lanes per worker, updates per server; ms from the iteration's start."""
     from dprorun.trace.mxprofile import comm_phases, numbered_files, read_mx_profile, read_server_updates
 
     workers = {r: read_mx_profile(p) for r, p in numbered_files(run_dir, rank_dir, MX_PROFILE_FILE).items()}
-    groups = comm_phases([op for op in workers.get(0, []) if op.is_kvstore])
+    groups = comm_phases([op for op in workers.get(0, []) if op.is_kvstore], workers.get(0, []))
     if len(groups) < 3:
         return {"iteration": None, "ops": []}
     lo, hi = max(op.end_us for op in groups[0]), max(op.end_us for op in groups[1])

@@ -149,7 +149,7 @@ def ps_chrome_trace(run_dir: str) -> dict:
             if not op.is_kvstore and op.name != "DeleteVariable":
                 events.append({"ph": "X", "name": op.name, "cat": "compute", "pid": r, "tid": 0,
                                "ts": op.start_us - lo, "dur": op.duration_us})
-        attributed = {id(event): (key, parts) for event, key, parts in attribute_keys(comm, updates)}
+        attributed = {id(event): (key, parts) for event, key, parts in attribute_keys(comm, ops, updates)}
         keyed_events += len(attributed)
         for op in comm:
             key, parts = attributed.get(id(op), (None, []))

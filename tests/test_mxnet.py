@@ -600,6 +600,44 @@ def test_an_imperative_backward_pushes_each_gradient_as_it_is_made():
     assert overlapped < after_all - 100
 
 
+def test_a_key_dispatched_after_the_others_ended_stays_in_its_iteration(tmp_path):
+    """On a loaded host a key's push/pull can end before the script dispatches the next key's (the other worker
+    already waiting): a gap with no forward op in it. The CI run on a 2-core VM read that gap as an iteration's end,
+    and the report's measured iteration held one server's update only. Only a forward op splits iterations."""
+    from dprorun.layout import MX_PROFILE_FILE, SERVER_FILE, rank_dir, server_dir
+    from dprorun.report_ps import _measured_timeline
+    from dprorun.trace.mxprofile import attribute_keys, read_mx_profile, read_server_updates
+
+    spans, updates = [], {0: [], 1: []}
+    for i in range(4):  # forward + backward, key 0's push/pull (server 0), a gap, key 1's (server 1)
+        t0 = 1_000_000 + i * 10_000
+        spans += [("FullyConnected", 0, t0, t0 + 2000), ("_backward_FullyConnected", 0, t0 + 2000, t0 + 4000),
+                  ("KVStoreDistDefaultStoragePushPull", 2, t0 + 4000, t0 + 4500),
+                  ("DeleteVariable", 0, t0 + 4600, t0 + 4610), ("KVStoreDistDefaultStoragePushPull", 2, t0 + 5000,
+                                                                t0 + 8000), ("CopyCPU2CPU", 0, t0 + 8000, t0 + 8100)]
+        updates[0].append([0, t0 + 4200, t0 + 4300, 4000])
+        updates[1].append([1, t0 + 7000, t0 + 7500, 4000])
+    events = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}
+              for pid, name in ((0, "cpu/0"), (2, "cpu pinned/"))]
+    for name, pid, start, end in spans:
+        events += [{"ph": ph, "cat": "operator", "name": name, "pid": pid, "tid": 1, "ts": ts}
+                   for ph, ts in (("B", start), ("E", end))]
+    os.makedirs(rank_dir(str(tmp_path), 0))
+    (tmp_path / "rank_0" / MX_PROFILE_FILE).write_text(json.dumps({"traceEvents": events}))
+    for s in (0, 1):
+        os.makedirs(server_dir(str(tmp_path), s))
+        (tmp_path / f"server_{s}" / SERVER_FILE).write_text(json.dumps({"server": s, "updates": updates[s]}))
+
+    timeline = _measured_timeline(str(tmp_path))
+    lanes = {(row[0], row[1]) for row in timeline["ops"]}
+    assert {("server 0", "update"), ("server 1", "update"), (0, "compute"), (0, "kvstore")} <= lanes, lanes
+    assert max(row[5] for row in timeline["ops"]) == pytest.approx(10.0)  # one whole iteration, 10 ms
+    ops = read_mx_profile(str(tmp_path / "rank_0" / MX_PROFILE_FILE))
+    server_updates, _ = read_server_updates(str(tmp_path))
+    keyed = attribute_keys([op for op in ops if op.is_kvstore], ops, server_updates)
+    assert [key for _, key, _ in keyed] == [0, 1] * 4
+
+
 def test_the_optimizer_searches_server_counts_with_the_bound(tmp_path):
     """Per-node links, one big key: more servers split it over more links, so the search offers more servers; a
     strategy's server count replaces --servers at launch (all nodes together, divided over the nodes)."""

@@ -168,7 +168,7 @@ def worker_ops_from_profile(rank: int, ops: list[MXOp], keys: list[PSKey]) -> Op
     medians over the complete ones (compute ops between the previous iteration's copies and this one's last push
     start, this one's copies, the gap to the next iteration's first op), and where each push started among them:
     an imperative (non-hybridized) net's pushes start as its backward makes each gradient, beside the rest of it."""
-    groups = comm_phases([op for op in ops if op.is_kvstore])
+    groups = comm_phases([op for op in ops if op.is_kvstore], ops)
     compute = [op for op in ops if not op.is_kvstore and op.name not in NOT_COMPUTE]
     iterations = []
     for j in range(1, len(groups)):

@@ -108,14 +108,21 @@ class ServerUpdate:
     nbytes: int
 
 
-def comm_phases(comm: list[MXOp]) -> list[list[MXOp]]:
-    """The push/pull events grouped per iteration: maximal runs whose spans overlap (within an iteration every
-    key's push/pull is in flight before the last one ends; the next iteration's forward waits for the pulls, so
-    compute separates two iterations). Push/pull as one op or as separate push and pull ops alike."""
+def comm_phases(comm: list[MXOp], compute: list[MXOp]) -> list[list[MXOp]]:
+    """The push/pull events grouped per iteration: runs whose spans overlap, joined across a gap unless a forward
+    op (`starts_an_iteration`) of the worker's `compute` starts inside it. The next iteration's forward (its loss
+    ops at least, or a hybridized net's whole graph) waits for the pulls of every key it reads, so it separates two
+    iterations; a gap with no forward in it is the script dispatching its next key late (a key whose push/pull
+    ended before the next one started: a loaded host, the other workers already waiting) or an imperative
+    backward making the next gradient. Push/pull as one op or as separate push and pull ops alike."""
+    import bisect
+
+    forward = sorted(op.start_us for op in compute if starts_an_iteration(op))
     groups: list[list[MXOp]] = []
     end = None
     for op in sorted(comm, key=lambda o: o.start_us):
-        if end is None or op.start_us > end:
+        if end is None or (op.start_us > end and bisect.bisect_right(forward, op.start_us)
+                           > bisect.bisect_left(forward, end)):
             groups.append([])
             end = op.end_us
         groups[-1].append(op)
@@ -123,17 +130,24 @@ def comm_phases(comm: list[MXOp]) -> list[list[MXOp]]:
     return groups
 
 
-def attribute_keys(events: list[MXOp], updates: list[ServerUpdate]) -> list[tuple[MXOp, int, list[ServerUpdate]]]:
+def starts_an_iteration(op: MXOp) -> bool:
+    """A forward (or loss) op: not push/pull, not a pulled value's copy, not engine bookkeeping, not backward."""
+    return not (op.is_kvstore or op.name == COPY_OP or op.name in NOT_COMPUTE or op.name.startswith("_backward"))
+
+
+def attribute_keys(events: list[MXOp], compute: list[MXOp],
+                   updates: list[ServerUpdate]) -> list[tuple[MXOp, int, list[ServerUpdate]]]:
     """A worker's push/pull events with the key each carried, found through the servers' updates (which name
     their key): the update of key k for an iteration falls inside that iteration's push/pull of k on every worker
-    (push -> aggregation and update -> pull). Per iteration (`comm_phases`) each key goes to one event and each
-    event to one key, an assignment (scipy's linear_sum_assignment) that prefers the event holding the key's
-    updates from the most servers (a key split over servers has one update per server inside its event), then the
-    one that ends soonest after them (the pull follows the update). Events no key fits are left out."""
+    (push -> aggregation and update -> pull). Per iteration (`comm_phases`, split by the worker's forward ops among
+    `compute`) each key goes to one event and each event to one key, an assignment (scipy's linear_sum_assignment)
+    that prefers the event holding the key's updates from the most servers (a key split over servers has one update
+    per server inside its event), then the one that ends soonest after them (the pull follows the update). Events
+    no key fits are left out."""
     from scipy.optimize import linear_sum_assignment
 
     out = []
-    for group in comm_phases(events):
+    for group in comm_phases(events, compute):
         lo, hi = min(e.start_us for e in group), max(e.end_us for e in group)
         inside = [u for u in updates if lo <= u.start_us and u.end_us <= hi]
         keys = sorted({u.key for u in inside})
