@@ -130,7 +130,10 @@ def test_cycle_is_reported():
         replay(g.build())
 
 
-def test_compiled_and_python_engines_agree_on_random_graphs():
+def test_compiled_and_python_engines_agree_on_random_graphs(monkeypatch):
+    from dprorun.replay import engine
+
+    monkeypatch.setattr(engine, "PYTHON_STEPS_BEFORE_NUMBA", 0)  # the compiled loop from the first replay on
     rng = np.random.default_rng(0)
     for _ in range(5):
         g = GraphBuilder()
@@ -145,7 +148,43 @@ def test_compiled_and_python_engines_agree_on_random_graphs():
                 g.share(f"d{d}", "cores", int(rng.integers(1, 3)))
         graph = g.build()
         fast, slow = replay(graph), replay(graph, use_fast=False)
+        assert (fast.engine, slow.engine) == ("numba", "python")
         assert np.allclose(fast.start_us, slow.start_us) and fast.critical_path == slow.critical_path
+
+
+def test_a_small_jobs_replays_do_not_load_numba():
+    """Loading numba and its cached loop takes about 1.4 s, more than a small job's replays take in Python: a
+    process loads it once it has taken PYTHON_STEPS_BEFORE_NUMBA queue steps, not before; a graph whose ops
+    queue long on one device (quadratic in steps) is stopped at that budget and replayed compiled."""
+    code = """
+import sys
+from dprorun.replay.engine import PYTHON_STEPS_BEFORE_NUMBA, GraphBuilder, replay
+g = GraphBuilder()
+ops = [g.op(f"n{i}", "FW", 0, "d", 1.0) for i in range(1000)]
+for a, b in zip(ops, ops[1:]):
+    g.edge(a, b)
+chain = g.build()
+first = replay(chain).engine
+loaded = "numba" in sys.modules
+engines = [first] + [replay(chain).engine for _ in range(PYTHON_STEPS_BEFORE_NUMBA // 1000)]
+print(first, loaded, engines.index("numba") * 1000 == PYTHON_STEPS_BEFORE_NUMBA, engines[-1])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["python", "False", "True", "numba"], out.stdout
+    queued = """
+import time
+from dprorun.replay.engine import GraphBuilder, replay
+g = GraphBuilder()
+for i in range(2000):
+    g.op(f"n{i}", "FW", 0, "d", 1.0)  # all ready at once on one device: about 2 million queue steps
+started = time.perf_counter()
+result = replay(g.build())
+print(result.engine, result.iteration_time_us, time.perf_counter() - started < 10)
+"""
+    out = subprocess.run([sys.executable, "-c", queued], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["numba", "2000.0", "True"], out.stdout
 
 
 def test_ddp_bucketing_reproduces_the_recorded_buckets(mlp_run):

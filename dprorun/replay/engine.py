@@ -10,7 +10,8 @@ the op built first goes first). The iteration time is the latest end. Every op r
 (its last finishing predecessor, or the op before it on a busy device), which yields the critical path by walking back
 from the last op: the execution graph is the DFG plus those same-device ordering edges.
 
-The core loop is numba-compiled when numba is importable (about 1 µs per op), pure Python otherwise.
+The core loop runs in pure Python until a process has taken PYTHON_STEPS_BEFORE_NUMBA queue steps, then
+numba-compiled (about 1 µs an op) where numba is importable.
 """
 from __future__ import annotations
 
@@ -235,7 +236,8 @@ def _earliest_slot(d, offset, slot_time):
     return slot
 
 
-def _simulate(durations, devices, indptr, indices, capacity, pool):
+def _simulate(durations, devices, indptr, indices, capacity, pool, max_steps):
+    """(start, end, crit, ops done, queue steps taken); ops done = -1 where it stopped at max_steps."""
     n = durations.shape[0]
     n_devices = capacity.shape[0]
     indeg = np.zeros(n, dtype=np.int64)
@@ -258,7 +260,11 @@ def _simulate(durations, devices, indptr, indices, capacity, pool):
         if indeg[i] == 0:
             heapq.heappush(heap, (0.0, np.int64(i)))
     done = 0
+    steps = 0
     while len(heap) > 0:
+        steps += 1
+        if steps > max_steps:
+            return start, end, crit, -1, steps - 1
         key, u = heapq.heappop(heap)
         d = devices[u]
         begin = ready[u]
@@ -300,19 +306,63 @@ def _simulate(durations, devices, indptr, indices, capacity, pool):
             indeg[v] -= 1
             if indeg[v] == 0:
                 heapq.heappush(heap, (_tick(ready[v]), v))
-    return start, end, crit, done
+    return start, end, crit, done, steps
 
 
-try:  # pragma: no cover - exercised where numba is installed
-    import numba
+PYTHON_STEPS_BEFORE_NUMBA = 100_000  # queue steps a process replays in pure Python before it loads numba's loop
+UNBOUNDED = 1 << 62
 
+
+@dataclass
+class _EngineCache:
+    """The numba-compiled loop, loaded once per process when first worth it, and the queue steps (an op taken
+    from the ready queue, run or put back to wait for its device) replayed in Python before. Loading numba and
+    its cached compilation takes about 1.4 s; the Python loop about 4-8 µs a step: a small job's checks (a
+    thousand ops, a few replays) end in Python long before numba would have loaded; a search replaying large
+    graphs, or a graph whose ops queue long on one device, loads it (the replay that crosses the budget is
+    stopped and run again compiled). Both loops give the same times."""
+    python_steps: int = 0
+    loaded: bool = False
+    fast: Optional[Callable] = None
+
+    def simulate(self, arrays: tuple, use_fast: bool) -> tuple:
+        """(start, end, crit, done, engine) of _simulate over the graph's arrays."""
+        if not use_fast:
+            return *_simulate(*arrays, UNBOUNDED)[:4], "python"
+        if not self.loaded:
+            budget = PYTHON_STEPS_BEFORE_NUMBA - self.python_steps
+            start, end, crit, done, steps = _simulate(*arrays, max(budget, 0))
+            self.python_steps += steps
+            if done >= 0:
+                return start, end, crit, done, "python"
+            self.loaded, self.fast = True, _compile_numba()
+        if self.fast is None:
+            return *_simulate(*arrays, UNBOUNDED)[:4], "python"
+        return *self.fast(*arrays, UNBOUNDED)[:4], "numba"
+
+
+def load_compiled() -> str:
+    """The numba-compiled loop loaded now, whatever Python has replayed so far (a benchmark timing the loop); the
+    engine replays then use."""
+    if not _ENGINE.loaded:
+        _ENGINE.loaded, _ENGINE.fast = True, _compile_numba()
+    return "numba" if _ENGINE.fast is not None else "python"
+
+
+def _compile_numba() -> Optional[Callable]:
+    """The loop and its helpers numba-compiled (from numba's on-disk cache after the first time); None without
+    numba. The helpers are replaced in this module, where the compiled loop finds them."""
+    global _tick, _earliest_slot
+    try:
+        import numba
+    except ImportError:  # pragma: no cover
+        return None
     _tick = numba.njit(cache=True)(_tick)
     _earliest_slot = numba.njit(cache=True)(_earliest_slot)
-    _simulate_fast = numba.njit(cache=True)(_simulate)
-    ENGINE = "numba"
-except ImportError:  # pragma: no cover
-    _simulate_fast = _simulate
-    ENGINE = "python"
+    return numba.njit(cache=True)(_simulate)
+
+
+_ENGINE = _EngineCache()
 
 
 @dataclass
@@ -331,10 +381,11 @@ class ReplayResult:
 
 
 def replay(graph: ReplayGraph, use_fast: bool = True) -> ReplayResult:
+    """The graph replayed (see the module's docstring); use_fast=False: always the pure-Python loop."""
     started = time.perf_counter()
-    simulate = _simulate_fast if use_fast else _simulate
-    start, end, crit, done = simulate(graph.durations, graph.devices, graph.indptr, graph.indices,
-                                      graph.device_capacity.astype(np.int64), graph.device_pool.astype(np.int64))
+    start, end, crit, done, engine = _ENGINE.simulate(
+        (graph.durations, graph.devices, graph.indptr, graph.indices, graph.device_capacity.astype(np.int64),
+         graph.device_pool.astype(np.int64)), use_fast)
     if done != graph.size:
         raise ValueError(f"the graph has a cycle: only {done} of {graph.size} ops could run")
     last = int(np.argmax(end)) if graph.size else -1
@@ -352,8 +403,7 @@ def replay(graph: ReplayGraph, use_fast: bool = True) -> ReplayResult:
     busy = busy / np.maximum(graph.device_capacity, 1)
     elapsed = time.perf_counter() - started
     return ReplayResult(float(end.max()) if graph.size else 0.0, start, end, path,
-                        {name: float(busy[i]) for i, name in enumerate(graph.device_names)}, elapsed,
-                        ENGINE if use_fast else "python")
+                        {name: float(busy[i]) for i, name in enumerate(graph.device_names)}, elapsed, engine)
 
 
 def critical_path_report(graph: ReplayGraph, result: ReplayResult, top: int = 20) -> dict:
