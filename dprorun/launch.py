@@ -70,12 +70,14 @@ def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) ->
 
 
 def _versions(dprorun_version: str) -> dict:
+    """dprorun's, Python's and torch's versions (torch's from its installed metadata: importing torch takes 2-3 s,
+    which a TensorFlow, Horovod or MXNet job's launcher has no other reason to spend)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     out = {"dprorun": dprorun_version, "python": sys.version.split()[0]}
     try:
-        import torch
-
-        out["torch"] = torch.__version__
-    except ImportError:
+        out["torch"] = version("torch")
+    except PackageNotFoundError:
         pass
     return out
 
