@@ -38,6 +38,9 @@ def main() -> None:
     parser.add_argument("--kvstore", default="dist_sync")
     parser.add_argument("--no-hybridize", action="store_true",
                         help="run the net imperatively (op by op: pushes start as each gradient is ready)")
+    parser.add_argument("--loader-workers", type=int, default=0,
+                        help="batches from a gluon DataLoader with this many worker processes, a new loader every 8 "
+                             "steps (as a loader per epoch: each one's pool is terminated when it is dropped)")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: worker 1 raises at this step")
     args = parser.parse_args()
 
@@ -56,9 +59,17 @@ def main() -> None:
     x = mx.nd.random.normal(shape=(args.batch_size, 3, 32, 32))
     y = mx.nd.random.randint(0, 10, shape=(args.batch_size,)).astype("float32")
     times = []
+    batches = None
     for step in range(args.steps):
         if step == args.fail_at_step and worker == 1:
             raise RuntimeError(f"injected failure at step {step} (--fail-at-step)")
+        if args.loader_workers and step % 8 == 0:  # the previous loader (and its pool) dropped here
+            dataset = gluon.data.ArrayDataset(mx.nd.random.normal(shape=(8 * args.batch_size, 3, 32, 32)),
+                                              mx.nd.random.randint(0, 10, shape=(8 * args.batch_size,)))
+            batches = iter(gluon.data.DataLoader(dataset, batch_size=args.batch_size, num_workers=args.loader_workers))
+        if batches is not None:
+            xb, yb = next(batches)
+            x, y = xb.as_in_context(mx.cpu()), yb.as_in_context(mx.cpu()).astype("float32")
         started = time.perf_counter()
         with autograd.record():
             loss = loss_fn(net(x), y)

@@ -386,6 +386,23 @@ def test_a_worker_that_raises_stops_the_job_at_once_and_names_its_error(tmp_path
 
 
 @needs_mxnet
+def test_a_data_loaders_worker_processes_terminated_mid_job_leave_the_worker_be(tmp_path):
+    """A gluon DataLoader with worker processes, a new loader every 8 steps: each dropped loader's pool terminates
+    its processes (SIGTERM). Those processes are forks of the worker and inherited the hooks' wake-up pipe: their
+    SIGTERM reached the worker's watcher thread, which stopped the worker (exit 143) and the job with it."""
+    run_dir = tmp_path / "loader"
+    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "1", "--warmup", "3", "--active", "6",
+                           "--kineto-iters", "3", "--clean", "4", "python", os.path.join(EXAMPLES, "mxnet_gluon.py"),
+                           "--steps", "24", "--model", "mlp", "--loader-workers", "2"], run_dir, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "predicted iteration time:" in proc.stdout
+    assert "rank ?" not in proc.stderr  # a forked process kept its hands off the worker's records
+    for worker in (0, 1):
+        events = json.loads((run_dir / f"rank_{worker}" / "events.json").read_text())
+        assert len(events["iteration_starts_us"]) == 24 and "stopped by SIGTERM" not in events["warnings"]
+
+
+@needs_mxnet
 def test_a_script_that_pushes_and_pulls_by_hand_is_profiled_by_its_cycles(tmp_path):
     """No Trainer.step, no Module.update: kv.push / kv.pull per parameter with the optimizer on the servers
     (examples/mxnet_kvstore_loop.py). Each push/pull cycle is an iteration; the model has every parameter's key and

@@ -230,6 +230,9 @@ def _install_excepthook(sess) -> None:
     previous = sys.excepthook
 
     def excepthook(exc_type, exc, tb):
+        if os.getpid() != sess.pid:  # a process forked from the rank: the rank's error file is not its own
+            previous(exc_type, exc, tb)
+            return
         try:
             sess.records.warnings.append(f"training script raised {exc_type.__name__}: {exc}")
             _write_torchelastic_error(exc, tb)
@@ -280,8 +283,9 @@ def _install_sigterm(sess) -> None:
     def on_sigterm(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
-            sess.records.warnings.append("stopped by SIGTERM")
-            sess.at_exit()
+            if os.getpid() == sess.pid:  # not in a process forked from the rank (a pool's worker terminated)
+                sess.records.warnings.append("stopped by SIGTERM")
+                sess.at_exit()
         finally:
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -289,8 +293,21 @@ def _install_sigterm(sess) -> None:
         signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:
         return  # not the main thread
+    os.register_at_fork(after_in_child=lambda: _sigterm_default_in_child(on_sigterm))
     if sess.framework == "mxnet":
         _sigterm_watcher(sess)
+
+
+def _sigterm_default_in_child(handler) -> None:
+    """In a process forked from the rank (a data loader's pool worker): SIGTERM back to its default. A Python
+    handler runs only in the main thread, and a pool worker waits in a lock with no timeout while its other threads
+    (MXNet's engine, a resource sharer) may take the signal: the pool's terminate at the loader's end then waited
+    for it forever, and the job hung (1 launch in 7 of a Gluon job with a new DataLoader every 8 steps)."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:
+        pass
 
 
 def _sigterm_watcher(sess) -> None:
@@ -321,3 +338,14 @@ def _sigterm_watcher(sess) -> None:
                     os._exit(128 + signal.SIGTERM)
 
     threading.Thread(target=watch, name="dprorun-sigterm", daemon=True).start()
+    os.register_at_fork(after_in_child=_wakeup_fd_off)
+
+
+def _wakeup_fd_off() -> None:
+    """In a process forked from an MXNet worker (a DataLoader's pool worker): the wake-up fd is the worker's pipe,
+    where a SIGTERM to the child (the pool's terminate at the loader's end) would reach the worker's watcher thread
+    and stop the worker."""
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:
+        pass

@@ -104,6 +104,9 @@ class MXTracker:
         if rank != session.rank and session.phase == "warmup":
             from dprorun.layout import rank_dir
 
+            # the scheduler numbers workers as they register: the log's [worker<i>] is the launch order
+            print(f"[dprorun] worker {session.rank} (launch order) is the kvstore's worker {rank}: its traces go "
+                  f"to rank_{rank}", file=sys.stderr, flush=True)
             session.rank, session.world_size = rank, world
             session.rank_dir = rank_dir(session.cfg.run_dir, rank)
             session.skew_us = session.cfg.skew_for(rank)

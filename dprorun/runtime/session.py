@@ -43,6 +43,7 @@ from dprorun.runtime.watch import ScriptUse, nothing_to_profile
 class RankSession:
     def __init__(self, cfg: ProfileConfig, rank: int, local_rank: int, world_size: int):
         self.cfg = cfg
+        self.pid = os.getpid()  # a process forked from the rank (a data loader's worker) inherits this object
         self.rank = rank
         self.local_rank = local_rank
         self.world_size = world_size
@@ -315,7 +316,10 @@ class RankSession:
 
     def at_exit(self) -> None:
         """Keep whatever was recorded: close the window if the job ended inside it and write the files. No
-        collective here (the other ranks may be gone): what needed one and did not run is recorded as such."""
+        collective here (the other ranks may be gone): what needed one and did not run is recorded as such. Not in
+        a process forked from the rank (its copy of the records is stale, the files are the rank's)."""
+        if os.getpid() != self.pid:
+            return
         if not self.trackers and self.rank == 0 and not self.disabled:
             warn(nothing_to_profile(self.script_use))
         elif self.iteration < 0 and self.rank == 0 and not self.disabled:
