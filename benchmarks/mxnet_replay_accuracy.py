@@ -11,7 +11,8 @@ iterations without the profiler (hooks on) against the plain launches (the hooks
 with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
 usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module,handloop] [--nets loopback,1gbit]
-       (more models: mlp-async, conv-async (dist_async); workers-update, frozen, embedding: examples/mxnet_variants.py)
+       (more models: mlp-async, conv-async (dist_async); workers-update, frozen, embedding: examples/mxnet_variants.py;
+       deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py)
        [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
 With --keep DIR the profiles' run directories and the plain launches' figures are kept (DIR/rounds.json); --from DIR
 (or DIR1,DIR2: several runs' rounds together) replays those profiles again with this code (no launch): a model change
@@ -49,11 +50,16 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           # the Module API (Module.fit, string keys), a symbolic MLP: examples/mxnet_module.py
           "module": ["--width", "512"],
           # hand-written kv.push / kv.pull per parameter, the optimizer on the servers: examples/mxnet_kvstore_loop.py
-          "handloop": ["--width", "512"]}
+          "handloop": ["--width", "512"],
+          # benchmarks/shapes/mx_shapes.py: shapes the model was not tuned on
+          "deep-imperative": ["--deep"], "rmsprop-schedule": ["--rmsprop"], "loader-workers": ["--loader-workers", "2"]}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding")},
-           "handloop": os.path.join(REPO, "examples", "mxnet_kvstore_loop.py")}
+           "handloop": os.path.join(REPO, "examples", "mxnet_kvstore_loop.py"),
+           **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_shapes.py") for name in ("deep-imperative",
+                                                                                          "rmsprop-schedule",
+                                                                                          "loader-workers")}}
 
 
 def example(model: str) -> str:
