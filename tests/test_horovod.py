@@ -156,15 +156,6 @@ def test_dprorun_backend_horovod_and_the_horovodrun_drop_in(tmp_path):
     assert read_horovod_timeline(str(copy)).steps in (5, 6)
 
 
-@needs_horovod
-def test_a_failing_horovod_rank_fails_the_job(tmp_path):
-    script = tmp_path / "fail.py"
-    script.write_text("import horovod.torch as hvd\nhvd.init()\nraise SystemExit(3 if hvd.rank() == 1 else 0)\n")
-    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "python", str(script)], tmp_path / "run",
-                          timeout=120, env={"OMP_NUM_THREADS": "1"})
-    assert proc.returncode != 0 and "horovodrun exited with code" in proc.stderr
-
-
 SPARSE_SCRIPT = """
 import torch, torch.nn as nn
 import horovod.torch as hvd
@@ -201,21 +192,24 @@ def test_a_sparse_gradient_under_horovod_is_an_allgather_of_its_rows_timed_in_or
 
 
 @needs_horovod
-def test_a_strategy_reaches_horovod_through_its_own_knobs(tmp_path):
+def test_a_strategy_reaches_horovod_through_its_own_knobs_and_a_failing_rank_fails_the_job(tmp_path):
+    """One launch for two things: a strategy's fusion threshold and cycle time reach every rank as horovodrun's
+    own flags, and a rank that exits non-zero fails the job with horovodrun's code named."""
     from dprorun.strategy import Strategy, save_strategy
 
     path = tmp_path / "strategy.json"
     save_strategy(Strategy(horovod_fusion_threshold_mb=1.0, horovod_cycle_time_ms=2.5), str(path))
     script = tmp_path / "knobs.py"
     script.write_text("import os\nimport horovod.torch as hvd\nhvd.init()\n"
-                      "print('knobs', os.environ.get('HOROVOD_FUSION_THRESHOLD'), os.environ.get('HOROVOD_CYCLE_TIME'))\n")
+                      "print('knobs', os.environ.get('HOROVOD_FUSION_THRESHOLD'), os.environ.get('HOROVOD_CYCLE_TIME'))\n"
+                      "raise SystemExit(3 if hvd.rank() == 1 else 0)\n")
     run_dir = tmp_path / "run"
     proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "--strategy", str(path), "python", str(script)],
                           run_dir, timeout=120, env={"OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "knobs 1048576 2.5" in proc.stdout
+    assert "knobs 1048576 2.5" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     manifest = json.load(open(run_dir / "manifest.json"))
     assert manifest["horovod_args"] == ["--fusion-threshold-mb", "1", "--cycle-time-ms", "2.5"]
+    assert proc.returncode != 0 and "horovodrun exited with code" in proc.stderr, proc.stderr[-2000:]
 
 
 @needs_horovod

@@ -366,40 +366,36 @@ def test_a_killed_server_stops_the_job_names_it_and_keeps_the_workers_traces(tmp
 
 
 @needs_mxnet
-def test_a_worker_that_raises_stops_the_job_at_once_and_names_its_error(tmp_path):
-    """An MXNet worker whose script raises would wait forever in its kvstore's shutdown (the other worker never
+def test_a_worker_that_raises_stops_the_job_and_a_data_loaders_terminated_forks_do_not(tmp_path):
+    """One job for two things (launches are the suite's cost). A gluon DataLoader with worker processes, a new
+    loader every 8 steps: each dropped loader's pool terminates its processes (SIGTERM). Those processes are forks
+    of the worker and inherited the hooks' wake-up pipe: their SIGTERM reached the worker's watcher thread, which
+    stopped the worker (exit 143) and the job with it; now the worker runs on past two such loaders. Then its script
+    raises: an MXNet worker whose script raises would wait forever in its kvstore's shutdown (the other worker never
     reaches that barrier): the hooks leave the process after keeping its traces, the launcher names the worker and
     the error and stops every role; the profiles the killed roles left unfinished are still read."""
     run_dir = tmp_path / "raised"
     started = time.monotonic()
     proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "1", "--warmup", "3", "--active", "8",
-                           "--clean", "6", "python", os.path.join(EXAMPLES, "mxnet_gluon.py"), "--steps", "40",
-                           "--model", "mlp", "--fail-at-step", "14"], run_dir, timeout=240)
+                           "--kineto-iters", "3", "--clean", "6", "python", os.path.join(EXAMPLES, "mxnet_gluon.py"),
+                           "--steps", "40", "--model", "mlp", "--loader-workers", "2", "--fail-at-step", "17"], run_dir,
+                          timeout=240)
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert time.monotonic() - started < 150
-    assert "exited with code 1: RuntimeError: injected failure at step 14" in proc.stderr, proc.stderr[-2000:]
-    assert (run_dir / "rank_0" / "events.json").exists() and (run_dir / "rank_1" / "events.json").exists()
+    # worker 1 reached its injected failure: the loaders dropped at steps 8 and 16 did not stop it
+    assert "exited with code 1: RuntimeError: injected failure at step 17" in proc.stderr, proc.stderr[-2000:]
+    assert "rank ?" not in proc.stderr  # a forked process kept its hands off the worker's records
+    # worker 0 is stopped by the launcher's SIGTERM once worker 1 has failed, with its loader's processes (the
+    # process group): its pool's forking again then held the GIL in MXNet's prepare-fork handler, waiting for a pull
+    # that never ends, and the worker was SIGKILLed 30 s later with its last records lost (3 launches of 10)
+    assert "Unable to shutdown" not in proc.stderr and time.monotonic() - started < 30, proc.stderr[-2000:]
+    for worker, steps in ((0, 15), (1, 17)):
+        events = json.loads((run_dir / f"rank_{worker}" / "events.json").read_text())
+        assert len(events["iteration_starts_us"]) >= steps, (worker, events["warnings"])
+        assert ("stopped by SIGTERM" in events["warnings"]) == (worker == 0), (worker, events["warnings"])
     replayed = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
                               capture_output=True, text=True, cwd=REPO, timeout=120)
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["predicted_iteration_ms"] > 0
-
-
-@needs_mxnet
-def test_a_data_loaders_worker_processes_terminated_mid_job_leave_the_worker_be(tmp_path):
-    """A gluon DataLoader with worker processes, a new loader every 8 steps: each dropped loader's pool terminates
-    its processes (SIGTERM). Those processes are forks of the worker and inherited the hooks' wake-up pipe: their
-    SIGTERM reached the worker's watcher thread, which stopped the worker (exit 143) and the job with it."""
-    run_dir = tmp_path / "loader"
-    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "1", "--warmup", "3", "--active", "6",
-                           "--kineto-iters", "3", "--clean", "4", "python", os.path.join(EXAMPLES, "mxnet_gluon.py"),
-                           "--steps", "24", "--model", "mlp", "--loader-workers", "2"], run_dir, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "predicted iteration time:" in proc.stdout
-    assert "rank ?" not in proc.stderr  # a forked process kept its hands off the worker's records
-    for worker in (0, 1):
-        events = json.loads((run_dir / f"rank_{worker}" / "events.json").read_text())
-        assert len(events["iteration_starts_us"]) == 24 and "stopped by SIGTERM" not in events["warnings"]
 
 
 @needs_mxnet

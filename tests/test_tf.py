@@ -140,17 +140,20 @@ def test_a_pack_size_strategy_is_applied_and_a_failing_worker_is_named_and_its_t
 
 
 def test_a_tf_keras_fit_job_runs_unchanged_and_a_worker_dying_in_the_profilers_stop_gets_it_relaunched(tmp_path):
-    """One job for two things (launches are the suite's cost). TensorFlow's host tracer can write to freed memory
+    """One job for three things (launches are the suite's cost). TensorFlow's host tracer can write to freed memory
     as the profile is collected and kill a worker at the profiler's stop (SIGSEGV / SIGABRT "double free or
     corruption"; 3 of 23 launches of an embedding fit here), which ended the user's job. The test knob aborts worker
     1 there in the first launch: the job is launched again, runs to its end (exit 0) and says so, the failed
     launch's files kept (a second crash's launch without the profiler: test_units). Then the tf-keras fit itself:
-    profiled unchanged and replayed, a what-if included."""
+    profiled unchanged and replayed, a what-if included. Its steps_per_execution=3: each call of the step function
+    runs 3 training steps in a loop inside the tf.function (its ops named "while/body/_N/..."). The calls are split
+    into steps (the profiled ones at each step's input fetch), so every profiled step has its phases and its pack's
+    all-reduce; the replay is a step's (before: no op was read as backward and there was no replay at all)."""
     pytest.importorskip("tf_keras", reason="tf-keras is not installed (pip install tf-keras --no-deps)")
     run_dir = tmp_path / "fit"
-    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python",
-                           os.path.join(EXAMPLES, "tf_keras_fit.py"), "--steps", "20"], run_dir, timeout=400,
-                          env={"DPRO_TEST_FAULT": "tf-stop-crash:1"})
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python", os.path.join(EXAMPLES, "tf_keras_fit.py"),
+                          "--steps", "57", "--steps-per-execution", "3"], run_dir, timeout=400,
+                         env={"DPRO_TEST_FAULT": "tf-stop-crash:1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "launching the job again with the profiler (launch 2 of at most 3" in proc.stderr, proc.stderr[-3000:]
     assert proc.stdout.count("median iteration time:") == 1  # the script ran to its end once: the last launch
@@ -165,27 +168,6 @@ def test_a_tf_keras_fit_job_runs_unchanged_and_a_worker_dying_in_the_profilers_s
         pytest.skip("TensorFlow's profiler stop crashed the profiled relaunch as well (its own defect, about 1 launch "
                     "in 8): the relaunch path was checked, the op-level profile could not be")
     assert all((run_dir / f"rank_{rank}" / "xplane.pb").exists() for rank in (0, 1))  # the second launch's
-    out = _dpro("replay", run_dir, "--json", "--np", "4")
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
-    assert doc["predicted_iteration_time_ms"] > 0 and doc["buckets"] >= 1 and doc["world_size"] == 4
-    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
-    assert next(t for t in events["trackers"] if t["framework"] == "tf")["step_functions"] >= 1
-    # the embedding's sparse gradient is all-gathered and Keras reduces its metrics every step, outside the packs:
-    # replayed as measured, and a what-if that re-prices communication says so (a third of this step, 2026-12-03)
-    assert any("collectives outside the gradient packs (CollectiveGatherV2" in n for n in doc["notes"]), doc["notes"]
-
-
-def test_a_fit_job_running_several_steps_per_call_is_read_step_by_step(tmp_path):
-    """Keras's steps_per_execution=3: each call of the step function runs 3 training steps in a loop inside the
-    tf.function (its ops named "while/body/_N/..."). The calls are split into steps (the profiled ones at each
-    step's input fetch), so every profiled step has its phases and its pack's all-reduce; the replay is a step's
-    (before: no op was read as backward and there was no replay at all)."""
-    pytest.importorskip("tf_keras", reason="tf-keras is not installed (pip install tf-keras --no-deps)")
-    run_dir = tmp_path / "fit"
-    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python", os.path.join(EXAMPLES, "tf_keras_fit.py"),
-                          "--steps", "57", "--steps-per-execution", "3"], run_dir, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     from dprorun.trace.rundir import load_run
 
     run = load_run(str(run_dir))
@@ -196,10 +178,19 @@ def test_a_fit_job_running_several_steps_per_call_is_read_step_by_step(tmp_path)
             kinds = {op.kind.value for op in trace.ops if op.iteration == step and op.stream == "phase"}
             assert kinds >= {"FW", "BW", "UPDATE"}, (step, kinds)
             assert any(op.iteration == step and op.kind.value == "COMM" for op in trace.ops), step
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert next(t for t in events["trackers"] if t["framework"] == "tf")["step_functions"] >= 1
     out = _dpro("replay", run_dir, "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert 0.5 < doc["predicted_iteration_time_ms"] / doc["measured_iteration_time_ms"] < 1.5, doc
+    out = _dpro("replay", run_dir, "--json", "--np", "4")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["predicted_iteration_time_ms"] > 0 and doc["buckets"] >= 1 and doc["world_size"] == 4
+    # the embedding's sparse gradient is all-gathered and Keras reduces its metrics every step, outside the packs:
+    # replayed as measured, and a what-if that re-prices communication says so (a third of this step, 2026-12-03)
+    assert any("collectives outside the gradient packs (CollectiveGatherV2" in n for n in doc["notes"]), doc["notes"]
 
 
 def test_dry_run_predicts_and_the_workers_leave_after_the_window(tmp_path):
