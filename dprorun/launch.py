@@ -419,6 +419,36 @@ def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
     if signum is not None:
         return LaunchResult(128 + signum, f"interrupted by {signal_name(signum)}")
     if code != 0:
-        return LaunchResult(code if code > 0 else 128 - code, f"{engine} exited with code {code} "
-                            "(its output above names the failing rank)")
+        named = raised_in_ranks(job.output.run_dir, job.launch.world_size)
+        return LaunchResult(code if code > 0 else 128 - code, f"{engine} exited with code {code} " + (
+            f"({named})" if named else "(its output above names the failing rank)"))
     return LaunchResult(0, "all ranks finished")
+
+
+# what a rank raises because another rank failed first: Horovod shut down, a gloo peer's connection closed
+CONSEQUENTIAL_ERRORS = ("HorovodInternalError", "Horovod has been shut down", "Connection closed by peer",
+                        "Connection reset by peer")
+
+
+def raised_in_ranks(run_dir: str, world_size: int) -> str:
+    """The ranks (with folders on this host) whose script raised, from the hooks' records: those whose error is
+    their own named first with it, the ones that failed because of them after. "" when no rank recorded one."""
+    from dprorun.layout import EVENTS_FILE, rank_dir
+
+    raised = {}
+    for rank in range(world_size):
+        try:
+            with open(os.path.join(rank_dir(run_dir, rank), EVENTS_FILE), encoding="utf-8") as handle:
+                warnings = json.load(handle).get("warnings") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        error = next((w[len("training script raised "):] for w in warnings if isinstance(w, str) and
+                      w.startswith("training script raised ")), None)
+        if error:
+            raised[rank] = error
+    causes = {r: e for r, e in raised.items() if not any(c in e for c in CONSEQUENTIAL_ERRORS)}
+    if not causes:
+        return ""
+    named = "; ".join(f"rank {r} raised {e[:200]}" for r, e in sorted(causes.items()))
+    after = sorted(set(raised) - set(causes))
+    return named + (f"; then rank(s) {after} failed with it" if after else "")

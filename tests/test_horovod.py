@@ -202,7 +202,7 @@ def test_a_strategy_reaches_horovod_through_its_own_knobs_and_a_failing_rank_fai
     script = tmp_path / "knobs.py"
     script.write_text("import os\nimport horovod.torch as hvd\nhvd.init()\n"
                       "print('knobs', os.environ.get('HOROVOD_FUSION_THRESHOLD'), os.environ.get('HOROVOD_CYCLE_TIME'))\n"
-                      "raise SystemExit(3 if hvd.rank() == 1 else 0)\n")
+                      "if hvd.rank() == 1:\n    raise RuntimeError('rank 1 fails on purpose')\n")
     run_dir = tmp_path / "run"
     proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "--strategy", str(path), "python", str(script)],
                           run_dir, timeout=120, env={"OMP_NUM_THREADS": "1"})
@@ -210,6 +210,22 @@ def test_a_strategy_reaches_horovod_through_its_own_knobs_and_a_failing_rank_fai
     manifest = json.load(open(run_dir / "manifest.json"))
     assert manifest["horovod_args"] == ["--fusion-threshold-mb", "1", "--cycle-time-ms", "2.5"]
     assert proc.returncode != 0 and "horovodrun exited with code" in proc.stderr, proc.stderr[-2000:]
+    # named from the hooks' records (before: "its output above names the failing rank", in horovodrun's own words)
+    assert "(rank 1 raised RuntimeError: rank 1 fails on purpose)" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_an_engines_failure_names_the_rank_whose_error_is_its_own(tmp_path):
+    """horovodrun (or torchrun as --launcher) says only that a rank failed: the hooks' records name the rank whose
+    script raised first-hand; ranks that failed because of it (Horovod shut down, a gloo peer gone) come after."""
+    from dprorun.launch import raised_in_ranks
+
+    for rank, warnings in ((0, ["training script raised HorovodInternalError: Horovod has been shut down."]),
+                           (1, ["low disk", "training script raised ValueError: bad batch"]), (2, [])):
+        (tmp_path / f"rank_{rank}").mkdir()
+        (tmp_path / f"rank_{rank}" / "events.json").write_text(json.dumps({"warnings": warnings}))
+    assert raised_in_ranks(str(tmp_path), 4) == "rank 1 raised ValueError: bad batch; then rank(s) [0] failed with it"
+    (tmp_path / "rank_1" / "events.json").write_text("{truncated")
+    assert raised_in_ranks(str(tmp_path), 4) == ""  # only consequences left: horovodrun's own output is pointed to
 
 
 @needs_horovod
