@@ -433,7 +433,7 @@ CONSEQUENTIAL_ERRORS = ("HorovodInternalError", "Horovod has been shut down", "C
 def raised_in_ranks(run_dir: str, world_size: int) -> str:
     """The ranks (with folders on this host) whose script raised, from the hooks' records: those whose error is
     their own named first with it, the ones that failed because of them after. "" when no rank recorded one."""
-    from dprorun.layout import EVENTS_FILE, rank_dir
+    from dprorun.layout import EVENTS_FILE, SCRIPT_RAISED, rank_dir
 
     raised = {}
     for rank in range(world_size):
@@ -442,8 +442,8 @@ def raised_in_ranks(run_dir: str, world_size: int) -> str:
                 warnings = json.load(handle).get("warnings") or []
         except (OSError, ValueError, AttributeError):
             continue
-        error = next((w[len("training script raised "):] for w in warnings if isinstance(w, str) and
-                      w.startswith("training script raised ")), None)
+        error = next((w[len(SCRIPT_RAISED):] for w in warnings if isinstance(w, str) and w.startswith(SCRIPT_RAISED)),
+                     None)
         if error:
             raised[rank] = error
     causes = {r: e for r, e in raised.items() if not any(c in e for c in CONSEQUENTIAL_ERRORS)}

@@ -17,6 +17,8 @@ CLEAN_SCHEMA = "dprorun-clean"
 KINETO_FILE = "kineto_trace.json"
 SAMPLES_FILE = "samples.json"
 ALIGNMENT_FILE = "alignment.json"
+# a rank's warning, in events.json, for the exception its script raised (the hooks' excepthook; the launcher names it)
+SCRIPT_RAISED = "training script raised "
 
 
 def rank_dir(run_dir: str, rank: int) -> str:

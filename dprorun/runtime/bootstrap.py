@@ -227,6 +227,8 @@ def _guard_output_files(sess) -> None:
 
 
 def _install_excepthook(sess) -> None:
+    from dprorun.layout import SCRIPT_RAISED
+
     previous = sys.excepthook
 
     def excepthook(exc_type, exc, tb):
@@ -234,7 +236,7 @@ def _install_excepthook(sess) -> None:
             previous(exc_type, exc, tb)
             return
         try:
-            sess.records.warnings.append(f"training script raised {exc_type.__name__}: {exc}")
+            sess.records.warnings.append(f"{SCRIPT_RAISED}{exc_type.__name__}: {exc}")
             _write_torchelastic_error(exc, tb)
         except Exception:
             pass
