@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Optional
 
 from dprorun.config import JobConfig
 from dprorun.procs import LaunchResult, Watchdog, error_message, free_port, rank_environment, signal_name, \
@@ -147,7 +148,7 @@ def _run_roles(job: JobConfig, entrypoint: str, args: list[str], link) -> Launch
                 signal.signal(s, handler)
     if not result.failures:
         return LaunchResult(0, "all roles finished")
-    return _failed_role(result, roles)
+    return _failed_role(result, roles, job.output.run_dir)
 
 
 def _exchange_with_nodes(job: JobConfig, link, result: LaunchResult) -> LaunchResult:
@@ -248,7 +249,28 @@ def _wait_for_roles(context, roles: list[tuple[str, int]], link=None):
                 return None
 
 
-def _failed_role(result, roles: list[tuple[str, int]]) -> LaunchResult:
+def _kvstore_rank_of(run_dir: str, launch_index: int) -> Optional[int]:
+    """The kvstore rank of the worker launched `launch_index`-th, where the hooks found it numbered otherwise (the
+    scheduler numbers workers as they register); None where it is the same or unknown (another host's worker)."""
+    from dprorun.layout import MX_LAUNCH_INDEX_FILE
+
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return None
+    for name in names:
+        if not (name.startswith("rank_") and name[5:].isdigit()):
+            continue
+        try:
+            with open(os.path.join(run_dir, name, MX_LAUNCH_INDEX_FILE)) as handle:
+                if int(handle.read().strip()) == launch_index:
+                    return int(name[5:])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _failed_role(result, roles: list[tuple[str, int]], run_dir: str) -> LaunchResult:
     """The role that failed first named, with its exit code or signal; every role's failure in the details."""
     def order(item):
         """A role whose script raised (an exit code and its error) first: the launcher then stops the others,
@@ -264,6 +286,9 @@ def _failed_role(result, roles: list[tuple[str, int]]) -> LaunchResult:
     slot, failure = min(result.failures.items(), key=order)
     role, index = roles[slot]
     name = "the scheduler" if role == "scheduler" else f"{role} {index}"
+    kvstore_rank = _kvstore_rank_of(run_dir, index) if role == "worker" else None
+    if kvstore_rank is not None:
+        name += f" (the kvstore's worker {kvstore_rank}: its traces are rank_{kvstore_rank})"
     code = failure.exitcode
     how = f"was killed by signal {signal_name(-code)}" if code < 0 else f"exited with code {code}"
     detail = error_message(failure)

@@ -75,6 +75,9 @@ TF_XLA_AUTO_JIT = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"  # Strategy.tf_x
 # --backend mxnet: a worker's mx.profiler dump (runtime/mxnet.py writes it, trace/mxprofile.py reads it), and each
 # parameter server's timed updates in server_<r>/server.json
 MX_PROFILE_FILE = "mx_profile.json"
+# an MXNet worker's place in the launch order (its log's [worker<i>]) where the kvstore numbered it otherwise, in the
+# folder of the kvstore rank it got (runtime/mxnet.py writes it; launch_ps.py names a failed worker's traces by it)
+MX_LAUNCH_INDEX_FILE = "launch_index"
 SERVER_FILE = "server.json"
 SERVER_SCHEMA = "dprorun-ps-server"
 # keys of the end-of-window kvstore calibration's arrays (a model with this many parameters is unheard of)

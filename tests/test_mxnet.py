@@ -383,6 +383,10 @@ def test_a_worker_that_raises_stops_the_job_and_a_data_loaders_terminated_forks_
     assert proc.returncode == 1, proc.stderr[-2000:]
     # worker 1 reached its injected failure: the loaders dropped at steps 8 and 16 did not stop it
     assert "exited with code 1: RuntimeError: injected failure at step 17" in proc.stderr, proc.stderr[-2000:]
+    # the kvstore's worker 1 raised (its traces are rank_1); the launcher names roles in launch order, and says where
+    # the failed worker's traces are when the kvstore numbered it otherwise (workers are numbered as they register)
+    failed = re.search(r"dprorun: error: worker (\d)", proc.stderr)
+    assert failed and (failed.group(1) == "1") == ("its traces are rank_1" not in proc.stderr), proc.stderr[-2000:]
     assert "rank ?" not in proc.stderr  # a forked process kept its hands off the worker's records
     # worker 0 is stopped by the launcher's SIGTERM once worker 1 has failed, with its loader's processes (the
     # process group): its pool's forking again then held the GIL in MXNet's prepare-fork handler, waiting for a pull
@@ -431,6 +435,19 @@ def test_a_node_that_never_joins_a_ps_job_is_a_clear_error_in_bounded_time(tmp_p
                            os.path.join(EXAMPLES, "mxnet_gluon.py")], tmp_path / "run", timeout=120)
     assert proc.returncode == 1 and time.monotonic() - started < 40, proc.stderr[-2000:]
     assert "not every node joined (2 expected): node(s) [1]" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_failed_worker_is_named_with_the_kvstore_rank_its_traces_went_to(tmp_path):
+    """The hooks leave launch_index in the folder of the kvstore rank a worker got when the two differ; the
+    launcher's failure message then points at that folder."""
+    from dprorun.launch_ps import _kvstore_rank_of
+
+    for kv_rank, launch_index in ((0, 1), (1, 0)):
+        (tmp_path / f"rank_{kv_rank}").mkdir()
+        (tmp_path / f"rank_{kv_rank}" / "launch_index").write_text(str(launch_index))
+    (tmp_path / "rank_2").mkdir()  # a worker numbered alike: no file
+    assert _kvstore_rank_of(str(tmp_path), 0) == 1 and _kvstore_rank_of(str(tmp_path), 1) == 0
+    assert _kvstore_rank_of(str(tmp_path), 2) is None and _kvstore_rank_of(str(tmp_path / "missing"), 0) is None
 
 
 # ---- the PS topology on a model made by hand (no MXNet needed) ---------------------------------------------------

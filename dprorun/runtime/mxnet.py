@@ -31,8 +31,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Optional
 
-from dprorun.layout import MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE as CALIBRATION_KEY_BASE, SERVER_FILE, \
-    SERVER_SCHEMA, server_dir
+from dprorun.fsutil import make_private_dir
+from dprorun.layout import MX_LAUNCH_INDEX_FILE, MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE as CALIBRATION_KEY_BASE, \
+    SERVER_FILE, SERVER_SCHEMA, server_dir
 from dprorun.runtime.cpubudget import cgroup_quota_cores, process_cpu_s
 
 if TYPE_CHECKING:
@@ -107,8 +108,15 @@ class MXTracker:
             # the scheduler numbers workers as they register: the log's [worker<i>] is the launch order
             print(f"[dprorun] worker {session.rank} (launch order) is the kvstore's worker {rank}: its traces go "
                   f"to rank_{rank}", file=sys.stderr, flush=True)
+            launch_index = session.rank
             session.rank, session.world_size = rank, world
             session.rank_dir = rank_dir(session.cfg.run_dir, rank)
+            try:
+                make_private_dir(session.rank_dir)
+                with open(os.path.join(session.rank_dir, MX_LAUNCH_INDEX_FILE), "w") as handle:
+                    handle.write(str(launch_index))
+            except OSError:
+                pass  # the launcher's failure message then names the launch order alone
             session.skew_us = session.cfg.skew_for(rank)
             self.profile_path = os.path.join(session.rank_dir, MX_PROFILE_FILE)
 
