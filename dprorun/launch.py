@@ -449,6 +449,20 @@ def raised_in_ranks(run_dir: str, world_size: int) -> str:
     causes = {r: e for r, e in raised.items() if not any(c in e for c in CONSEQUENTIAL_ERRORS)}
     if not causes:
         return ""
-    named = "; ".join(f"rank {r} raised {e[:200]}" for r, e in sorted(causes.items()))
+    by_error: dict[str, list[int]] = {}
+    for rank, error in sorted(causes.items()):
+        by_error.setdefault(_error_line(error), []).append(rank)
+    named = "; ".join(f"rank {ranks[0]} raised {error}" if len(ranks) == 1 else f"ranks {ranks} raised {error}"
+                      for error, ranks in by_error.items())
     after = sorted(set(raised) - set(causes))
     return named + (f"; then rank(s) {after} failed with it" if after else "")
+
+
+def _error_line(error: str) -> str:
+    """An exception as one line: "Type: message", where a message of several lines (TensorFlow's "in user code:"
+    with its traceback) gives its last one, the error's own."""
+    kind, _, text = error.partition(": ")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return f"{kind}: {lines[0] if lines else ''}"[:200]
+    return (lines[-1] if lines[-1].startswith(kind + ":") else f"{kind}: {lines[-1]}")[:200]

@@ -220,10 +220,20 @@ def test_an_engines_failure_names_the_rank_whose_error_is_its_own(tmp_path):
     from dprorun.launch import raised_in_ranks
 
     for rank, warnings in ((0, ["training script raised HorovodInternalError: Horovod has been shut down."]),
-                           (1, ["low disk", "training script raised ValueError: bad batch"]), (2, [])):
+                           (1, ["low disk", "training script raised ValueError: bad batch"])):
         (tmp_path / f"rank_{rank}").mkdir()
         (tmp_path / f"rank_{rank}" / "events.json").write_text(json.dumps({"warnings": warnings}))
     assert raised_in_ranks(str(tmp_path), 4) == "rank 1 raised ValueError: bad batch; then rank(s) [0] failed with it"
+    tf_error = ("training script raised AttributeError: in user code:\n\n    File \"train.py\", line 15, in step  *\n"
+                "        grads = tape.gradient(loss)\n\n    AttributeError: 'Variable' object has no attribute 'ref'\n")
+    for rank in (2, 3):  # TensorFlow's errors carry their traceback: the error's own line is their last
+        (tmp_path / f"rank_{rank}").mkdir(exist_ok=True)
+        (tmp_path / f"rank_{rank}" / "events.json").write_text(json.dumps({"warnings": [tf_error]}))
+    assert raised_in_ranks(str(tmp_path), 4) == ("rank 1 raised ValueError: bad batch; ranks [2, 3] raised "
+                                                 "AttributeError: 'Variable' object has no attribute 'ref'; then "
+                                                 "rank(s) [0] failed with it")
+    for rank in (2, 3):
+        (tmp_path / f"rank_{rank}" / "events.json").unlink()
     (tmp_path / "rank_1" / "events.json").write_text("{truncated")
     assert raised_in_ranks(str(tmp_path), 4) == ""  # only consequences left: horovodrun's own output is pointed to
 
