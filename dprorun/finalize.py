@@ -10,14 +10,7 @@ from dprorun.analysis import RunAnalysis
 from dprorun.config import JobConfig
 from dprorun.fsutil import atomic_write_json
 from dprorun.launch import LaunchResult, write_manifest
-
-
-def rank_folders(run_dir: str) -> dict[int, str]:
-    found = {}
-    for name in os.listdir(run_dir):
-        if name.startswith("rank_") and name[5:].isdigit():
-            found[int(name[5:])] = os.path.join(run_dir, name)
-    return dict(sorted(found.items()))
+from dprorun.layout import rank_folders
 
 
 def _align_at_job_end(analysis: RunAnalysis) -> dict:
@@ -166,7 +159,7 @@ def _finalize_ps(job: JobConfig, result: LaunchResult, with_events: list[int]) -
 
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     status = "completed" if result.exit_code == 0 else "failed"
-    folders = rank_folders(job.output.run_dir) if os.path.isdir(job.output.run_dir) else {}
+    folders = rank_folders(job.output.run_dir)
     with_events = sorted(r for r, d in folders.items() if os.path.exists(os.path.join(d, "events.json")))
     extra = {"exit_code": result.exit_code, "message": result.message, "elapsed_s": round(result.elapsed_s, 3),
              "ranks_with_traces": with_events, "failed_rank": result.failed_rank, "relaunches": result.relaunches}

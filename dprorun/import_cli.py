@@ -124,10 +124,9 @@ def _print_step_path(row: dict) -> None:
 
 def _run_dir_kineto_traces(run_dir: str) -> list[str]:
     """RUN_DIR/rank_K/kineto_trace.json of every rank that has one, in rank order."""
-    from dprorun.layout import KINETO_FILE
+    from dprorun.layout import KINETO_FILE, rank_folders
 
-    ranks = sorted(int(name[5:]) for name in os.listdir(run_dir) if name.startswith("rank_") and name[5:].isdigit())
-    paths = [os.path.join(run_dir, f"rank_{r}", KINETO_FILE) for r in ranks]
+    paths = [os.path.join(folder, KINETO_FILE) for folder in rank_folders(run_dir).values()]
     paths = [p for p in paths if os.path.exists(p)]
     if not paths:
         raise UnanswerableError(f"{run_dir}: no rank_K/{KINETO_FILE} (the profiler's traces; a run made with "

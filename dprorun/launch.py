@@ -20,6 +20,7 @@ from typing import Optional
 
 from dprorun.config import JobConfig
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
+from dprorun.layout import rank_folders
 # the shared process helpers, importable from here as before
 from dprorun.procs import LaunchResult, Watchdog, error_message, exit_abort_hint, free_port, rank_environment, \
     signal_name, split_command
@@ -150,9 +151,8 @@ def relaunch_after_tf_stop_crash(job: JobConfig, result: LaunchResult) -> str:
         return ""
     kept = os.path.join(job.output.run_dir, f"failed_launch_{attempt}")
     os.makedirs(kept, exist_ok=True)
-    for name in os.listdir(job.output.run_dir):
-        if name.startswith("rank_") and name[5:].isdigit():
-            shutil.move(os.path.join(job.output.run_dir, name), os.path.join(kept, name))
+    for folder in rank_folders(job.output.run_dir).values():
+        shutil.move(folder, os.path.join(kept, os.path.basename(folder)))
     job.profile.launch_attempt = attempt + 1
     if job.profile.launch_attempt == TF_STOP_CRASH_LAUNCHES:
         job.profile.kineto = False

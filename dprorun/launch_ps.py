@@ -252,19 +252,13 @@ def _wait_for_roles(context, roles: list[tuple[str, int]], link=None):
 def _kvstore_rank_of(run_dir: str, launch_index: int) -> Optional[int]:
     """The kvstore rank of the worker launched `launch_index`-th, where the hooks found it numbered otherwise (the
     scheduler numbers workers as they register); None where it is the same or unknown (another host's worker)."""
-    from dprorun.layout import MX_LAUNCH_INDEX_FILE
+    from dprorun.layout import MX_LAUNCH_INDEX_FILE, rank_folders
 
-    try:
-        names = os.listdir(run_dir)
-    except OSError:
-        return None
-    for name in names:
-        if not (name.startswith("rank_") and name[5:].isdigit()):
-            continue
+    for rank, folder in rank_folders(run_dir).items():
         try:
-            with open(os.path.join(run_dir, name, MX_LAUNCH_INDEX_FILE)) as handle:
+            with open(os.path.join(folder, MX_LAUNCH_INDEX_FILE)) as handle:
                 if int(handle.read().strip()) == launch_index:
-                    return int(name[5:])
+                    return rank
         except (OSError, ValueError):
             continue
     return None

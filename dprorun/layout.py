@@ -26,12 +26,22 @@ def rank_dir(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, f"rank_{rank}")
 
 
+def rank_folders(run_dir: str) -> dict[int, str]:
+    """Every rank_<r> folder of a run directory, by rank, in rank order (none where the directory is missing)."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return {}
+    found = {int(name[5:]): os.path.join(run_dir, name) for name in names
+             if name.startswith("rank_") and name[5:].isdigit()}
+    return dict(sorted(found.items()))
+
+
 def holds_a_run(run_dir: str) -> bool:
     """A manifest or any rank's folder: what a launch (finished, failed or interrupted) leaves behind."""
     if not os.path.isdir(run_dir):
         return False
-    return os.path.exists(os.path.join(run_dir, MANIFEST_FILE)) or any(
-        name.startswith("rank_") and name[5:].isdigit() for name in os.listdir(run_dir))
+    return os.path.exists(os.path.join(run_dir, MANIFEST_FILE)) or bool(rank_folders(run_dir))
 
 
 def claim_run_dir(run_dir: str, overwrite: bool = False) -> Optional[str]:
