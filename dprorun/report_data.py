@@ -164,6 +164,7 @@ def build_report(analysis: "RunAnalysis", whatif_time_budget_s: float = 60.0,
                               "critical_path": prediction.critical_path, "comm_model": prediction.comm_model}
         if prediction.self_check and prediction.self_check["status"] != "agrees":
             data["notes"].append(prediction.self_check["message"])
+        data["notes"] += [note for note in prediction.notes if note.startswith("warning")]
         data["replayed_timeline"] = _replayed_timeline(model)
         data["whatif"] = _whatif_curves(model, whatif_time_budget_s, max_whatif_ops)
         if data["whatif"]["folded"]:

@@ -1,5 +1,6 @@
 """The op-level graph: profiled ops in the replay graph (graph/local.py), the coarsening pass
 (replay/coarsen.py), critical paths that name the model's ops, and the per-op what-if."""
+from dataclasses import replace
 import json
 import re
 import subprocess
@@ -125,6 +126,15 @@ def test_a_real_run_replays_at_op_level_and_its_critical_path_names_the_models_o
     # the profiler inflates each op: the unprofiled phases are 0.5-1.3 of the profiled ones here (3 runs, session 29);
     # one clean-clone run on a loaded VM read the backward at 0.15 (its 2 profiled iterations 6.6x slower)
     assert 0.1 < model.op_scaling["forward"] < 2 and 0.1 < model.op_scaling["backward"] < 2
+    # a phase the profiler slowed more than 4x is warned: its op-level split is not backed
+    from dprorun.replay.predict import _detail_notes
+
+    inflated = replace(model, op_scaling=dict(model.op_scaling, backward=0.15))
+    notes = _detail_notes(inflated, "ops")
+    assert notes[0].startswith("op level:") and "backward x0.15" in notes[0]
+    assert notes[1].startswith("warning: the profiler slowed the backward 6.7x")
+    assert not any("profiler slowed" in n for n in _detail_notes(inflated, "coarse") + _detail_notes(
+        replace(model, op_scaling=dict(model.op_scaling, forward=0.6, backward=0.5, update=0.9)), "ops"))
 
     # the op-level graph and its coarsened view replay to the same iteration time (the job as it ran, a what-if)
     for whatif in (WhatIf(), WhatIf(bucket_mb=4), WhatIf(world_size=4)):

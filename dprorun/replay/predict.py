@@ -38,6 +38,7 @@ class Prediction:
 
 
 MIN_CLEAN_ITERATIONS = 5
+LOW_OP_SCALING = 0.25  # below it (a phase profiled 4x slower than it runs) the op-level split is not backed
 
 
 def _band_ms(values_us) -> tuple[float, float, float]:
@@ -143,7 +144,7 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None,
     result, graph = runs[chosen]
     path = critical_path_report(graph, result)
     measured = np.median([t.measured_iteration_us for t in model.templates.values()]) / 1000
-    notes.append(_detail_note(model, detail))
+    notes += _detail_notes(model, detail)
     if whatif.is_identity():
         notes.append("the job as it ran: measured buckets and transmission times, profiled iterations without "
                      "the profiler" + (" (their compute; TensorFlow: see above)" if model.framework == "tf" else ""))
@@ -183,17 +184,25 @@ def predict_replayed(model: JobModel, whatif: Optional[WhatIf] = None,
         graph, result)
 
 
-def _detail_note(model: JobModel, detail: str) -> str:
-    """What the compute nodes of the replayed graph are."""
+def _detail_notes(model: JobModel, detail: str) -> list[str]:
+    """What the compute nodes of the replayed graph are, and a warning where the profiler slowed a phase so
+    much that the op-level split of its time is not backed."""
     if not model.op_profiles:
-        return "compute replayed as phases (no profiler ops in this run)"
+        return ["compute replayed as phases (no profiler ops in this run)"]
     counts = sorted(p.op_count for p in model.op_profiles.values())
     scaled = ", ".join(f"{phase} x{ratio:.2f}" for phase, ratio in model.op_scaling.items()
                        if phase in ("forward", "backward", "update"))
     if detail == "coarse":
-        return f"compute replayed as phases (the coarsened view of {counts[len(counts) // 2]} profiled ops per rank)"
-    return (f"op level: {counts[len(counts) // 2]} profiled ops per rank (median), scaled phase by phase to the "
-            f"iterations without the profiler ({scaled})")
+        return [f"compute replayed as phases (the coarsened view of {counts[len(counts) // 2]} profiled ops per rank)"]
+    notes = [f"op level: {counts[len(counts) // 2]} profiled ops per rank (median), scaled phase by phase to the "
+             f"iterations without the profiler ({scaled})"]
+    inflated = [f"the {phase} {1 / ratio:.1f}x" for phase, ratio in model.op_scaling.items()
+                if phase in ("forward", "backward", "update") and 0 < ratio < LOW_OP_SCALING]
+    if inflated:
+        notes.append(f"warning: the profiler slowed {', '.join(inflated)}: its cost differs from op to op, so the "
+                     "op-level split of that time (the critical path's ops, the timeline) is uncertain; the phases' "
+                     "totals, and so the prediction, come from the iterations without the profiler")
+    return notes
 
 
 def replay_once(model: JobModel, whatif: WhatIf, detail: str = "coarse") -> tuple[float, dict]:
