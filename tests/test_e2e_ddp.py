@@ -353,36 +353,59 @@ def test_a_job_averaging_gradients_by_hand_is_told_what_was_seen(tmp_path):
 
 
 EVAL_WRAPPER_SCRIPT = """
-import torch, torch.distributed as dist, torch.nn as nn
+import gc, weakref, torch, torch.distributed as dist, torch.nn as nn
 dist.init_process_group("gloo")
-ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)))
-opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-for step in range(16):
-    if step % 4 == 3:  # a validation pass as Lightning runs it: the wrapper to eval, only the model's modes restored
-        ddp.eval()
-        with torch.no_grad():
-            ddp(torch.randn(8, 64))
-        ddp.module.train()
-    opt.zero_grad()
-    ddp(torch.randn(8, 64)).sum().backward()
-    opt.step()
+
+
+def train(width, steps, validate=False):
+    ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 4)))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for step in range(steps):
+        if validate and step % 4 == 3:  # a validation pass as Lightning runs it: the wrapper to eval, the model's
+            ddp.eval()                  # modes only restored
+            with torch.no_grad():
+                ddp(torch.randn(8, 64))
+            ddp.module.train()
+        opt.zero_grad()
+        ddp(torch.randn(8, 64)).sum().backward()
+        opt.step()
+    return weakref.ref(ddp), weakref.ref(opt)
+
+
+finder = train(16, 2)  # a learning-rate finder's throwaway model: iterations 0-1
+main = train(64, 11, validate=True)  # iterations 2-12: the window (2-7) and 4 of the 6 clean ones
+train(32, 3)  # the next model, from iteration 13
+gc.collect()
+print("freed:", [ref() is None for ref in finder + main])
 dist.destroy_process_group()
 """
 
 
-def test_iterations_follow_the_models_mode_as_well_as_the_ddp_wrappers(tmp_path):
+def test_iterations_follow_the_models_mode_and_the_model_the_script_trains_now(tmp_path):
     """Lightning's validation puts the DDP wrapper in eval mode and restores the modes of its own module only: the
     training forwards after it were read as eval ones, no iteration counted after the first validation, no clean
-    iteration and no self-check. A forward in training mode is one where either DDP or the wrapped model is."""
+    iteration and no self-check. A forward in training mode is one where either DDP or the wrapped model is.
+    A script that trains one model after another: the iterations were counted on the first DDP module only (a
+    learning-rate finder's model left the job uncounted, its window never closed: a KeyError in the replay), and the
+    hooks held every model, its optimizer and gradients for the rest of the job (RSS +40 MiB a model in a 4-model
+    job of 4 MB layers, flat under torchrun)."""
     script = tmp_path / "eval_wrapper.py"
     script.write_text(EVAL_WRAPPER_SCRIPT)
     run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "1", "--clean", "4", "-q",
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "1", "--clean", "6", "-q",
                            "python", str(script)], run_dir, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("freed: [True, True, True, True]") == 2, proc.stdout[-2000:]
     run = load_run(str(run_dir))
+    main_bytes = 4 * (64 * 64 + 64 + 64 * 4 + 4)
     for trace in run.ranks.values():
-        assert len(trace.iterations) >= 11 and len(trace.meta["clean_iterations"]) >= 3, trace.iterations
+        assert len(trace.iterations) >= 12, trace.iterations  # counted past both validations, to the model's end
+        assert sum(trace.param_bytes.values()) == main_bytes  # DDP 0, what the analysis reads, is the main model
+        clean = trace.meta["clean_iterations"]
+        assert len(clean) >= 3 and max(clean) < 12, clean  # the clean ones end with the main model's last
+        assert trace.meta["clean_status"] == "cut short (the script went on to train another model)"
+        assert any("went on to train another DDP model at iteration 13, after 4 of the 6" in w
+                   for w in trace.warnings), trace.warnings
 
 
 OWN_ADDRESS_SCRIPT = """

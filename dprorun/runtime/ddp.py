@@ -12,7 +12,8 @@ transmission are separated by the reader.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, Optional
 
 from dprorun.layout import CommRecord, sparse_bucket_fields
 from dprorun.runtime.apply import resolve_group
@@ -44,17 +45,25 @@ def _tensors_requiring_grad(obj: Any, found: list, depth: int = 0) -> None:
 
 
 class DDPTracker:
+    """One DDP module's hooks and records. Index 0 is the primary module, whose training forwards count the
+    iterations; a module built after the primary's last training step and then trained takes that role over
+    (`_take_over`). The tracker holds its module weakly: a script that trains one model after another (folds,
+    pre-training then fine-tuning) frees each as it would under torchrun."""
+
     def __init__(self, session: RankSession, ddp, index: int):
         self.session = session
-        self.ddp = ddp
+        self._ddp = weakref.ref(ddp)
         self.index = index
         self.primary = index == 0
+        # the primary's training forwards when this module was built (0: the primary had not trained yet)
+        self.primary_forwards_at_init = session.primary_forwards
         self.user_hook = False
         self.user_hook_name = None  # the script's own comm hook (its function's name)
         self.builtin_hook = False
         self.hook_registered = False
         self.hook_decided = False
         self.prev_forward_synced = True
+        self.first_iteration = 0  # the first iteration counted on this module
         self.backend = _backend_name(ddp)  # now: at the job's end its process group may be gone ("unknown")
         self.param_names: dict[int, str] = {}
         order, nbytes = [], {}
@@ -69,6 +78,7 @@ class DDPTracker:
         self.activation_meter = None
         self.last_inputs = None
         self.activations_measured = False
+        self.memory_at_init: dict[str, int] = {}
         session.guard("reading memory at DDP construction", self._memory_at_init)
         self.ring = None
         if session.cfg.comm_detail == "ring":
@@ -76,14 +86,21 @@ class DDPTracker:
         ddp.register_forward_pre_hook(self._pre_forward)
         ddp.register_forward_hook(self._post_forward)
 
+    @property
+    def ddp(self) -> Optional[Any]:
+        """The DistributedDataParallel module, None once the script dropped it."""
+        return self._ddp()
+
     def _memory_at_init(self) -> None:
         import psutil
         import torch
 
-        memory = self.session.records.memory
-        memory.setdefault("rss_at_ddp_init_bytes", psutil.Process().memory_info().rss)
+        self.memory_at_init["rss_at_ddp_init_bytes"] = psutil.Process().memory_info().rss
         if torch.cuda.is_available():
-            memory.setdefault("cuda_allocated_at_ddp_init_bytes", int(torch.cuda.memory_allocated()))
+            self.memory_at_init["cuda_allocated_at_ddp_init_bytes"] = int(torch.cuda.memory_allocated())
+        memory = self.session.records.memory
+        for key, value in self.memory_at_init.items():
+            memory.setdefault(key, value)
 
     def _memory_at_forward_start(self, module) -> None:
         """Steady memory between iterations: everything allocated when a forward starts (parameters, optimizer
@@ -104,6 +121,28 @@ class DDPTracker:
             steady = int(torch.cuda.memory_allocated()) - grads["cuda"]
             memory["cuda_steady_bytes"] = max(memory.get("cuda_steady_bytes", 0), steady)
 
+    def _take_over(self) -> None:
+        """The script trains this module, built after the primary's last training step (the next fold, fine-tuning
+        after pre-training, the real model after a learning-rate finder's): iterations are counted on it now. Before
+        the window it becomes DDP 0, what the analysis reads as the job's model (its memory read afresh); inside the
+        window or the clean iterations the run ends its profiling there (`RankSession.primary_replaced`)."""
+        session = self.session
+        old = next(t for t in session.trackers if getattr(t, "primary", False))
+        old.primary, self.primary = False, True
+        self.first_iteration = session.iteration + 1
+        if session.phase != "warmup":
+            session.primary_replaced()
+            return
+        records = session.records
+        records.params[old.index], records.params[self.index] = records.params[self.index], records.params[old.index]
+        old.index, self.index = self.index, old.index
+        for tracker in (old, self):
+            if tracker.ring is not None:
+                tracker.ring.ddp_index = tracker.index
+        for key in ("rss_steady_bytes", "cuda_steady_bytes"):
+            records.memory.pop(key, None)
+        records.memory.update(self.memory_at_init)
+
     def describe(self) -> dict:
         return {"ddp": self.index, "user_comm_hook": self.user_hook, "builtin_comm_hook": self.builtin_hook,
                 "timed_buckets": self.hook_registered or self.user_hook,
@@ -118,6 +157,8 @@ class DDPTracker:
         # restores the modes of its own module only (every later forward was read as eval: no iteration after it);
         # a script may train with its model in eval mode (frozen BatchNorm) under a wrapper in train mode
         training = torch.is_grad_enabled() and (module.training or getattr(module, "module", module).training)
+        if training and not self.primary and 0 < self.primary_forwards_at_init == session.primary_forwards:
+            session.guard("counting iterations on the DDP model the script trains now", self._take_over)
         if training and self.primary and self.prev_forward_synced:
             session.begin_iteration()
         if not self.hook_decided and not self.user_hook and not self.builtin_hook and self._hook_due():
@@ -125,8 +166,9 @@ class DDPTracker:
         if not training:
             return None
         if self.primary:
+            session.primary_forwards += 1
             self.prev_forward_synced = bool(getattr(module, "require_backward_grad_sync", True))
-            if 1 <= session.iteration <= STEADY_MEMORY_ITERATIONS and session.phase == "warmup":
+            if 1 <= session.iteration - self.first_iteration <= STEADY_MEMORY_ITERATIONS and session.phase == "warmup":
                 session.guard("reading memory at forward start", self._memory_at_forward_start, module)
         if session.detail_active:
             if self.primary and session.cfg.measure_variants and session.rank == 0:
@@ -182,15 +224,16 @@ class DDPTracker:
 
     # ---- window ------------------------------------------------------------------------------------------
     def window_started(self) -> None:
-        session = self.session
+        session, ddp = self.session, self.ddp
+        if ddp is None:
+            return  # a module the script no longer holds
         if session.cfg.kineto and session.cfg.kineto_iters > 0:
             from dprorun.runtime.scopes import add_module_scopes
 
-            self.param_handles.extend(session.guard("naming module scopes", add_module_scopes, self.ddp.module)
-                                      or [])
+            self.param_handles.extend(session.guard("naming module scopes", add_module_scopes, ddp.module) or [])
         if not session.cfg.param_hooks:
             return
-        for param in self.ddp.module.parameters():
+        for param in ddp.module.parameters():
             name = self.param_names.get(id(param))
             if name is None:
                 continue
@@ -260,11 +303,11 @@ class DDPTracker:
 
     def timed(self, inner: Callable) -> Callable:
         session = self.session
-        ddp_index = self.index
 
         def dpro_timed_comm_hook(state, bucket):
             if not session.detail_active:
                 return inner(state, bucket)
+            ddp_index = self.index  # now: a module that took the primary's role over became DDP 0
             record = CommRecord(session.iteration, ddp_index, bucket.index(), session.now_us())
             if inner is allreduce_mean:  # our own all-reduce: one callback does both jobs
                 future = _allreduce_mean(state, bucket, record, session.now_us)

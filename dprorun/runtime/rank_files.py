@@ -32,6 +32,8 @@ def events_document(session: RankSession) -> dict:
         "window": {"warmup": cfg.warmup, "active": cfg.active, "clean": cfg.clean,
                    "start_us": session.window_start_us,
                    "end_us": session.window_end_us,
+                   # the iteration where the script's switch to another model ended the window or the clean ones
+                   "cut_at": session.profiling_cut_at,
                    "kineto": cfg.kineto and cfg.kineto_iters > 0, "record_shapes": cfg.record_shapes,
                    "kineto_iterations": list(range(cfg.warmup, session.kineto_end_iteration))},
         "disturbed_iterations": session.records.disturbed_iterations,
@@ -99,13 +101,14 @@ def record_memory(session: RankSession) -> None:
             session.records.memory["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
             session.records.memory["cuda_max_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
         state_bytes = 0
-        for optimizer in session.optimizers:
+        optimizers = [optimizer for ref in session.optimizers if (optimizer := ref()) is not None]
+        for optimizer in optimizers:
             for state in optimizer.state.values():
                 for value in state.values():
                     if isinstance(value, torch.Tensor):
                         state_bytes += value.numel() * value.element_size()
         session.records.memory["optimizer_state_bytes"] = state_bytes
-        session.records.memory["optimizers"] = [type(o).__name__ for o in session.optimizers]
+        session.records.memory["optimizers"] = [type(o).__name__ for o in optimizers]
     except ImportError:
         pass
     except Exception as exc:

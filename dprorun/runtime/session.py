@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
@@ -56,7 +57,9 @@ class RankSession:
         self.iteration = -1
         self.records = RankRecords()  # the buffers behind events.json (runtime/records.py)
         self.trackers: list[Any] = []
-        self.optimizers: list[Any] = []
+        self.profiling_cut_at: Optional[int] = None  # see primary_replaced
+        self.primary_forwards = 0  # training forwards of the primary DDP module (runtime/ddp.py)
+        self.optimizers: list[weakref.ref] = []  # those stepped in the window, held weakly (a script frees them)
         self.script_use = ScriptUse()  # torch.distributed use outside the supported wrappers (runtime/watch.py)
         self.profiler = None  # the profiler backend while it records, else None
         # start_profiler() / stop_profiler(write) / step(): torch.profiler (runtime/torch_profiler.py) by default;
@@ -178,6 +181,30 @@ class RankSession:
         if self.phase == "clean":
             self.guard("writing the clean iterations", self._finish_clean, True)
 
+    def primary_replaced(self) -> None:
+        """The script went on to train another DDP model inside the window or the clean iterations (all ranks do,
+        at the same iteration): the window closes there and the clean iterations end, the run's reference
+        being the model the window profiled."""
+        if self.disabled or self.phase == "done":
+            return
+        cfg = self.cfg
+        clean_start = cfg.warmup + cfg.active
+        if self.iteration + 1 < clean_start:
+            where = (f"inside the profiling window (iterations {cfg.warmup}-{clean_start - 1}): the window was closed "
+                     "there, and none of its model's iterations ran without profiling (the run's reference)")
+        else:
+            where = (f"after {max(0, self.iteration - clean_start)} of the {cfg.clean} iterations timed without "
+                     "profiling: the run's reference rests on those")
+        self.records.warnings.append(
+            f"the script went on to train another DDP model at iteration {self.iteration + 1}, {where}; profile "
+            f"one model's training with --warmup (or more steps before the switch)")
+        self.records.disturbed_iterations.append(self.iteration)  # it ends with the new model's construction
+        self.profiling_cut_at = self.iteration + 1
+        if self.phase == "active":
+            self._close_window_and_gather()
+        if self.phase == "clean":
+            self.guard("writing the clean iterations", self._finish_clean, True)
+
     def mark(self, name: str, start_us: float, end_us: float, iteration: Optional[int] = None) -> None:
         self.records.spans.append([self.iteration if iteration is None else iteration, name, start_us, end_us])
 
@@ -237,8 +264,8 @@ class RankSession:
 
         def pre(optimizer, args, kwargs):
             if self.detail_active:
-                if not any(o is optimizer for o in self.optimizers):
-                    self.optimizers.append(optimizer)
+                if not any(ref() is optimizer for ref in self.optimizers):
+                    self.optimizers.append(weakref.ref(optimizer))
                 if callable(kwargs.get("closure")):
                     return args, dict(kwargs, closure=after_closure(kwargs["closure"]))
                 if len(args) > 1 and callable(args[1]):  # args[0] is the optimizer itself
@@ -294,8 +321,8 @@ class RankSession:
             self.sampler.stop()
         finish_job_window(self)
         if self.cfg.measure_variants and self.rank == 0:
-            tracker = next((t for t in self.trackers if hasattr(t, "ddp")), None)
-            if tracker is not None:
+            tracker = next((t for t in self.trackers if hasattr(t, "ddp") and t.primary), None)
+            if tracker is not None and tracker.ddp is not None:
                 from dprorun.runtime.variants import measure_and_write
 
                 self.guard("measuring compute variants", measure_and_write, self, tracker)

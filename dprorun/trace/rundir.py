@@ -64,9 +64,12 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     trace.iterations = [(i, starts[i], starts[i + 1]) for i in range(len(starts) - 1)]
     complete = {i for i, _, _ in trace.iterations}
     disturbed = {int(i) for i in doc.get("disturbed_iterations", [])}
-    trace.profiled_iterations = [i for i in range(warmup, warmup + active) if i in complete and i not in disturbed]
+    # a script that went on to train another model cut the window or the clean iterations short there
+    cut = warmup + active + clean if window.get("cut_at") is None else int(window["cut_at"])
+    trace.profiled_iterations = [i for i in range(warmup, min(warmup + active, cut))
+                                 if i in complete and i not in disturbed]
     trace.meta = {"job_id": doc.get("job_id", ""), "world_size": doc.get("world_size"),
-                  "clean_iterations": [i for i in range(warmup + active, warmup + active + clean)
+                  "clean_iterations": [i for i in range(warmup + active, min(warmup + active + clean, cut))
                                        if i in complete and i not in disturbed],
                   "kineto_iterations": [i for i in window.get("kineto_iterations", [])
                                         if i in trace.profiled_iterations],
@@ -497,7 +500,8 @@ def _merge_clean_starts(doc: dict, path: str) -> None:
     own = [float(x) for x in doc["iteration_starts_us"]]
     if starts and begin <= len(own):
         doc["iteration_starts_us"] = own[:begin] + starts
-    doc["clean_status"] = "complete" if clean.get("complete") else "cut short (the job ended inside them)"
+    doc["clean_status"] = "complete" if clean.get("complete") else "cut short (the job ended inside them)" if \
+        window.get("cut_at") is None else "cut short (the script went on to train another model)"
 
 
 def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = True,
