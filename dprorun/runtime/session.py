@@ -192,9 +192,11 @@ class RankSession:
         if self.iteration + 1 < clean_start:
             where = (f"inside the profiling window (iterations {cfg.warmup}-{clean_start - 1}): the window was closed "
                      "there, and none of its model's iterations ran without profiling (the run's reference)")
+        elif self.iteration > clean_start:
+            where = (f"after {self.iteration - clean_start} of the {cfg.clean} iterations timed without profiling: "
+                     "the run's reference rests on those")
         else:
-            where = (f"after {max(0, self.iteration - clean_start)} of the {cfg.clean} iterations timed without "
-                     "profiling: the run's reference rests on those")
+            where = f"before the {cfg.clean} iterations timed without profiling: the run has no reference"
         self.records.warnings.append(
             f"the script went on to train another DDP model at iteration {self.iteration + 1}, {where}; profile "
             f"one model's training with --warmup (or more steps before the switch)")
