@@ -193,15 +193,24 @@ def test_a_tf_keras_fit_job_runs_unchanged_and_a_worker_dying_in_the_profilers_s
     assert any("collectives outside the gradient packs (CollectiveGatherV2" in n for n in doc["notes"]), doc["notes"]
 
 
-def test_dry_run_predicts_and_the_workers_leave_after_the_window(tmp_path):
+def test_dry_run_predicts_and_the_workers_leave_after_the_window_of_the_model_they_train_now(tmp_path):
+    """A Keras transfer-learning script: the head fitted with the base frozen for 2 steps, then the base unfrozen,
+    the model compiled again (a new train_function) and fitted. The window profiles the second fit: its packs are
+    that function's (every layer's gradients, 1,597,480 bytes), not the first function's traced (the head's 20,520
+    bytes, which the what-ifs priced before). Under --dry-run the workers leave after the window."""
+    pytest.importorskip("tf_keras", reason="tf-keras is not installed (pip install tf-keras --no-deps)")
     run_dir = tmp_path / "dry"
     proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "--dry-run", "python",
-                           os.path.join(EXAMPLES, "tf_custom_loop.py"), "--steps", "60", "--width", "64"],
-                          run_dir, timeout=400)
+                          os.path.join(REPO, "tests", "data", "tf_finetune.py"), "--head-steps", "2", "--tune-steps",
+                          "60"], run_dir, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "predicted iteration time:" in proc.stdout
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert len(events["iteration_starts_us"]) < 30  # the workers left after the window, as DDP ranks do
+    tracker = next(t for t in events["trackers"] if t["framework"] == "tf")
+    assert sum(sum(pack["bytes"]) for pack in tracker["packs"]) == 4 * (256 * 512 + 512 + 512 * 512 + 512 + 512 * 10
+                                                                        + 10)
+    assert events["window"]["cut_at"] is None  # the switch came before the window
 
 
 def test_xla_is_a_measured_candidate_given_to_the_workers_on_restart(tf_run, tmp_path):

@@ -417,6 +417,57 @@ def test_tf_micro_batch_calls_belong_to_the_iteration_their_syncing_call_ends():
     assert session.boundaries == [0, 1, 2, 5, 8]
 
 
+def test_a_tf_step_function_first_called_after_the_window_began_is_another_models_and_ends_profiling_there():
+    """Keras's compile() makes a new train_function (fine-tuning after fitting the head): a syncing step function
+    called for the first time once the window began ends the window (or the clean iterations) at the iteration its
+    first call began; one first called in the warm-up does not, nor does a function that all-reduces nothing (Keras's
+    test_function), nor a second call. The packs are those of the function the window ran."""
+    from dprorun.runtime.tf import TFTracker
+
+    class Session:
+        rank_dir, trackers, detail_active, phase, iteration = "/nonexistent", [], False, "warmup", -1
+
+        def __init__(self):
+            self.replaced = []
+
+        def begin_iteration(self):
+            self.iteration += 1
+
+        def now_us(self):
+            return 0.0
+
+        def guard(self, what, fn, *args):
+            return fn(*args)
+
+        def mark(self, *_):
+            pass
+
+        def primary_replaced(self, first_new, what):
+            self.replaced.append(first_new)
+
+    session = Session()
+    tracker = TFTracker(session)
+    head, test, tuned, again = object(), object(), object(), object()
+
+    def run(function, syncs=True):  # a call; its first one traces it (a syncing function meets the all-reduce)
+        def call(*_):
+            if syncs:
+                tracker.syncing_functions.add(id(function))
+                tracker.packs_by_function.setdefault(id(function), [{"tensors": ["g"], "bytes": [id(function) % 97]}])
+        tracker.run_step(call, function)
+
+    run(head), run(head), run(test, syncs=False)
+    run(tuned)  # compiled again in the warm-up: the window will profile this one
+    assert session.replaced == []
+    session.phase, session.detail_active = "active", True
+    run(tuned), run(test, syncs=False), run(tuned)
+    assert session.replaced == [] and tracker.packs == tracker.packs_by_function[id(tuned)]
+    run(again)  # compiled again inside the window: its first call began iteration 5
+    assert session.replaced == [session.iteration] == [5]
+    run(again)
+    assert session.replaced == [5] and session.iteration == 6  # a syncing function's first call was an iteration
+
+
 def test_a_second_crash_in_tensorflows_profiler_stop_gives_a_last_launch_without_the_profiler(tmp_path):
     """launch.relaunch_after_tf_stop_crash, the decisions around one failed launch: a worker that died with the stop's
     mark in its folder (a signal, not the launcher's SIGTERM) -> the job again with the profiler; the same in the

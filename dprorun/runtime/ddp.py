@@ -131,7 +131,7 @@ class DDPTracker:
         old.primary, self.primary = False, True
         self.first_iteration = session.iteration + 1
         if session.phase != "warmup":
-            session.primary_replaced()
+            session.primary_replaced(session.iteration + 1, "DDP model")
             return
         records = session.records
         records.params[old.index], records.params[self.index] = records.params[self.index], records.params[old.index]

@@ -181,27 +181,28 @@ class RankSession:
         if self.phase == "clean":
             self.guard("writing the clean iterations", self._finish_clean, True)
 
-    def primary_replaced(self) -> None:
-        """The script went on to train another DDP model inside the window or the clean iterations (all ranks do,
-        at the same iteration): the window closes there and the clean iterations end, the run's reference
-        being the model the window profiled."""
+    def primary_replaced(self, first_new: int, what: str) -> None:
+        """The script went on to train another model (`what`), from iteration `first_new` on, inside the window or
+        the clean iterations (all ranks do, at the same iteration): the window closes there and the clean
+        iterations end, the run's reference being the model the window profiled. The iteration before
+        `first_new` ends with the new model's set-up: disturbed."""
         if self.disabled or self.phase == "done":
             return
         cfg = self.cfg
-        clean_start = cfg.warmup + cfg.active
-        if self.iteration + 1 < clean_start:
+        clean_start, last_old = cfg.warmup + cfg.active, first_new - 1
+        if first_new < clean_start:
             where = (f"inside the profiling window (iterations {cfg.warmup}-{clean_start - 1}): the window was closed "
                      "there, and none of its model's iterations ran without profiling (the run's reference)")
-        elif self.iteration > clean_start:
-            where = (f"after {self.iteration - clean_start} of the {cfg.clean} iterations timed without profiling: "
+        elif last_old > clean_start:
+            where = (f"after {last_old - clean_start} of the {cfg.clean} iterations timed without profiling: "
                      "the run's reference rests on those")
         else:
             where = f"before the {cfg.clean} iterations timed without profiling: the run has no reference"
         self.records.warnings.append(
-            f"the script went on to train another DDP model at iteration {self.iteration + 1}, {where}; profile "
-            f"one model's training with --warmup (or more steps before the switch)")
-        self.records.disturbed_iterations.append(self.iteration)  # it ends with the new model's construction
-        self.profiling_cut_at = self.iteration + 1
+            f"the script went on to train another {what} at iteration {first_new}, {where}; profile one model's "
+            "training with --warmup (or more steps before the switch)")
+        self.records.disturbed_iterations.append(last_old)
+        self.profiling_cut_at = first_new
         if self.phase == "active":
             self._close_window_and_gather()
         if self.phase == "clean":

@@ -41,7 +41,11 @@ class TFTracker:
         self.syncing_functions: set[int] = set()
         self.boundary_due = True  # the next step-function call starts an iteration
         self.local = threading.local()
-        self.packs: list[dict] = []  # as traced: [{"tensors": [...], "bytes": [...]}]
+        # per step function (id(); None: an eager strategy.run), the packs its first all-reduce traced:
+        # [{"tensors": [...], "bytes": [...]}]
+        self.packs_by_function: dict[Optional[int], list[dict]] = {}
+        self.called_syncing: set[int] = set()  # the syncing step functions called so far
+        self.window_function: Optional[int] = None  # the syncing step function the window's steps called
         self.bytes_per_pack: Optional[int] = None
         self.eager_steps = False
         self.in_step = False
@@ -50,6 +54,13 @@ class TFTracker:
         self.strategy = None  # the strategy whose run() the steps call (for the calibration)
         self.calibrating = False  # the calibration's own tf.function and strategy.run pass through
         session.trackers.append(self)
+
+    @property
+    def packs(self) -> list[dict]:
+        """The packs of the step function the window ran (or of the first one traced)."""
+        if self.window_function in self.packs_by_function:
+            return self.packs_by_function[self.window_function]
+        return next(iter(self.packs_by_function.values()), [])
 
     def describe(self) -> dict:
         return {"framework": "tf", "backend": "tf-collective", "step_functions": len(self.step_functions),
@@ -72,6 +83,7 @@ class TFTracker:
             return call(*args, **kwargs)
         function = args[0] if args else None
         syncing = not self.syncing_functions or id(function) in self.syncing_functions
+        known = id(function) in self.called_syncing
         if self.boundary_due:
             session.begin_iteration()
         self.boundary_due = syncing
@@ -86,6 +98,23 @@ class TFTracker:
             self.in_step = False
             if session.detail_active:
                 session.mark("step", start, session.now_us())
+            if not known and id(function) in self.syncing_functions:  # a syncing step function's first call
+                self.boundary_due = True  # its tracing showed it all-reduces: the iteration ends with it
+                self._first_call_of(id(function))
+            if session.detail_active and id(function) in self.syncing_functions:
+                self.window_function = id(function)
+
+    def _first_call_of(self, function: int) -> None:
+        """A syncing step function called for the first time (its tracing met the all-reduce). One that comes
+        after others were called from the window on is another model's step (Keras's compile() makes a new
+        train_function: fine-tuning after training the head): the window or the clean iterations end there
+        (`RankSession.primary_replaced`), the iteration this call began being the new model's first."""
+        session = self.session
+        seen_before = bool(self.called_syncing)
+        self.called_syncing.add(function)
+        if seen_before and session.phase in ("active", "clean"):
+            session.guard("ending the window at the new step function", session.primary_replaced, session.iteration,
+                          "model (a new step function that all-reduces: Keras's compile() makes one)")
 
     # ---- profiler ----------------------------------------------------------------------------------------
     def start_profiler(self) -> None:
@@ -156,12 +185,12 @@ def names_and_bytes(tensors) -> tuple[list[str], list[int]]:
 
 
 def _record_packs(tracker: TFTracker, packs, options) -> None:
-    """At trace time: the packs one step all-reduces (kept for the first step function traced)."""
-    if tracker.packs:
+    """At trace time: the packs a step function all-reduces (its first all-reduce), per step function."""
+    stack = tracker.call_stack()
+    function = id(stack[0]) if stack else None
+    if tracker.calibrating or function in tracker.packs_by_function:
         return
-    for pack in packs:
-        names, sizes = names_and_bytes(pack)
-        tracker.packs.append({"tensors": names, "bytes": sizes})
+    tracker.packs_by_function[function] = [dict(zip(("tensors", "bytes"), names_and_bytes(pack))) for pack in packs]
     bytes_per_pack = getattr(options, "bytes_per_pack", None)
     tracker.bytes_per_pack = int(bytes_per_pack) if bytes_per_pack is not None else None
 
