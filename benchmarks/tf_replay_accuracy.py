@@ -12,6 +12,7 @@ loopback, and with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namesp
 
 usage: python benchmarks/tf_replay_accuracy.py [--examples tf_custom_loop,tf_keras_fit] [--packs 0,1] [--reps 3]
        [--script-args "--accumulate 2"]  (passed to every example, plain and profiled alike)
+       [--keep-runs DIR]  (the profiles kept there, one folder a round, to replay them with other code)
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ NETNS = os.path.join(REPO, "scripts", "with-netns-1gbit")
 STEPS = 40
 CRASHES: list[str] = []
 SCRIPT_ARGS: list[str] = []  # --script-args
+KEEP_RUNS: list[str] = []  # --keep-runs: [DIR]
 
 
 def wrap(net: str, cmd: list[str]) -> list[str]:
@@ -67,6 +69,8 @@ def profiled(example: str, pack_mb: float, net: str, whatif_packs: list[float]) 
     median step of the window's steps without the profiler (under the hooks: the hooks' own cost)."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
+        if KEEP_RUNS:
+            run_dir = os.path.join(KEEP_RUNS[0], f"{net}-{example}-{len(os.listdir(KEEP_RUNS[0]))}")
         cmd = wrap(net, [sys.executable, "-m", "dprorun.cli", "--backend", "tf", "-np", "2", "--run-dir", run_dir,
                          "-q", "--warmup", str(STEPS // 2), "--active", str(STEPS // 2 - 10), "--clean", "8",
                          "python", os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(STEPS),
@@ -101,7 +105,11 @@ def main() -> None:
     parser.add_argument("--nets", default="loopback")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--script-args", default="", help="extra arguments for every example")
+    parser.add_argument("--keep-runs", default="", help="keep the profiles in this folder")
     args = parser.parse_args()
+    if args.keep_runs:
+        os.makedirs(args.keep_runs, exist_ok=True)
+        KEEP_RUNS.append(args.keep_runs)
     SCRIPT_ARGS.extend(args.script_args.split())
     packs = [float(x) for x in args.packs.split(",")]
     rows = []

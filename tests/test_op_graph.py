@@ -175,6 +175,12 @@ def test_a_real_run_replays_at_op_level_and_its_critical_path_names_the_models_o
     assert back.names == built.names and list(back.durations) == list(built.durations)
     with pytest.raises(ValueError, match="coarsen after"):
         set_network(coarsen(built), bandwidth_gbit=1.0)
+    # an absolute bandwidth is scaled as the job's own is: a what-if at the run's fitted bandwidth is the modelled
+    # run (a latency what-if at the fitted latency); the scale was applied twice to the bytes before
+    own = float(model.comm.bandwidth_bytes_per_us * 8e-3)
+    at_own = replay(synthesize(model, WhatIf(bandwidth_gbit=own), [])).iteration_time_us
+    modelled = replay(synthesize(model, WhatIf(latency_us=model.comm.alpha_us), [])).iteration_time_us
+    assert at_own == pytest.approx(modelled, rel=1e-9)
 
     faster = _replay_json(run_dir, "--op-scale", "aten::linear=0.5", "--op-scale", "AddmmBackward0=0.5")
     assert faster["as_run_ms"] == pytest.approx(doc["predicted_iteration_time_ms"], rel=1e-6)

@@ -201,8 +201,8 @@ def test_dry_run_predicts_and_the_workers_leave_after_the_window_of_the_model_th
     pytest.importorskip("tf_keras", reason="tf-keras is not installed (pip install tf-keras --no-deps)")
     run_dir = tmp_path / "dry"
     proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "--dry-run", "python",
-                          os.path.join(REPO, "tests", "data", "tf_finetune.py"), "--head-steps", "2", "--tune-steps",
-                          "60"], run_dir, timeout=400)
+                          os.path.join(EXAMPLES, "tf_keras_finetune.py"), "--head-steps", "2", "--steps", "60",
+                          "--width", "512", "--batch-size", "64"], run_dir, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "predicted iteration time:" in proc.stdout
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())

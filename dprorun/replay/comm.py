@@ -151,8 +151,10 @@ class CommPricing:
         comm = model.comm
         scale = comm_scale(model)
         bandwidth = comm.bandwidth_bytes_per_us * whatif.bandwidth_scale
-        if whatif.bandwidth_gbit is not None:
-            bandwidth = whatif.bandwidth_gbit * 1e3 / 8.0 / max(scale, 1e-9)
+        if whatif.bandwidth_gbit is not None:  # the link asked for; `scale` (what the job's own transmissions took
+            # beyond the model's price) applies to it once, in `step`, as to the job's own bandwidth (it was divided
+            # in here as well: scale squared on the bytes, a what-if at the run's own bandwidth off the run by scale)
+            bandwidth = whatif.bandwidth_gbit * 1e3 / 8.0
         network_same = whatif.latency_us is None and whatif.bandwidth_gbit is None and whatif.bandwidth_scale == 1.0
         use_measured = measured_layout and world == model.world_size and max(1, whatif.partitions) == 1 \
             and network_same and not whatif.bucket_partitions
