@@ -9,23 +9,11 @@ median step time of the second half (from a Keras callback).
 import argparse
 import os
 import statistics
-import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
-
-
-class StepTimer(tf.keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.times, self.started = [], None
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.started = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.times.append(time.perf_counter() - self.started)
+from keras_common import StepTimer  # noqa: E402
 
 
 def main() -> None:
