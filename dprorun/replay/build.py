@@ -165,9 +165,9 @@ def _cap_tf_transmit(model: JobModel) -> float:
     floor, the replay 93 % over the clean steps, what-ifs pricing every pack 1.7x the calibration's). A 25.7 MB
     pack: 84 ms profiled, 57 ms priced, the step's compute factor x0.14 -> x0.65, its compute then 33 ms a step
     against 35 ms measured alone on one core (x0.14: 7 ms)."""
-    profiled = sum(b.transmit_us for b in model.buckets)
     if not model.comm.source.startswith("calibration"):
         return 0.0
+    profiled = sum(b.transmit_us for b in model.buckets)
     model.buckets = [replace(b, transmit_us=min(b.transmit_us, model.comm.allreduce_us(b.nbytes, model.world_size)))
                      for b in model.buckets]
     capped = sum(b.transmit_us for b in model.buckets)

@@ -34,8 +34,8 @@ class HorovodTFTracker(TFTracker):
 
     def __init__(self, session: "RankSession"):
         super().__init__(session)
-        self.tensors: list[dict] = []  # per all-reduce traced into the first step function: tensors, bytes, op
-        self.traced_function = None  # id() of the step function whose tensors are recorded
+        # per step function (its key), per all-reduce traced into it: tensors, bytes, op
+        self.tensors_by_function: dict[int, list[dict]] = {}
         self.timeline = WindowTimeline(session, "horovod.tensorflow")
 
     def describe(self) -> dict:
@@ -43,6 +43,13 @@ class HorovodTFTracker(TFTracker):
                 "step_functions": len(self.step_functions), "eager_steps": False,
                 "packs": [{"tensors": list(t["tensors"]), "bytes": list(t["bytes"]), "op": t["op"]}
                           for t in self.tensors]}
+
+    @property
+    def tensors(self) -> list[dict]:
+        """The all-reduces of the step function the window ran (or of the first one traced)."""
+        if self.window_function in self.tensors_by_function:
+            return self.tensors_by_function[self.window_function]
+        return next(iter(self.tensors_by_function.values()), [])
 
     # ---- Horovod's timeline over the detailed tier (as for horovod.torch) ---------------------------------
     def start_profiler(self) -> None:
@@ -59,7 +66,7 @@ class HorovodTFTracker(TFTracker):
     # ---- tracing ------------------------------------------------------------------------------------------
     def traced_allreduce(self, tensors: list, op_name: str) -> None:
         """An all-reduce met while a tf.function is traced: that function is a step function (unless it is
-        Horovod's own wrapper), and the first step function's tensors are recorded."""
+        Horovod's own wrapper), and its tensors are recorded (per step function: the window's are reported)."""
         stack = self.call_stack()
         if not stack:
             return  # eager: Horovod's _make_subgraph wraps eager calls into a tf.function of its own
@@ -67,14 +74,14 @@ class HorovodTFTracker(TFTracker):
         module = getattr(getattr(outer, "_python_function", None), "__module__", "") or ""
         if module.startswith("horovod."):
             return
-        self.step_functions.add(id(outer))
-        self.syncing_functions.add(id(outer))  # every step function seen here all-reduces (see TFTracker.run_step)
-        if self.traced_function is None:
-            self.traced_function = id(outer)
-        if self.traced_function != id(outer) or any(t["op"] == op_name for t in self.tensors):
-            return  # another step function, or the same one traced again (another input signature)
+        key = self.key(outer)
+        self.step_functions.add(key)
+        self.syncing_functions.add(key)  # every step function seen here all-reduces (see TFTracker.run_step)
+        traced = self.tensors_by_function.setdefault(key, [])
+        if any(t["op"] == op_name for t in traced):
+            return  # the same function traced again (another input signature)
         names, sizes = names_and_bytes(tensors)
-        self.tensors.append({"tensors": names, "bytes": sizes, "op": op_name})
+        traced.append({"tensors": names, "bytes": sizes, "op": op_name})
 
 
 def _op_name(prefix: str, tensors: list, name) -> str:

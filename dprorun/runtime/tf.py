@@ -34,18 +34,19 @@ class TFTracker:
 
     def __init__(self, session: "RankSession"):
         self.session = session
-        self.step_functions: set[int] = set()  # id() of tf.function objects whose tracing called strategy.run
-        # id() of the step functions whose tracing met the all-reduce: where some step functions do not (gradients
+        self.step_functions: set[int] = set()  # keys (`key`) of tf.function objects whose tracing called strategy.run
+        # keys of the step functions whose tracing met the all-reduce: where some step functions do not (gradients
         # accumulated over micro-batches, all-reduced and applied by another), an iteration runs from the first
         # call after a syncing one to the end of the next syncing one
         self.syncing_functions: set[int] = set()
         self.boundary_due = True  # the next step-function call starts an iteration
         self.local = threading.local()
-        # per step function (id(); None: an eager strategy.run), the packs its first all-reduce traced:
+        # per step function (its key; None: an eager strategy.run), the packs its first all-reduce traced:
         # [{"tensors": [...], "bytes": [...]}]
         self.packs_by_function: dict[Optional[int], list[dict]] = {}
         self.called_syncing: set[int] = set()  # the syncing step functions called so far
         self.window_function: Optional[int] = None  # the syncing step function the window's steps called
+        self.next_key = 1
         self.bytes_per_pack: Optional[int] = None
         self.eager_steps = False
         self.in_step = False
@@ -54,6 +55,18 @@ class TFTracker:
         self.strategy = None  # the strategy whose run() the steps call (for the calibration)
         self.calibrating = False  # the calibration's own tf.function and strategy.run pass through
         session.trackers.append(self)
+
+    def key(self, function) -> int:
+        """A step function's key: a serial number kept on the tf.function object (an id() is reused once its object
+        is freed: Keras's compile() drops the old train_function, and the new one can get the same address)."""
+        key = getattr(function, "_dpro_key", None)
+        if key is None:
+            key, self.next_key = self.next_key, self.next_key + 1
+            try:
+                function._dpro_key = key
+            except AttributeError:  # an object that takes no attribute
+                return id(function)
+        return key
 
     @property
     def packs(self) -> list[dict]:
@@ -82,8 +95,9 @@ class TFTracker:
         if self.in_step:  # a step function called from inside a step: one iteration
             return call(*args, **kwargs)
         function = args[0] if args else None
-        syncing = not self.syncing_functions or id(function) in self.syncing_functions
-        known = id(function) in self.called_syncing
+        key = self.key(function)
+        syncing = not self.syncing_functions or key in self.syncing_functions
+        known = key in self.called_syncing
         if self.boundary_due:
             session.begin_iteration()
         self.boundary_due = syncing
@@ -98,11 +112,11 @@ class TFTracker:
             self.in_step = False
             if session.detail_active:
                 session.mark("step", start, session.now_us())
-            if not known and id(function) in self.syncing_functions:  # a syncing step function's first call
+            if not known and key in self.syncing_functions:  # a syncing step function's first call
                 self.boundary_due = True  # its tracing showed it all-reduces: the iteration ends with it
-                self._first_call_of(id(function))
-            if session.detail_active and id(function) in self.syncing_functions:
-                self.window_function = id(function)
+                self._first_call_of(key)
+            if session.detail_active and key in self.syncing_functions:
+                self.window_function = key
 
     def _first_call_of(self, function: int) -> None:
         """A syncing step function called for the first time (its tracing met the all-reduce). One that comes
@@ -187,7 +201,7 @@ def names_and_bytes(tensors) -> tuple[list[str], list[int]]:
 def _record_packs(tracker: TFTracker, packs, options) -> None:
     """At trace time: the packs a step function all-reduces (its first all-reduce), per step function."""
     stack = tracker.call_stack()
-    function = id(stack[0]) if stack else None
+    function = tracker.key(stack[0]) if stack else None
     if tracker.calibrating or function in tracker.packs_by_function:
         return
     tracker.packs_by_function[function] = [dict(zip(("tensors", "bytes"), names_and_bytes(pack))) for pack in packs]
@@ -211,7 +225,7 @@ def patch_tensorflow(session: "RankSession") -> TFTracker:
         tracker.strategy = self
         stack = tracker.call_stack()
         if stack:  # inside a tf.function being traced: that function is a step function
-            tracker.step_functions.add(id(stack[0]))
+            tracker.step_functions.add(tracker.key(stack[0]))
         elif not session.disabled and session.phase != "done":
             tracker.eager_steps = True
             return tracker.run_step(strategy_run, self, fn, args, kwargs, options)
@@ -222,7 +236,7 @@ def patch_tensorflow(session: "RankSession") -> TFTracker:
                       self._options.merge(options))
         stack = tracker.call_stack()
         if stack and not tracker.calibrating:
-            tracker.syncing_functions.add(id(stack[0]))
+            tracker.syncing_functions.add(tracker.key(stack[0]))
         return batch_all_reduce(self, input_tensor_packs, options)
 
     _apply_pack_size(session)
@@ -245,7 +259,7 @@ def patch_step_functions(tracker: TFTracker) -> None:
         if session.disabled or session.phase == "done" or tracker.calibrating:
             return function_call(self, *args, **kwargs)
         stack = tracker.call_stack()
-        if id(self) in tracker.step_functions and not stack:
+        if tracker.key(self) in tracker.step_functions and not stack:
             return tracker.run_step(function_call, self, *args, **kwargs)
         stack.append(self)
         try:
