@@ -163,9 +163,15 @@ hvd.init(); torch.manual_seed(0)
 model = nn.Sequential(nn.EmbeddingBag(5000, 32, mode="sum", sparse=True), nn.Linear(32, 64), nn.Linear(64, 4))
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
 ids, y = torch.randint(0, 5000, (16, 8)), torch.randint(0, 4, (16,))
-for step in range(10):
+for step in range(8):
     opt.zero_grad()
     nn.functional.cross_entropy(model(ids), y).backward()
+    opt.step()
+head = nn.Linear(8, 4)  # the next model, from the clean iterations on: profiling ends where its optimizer is built
+opt = hvd.DistributedOptimizer(torch.optim.SGD(head.parameters(), lr=0.1), named_parameters=head.named_parameters())
+for step in range(3):
+    opt.zero_grad()
+    nn.functional.cross_entropy(head(ids.float()), y).backward()
     opt.step()
 """
 
@@ -174,7 +180,9 @@ for step in range(10):
 def test_a_sparse_gradient_under_horovod_is_an_allgather_of_its_rows_timed_in_order(tmp_path):
     """horovod.torch all-gathers a sparse gradient and step() calls its handle instead of synchronize(): the
     record holds the rows' bytes (not the table's) and closes when the gather returns, so the records after it
-    close in order (before, each later record took its predecessor's completion)."""
+    close in order (before, each later record took its predecessor's completion). The script then trains another
+    model: a DistributedOptimizer built after steps ends the clean iterations there, warned (its records were mixed
+    into the window's or the clean ones before)."""
     script = tmp_path / "sparse.py"
     script.write_text(SPARSE_SCRIPT)
     run_dir = tmp_path / "run"
@@ -189,6 +197,8 @@ def test_a_sparse_gradient_under_horovod_is_an_allgather_of_its_rows_timed_in_or
     for iteration in set(events["window"]["kineto_iterations"]) | {3, 4}:
         records = [c for c in events["comm"] if c[0] == iteration]
         assert len(records) == len(events["buckets"]) and all(c[5] and c[5] >= c[4] for c in records)
+    assert events["window"]["cut_at"] == 7
+    assert any("another model (a new hvd.DistributedOptimizer) at iteration 7" in w for w in events["warnings"])
 
 
 @needs_horovod

@@ -162,6 +162,9 @@ def patch_horovod(session: RankSession) -> None:
 
     @functools.wraps(original_init)
     def __init__(self, params, named_parameters, compression, *args, **kwargs):
+        if session.iteration >= 0 and session.phase in ("active", "clean"):  # after steps: another model's optimizer
+            session.guard("ending the window at a new DistributedOptimizer", session.primary_replaced,
+                          session.iteration, "model (a new hvd.DistributedOptimizer)", False)
         strategy = session.strategy if not session.disabled else None
         if strategy is not None and strategy.horovod_groups:
             if named_parameters is not None:  # often a generator: read it once, pass the list on

@@ -181,11 +181,12 @@ class RankSession:
         if self.phase == "clean":
             self.guard("writing the clean iterations", self._finish_clean, True)
 
-    def primary_replaced(self, first_new: int, what: str) -> None:
+    def primary_replaced(self, first_new: int, what: str, set_up_before: bool = True) -> None:
         """The script went on to train another model (`what`), from iteration `first_new` on, inside the window or
         the clean iterations (all ranks do, at the same iteration): the window closes there and the clean
-        iterations end, the run's reference being the model the window profiled. The iteration before
-        `first_new` ends with the new model's set-up: disturbed."""
+        iterations end, the run's reference being the model the window profiled. `set_up_before`: the iteration
+        before `first_new` ends with the new model's set-up (disturbed; Horovod's iterations end at each step, so
+        the set-up falls in `first_new` itself)."""
         if self.disabled or self.phase == "done":
             return
         cfg = self.cfg
@@ -201,7 +202,8 @@ class RankSession:
         self.records.warnings.append(
             f"the script went on to train another {what} at iteration {first_new}, {where}; profile one model's "
             "training with --warmup (or more steps before the switch)")
-        self.records.disturbed_iterations.append(last_old)
+        if set_up_before:
+            self.records.disturbed_iterations.append(last_old)
         self.profiling_cut_at = first_new
         if self.phase == "active":
             self._close_window_and_gather()
