@@ -293,6 +293,8 @@ def split_multi_step_calls(doc: dict, profile: TFProfile) -> None:
     doc["host_cpu_stat"] = [[row[0] * k, *row[1:]] for row in doc.get("host_cpu_stat", [])]
     for key in ("warmup", "active", "clean"):
         window[key] = int(window.get(key, 0)) * k
+    if window.get("cut_at") is not None:  # a switch to another model's step function, at a call
+        window["cut_at"] = int(window["cut_at"]) * k
     window["kineto_iterations"] = [i * k + j for i in profiled for j in range(k)]
     window["steps_per_call"] = k
     doc["disturbed_iterations"] = [i * k + j for i in doc.get("disturbed_iterations", []) for j in range(k)]
