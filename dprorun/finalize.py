@@ -38,8 +38,13 @@ def _print_prediction(job: JobConfig, summary: dict, analysis: RunAnalysis) -> i
 
     whatif = WhatIf(world_size=job.predict.np if job.predict.np != job.launch.world_size else None,
                     bandwidth_gbit=job.predict.bandwidth_gbit)
-    model = analysis.model
-    prediction = analysis.prediction if whatif.is_identity() else predict(model, whatif)
+    try:
+        model = analysis.model
+        prediction = analysis.prediction if whatif.is_identity() else predict(model, whatif)
+    except ValueError as exc:  # nothing replayable (e.g. a TF job whose last launch ran without the profiler)
+        print(f"dprorun: error: no prediction: {exc}; the run directory is kept: {job.output.run_dir}",
+              file=sys.stderr)
+        return 1
     if prediction.self_check is None:  # a what-if: the check of the job as it ran comes with it
         prediction.self_check = analysis.prediction.self_check
     doc = prediction.to_json()
