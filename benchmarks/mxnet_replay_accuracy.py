@@ -11,7 +11,8 @@ iterations without the profiler (hooks on) against the plain launches (the hooks
 with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
 usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module,handloop] [--nets loopback,1gbit]
-       (more models: mlp-async, conv-async (dist_async); workers-update, frozen, embedding: examples/mxnet_variants.py;
+       (more models: mlp-async, conv-async (dist_async); workers-update, frozen, embedding, frozen-later (the first
+       layer frozen after 5 steps): examples/mxnet_variants.py;
        deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py)
        [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
 With --keep DIR the profiles' run directories and the plain launches' figures are kept (DIR/rounds.json); --from DIR
@@ -47,6 +48,8 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           "conv-async": ["--model", "conv", "--kvstore", "dist_async"],
           # examples/mxnet_variants.py: the optimizer on the workers, frozen layers, an embedding table
           "workers-update": ["--update-on-kvstore", "0"], "frozen": ["--freeze"], "embedding": ["--embedding"],
+          # the first layer trained for 5 steps, then frozen (before the window)
+          "frozen-later": ["--freeze-at", "5"],
           # the Module API (Module.fit, string keys), a symbolic MLP: examples/mxnet_module.py
           "module": ["--width", "512"],
           # hand-written kv.push / kv.pull per parameter, the optimizer on the servers: examples/mxnet_kvstore_loop.py
@@ -55,7 +58,7 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           "deep-imperative": ["--deep"], "rmsprop-schedule": ["--rmsprop"], "loader-workers": ["--loader-workers", "2"]}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
-                                                                                   "embedding")},
+                                                                                   "embedding", "frozen-later")},
            "handloop": os.path.join(REPO, "examples", "mxnet_kvstore_loop.py"),
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_shapes.py") for name in ("deep-imperative",
                                                                                           "rmsprop-schedule",

@@ -1,8 +1,9 @@
 """Gluon on MXNet's kvstore in the shapes a parameter-server job takes besides the default: the optimizer on the
 workers (`update_on_kvstore=False`: the servers only sum the gradients), frozen layers (`grad_req='null'`: their keys
-are never pushed), an embedding table (a large dense key), the kvstore's asynchronous mode (`--kvstore
-dist_async`), and a step split for gradient clipping (`--clip`: allreduce_grads, clip_global_norm, update). Run it
-with `dprorun --backend mxnet -np 2 --servers 2 python examples/mxnet_variants.py --freeze` (or launched plainly
+are never pushed; `--unfreeze-at N`: trained from step N on, as a fine-tune does; `--freeze-at N`: trained up to
+step N, frozen from there), an embedding table (a large dense key), the kvstore's asynchronous mode (`--kvstore
+dist_async`), and a step split for gradient clipping (`--clip`: allreduce_grads, clip_global_norm, update). Run
+it with `dprorun --backend mxnet -np 2 --servers 2 python examples/mxnet_variants.py --freeze` (or launched plainly
 with MXNet's DMLC_* variables). Worker 0 prints the median iteration time of the second half.
 """
 import argparse
@@ -28,6 +29,8 @@ def main() -> None:
     parser.add_argument("--update-on-kvstore", type=int, default=-1, help="1 or 0 (default: MXNet's choice)")
     parser.add_argument("--embedding", action="store_true", help="an embedding table in front of the dense layers")
     parser.add_argument("--freeze", action="store_true", help="the first dense layer frozen (grad_req='null')")
+    parser.add_argument("--unfreeze-at", type=int, default=-1, help="with --freeze: that layer trained from this step")
+    parser.add_argument("--freeze-at", type=int, default=-1, help="that layer trained, then frozen from this step")
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="clip the global gradient norm to this (a split step: the optimizer on the workers)")
@@ -53,7 +56,11 @@ def main() -> None:
     y = nd.random.randint(0, 10, shape=(64,)).astype("float32")
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     times = []
-    for _ in range(args.steps):
+    for step in range(args.steps):
+        if step in (args.unfreeze_at, args.freeze_at):
+            for name, param in net.collect_params().items():
+                if "dense0" in name:
+                    param.grad_req = "write" if step == args.unfreeze_at else "null"
         started = time.perf_counter()
         with autograd.record():
             loss = loss_fn(net(x), y)

@@ -244,19 +244,32 @@ def test_the_optimizer_on_the_workers_prices_the_servers_sums_from_the_workers_p
     probe nothing); the workers probe the same engine at the end of the window and the model prices the servers'
     merging and storing from it, with a note, instead of as nothing. The script splits its step to clip gradients
     (Trainer.allreduce_grads, clip_global_norm, Trainer.update): each allreduce_grads starts an iteration (before
-    that was patched the job read as push/pull cycles, placement unknown, the servers' sums unpriced)."""
+    that was patched the job read as push/pull cycles, placement unknown, the servers' sums unpriced).
+    The frozen layer is unfrozen at step 19, among the clean iterations (15-20): profiling ends there (the keys a
+    step pushes changed: another set of parameters trained), the clean iterations stop before it, and the replay
+    prices the keys the window pushed (before, every key the job ever pushed: a base frozen after 3 steps had its
+    2.6 MB priced where the window pushed 20 KB, +74.6 % off the run's own clean iterations)."""
     run_dir = tmp_path / "workers_update"
     proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", *WINDOW, "python",
                            os.path.join(EXAMPLES, "mxnet_variants.py"), "--steps", "24", "--update-on-kvstore", "0",
-                           "--freeze", "--clip", "1"], run_dir, timeout=300)
+                           "--freeze", "--clip", "1", "--unfreeze-at", "19"], run_dir, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    tracker = json.loads((run_dir / "rank_0" / "events.json").read_text())["trackers"][0]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    tracker = events["trackers"][0]
     assert tracker["iterations"] == "Trainer.step / allreduce_grads / Module.update"
     assert tracker["update_on_kvstore"] is False
-    # three dense layers, the first frozen (its weight and bias never pushed); the 1 MB weight of the second probed
-    assert len(tracker["keys"]) == 4 and [row[0] for row in tracker["engine_probe"]] == [512 * 512 * 4]
+    # three dense layers, the first frozen in the window (its weight and bias pushed from step 19 on only); the 1 MB
+    # weight of the second probed
+    assert [k["in_window"] for k in tracker["keys"]] == [True] * 4 + [False] * 2
+    assert [row[0] for row in tracker["engine_probe"]] == [512 * 512 * 4]
     assert all(copy > 0 and add > 0 for _, copy, add in tracker["engine_probe"])
+    assert events["window"]["cut_at"] == 19 and 18 in events["disturbed_iterations"]
+    assert any("another set of parameters (a layer frozen or unfrozen: 6 kvstore keys pushed where 4 were) at "
+               "iteration 19" in w for w in events["warnings"])
+    assert proc.stdout.count("another set of parameters") == 1  # the warning in the prediction's notes
     model = build_ps_model(str(run_dir))
+    assert len(model.keys) == 4 and len(model.clean_iterations_us) == 2 * 2  # iterations 16 and 17 of each worker
+    assert any(n.startswith("2 of the 6 kvstore keys") for n in model.notes)
     assert model.copy_us and model.add_us and model.update_us[1] > 0
     assert any(n.startswith("the optimizer ran on the workers") for n in model.notes)
     assert not [n for n in model.notes if "older dprorun" in n or "taken as 0" in n]

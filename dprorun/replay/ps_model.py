@@ -66,9 +66,8 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
         raise TraceError(run_dir, "worker 0 recorded no iteration with kvstore keys: the hooks count "
                          "gluon.Trainer.step or Module.update calls on a dist kvstore, or else push/pull cycles of "
                          "a script that pushes by hand; this one made none on a dist kvstore")
-    keys = [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
-            for k in tracker["keys"]]
-    notes: list[str] = []
+    notes: list[str] = _cut_notes(first)
+    keys = _window_keys(tracker["keys"], notes)
     ops, window, clean = _read_workers(run_dir, workers, cleans, keys, notes)
     if not ops:
         raise UnanswerableError(f"{run_dir}: no worker has a complete profiled iteration in {MX_PROFILE_FILE} "
@@ -127,6 +126,32 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
     return model
 
 
+def _window_keys(recorded: list[dict], notes: list[str]) -> list[PSKey]:
+    """The keys the window's iterations pushed (recorded by the hooks; all of them in a run of an older dprorun or
+    one that ended before its window): a key pushed only before or after it (a layer frozen there) is not priced."""
+    pushed = [k for k in recorded if k.get("in_window", True)] or recorded
+    left = [k for k in recorded if k not in pushed]
+    if left:
+        notes.append(f"{len(left)} of the {len(recorded)} kvstore keys ({sum(int(k['bytes']) for k in left):,} "
+                     "bytes) were pushed outside the profiling window only (their layers frozen in it): not priced")
+    return [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
+            for k in pushed]
+
+
+def _cut_notes(events: dict) -> list[str]:
+    """The hooks' warning where worker 0's profiling ended early (the script went on to train another model or
+    another set of parameters): the figures rest on the iterations before it."""
+    if events.get("window", {}).get("cut_at") is None:
+        return []
+    return [f"warning: {w}" for w in events.get("warnings", []) if "went on to train another" in w]
+
+
+def _cut_at(events: dict) -> Optional[int]:
+    """The iteration from which the job trained something else (see _cut_notes), or None."""
+    cut = events.get("window", {}).get("cut_at")
+    return None if cut is None else int(cut)
+
+
 def _host_notes(model: PSModel, hosts: list[str]) -> list[str]:
     """What the roles' hosts mean for the figures: a host whose CPU held the job back, the roles across hosts."""
     notes = [f"the CPU held the job back on {h.describe()}: each role's work is replayed at the time it took "
@@ -149,6 +174,7 @@ def _read_workers(run_dir: str, workers: dict, cleans: dict[int, dict], keys: li
         profile = os.path.join(rank_dir(run_dir, r), MX_PROFILE_FILE)
         if os.path.exists(profile):
             profiled, unfinished = read_mx_profile_checked(profile)
+            profiled = _before_cut(profiled, events)
             if unfinished:
                 notes.append(f"{profile}: the profiler's dump was never finished (its worker was stopped, or left "
                              "after its script raised): read to its last complete event")
@@ -159,7 +185,7 @@ def _read_workers(run_dir: str, workers: dict, cleans: dict[int, dict], keys: li
                 notes.append(f"worker {r}: no complete profiled iteration in {profile}; the other workers' stand "
                              "in for it")
         window += _unprofiled_window(events)
-        clean += _clean_iterations(cleans.get(r))
+        clean += _clean_iterations(cleans.get(r), events)
     return ops, window, clean
 
 
@@ -238,15 +264,28 @@ def _unprofiled_window(events: dict) -> list[float]:
     starts = events.get("iteration_starts_us", [])
     first = (max(profiled) + 2) if profiled else warmup
     disturbed = set(events.get("disturbed_iterations", []))
-    return [starts[i + 1] - starts[i] for i in range(first, min(warmup + active - 1, len(starts) - 1))
-            if i not in disturbed]
+    last = min(warmup + active - 1, len(starts) - 1, _cut_at(events) or len(starts))
+    return [starts[i + 1] - starts[i] for i in range(first, last) if i not in disturbed]
 
 
-def _clean_iterations(clean: Optional[dict]) -> list[float]:
-    """A worker's clean iterations (µs) from its clean.json (None: it wrote none)."""
+def _clean_iterations(clean: Optional[dict], events: dict) -> list[float]:
+    """A worker's clean iterations (µs) from its clean.json (None: it wrote none), before any cut (_cut_at)."""
     starts = (clean or {}).get("iteration_starts_us", [])
+    first = int((clean or {}).get("first_iteration", 0))
+    disturbed, cut = set(events.get("disturbed_iterations", [])), _cut_at(events)
     # the first is iteration W+K, inside which the end-of-window work (calibration, files) ran: not clean
-    return [b - a for a, b in zip(starts[1:], starts[2:])]
+    return [starts[j + 1] - starts[j] for j in range(1, len(starts) - 1)
+            if first + j not in disturbed and (cut is None or first + j < cut)]
+
+
+def _before_cut(ops: list[MXOp], events: dict) -> list[MXOp]:
+    """The profile's operators before the iteration that ends with the set-up of what the job trained next (its
+    forward and backward are the new model's already): the profiled iterations of what the window profiled."""
+    cut, starts = _cut_at(events), events.get("iteration_starts_us", [])
+    if cut is None or not 0 < cut <= len(starts):
+        return ops
+    end_us = starts[cut - 1] - float(events.get("clock", {}).get("test_skew_us", 0.0))
+    return [op for op in ops if op.start_us < end_us]
 
 
 def _server_updates(run_dir: str, workers: dict, server_docs: dict[int, dict]) -> list[tuple[int, float]]:

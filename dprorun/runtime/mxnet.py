@@ -72,13 +72,17 @@ class MXTracker:
         self.step_calls = 0  # Trainer.step / allreduce_grads / Module.update calls: the iterations, if any
         self.cycle: set[int] = set()  # a script pushing by hand: the keys pushed since this cycle's first push
         self.cycles = 0
+        self.pushed: set[int] = set()  # the keys pushed in the current iteration
+        self.pushed_before: frozenset = frozenset()  # the keys pushed in the last iteration that pushed any
+        self.window_keys: set[int] = set()  # the keys pushed in the window's iterations: the ones the replay prices
         self.engine_probe: list[list[float]] = []  # [bytes, copy µs, add µs]: see probe_engine
         session.trackers.append(self)
 
     def describe(self) -> dict:
         return {"framework": "mxnet", "backend": "kvstore", "kvstore": self.kv_type,
                 "update_on_kvstore": self.update_on_kvstore,
-                "keys": [{"key": k, **v} for k, v in sorted(self.keys.items(), key=lambda kv: kv[1]["order"])],
+                "keys": [{"key": k, **v, "in_window": k in self._keys_in_window()}
+                         for k, v in sorted(self.keys.items(), key=lambda kv: kv[1]["order"])],
                 "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000")),
                 "servers": int(os.environ.get("DMLC_NUM_SERVER", "1")),
                 "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
@@ -137,8 +141,10 @@ class MXTracker:
                 continue
             if k >= CALIBRATION_KEY_BASE:
                 continue
-            if op != "pull" and self.step_calls == 0:
-                self._push_cycle(k)
+            if op != "pull":
+                if self.step_calls == 0:
+                    self._push_cycle(k)
+                self.pushed.add(k)
             entry = self.keys.get(k)
             if entry is None:
                 first = _first(v)
@@ -150,8 +156,28 @@ class MXTracker:
     # ---- iterations --------------------------------------------------------------------------------------
     def run_step(self, call, *args, **kwargs):
         self.step_calls += 1
+        self.session.guard("reading the iteration's keys", self._iteration_ended)
         self.session.begin_iteration()
         return call(*args, **kwargs)
+
+    def _iteration_ended(self) -> None:
+        """The keys the iteration that just ended pushed: the window's keys (a layer frozen before the window is
+        not priced); where they differ from the iteration before's once the window began (a layer frozen or
+        unfrozen: the job trains another set of parameters from this iteration on), profiling ends there."""
+        session, pushed = self.session, frozenset(self.pushed)
+        self.pushed = set()
+        if not pushed:
+            return
+        before, self.pushed_before = self.pushed_before, pushed
+        if self.step_calls > 0 and before and pushed != before and session.phase in ("active", "clean"):
+            session.primary_replaced(session.iteration, f"set of parameters (a layer frozen or unfrozen: "
+                                     f"{len(pushed)} kvstore keys pushed where {len(before)} were)")
+        if session.phase == "active":  # still in the window (not cut above)
+            self.window_keys |= pushed
+
+    def _keys_in_window(self) -> set[int]:
+        """The window's keys, with the current iteration's where the job ends inside the window."""
+        return self.window_keys | (self.pushed if self.session.phase == "active" else set())
 
     def _push_cycle(self, key: int) -> None:
         """A script that pushes and pulls by hand (no Trainer.step or Module.update): each push/pull cycle is an
@@ -160,6 +186,7 @@ class MXTracker:
         if not self.cycle or key in self.cycle:
             self.cycle = set()
             self.cycles += 1
+            self._iteration_ended()
             self.session.begin_iteration()
         self.cycle.add(key)
 
