@@ -11,7 +11,7 @@ iterations without the profiler (hooks on) against the plain launches (the hooks
 with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
 usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module,handloop] [--nets loopback,1gbit]
-       (more models: mlp-async, conv-async (dist_async); workers-update, frozen, embedding, frozen-later (the first
+       (more models: conv-2ctx (2 contexts a worker), mlp-async, conv-async (dist_async); workers-update, frozen, embedding, frozen-later (the first
        layer frozen after 5 steps): examples/mxnet_variants.py;
        deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py)
        [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
@@ -42,6 +42,8 @@ BOUND = 100_000
 # (label, servers, big-array bound) of the plain launches: the profiled configuration and the what-ifs
 CONFIGS = (("as run", 2, None), ("servers 1", 1, None), ("bound", 2, BOUND))
 MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600"],
+          # each batch split over 2 contexts (as a multi-GPU worker; the sum of each key over them before its push)
+          "conv-2ctx": ["--model", "conv", "--contexts", "2"],
           "mlp-adam": ["--model", "mlp", "--width", "600", "--optimizer", "adam"],
           # the kvstore's asynchronous mode: each push updated on its own (not in the default set)
           "mlp-async": ["--model", "mlp", "--width", "600", "--kvstore", "dist_async"],

@@ -2,7 +2,8 @@
 BatchNorm (running statistics that are never pushed), gradients accumulated over `--accumulate` batches
 (`grad_req='add'`, one Trainer.step per group), the kvstore named by a string and made by the Trainer, an NAG
 optimizer; `--clip` splits the step for gradient clipping (allreduce_grads, clip_global_norm, update: the optimizer
-on the workers); `--model lstm` swaps the conv net for a 2-layer LSTM language model. The script ends without
+on the workers); `--model lstm` swaps the conv net for a 2-layer LSTM language model; `--contexts N` splits each batch
+over N contexts (`split_and_load`, as a multi-GPU worker does; CPU contexts here). The script ends without
 mx.nd.waitall(). Run it with `dprorun --backend mxnet -np 2 --servers 2 python examples/mxnet_batchnorm_clip.py`
 (or launched plainly with MXNet's DMLC_* variables). Each worker prints its median iteration time of the second half.
 """
@@ -44,10 +45,12 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=2, help="batches per optimizer step")
     parser.add_argument("--clip", type=float, default=0.0, help="clip the global gradient norm to this (0: no)")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--contexts", type=int, default=1, help="contexts a batch is split over (mx.cpu(i))")
     args = parser.parse_args()
 
+    contexts = [mx.cpu(i) for i in range(args.contexts)]
     net = build(args.model)
-    net.initialize(mx.init.Xavier())
+    net.initialize(mx.init.Xavier(), ctx=contexts)
     params = net.collect_params()
     if args.accumulate > 1:
         for param in params.values():
@@ -68,8 +71,9 @@ def main() -> None:
         started = time.perf_counter()
         for _ in range(args.accumulate):
             with autograd.record():
-                loss = loss_fn(net(x), y)
-            loss.backward()
+                losses = [loss_fn(net(xs), ys) for xs, ys in zip(gluon.utils.split_and_load(x, contexts),
+                                                                 gluon.utils.split_and_load(y, contexts))]
+            autograd.backward(losses)
         if args.clip > 0:
             trainer.allreduce_grads()
             grads = [p.grad() for p in params.values() if p.grad_req != "null"]
@@ -79,7 +83,7 @@ def main() -> None:
             trainer.step(samples)
         if args.accumulate > 1:
             params.zero_grad()
-        loss.wait_to_read()
+        losses[-1].wait_to_read()
         times.append(time.perf_counter() - started)
     tail = times[len(times) // 2:]
     print(f"worker {os.environ.get('DPRO_MX_INDEX', os.getpid())}: median iteration "

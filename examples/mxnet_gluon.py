@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("--loader-workers", type=int, default=0,
                         help="batches from a gluon DataLoader with this many worker processes, a new loader every 8 "
                              "steps (as a loader per epoch: each one's pool is terminated when it is dropped)")
+    parser.add_argument("--contexts", type=int, default=1,
+                        help="contexts a batch is split over (mx.cpu(i); as a worker with several GPUs does)")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: worker 1 raises at this step")
     args = parser.parse_args()
 
@@ -48,7 +50,8 @@ def main() -> None:
     worker, workers = kv.rank, kv.num_workers
     mx.random.seed(worker)
     net = build(args.model, args.width)
-    net.initialize(mx.init.Xavier())
+    contexts = [mx.cpu(i) for i in range(args.contexts)]
+    net.initialize(mx.init.Xavier(), ctx=contexts)
     if not args.no_hybridize:
         net.hybridize()
     params = {"learning_rate": 0.01}
@@ -72,10 +75,11 @@ def main() -> None:
             x, y = xb.as_in_context(mx.cpu()), yb.as_in_context(mx.cpu()).astype("float32")
         started = time.perf_counter()
         with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
+            losses = [loss_fn(net(xs), ys) for xs, ys in zip(gluon.utils.split_and_load(x, contexts),
+                                                             gluon.utils.split_and_load(y, contexts))]
+        autograd.backward(losses)
         trainer.step(args.batch_size * workers)
-        loss.wait_to_read()
+        losses[-1].wait_to_read()
         times.append(time.perf_counter() - started)
     mx.nd.waitall()
     if worker == 0:

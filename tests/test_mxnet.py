@@ -260,12 +260,12 @@ def test_the_optimizer_on_the_workers_prices_the_servers_sums_from_the_workers_p
     assert tracker["update_on_kvstore"] is False
     # three dense layers, the first frozen in the window (its weight and bias pushed from step 19 on only); the 1 MB
     # weight of the second probed
-    assert [k["in_window"] for k in tracker["keys"]] == [True] * 4 + [False] * 2
+    assert [k["window_pushes"] for k in tracker["keys"]] == [12] * 4 + [0] * 2 and tracker["window_iterations"] == 12
     assert [row[0] for row in tracker["engine_probe"]] == [512 * 512 * 4]
     assert all(copy > 0 and add > 0 for _, copy, add in tracker["engine_probe"])
     assert events["window"]["cut_at"] == 19 and 18 in events["disturbed_iterations"]
-    assert any("another set of parameters (a layer frozen or unfrozen: 6 kvstore keys pushed where 4 were) at "
-               "iteration 19" in w for w in events["warnings"])
+    assert any("another set of parameters (a layer frozen or unfrozen: 6 kvstore keys pushed a step where 4 were) "
+               "at iteration 19" in w for w in events["warnings"])
     assert proc.stdout.count("another set of parameters") == 1  # the warning in the prediction's notes
     model = build_ps_model(str(run_dir))
     assert len(model.keys) == 4 and len(model.clean_iterations_us) == 2 * 2  # iterations 16 and 17 of each worker
@@ -282,12 +282,13 @@ def test_a_script_that_ends_without_waitall_exits_and_batchnorm_statistics_are_n
     """examples/mxnet_batchnorm_clip.py: BatchNorm, 2 batches accumulated a step, the kvstore named by a string, no
     mx.nd.waitall() at the end. Plainly such a job hung at exit in 3 of 3 launches (benchmarks/mxnet_exit.py); the
     workers' hooks drain the engine before MXNet's exit handler, so it ends. The running statistics never reach the
-    kvstore; an iteration is a Trainer.step (2 forward/backward passes)."""
+    kvstore; an iteration is a Trainer.step (2 forward/backward passes), each over 2 contexts (split_and_load)."""
     run_dir = tmp_path / "bn"
     started = time.monotonic()
     proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", "--warmup", "3", "--active", "10",
                            "--kineto-iters", "5", "--clean", "6", "python",
-                           os.path.join(EXAMPLES, "mxnet_batchnorm_clip.py"), "--steps", "24"], run_dir, timeout=150)
+                           os.path.join(EXAMPLES, "mxnet_batchnorm_clip.py"), "--steps", "24", "--contexts", "2"],
+                          run_dir, timeout=150)
     assert proc.returncode == 0 and time.monotonic() - started < 120, proc.stderr[-3000:]
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     tracker = events["trackers"][0]
@@ -641,6 +642,60 @@ def test_an_imperative_backward_pushes_each_gradient_as_it_is_made():
     model.worker_ops = {r: replace(ops, push_after=[]) for r in (0, 1)}
     after_all = replay(set_ps_network(local_dfgs(model))).iteration_time_us
     assert overlapped < after_all - 100
+
+
+def test_the_keys_a_window_prices_and_a_lasting_change_of_them():
+    """What the hooks keep of the keys each iteration pushes: a key pushed once (a metric summed through the kvstore
+    at an epoch's end) is neither a change nor priced; a set pushed two iterations in a row is a change from its
+    first iteration on (a layer unfrozen: the window is cut there, that iteration's count taken back)."""
+    from dprorun.runtime.mxnet import IterationKeys
+
+    keys = IterationKeys()
+    model, metric, unfrozen = {1, 2}, {1, 2, 99}, {0, 1, 2}
+    changes = []
+    for iteration, pushed in enumerate([model] * 5 + [metric] + [model] * 4 + [unfrozen] * 3):
+        keys.current |= pushed
+        changes.append(keys.ended(iteration, in_window=3 <= iteration, detect=True))
+    assert [c for c in changes if c] == [(10, frozenset(unfrozen), frozenset(model))] and changes[11]
+    # iterations 3-9 and 12 counted (10 taken back, 11 not counted: the window is cut at 10)
+    assert keys.window_iterations == 8 and keys.window_pushes == {1: 8, 2: 8, 99: 1, 0: 1}
+    # a script that pushes by hand (its cycles are its iterations): no change is looked for
+    by_hand = IterationKeys()
+    for iteration, pushed in enumerate([{1}, {2}, {2}]):
+        by_hand.current |= pushed
+        assert by_hand.ended(iteration, in_window=True, detect=False) is None
+
+
+def test_a_workers_sum_over_its_contexts_stays_inside_the_iteration():
+    """A worker with several contexts (`split_and_load`, as on a multi-GPU worker) sums each key's gradients from
+    them (KVStoreReduce) before its push, often after the pushes of other keys have ended: that sum was read as the
+    next iteration's forward, so every iteration split into pieces (a conv net on 2 CPU contexts: one 8 µs
+    "iteration" chain, its compute scaled x2.35). It is compute on the push's path; the iteration whose period is the
+    median stands in when no op sequence repeats (the contexts' ops interleave anew each iteration)."""
+    from dprorun.replay.ps_model import worker_ops_from_profile
+    from dprorun.trace.mxprofile import COPY_OP, LOCAL_REDUCE_OP, MXOp, comm_phases
+
+    push = "KVStoreDistDefaultStoragePushPull"
+
+    def iteration(t0, pieces):  # key 0 summed and pushed; key 1 summed once key 0's push/pull has ended
+        backward = [MXOp("_backward_FC", "cpu/0", t0 + 1100 + i * 1000 / pieces, t0 + 1100 + (i + 1) * 1000 / pieces)
+                    for i in range(pieces)]  # the contexts' ops as they interleaved: another sequence each time
+        return [MXOp("FullyConnected", "cpu/0", t0, t0 + 1000), MXOp("FullyConnected", "cpu/1", t0 + 100, t0 + 1100),
+                *backward,
+                MXOp(LOCAL_REDUCE_OP, "cpu/0", t0 + 2100, t0 + 2200), MXOp(push, "cpu pinned/", t0 + 2210, t0 + 3000),
+                MXOp(LOCAL_REDUCE_OP, "cpu/0", t0 + 3100, t0 + 3500), MXOp(push, "cpu pinned/", t0 + 3510, t0 + 5000),
+                MXOp(COPY_OP, "cpu pinned/", t0 + 5000, t0 + 5100)]
+
+    profile = sorted([op for t0, pieces in ((0, 1), (6000, 1), (12500, 2), (18500, 3), (25500, 1))
+                      for op in iteration(t0, pieces)], key=lambda op: op.start_us)
+    assert [len(g) for g in comm_phases([op for op in profile if op.is_kvstore], profile)] == [2, 2, 2, 2, 2]
+    keys = [PSKey(0, 40_000, 10_000, 0), PSKey(1, 40_000, 10_000, -1)]
+    ops = worker_ops_from_profile(0, profile, keys)
+    assert [name for name, _ in ops.ops] == ["FullyConnected", "FullyConnected", "_backward_FC", LOCAL_REDUCE_OP,
+                                             "(between ops)", LOCAL_REDUCE_OP]
+    assert ops.push_after == [4, 6]  # each key's push after its own sum
+    # three complete iterations (periods 6500, 6000, 7000 µs), no sequence repeated: the median one
+    assert ops.profiled_iterations == 1 and ops.period_us == 6500
 
 
 def test_a_key_dispatched_after_the_others_ended_stays_in_its_iteration(tmp_path):

@@ -67,7 +67,7 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
                          "gluon.Trainer.step or Module.update calls on a dist kvstore, or else push/pull cycles of "
                          "a script that pushes by hand; this one made none on a dist kvstore")
     notes: list[str] = _cut_notes(first)
-    keys = _window_keys(tracker["keys"], notes)
+    keys = _window_keys(tracker["keys"], int(tracker.get("window_iterations") or 0), notes)
     ops, window, clean = _read_workers(run_dir, workers, cleans, keys, notes)
     if not ops:
         raise UnanswerableError(f"{run_dir}: no worker has a complete profiled iteration in {MX_PROFILE_FILE} "
@@ -126,14 +126,17 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
     return model
 
 
-def _window_keys(recorded: list[dict], notes: list[str]) -> list[PSKey]:
-    """The keys the window's iterations pushed (recorded by the hooks; all of them in a run of an older dprorun or
-    one that ended before its window): a key pushed only before or after it (a layer frozen there) is not priced."""
-    pushed = [k for k in recorded if k.get("in_window", True)] or recorded
+def _window_keys(recorded: list[dict], window_iterations: int, notes: list[str]) -> list[PSKey]:
+    """The keys pushed in most of the window's iterations (counted by the hooks; every key in a run of an older
+    dprorun or one that ended before its window): a key pushed only before or after the window (a layer frozen
+    there) or in few of its iterations is not priced."""
+    pushed = [k for k in recorded if not window_iterations
+              or 2 * int(k.get("window_pushes", window_iterations)) >= window_iterations] or recorded
     left = [k for k in recorded if k not in pushed]
     if left:
         notes.append(f"{len(left)} of the {len(recorded)} kvstore keys ({sum(int(k['bytes']) for k in left):,} "
-                     "bytes) were pushed outside the profiling window only (their layers frozen in it): not priced")
+                     f"bytes) were pushed in fewer than half of the window's {window_iterations} iterations (a layer "
+                     "frozen there, or a key the script pushes now and then): not priced")
     return [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
             for k in pushed]
 
@@ -207,6 +210,9 @@ def worker_ops_from_profile(rank: int, ops: list[MXOp], keys: list[PSKey]) -> Op
     for it in iterations:
         shapes.setdefault((tuple(name for name, _ in it["ops"]), len(it["cuts"])), []).append(it)
     chosen = max(shapes.values(), key=len)  # the most frequent op sequence; durations: medians per position
+    if len(chosen) == 1 < len(iterations):  # no sequence repeats (a worker with several contexts interleaves their
+        # ops anew every iteration): the iteration of the median period
+        chosen = [sorted(iterations, key=lambda it: it["period"])[(len(iterations) - 1) // 2]]
     names = [name for name, _ in chosen[0]["ops"]]
     chain = [(name, statistics.median(it["ops"][i][1] for it in chosen)) for i, name in enumerate(names)]
     total_bytes = sum(k.nbytes for k in keys)

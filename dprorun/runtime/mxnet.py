@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from dprorun.fsutil import make_private_dir
@@ -55,6 +56,46 @@ def _first(value):
     return value[0] if isinstance(value, (list, tuple)) else value
 
 
+@dataclass
+class IterationKeys:
+    """The kvstore keys each iteration of a worker pushes: counted over the window's iterations (the replay prices
+    the keys most of them pushed: a layer frozen before the window is not priced, nor a key pushed once, such as a
+    metric summed through the kvstore), and a lasting change of the set (two iterations in a row) told apart from a
+    one-off."""
+
+    current: set[int] = field(default_factory=set)  # the keys pushed in the iteration under way
+    stable: frozenset = frozenset()  # the set the last iterations pushed
+    changed: Optional[tuple[int, frozenset, bool]] = None  # (iteration, keys, counted in the window): one other set
+    window_pushes: dict[int, int] = field(default_factory=dict)  # key -> the window's iterations that pushed it
+    window_iterations: int = 0
+
+    def ended(self, iteration: int, in_window: bool, detect: bool) -> Optional[tuple[int, frozenset, frozenset]]:
+        """Close the iteration `iteration`; (the first iteration of the new set, the new set, the old one) where
+        `detect` and the set changed for good (that iteration's count taken back out of the window's)."""
+        pushed, self.current = frozenset(self.current), set()
+        if not pushed:
+            return None
+        if detect and self.stable and pushed != self.stable and self.changed is not None and \
+                self.changed[1] == pushed:
+            first, _, counted = self.changed
+            if counted:
+                self._count(pushed, -1)
+            change, self.stable, self.changed = (first, pushed, self.stable), pushed, None
+            return change
+        if not self.stable or pushed == self.stable or not detect:
+            self.stable, self.changed = pushed, None
+        else:
+            self.changed = (iteration, pushed, in_window)
+        if in_window:
+            self._count(pushed, 1)
+        return None
+
+    def _count(self, keys: frozenset, sign: int) -> None:
+        self.window_iterations += sign
+        for key in keys:
+            self.window_pushes[key] = self.window_pushes.get(key, 0) + sign
+
+
 class MXTracker:
     """One per worker: the kvstore, the keys seen, the profiler."""
 
@@ -72,17 +113,16 @@ class MXTracker:
         self.step_calls = 0  # Trainer.step / allreduce_grads / Module.update calls: the iterations, if any
         self.cycle: set[int] = set()  # a script pushing by hand: the keys pushed since this cycle's first push
         self.cycles = 0
-        self.pushed: set[int] = set()  # the keys pushed in the current iteration
-        self.pushed_before: frozenset = frozenset()  # the keys pushed in the last iteration that pushed any
-        self.window_keys: set[int] = set()  # the keys pushed in the window's iterations: the ones the replay prices
+        self.pushed = IterationKeys()
         self.engine_probe: list[list[float]] = []  # [bytes, copy µs, add µs]: see probe_engine
         session.trackers.append(self)
 
     def describe(self) -> dict:
         return {"framework": "mxnet", "backend": "kvstore", "kvstore": self.kv_type,
                 "update_on_kvstore": self.update_on_kvstore,
-                "keys": [{"key": k, **v, "in_window": k in self._keys_in_window()}
+                "keys": [{"key": k, **v, "window_pushes": self.pushed.window_pushes.get(k, 0)}
                          for k, v in sorted(self.keys.items(), key=lambda kv: kv[1]["order"])],
+                "window_iterations": self.pushed.window_iterations,
                 "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000")),
                 "servers": int(os.environ.get("DMLC_NUM_SERVER", "1")),
                 "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
@@ -144,7 +184,7 @@ class MXTracker:
             if op != "pull":
                 if self.step_calls == 0:
                     self._push_cycle(k)
-                self.pushed.add(k)
+                self.pushed.current.add(k)
             entry = self.keys.get(k)
             if entry is None:
                 first = _first(v)
@@ -161,23 +201,15 @@ class MXTracker:
         return call(*args, **kwargs)
 
     def _iteration_ended(self) -> None:
-        """The keys the iteration that just ended pushed: the window's keys (a layer frozen before the window is
-        not priced); where they differ from the iteration before's once the window began (a layer frozen or
-        unfrozen: the job trains another set of parameters from this iteration on), profiling ends there."""
-        session, pushed = self.session, frozenset(self.pushed)
-        self.pushed = set()
-        if not pushed:
-            return
-        before, self.pushed_before = self.pushed_before, pushed
-        if self.step_calls > 0 and before and pushed != before and session.phase in ("active", "clean"):
-            session.primary_replaced(session.iteration, f"set of parameters (a layer frozen or unfrozen: "
-                                     f"{len(pushed)} kvstore keys pushed where {len(before)} were)")
-        if session.phase == "active":  # still in the window (not cut above)
-            self.window_keys |= pushed
-
-    def _keys_in_window(self) -> set[int]:
-        """The window's keys, with the current iteration's where the job ends inside the window."""
-        return self.window_keys | (self.pushed if self.session.phase == "active" else set())
+        """The keys the iteration that just ended pushed (IterationKeys); where the set changed for good once the
+        window began (a layer frozen or unfrozen: the job trains another set of parameters), profiling ends at the
+        first iteration that pushed the new set."""
+        session = self.session
+        change = self.pushed.ended(session.iteration, session.phase == "active", detect=self.step_calls > 0)
+        if change is not None and session.phase in ("active", "clean"):
+            first, new, old = change
+            session.primary_replaced(first, f"set of parameters (a layer frozen or unfrozen: {len(new)} kvstore "
+                                     f"keys pushed a step where {len(old)} were)")
 
     def _push_cycle(self, key: int) -> None:
         """A script that pushes and pulls by hand (no Trainer.step or Module.update): each push/pull cycle is an

@@ -19,6 +19,9 @@ from dprorun.layout import node_offset_us
 KVSTORE_PREFIX = "KVStoreDist"  # KVStoreDistDefaultStoragePushPull, ...Push, ...Pull
 COPY_OP = "CopyCPU2CPU"
 NOT_COMPUTE = ("DeleteVariable", "WaitForVar", "WaitForAll")  # engine bookkeeping and the script's own waits
+# a worker with several contexts (ctx=[gpu(0), gpu(1)], or cpu(i)) sums each key's gradients from its contexts
+# before the push: compute on the push's path, not the start of an iteration
+LOCAL_REDUCE_OP = "KVStoreReduce"
 
 
 @dataclass(slots=True)
@@ -131,8 +134,10 @@ def comm_phases(comm: list[MXOp], compute: list[MXOp]) -> list[list[MXOp]]:
 
 
 def starts_an_iteration(op: MXOp) -> bool:
-    """A forward (or loss) op: not push/pull, not a pulled value's copy, not engine bookkeeping, not backward."""
-    return not (op.is_kvstore or op.name == COPY_OP or op.name in NOT_COMPUTE or op.name.startswith("_backward"))
+    """A forward (or loss) op: not push/pull, not a pulled value's copy, not engine bookkeeping, not backward, not
+    the sum of a key's gradients from the worker's contexts."""
+    return not (op.is_kvstore or op.name in (COPY_OP, LOCAL_REDUCE_OP) or op.name in NOT_COMPUTE
+                or op.name.startswith("_backward"))
 
 
 def attribute_keys(events: list[MXOp], compute: list[MXOp],
