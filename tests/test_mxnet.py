@@ -269,6 +269,13 @@ def test_the_optimizer_on_the_workers_prices_the_servers_sums_from_the_workers_p
     assert proc.stdout.count("another set of parameters") == 1  # the warning in the prediction's notes
     model = build_ps_model(str(run_dir))
     assert len(model.keys) == 4 and len(model.clean_iterations_us) == 2 * 2  # iterations 16 and 17 of each worker
+    # the host's CPU read over those two as well, not over the unfrozen net's steps (here the servers, which run no
+    # updater, have no CPU marks: the window's iterations are read; worker 0 alone reads its clean ones)
+    from dprorun.replay.ps_cpu import read_host_cpu
+
+    clean = json.loads((run_dir / "rank_0" / "clean.json").read_text())
+    [host] = read_host_cpu({0: events}, {0: clean}, {}, [], [], [])
+    assert (host.span, host.iterations) == ("clean", 2), host
     assert any(n.startswith("2 of the 6 kvstore keys") for n in model.notes)
     assert model.copy_us and model.add_us and model.update_us[1] > 0
     assert any(n.startswith("the optimizer ran on the workers") for n in model.notes)

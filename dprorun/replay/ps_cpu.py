@@ -88,14 +88,19 @@ class _Span:
 
 def _span(events: dict, clean: Optional[dict]) -> Optional[_Span]:
     """The worker's clean iterations (clean.json: no profiler, the iterations the predictions are scaled to) when it
-    recorded their CPU, else the window's iterations without the profiler; None where fewer than 2 were timed."""
-    starts, cpu = (clean or {}).get("iteration_starts_us") or [], (clean or {}).get("iteration_cpu_s") or []
-    if len(cpu) == len(starts) >= 4:  # the first holds the end-of-window work: from the second on
-        return _Span(starts, cpu, 1, len(starts) - 1, int(clean.get("first_iteration", 0)), True)
+    recorded their CPU, else the window's iterations without the profiler; None where fewer than 2 were timed. Both
+    end before a cut (`window.cut_at`: the job trained something else from there, set up in the iteration before)."""
     window = events.get("window") or {}
+    cut = None if window.get("cut_at") is None else int(window["cut_at"]) - 1  # the start of the set-up iteration
+    starts, cpu = (clean or {}).get("iteration_starts_us") or [], (clean or {}).get("iteration_cpu_s") or []
+    offset = int((clean or {}).get("first_iteration", 0))
+    last = len(starts) - 1 if cut is None else min(len(starts) - 1, cut - offset)
+    if len(cpu) == len(starts) and last >= 3:  # the first holds the end-of-window work: from the second on
+        return _Span(starts, cpu, 1, last, offset, True)
     profiled = window.get("kineto_iterations") or []
     first = (max(profiled) + 2) if profiled else int(window.get("warmup", 0)) + 1  # +1: the profiler's stop
     last = int(window.get("warmup", 0)) + int(window.get("active", 0))  # read before the end-of-window work
+    last = last if cut is None else min(last, cut)
     cpu = events.get("iteration_cpu_s") or []
     if last - first < 2 or last >= len(cpu):
         return None
