@@ -703,6 +703,12 @@ def test_a_workers_sum_over_its_contexts_stays_inside_the_iteration():
     assert ops.push_after == [4, 6]  # each key's push after its own sum
     # three complete iterations (periods 6500, 6000, 7000 µs), no sequence repeated: the median one
     assert ops.profiled_iterations == 1 and ops.period_us == 6500
+    # MXNet splits that sum over threads above the big-array bound, which a bound what-if does not model: warned
+    model = _model(keys=keys)
+    model.worker_ops = {r: replace(ops, rank=r) for r in (0, 1)}
+    contexts_note = "sum each key over their contexts on the CPU"
+    assert any(contexts_note in n for n in predict_ps(model, PSWhatIf(bigarray_bound=1000)).notes)
+    assert not any(contexts_note in n for n in predict_ps(model, PSWhatIf(servers=1)).notes)
 
 
 def test_a_key_dispatched_after_the_others_ended_stays_in_its_iteration(tmp_path):

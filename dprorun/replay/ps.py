@@ -279,6 +279,11 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
                      "optimistic in four runs of 2-4 rounds and 3 % in one of 8 (as ratios to the as-run row); "
                      "profiled at both bounds, a net with one 1 MB key -6.2 % over 12 rounds, a symbolic MLP -4.8 % "
                      "over 6, a dist_async MLP -3.5 % over 12: read this figure as up to about 17 % fast")
+    if whatif.bigarray_bound and whatif.bigarray_bound != model.bigarray_bound and _sums_contexts(model):
+        notes.append("warning: the workers sum each key over their contexts on the CPU (KVStoreReduce), which MXNet "
+                     "splits over threads for arrays above the big-array bound: that change is not in the replay (a "
+                     "conv net on 2 CPU contexts a worker, loopback, 3 rounds: 13.6 % slower with a bound of 100000, "
+                     "replayed 17.7 % faster)")
     if model.compute_scale < 0.5 or model.compute_scale > 1.5:
         compute, moved = compute_fit_moved_us(model)
         reference = model.measured_iteration_us or result.iteration_time_us
@@ -304,6 +309,13 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
     return PSPrediction(iteration_us / 1000.0, whatif.describe(), _compress(path), busy, graph.size,
                         notes, None if window_ms is None else round(window_ms / 1000, 3),
                         None if clean_ms is None else round(clean_ms / 1000, 3), spread, graph_ms)
+
+
+def _sums_contexts(model: PSModel) -> bool:
+    """Whether a worker's profiled iteration sums keys over several contexts (trace/mxprofile.LOCAL_REDUCE_OP)."""
+    from dprorun.trace.mxprofile import LOCAL_REDUCE_OP
+
+    return any(name == LOCAL_REDUCE_OP for ops in model.worker_ops.values() for name, _ in ops.ops)
 
 
 # how far the floor was from the job measured at the faster links (benchmarks/mxnet_multihost.py --rates; RESULTS.md,
