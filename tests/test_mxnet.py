@@ -427,18 +427,24 @@ def test_a_worker_that_raises_stops_the_job_and_a_data_loaders_terminated_forks_
 def test_a_script_that_pushes_and_pulls_by_hand_is_profiled_by_its_cycles(tmp_path):
     """No Trainer.step, no Module.update: kv.push / kv.pull per parameter with the optimizer on the servers
     (examples/mxnet_kvstore_loop.py). Each push/pull cycle is an iteration; the model has every parameter's key and
-    replays the job."""
+    replays the job. The pushes are 2-bit compressed (`kv.set_gradient_compression`): the end-of-window calibration
+    failed on it (MXNet refuses a pushpull with compression), told as "the job ended before the end of the window",
+    and every push was priced at 16 times its bytes; the hooks now record the compression and calibrate with a push
+    and a pull, and the model prices each push at 1/16 of its key."""
     run_dir = tmp_path / "handloop"
     proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "1", "--warmup", "3", "--active", "8",
                            "--clean", "6", "python", os.path.join(EXAMPLES, "mxnet_kvstore_loop.py"), "--steps", "22",
-                           "--layers", "3"], run_dir, timeout=240)
+                           "--layers", "3", "--compression", "2bit"], run_dir, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     tracker = next(t for t in events["trackers"] if t["framework"] == "mxnet")
     assert tracker["iterations"].startswith("push/pull cycles") and len(tracker["keys"]) == 8  # 4 dense layers
+    assert tracker["gradient_compression"] == "2bit" and len(events["calibration"]) == 6, events["warnings"]
     assert len(events["iteration_starts_us"]) >= 20
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["model"]["keys"] == 8 and summary["as_run"]["predicted_iteration_ms"] > 0
+    assert summary["model"]["push_ratio"] == 1 / 16
+    assert "each push carries 1/16 of its key's bytes" in proc.stdout
 
 
 @needs_mxnet
@@ -478,6 +484,20 @@ def _model(servers=2, workers=2, keys=None, alpha=50.0, bw=100.0, links="per-nod
            for r in range(workers)}
     return PSModel(workers=workers, servers=servers, bigarray_bound=1_000_000, keys=keys, worker_ops=ops,
                    update_us=(20.0, 0.0005), alpha_us=alpha, bytes_per_us=bw, links=links, link_slots=slots)
+
+
+def test_a_compressed_push_carries_its_share_of_the_keys_bytes():
+    """2-bit gradient compression: each push is priced at 1/16 of its key's bytes; the pulls stay whole."""
+    model = _model()
+
+    def transfer_us(graph, kind):
+        return sum(d for n, d in zip(graph.names, graph.durations) if n.startswith(kind) and "handled" not in n)
+
+    whole = ps_graph(model, PSWhatIf())
+    compressed = ps_graph(replace(model, push_ratio=1 / 16), PSWhatIf())
+    assert transfer_us(compressed, "push ") == pytest.approx(transfer_us(whole, "push ") / 16)
+    assert transfer_us(compressed, "pull ") == pytest.approx(transfer_us(whole, "pull "))
+    assert predict_ps(replace(model, push_ratio=1 / 16)).iteration_ms < predict_ps(model).iteration_ms
 
 
 def test_keys_are_placed_as_mxnets_kvstore_places_them():

@@ -100,6 +100,7 @@ class PSModel:
     host_cpu: list[HostCPU] = field(default_factory=list)  # each host's busy cores over the window (replay/ps_cpu.py)
     fitted_as_run_us: Optional[float] = None  # the job as it ran, replayed with the fitted costs (its self-check)
     sync: bool = True  # the kvstore's mode: dist_sync (the workers joined at every key's update), or dist_async
+    push_ratio: float = 1.0  # the bytes a push carries of its key's: 1, or its gradient compression's (2-bit 1/16)
 
     @property
     def measured_iteration_us(self) -> Optional[float]:
@@ -108,7 +109,7 @@ class PSModel:
 
     def to_json(self) -> dict:
         return {"workers": self.workers, "servers": self.servers, "bigarray_bound": self.bigarray_bound,
-                "kvstore": "dist_sync" if self.sync else "dist_async",
+                "kvstore": "dist_sync" if self.sync else "dist_async", "push_ratio": self.push_ratio,
                 "keys": len(self.keys), "bytes": sum(k.nbytes for k in self.keys),
                 "alpha_us": round(self.alpha_us, 2), "bandwidth_gbit_s": round(self.bytes_per_us * 8e-3, 3),
                 "update_us": [round(self.update_us[0], 2), round(self.update_us[1] * 1e6, 3)],
@@ -189,7 +190,7 @@ def local_dfgs(model: PSModel, keys: Optional[list[PSKey]] = None,
                     model.host_cores)
     plan = PSPlan(model.workers, model.servers, model.bigarray_bound, list(labelled),
                   placed(labelled, model.servers, model.bigarray_bound), ins, outs, links, g.size, keys=labelled,
-                  sync=model.sync)
+                  sync=model.sync, push_ratio=model.push_ratio)
     return g.build({"ps_plan": plan, "world_size": model.workers, "servers": model.servers,
                     "bigarray_bound": model.bigarray_bound, "ranks_built": model.workers, "links": model.links})
 

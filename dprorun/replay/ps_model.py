@@ -81,7 +81,8 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
                     link_slots=max(1, int(tracker.get("cores") or 1)),
                     update_us=update_fit, alpha_us=0.0, bytes_per_us=125.0, calibration=calibration,
                     window_iterations_us=window, clean_iterations_us=clean, notes=notes, copy_us=copy_fit,
-                    add_us=add_fit, sync="async" not in str(tracker.get("kvstore", "")))
+                    add_us=add_fit, sync="async" not in str(tracker.get("kvstore", "")),
+                    push_ratio=_push_ratio(tracker.get("gradient_compression"), notes))
     if not model.sync:
         notes.append(f"{tracker.get('kvstore')}: each push is updated on its own as it reaches its server and the "
                      "pusher's pull answered after it; the workers meet only on the servers' engines and the links "
@@ -98,8 +99,9 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
     if calibration:
         model.alpha_us, model.bytes_per_us = fit_links(model)
     else:
-        notes.append("no kvstore calibration (the job ended before the end of the window): links priced at "
-                     "1 Gbit/s, no latency")
+        failed = [w for w in first.get("warnings", []) if w.startswith("kvstore calibration failed")]
+        cause = failed[0] if failed else "the job ended before the end of the window"
+        notes.append(f"warning: no kvstore calibration ({cause}): links priced at 1 Gbit/s, no latency")
     model.profiled_iteration_us = median(w.period_us for w in ops.values())
     if model.profiled_iteration_us:
         model.link_level = fit_link_level(model, model.profiled_iteration_us)
@@ -139,6 +141,26 @@ def _window_keys(recorded: list[dict], window_iterations: int, notes: list[str])
                      "frozen there, or a key the script pushes now and then): not priced")
     return [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
             for k in pushed]
+
+
+# the share of its bytes a push carries under MXNet's gradient compression (2-bit: 16 values to a float32 word)
+COMPRESSED_PUSH = {"2bit": 1 / 16, "1bit": 1 / 32}
+
+
+def _push_ratio(compression: Optional[str], notes: list[str]) -> float:
+    """The share of a key's bytes each push carries under the kvstore's gradient compression (the hooks record it
+    from set_gradient_compression); said in `notes`."""
+    if not compression or compression == "none":
+        return 1.0
+    ratio = COMPRESSED_PUSH.get(compression)
+    if ratio is None:
+        notes.append(f"warning: the kvstore compresses its gradients ({compression!r}), a kind the replay does not "
+                     "know: its pushes are priced at their whole bytes")
+        return 1.0
+    notes.append(f"the kvstore compresses its gradients ({compression}): each push carries 1/{round(1 / ratio)} of "
+                 "its key's bytes (the pulls, the servers' merging and updates the whole); the calibration pushed "
+                 "compressed as well")
+    return ratio
 
 
 def _cut_notes(events: dict) -> list[str]:

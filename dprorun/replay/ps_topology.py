@@ -122,6 +122,8 @@ class PSPlan:
     # dist_sync: a key's update waits for every worker's push, every pull for the update; dist_async (False): each
     # push updated on its own as it arrives, the pusher's pull answered after it (MXNet's KVStoreDistServer)
     sync: bool = True
+    # the share of a part's bytes its push carries: 1, or MXNet's compressed size (2-bit: 1/16; the pulls are whole)
+    push_ratio: float = 1.0
 
     @property
     def bytes_per_us(self) -> float:
@@ -268,7 +270,7 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
             s = part.server
             if not plan.sync:  # each worker's push updated on its own, its pull answered from the value it made
                 for w in range(plan.workers):
-                    push = transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True, wire(part.nbytes, part.push_us),
+                    push = transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True, wire(part.nbytes * plan.push_ratio, part.push_us),
                                     plan.ins[w][label])
                     update = g.op(f"s{s}.update {label} w{w}", "UPDATE", -1 - s, f"s{s}",
                                   links.update_us[0] + links.update_us[1] * part.nbytes)
@@ -277,7 +279,7 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
                     g.edge(transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(part.nbytes, part.pull_us),
                                     respond), plan.outs[w][label])
                 continue
-            arrivals = [transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True, wire(part.nbytes, part.push_us),
+            arrivals = [transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True, wire(part.nbytes * plan.push_ratio, part.push_us),
                                  plan.ins[w][label]) for w in range(plan.workers)]
             if part.server_us is not None:  # the wait at the server, as the worker saw it
                 server = g.op(f"s{s}.wait {label}", "VIRTUAL", -1 - s, None, part.server_us)

@@ -114,6 +114,7 @@ class MXTracker:
         self.cycle: set[int] = set()  # a script pushing by hand: the keys pushed since this cycle's first push
         self.cycles = 0
         self.pushed = IterationKeys()
+        self.compression: Optional[str] = None  # the kvstore's gradient compression ("2bit", "1bit"), if set
         self.engine_probe: list[list[float]] = []  # [bytes, copy µs, add µs]: see probe_engine
         session.trackers.append(self)
 
@@ -123,6 +124,7 @@ class MXTracker:
                 "keys": [{"key": k, **v, "window_pushes": self.pushed.window_pushes.get(k, 0)}
                          for k, v in sorted(self.keys.items(), key=lambda kv: kv[1]["order"])],
                 "window_iterations": self.pushed.window_iterations,
+                "gradient_compression": self.compression,
                 "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000")),
                 "servers": int(os.environ.get("DMLC_NUM_SERVER", "1")),
                 "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
@@ -286,6 +288,16 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
             return _original(self, key, *args, **kwargs)
 
         setattr(kv_class, op, key_init)
+    original_compression = kv_class.set_gradient_compression
+
+    def set_gradient_compression(self, compression_params, *args, **kwargs):
+        if tracker._kvstore is None:
+            session.guard("reading the kvstore's rank", tracker.kvstore_created, self)
+        if self is tracker.kvstore:
+            tracker.compression = str((compression_params or {}).get("type", "none"))
+        return original_compression(self, compression_params, *args, **kwargs)
+
+    kv_class.set_gradient_compression = set_gradient_compression
     for op in ("pushpull", "push", "pull"):
         original = getattr(kv_class, op)
 
@@ -364,16 +376,25 @@ def calibrate_kvstore(tracker: MXTracker, repeats: int = 5) -> list[list[float]]
         grad = mx.nd.ones((count,))
         weight = mx.nd.zeros((count,))
         kv.init(key, weight)
-        kv.pushpull(key, grad, out=weight)  # first round trip: the servers' optimizer state is created
-        weight.wait_to_read()
+        _round_trip(kv, key, grad, weight, tracker.compression)  # the first: the servers' optimizer state is created
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            kv.pushpull(key, grad, out=weight)
-            weight.wait_to_read()
+            _round_trip(kv, key, grad, weight, tracker.compression)
             times.append((time.perf_counter() - start) * 1e6)
         out.append([size, statistics.median(times), servers if count >= bound else 1])
     return out
+
+
+def _round_trip(kv, key, grad, weight, compression: Optional[str]) -> None:
+    """One push of `grad` and pull into `weight`, waited for: one pushpull, or, where the kvstore compresses its
+    gradients (MXNet refuses pushpull then), a push and a pull, as such a job makes them."""
+    if compression and compression != "none":
+        kv.push(key, grad)
+        kv.pull(key, out=weight)
+    else:
+        kv.pushpull(key, grad, out=weight)
+    weight.wait_to_read()
 
 
 def probe_engine(tracker: MXTracker) -> list[list[float]]:
