@@ -11,7 +11,7 @@ iterations without the profiler (hooks on) against the plain launches (the hooks
 with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
 usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module,handloop] [--nets loopback,1gbit]
-       (more models: conv-2ctx (2 contexts a worker), mlp-async, conv-async (dist_async); workers-update, frozen, embedding, frozen-later (the first
+       (more models: conv-2ctx (2 contexts a worker), handloop-2bit (2-bit compressed pushes), mlp-async, conv-async (dist_async); workers-update, frozen, embedding, frozen-later (the first
        layer frozen after 5 steps): examples/mxnet_variants.py;
        deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py)
        [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
@@ -56,12 +56,14 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           "module": ["--width", "512"],
           # hand-written kv.push / kv.pull per parameter, the optimizer on the servers: examples/mxnet_kvstore_loop.py
           "handloop": ["--width", "512"],
+          # the same with the pushed gradients 2-bit compressed (kv.set_gradient_compression)
+          "handloop-2bit": ["--width", "512", "--compression", "2bit"],
           # benchmarks/shapes/mx_shapes.py: shapes the model was not tuned on
           "deep-imperative": ["--deep"], "rmsprop-schedule": ["--rmsprop"], "loader-workers": ["--loader-workers", "2"]}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
-           "handloop": os.path.join(REPO, "examples", "mxnet_kvstore_loop.py"),
+           **{name: os.path.join(REPO, "examples", "mxnet_kvstore_loop.py") for name in ("handloop", "handloop-2bit")},
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_shapes.py") for name in ("deep-imperative",
                                                                                           "rmsprop-schedule",
                                                                                           "loader-workers")}}
