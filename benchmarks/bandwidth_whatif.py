@@ -21,19 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-
-from emulated_cluster import EmulatedCluster  # noqa: E402
+from dryrun_world_size import REPO, EmulatedCluster, host_output
 
 PORT = 29640
-
-
-def host_output(results) -> str:
-    failed = [r for r in results if r.returncode != 0]
-    if failed:
-        raise RuntimeError(f"host {failed[0].node_rank} exited {failed[0].returncode}: {failed[0].stderr[-2000:]}")
-    return results[0].stdout
 
 
 def script(example: str, args) -> list[str]:
