@@ -11,8 +11,9 @@ iterations without the profiler (hooks on) against the plain launches (the hooks
 with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/with-netns-1gbit).
 
 usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module,handloop] [--nets loopback,1gbit]
-       (more models: conv-2ctx (2 contexts a worker), handloop-2bit (2-bit compressed pushes), mlp-async, conv-async (dist_async); workers-update, frozen, embedding, frozen-later (the first
-       layer frozen after 5 steps): examples/mxnet_variants.py;
+       (more models: conv-2ctx (2 contexts a worker), handloop-2bit (2-bit compressed pushes), mlp-async,
+       conv-async (dist_async); workers-update, frozen, embedding, frozen-later (the first layer frozen after 5
+       steps): examples/mxnet_variants.py;
        deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py)
        [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
 With --keep DIR the profiles' run directories and the plain launches' figures are kept (DIR/rounds.json); --from DIR

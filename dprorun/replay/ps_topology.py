@@ -270,8 +270,8 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
             s = part.server
             if not plan.sync:  # each worker's push updated on its own, its pull answered from the value it made
                 for w in range(plan.workers):
-                    push = transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True, wire(part.nbytes * plan.push_ratio, part.push_us),
-                                    plan.ins[w][label])
+                    push = transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True,
+                                    wire(part.nbytes * plan.push_ratio, part.push_us), plan.ins[w][label])
                     update = g.op(f"s{s}.update {label} w{w}", "UPDATE", -1 - s, f"s{s}",
                                   links.update_us[0] + links.update_us[1] * part.nbytes)
                     g.edge(push, update)
@@ -279,8 +279,9 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
                     g.edge(transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(part.nbytes, part.pull_us),
                                     respond), plan.outs[w][label])
                 continue
-            arrivals = [transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True, wire(part.nbytes * plan.push_ratio, part.push_us),
-                                 plan.ins[w][label]) for w in range(plan.workers)]
+            arrivals = [transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True,
+                                 wire(part.nbytes * plan.push_ratio, part.push_us), plan.ins[w][label])
+                        for w in range(plan.workers)]
             if part.server_us is not None:  # the wait at the server, as the worker saw it
                 server = g.op(f"s{s}.wait {label}", "VIRTUAL", -1 - s, None, part.server_us)
                 for recv in arrivals:
