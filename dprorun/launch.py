@@ -175,7 +175,8 @@ def _launch_once(job: JobConfig) -> LaunchResult:
     if job.low_disk:
         print(f"dprorun: warning: {job.low_disk}", file=sys.stderr, flush=True)
     try:
-        write_manifest(job, "running")
+        if job.launch.node_rank == 0:  # node 0 owns the run directory, which the others may share (a shared disk)
+            write_manifest(job, "running")
     except OSError as exc:
         print(f"dprorun: warning: cannot write the manifest ({exc.strerror})", file=sys.stderr, flush=True)
     started = time.monotonic()

@@ -179,6 +179,42 @@ def test_a_node_that_never_joins_is_a_clear_error_in_bounded_time(tmp_path):
     assert "not every node joined (2 expected)" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_node_0_claims_a_run_directory_its_other_node_shares_after_that_node_started(tmp_path):
+    """Nodes on a shared filesystem (a SLURM cluster's home or work directory) give one run directory. Node 1
+    wrote its "running" manifest there as it started, and node 0, starting a moment later, took the directory for
+    an earlier run's, refused it (exit 2) and left node 1 waiting for it (a clean-clone CI run's srun test timed
+    out so). Node 0 owns the directory: the other nodes write no manifest."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run_dir = tmp_path / "shared"
+    node = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--join-timeout", "60",
+            "-np", "1", "-q", "--warmup", "2", "--active", "4", "--clean", "2", "python",
+            os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "12"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DPRO_REPORT="0")
+    node1 = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "--node-rank", "1",
+                              *node], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (run_dir / "logs").exists() and time.monotonic() < deadline:  # node 1's launcher has begun
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc, _ = run_dprorun(["--node-rank", "0", *node], run_dir, timeout=150)
+        out1, err1 = node1.communicate(timeout=60)
+    finally:
+        if node1.poll() is None:
+            node1.terminate()
+            node1.communicate(timeout=30)
+    assert proc.returncode == 0 and node1.returncode == 0, proc.stderr[-2000:] + err1[-2000:]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert (manifest["node_rank"], manifest["status"], manifest["ranks_with_traces"]) == (0, "completed", [0, 1])
+
+
 def test_single_node_rendezvous_listens_on_loopback_only(tmp_path):
     """The job's store (and so the gather channel's rendezvous) is not reachable from other hosts unless a
     multi-node job asks for it."""
