@@ -24,8 +24,8 @@ from typing import Optional
 import numpy as np
 
 from dprorun.fsutil import TraceError, UnanswerableError
-from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE, node_offset_us, \
-    rank_dir, server_dir
+from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PRIMARY_REPLACED, PS_CALIBRATION_KEY_BASE, \
+    node_offset_us, rank_dir, server_dir
 from dprorun.replay.engine import replay
 from dprorun.replay.ps_cpu import busy_hosts, read_host_cpu
 from dprorun.replay.ps import PSModel, PSWhatIf, WorkerOps, calibration_graph, ps_graph
@@ -168,7 +168,7 @@ def _cut_notes(events: dict) -> list[str]:
     another set of parameters): the figures rest on the iterations before it."""
     if events.get("window", {}).get("cut_at") is None:
         return []
-    return [f"warning: {w}" for w in events.get("warnings", []) if "went on to train another" in w]
+    return [f"warning: {w}" for w in events.get("warnings", []) if w.startswith(PRIMARY_REPLACED)]
 
 
 def _cut_at(events: dict) -> Optional[int]:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
 from dprorun.fsutil import atomic_write_json, make_private_dir
-from dprorun.layout import CLEAN_FILE, rank_dir
+from dprorun.layout import CLEAN_FILE, PRIMARY_REPLACED, rank_dir
 from dprorun.runtime import rank_files
 from dprorun.runtime.cpubudget import cgroup_cpu_stat, process_cpu_s
 from dprorun.runtime.records import RankRecords
@@ -200,7 +200,7 @@ class RankSession:
         else:
             where = f"before the {cfg.clean} iterations timed without profiling: the run has no reference"
         self.records.warnings.append(
-            f"the script went on to train another {what} at iteration {first_new}, {where}; profile one model's "
+            f"{PRIMARY_REPLACED}{what} at iteration {first_new}, {where}; profile one model's "
             "training with --warmup (or more steps before the switch)")
         if set_up_before:
             self.records.disturbed_iterations.append(last_old)
