@@ -220,6 +220,7 @@ def format_summary(summary: dict) -> str:
         lines.append(check["message"])
     if summary["missing_ranks"]:
         lines.append(f"missing: no trace for ranks {summary['missing_ranks']}")
+    lines += [problem for problem in summary.get("problems", []) if not problem.startswith("no trace for ranks")]
     for row in summary["ranks"]:
         for warning in row["warnings"]:
             lines.append(f"rank {row['rank']}: {warning.splitlines()[0]}")

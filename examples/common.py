@@ -38,6 +38,10 @@ def parse_args(description: str, add_arguments=None, **defaults) -> argparse.Nam
                         help="DDP comm hook from torch's default_hooks: gradients sent as fp16 / bf16 (half the bytes)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend (auto: nccl with a GPU, gloo without)")
+    parser.add_argument("--own-profiler", default="",
+                        help="FIRST,LAST[,RANKS]: the script profiles steps FIRST-LAST itself with torch.profiler (a "
+                             "schedule, as a user's script does; RANKS 'all' or '0', default all), traces to a "
+                             "temporary folder")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: raise at this step")
     parser.add_argument("--fail-rank", type=int, default=1, help="test knob: the rank that fails")
     parser.add_argument("--fail-mode", choices=("raise", "sigkill"), default="raise",
@@ -79,6 +83,27 @@ def make_optimizer(params, args: argparse.Namespace) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
 
 
+def start_own_profiler(spec: str, rank: int):
+    """--own-profiler FIRST,LAST[,RANKS]: torch.profiler over those steps, started here (None: not asked)."""
+    if not spec:
+        return None
+    first, last, *ranks = spec.split(",")
+    if ranks and ranks[0] != "all" and rank != int(ranks[0]):
+        return None
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    folder = tempfile.mkdtemp(prefix="own_profiler_")
+    warmup = 1 if int(first) > 0 else 0
+    profiler = profile(activities=[ProfilerActivity.CPU], on_trace_ready=tensorboard_trace_handler(folder),
+                       schedule=schedule(wait=int(first) - warmup, warmup=warmup, active=int(last) - int(first) + 1,
+                                         repeat=1))
+    profiler.start()
+    print(f"rank {rank}: own profiler traces in {folder}", flush=True)
+    return profiler
+
+
 def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace) -> None:
     """Synthetic-data training loop; rank 0 prints the median step time of the second half of the run."""
     rank, world, device = init_distributed(args.backend)
@@ -96,6 +121,7 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
     optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], args)
     generator = torch.Generator().manual_seed(args.seed + rank)
     step_times = []
+    own_profiler = start_own_profiler(args.own_profiler, rank)
     for step in range(args.steps):
         if step == args.fail_at_step and rank == args.fail_rank:
             if args.fail_mode == "sigkill":
@@ -126,6 +152,10 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
         if device.type == "cuda":
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - start)
+        if own_profiler is not None:
+            own_profiler.step()
+    if own_profiler is not None:
+        own_profiler.stop()
     tail = step_times[len(step_times) // 2:] or step_times
     if rank == 0:
         print(f"world size {world}, {args.steps} steps, loss {loss.item():.4f}, "

@@ -43,8 +43,12 @@ def main() -> None:
                              "steps (as a loader per epoch: each one's pool is terminated when it is dropped)")
     parser.add_argument("--contexts", type=int, default=1,
                         help="contexts a batch is split over (mx.cpu(i); as a worker with several GPUs does)")
+    parser.add_argument("--own-profiler", default="",
+                        help="FIRST,LAST: the script profiles those steps itself (mx.profiler set_config, run, stop "
+                             "and dump, as a user's script does), into a temporary file")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: worker 1 raises at this step")
     args = parser.parse_args()
+    own_first, own_last = map(int, args.own_profiler.split(",")) if args.own_profiler else (-1, -1)
 
     kv = mx.kv.create(args.kvstore)
     worker, workers = kv.rank, kv.num_workers
@@ -73,6 +77,12 @@ def main() -> None:
         if batches is not None:
             xb, yb = next(batches)
             x, y = xb.as_in_context(mx.cpu()), yb.as_in_context(mx.cpu()).astype("float32")
+        if step == own_first:
+            import tempfile
+
+            own_file = os.path.join(tempfile.mkdtemp(prefix="own_profiler_"), "profile.json")
+            mx.profiler.set_config(profile_all=True, filename=own_file)
+            mx.profiler.set_state("run")
         started = time.perf_counter()
         with autograd.record():
             losses = [loss_fn(net(xs), ys) for xs, ys in zip(gluon.utils.split_and_load(x, contexts),
@@ -81,6 +91,10 @@ def main() -> None:
         trainer.step(args.batch_size * workers)
         losses[-1].wait_to_read()
         times.append(time.perf_counter() - started)
+        if step == own_last:
+            mx.profiler.set_state("stop")
+            mx.profiler.dump()  # finished=True: MXNet's periodic dump ends with it
+            print(f"worker {worker}: own profile in {own_file}", flush=True)
     mx.nd.waitall()
     if worker == 0:
         tail = times[len(times) // 2:]

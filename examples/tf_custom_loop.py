@@ -24,8 +24,12 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1,
                         help="gradient accumulation: this many micro-batch calls (gradients kept on the worker), "
                              "then one call that all-reduces and applies them")
+    parser.add_argument("--own-profiler", default="",
+                        help="FIRST,LAST: the script profiles those steps itself (tf.profiler.experimental.start and "
+                             "stop, as a user's script does), into a temporary folder")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: worker 1 raises at this step")
     args = parser.parse_args()
+    own_first, own_last = map(int, args.own_profiler.split(",")) if args.own_profiler else (-1, -1)
     options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=int(args.pack_mb * (1 << 20)))
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     worker = strategy.cluster_resolver.task_id
@@ -90,6 +94,11 @@ def main() -> None:
     for step in range(args.steps // args.steps_per_call):
         if step == args.fail_at_step and worker == 1:
             raise RuntimeError(f"injected failure at step {step} (--fail-at-step)")
+        if step == own_first:
+            import tempfile
+
+            own_folder = tempfile.mkdtemp(prefix="own_profiler_")
+            tf.profiler.experimental.start(own_folder)
         started = time.perf_counter()
         if args.accumulate > 1:
             for _ in range(args.accumulate):
@@ -98,6 +107,9 @@ def main() -> None:
         else:
             train_step(x, y)
         times.append(time.perf_counter() - started)
+        if step == own_last:
+            tf.profiler.experimental.stop()
+            print(f"worker {worker}: own profile in {own_folder}", flush=True)
     if worker == 0:
         second_half = times[len(times) // 2:]
         print(f"median iteration time: {1000 * statistics.median(second_half) / args.steps_per_call:.3f} ms",

@@ -511,3 +511,36 @@ def test_a_trainer_framework_job_is_profiled(tmp_path):
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout)["predicted_iteration_time_ms"] > 0
+
+
+def test_a_script_that_runs_its_own_profiler_keeps_its_profile_and_dprorun_profiles_after_it(tmp_path):
+    """examples --own-profiler: rank 0's script profiles steps 6-8 with torch.profiler (a schedule: prepared at
+    step 4's end) over the window's start (iteration 5). Before, dprorun's profiler took the script's session: the
+    script raised "Profiler is already enabled on this thread" (or, with another schedule, both ranks died of
+    SIGSEGV), where torchrun ran it fine. Now dprorun's waits for the script's to stop, runs
+    from iteration 9, the script's trace keeps its events, and the iterations under the script's profiler are left
+    out of the window's statistics on every rank (rank 1 waited for rank 0)."""
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "5", "--active", "12", "--clean", "6", "python",
+                           os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "26", "--own-profiler", "6,8,0"],
+                          run_dir, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = next(line.split(" in ")[-1] for line in proc.stdout.splitlines() if "own profiler traces in" in line)
+    traces = [name for name in os.listdir(folder) if name.endswith(".pt.trace.json")]
+    assert len(traces) == 1, os.listdir(folder)
+    own = json.load(open(os.path.join(folder, traces[0])))["traceEvents"]
+    assert sum(1 for e in own if str(e.get("name", "")).startswith("ProfilerStep#")) == 3  # the script's steps 6-8
+    rank0 = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    rank1 = json.loads((run_dir / "rank_1" / "events.json").read_text())
+    assert rank0["script_profiler_iterations"] == [4, 5, 6, 7, 8] and rank1["script_profiler_iterations"] == []
+    assert rank0["window"]["kineto_iterations"] == [9, 10, 11] and rank1["window"]["kineto_iterations"] == [5, 6, 7]
+    assert (run_dir / "rank_0" / "kineto_trace.json").exists()
+    assert "dprorun's ran from iteration 9, after the script's stopped" in proc.stdout
+    assert "iterations 4-8 ran (in part) under the script's own profiler: left out of the profiled window's" in \
+        proc.stdout
+    run = load_run(str(run_dir))
+    for trace in run.ranks.values():
+        paused = set(trace.meta["disturbed_iterations"])  # rank 0's profiler dump paused 12, rank 1's 8
+        assert trace.profiled_iterations == [i for i in range(9, 17) if i not in paused]
+        assert {op.iteration for op in trace.ops} <= set(range(9, 17)) | {-1}
+    assert any(op.kind is OpKind.FW and op.source == "kineto" for op in run.ranks[0].ops)

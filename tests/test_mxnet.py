@@ -1157,3 +1157,31 @@ def test_another_hosts_role_folders_are_read_on_node_0s_clock(tmp_path):
     [op] = read_mx_profile(str(worker / "mx_profile.json"))
     assert (op.start_us, op.end_us) == (1510.0, 1530.0)
     assert node_offset_us(str(tmp_path / "server_0")) == 0.0  # node 0's own folder
+
+
+@needs_mxnet
+def test_a_script_that_runs_its_own_mx_profiler_keeps_its_file_and_dprorun_profiles_after_it(tmp_path):
+    """examples/mxnet_gluon.py --own-profiler 2,4: the script configures mx.profiler, runs it over steps 2-4 and
+    dumps (finished=True) over the window's start (iteration 3). Before, the script's set_config sent dprorun's
+    events to the script's file and dprorun's stop failed: no PS replay. Now dprorun's profiler waits for the
+    script's to stop and runs from iteration 5: MXNet refuses to restart its dump thread after a finished dump
+    (set_config raises after taking the file name) and writes that dump without its header; both are expected."""
+    run_dir = tmp_path / "own"
+    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", "--warmup", "3", "--active", "12",
+                           "--kineto-iters", "4", "--clean", "6", "python", os.path.join(EXAMPLES, "mxnet_gluon.py"),
+                           "--steps", "24", "--model", "mlp", "--own-profiler", "2,4"], run_dir, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    own_files = [line.split(" in ")[-1] for line in proc.stdout.splitlines() if "own profile in" in line]
+    assert len(own_files) == 2
+    for path in own_files:  # the script's own dumps: complete, with its operators
+        assert any(e.get("cat") == "operator" for e in json.load(open(path))["traceEvents"])
+    for rank in (0, 1):
+        events = json.loads((run_dir / f"rank_{rank}" / "events.json").read_text())
+        assert events["script_profiler_iterations"] == [1, 2, 3, 4], events["warnings"]
+        assert events["window"]["kineto_iterations"] == [5, 6, 7, 8]
+        assert (run_dir / f"rank_{rank}" / "mx_profile.json").read_text().lstrip().startswith(",")
+    assert "predicted iteration time:" in proc.stdout
+    assert "workers 0, 1: the script's own mx.profiler was on when dprorun's profiler was due (iteration 3): " \
+           "dprorun's ran from iteration 5" in proc.stdout
+    model = build_ps_model(str(run_dir))
+    assert all(w.profiled_iterations >= 2 for w in model.worker_ops.values())

@@ -2,6 +2,7 @@
 tf-keras fit), the XSpace reader against TensorFlow's own protobuf parser, bad input, a failing worker."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,6 +116,30 @@ def test_an_xplane_cut_short_is_named_and_nothing_else_is_lost(tf_run, tmp_path)
     assert out.returncode == 2
     assert "rank_1/xplane.pb" in out.stderr and "cut short" in out.stderr
     assert (copy / "rank_0" / "xplane.pb").read_bytes() == (tf_run[0] / "rank_0" / "xplane.pb").read_bytes()
+
+
+def test_a_script_that_runs_its_own_tf_profiler_keeps_it_and_dprorun_profiles_after_it(tmp_path):
+    """tf_custom_loop.py --own-profiler 2,4: the script starts TensorFlow's profiler before step 2 and stops it
+    after step 4, over the window's start (iteration 3 = step 4: the first call only traces). Before, dprorun's
+    start met "Another profiler is running": the whole window was disabled (no replay); a script starting its own
+    inside dprorun's would have raised. Now dprorun's waits and profiles iterations 4-6; the script's profile is
+    written."""
+    run_dir = tmp_path / "own"
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python", os.path.join(EXAMPLES, "tf_custom_loop.py"),
+                          "--steps", "22", "--width", "64", "--own-profiler", "2,4"], run_dir, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    folders = [line.split(" in ")[-1] for line in proc.stdout.splitlines() if "own profile in" in line]
+    assert len(folders) == 2
+    for folder in folders:
+        assert any(name.endswith(".xplane.pb") for _, _, names in os.walk(folder) for name in names)
+    for rank in (0, 1):
+        events = json.loads((run_dir / f"rank_{rank}" / "events.json").read_text())
+        assert events["script_profiler_iterations"] == [0, 1, 2, 3], events["warnings"]
+        assert events["window"]["kineto_iterations"] == [4, 5, 6] and not events["disabled"]
+        assert (run_dir / f"rank_{rank}" / "xplane.pb").exists()
+    assert "dprorun's ran from iteration 4, after the script's stopped" in proc.stdout
+    assert re.search(r"the replay of the job as it ran \([0-9.]+ ms\) (agrees with|differs from) the run's",
+                     proc.stdout)
 
 
 def test_a_pack_size_strategy_is_applied_and_a_failing_worker_is_named_and_its_traces_kept(tmp_path):

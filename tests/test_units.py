@@ -497,3 +497,63 @@ def test_a_second_crash_in_tensorflows_profiler_stop_gives_a_last_launch_without
     assert relaunch_after_tf_stop_crash(job, crash(1, -signal.SIGSEGV)) == ""
     job.launch.backend, job.launch.nnodes, job.launch.nproc_per_node = "tf", 2, 1
     assert relaunch_after_tf_stop_crash(job, crash(1, -signal.SIGSEGV)) == ""
+
+
+def test_iterations_under_the_scripts_own_profiler_leave_the_statistics_where_others_remain():
+    """trace/rundir.py: the union over ranks of the iterations under the script's own profiler leaves the window's
+    and the clean iterations (ops and gradient times too) where others remain; where none remain they stay and the
+    run says its figures are of the job under that profiler."""
+    from dprorun.trace.model import Op, OpKind, RankTrace, RunTrace
+    from dprorun.trace.rundir import _ranges, _set_aside_script_profiled
+
+    def rank(r, marks):
+        trace = RankTrace(rank=r, host="h", profiled_iterations=list(range(5, 12)),
+                          ops=[Op(name="fw", kind=OpKind.FW, rank=r, start_us=i, end_us=i + 1, iteration=i)
+                               for i in range(5, 12)],
+                          grad_ready=[(i, "w", float(i)) for i in range(5, 12)])
+        trace.meta = {"clean_iterations": list(range(12, 16)), "kineto_iterations": [5, 6, 7],
+                      "script_profiler_iterations": marks}
+        return trace
+
+    run = RunTrace(run_dir="/x", manifest={}, ranks={0: rank(0, [4, 5, 6, 7]), 1: rank(1, [])})
+    _set_aside_script_profiled(run)
+    for trace in run.ranks.values():  # rank 1 waited for rank 0: its iterations 5-7 leave as well
+        assert trace.profiled_iterations == [8, 9, 10, 11] and trace.meta["kineto_iterations"] == []
+        assert {op.iteration for op in trace.ops} == {8, 9, 10, 11} and len(trace.grad_ready) == 4
+        assert trace.meta["clean_iterations"] == [12, 13, 14, 15]
+    assert run.problems == ["iterations 4-7 ran (in part) under the script's own profiler: left out of the "
+                            "profiled window's iterations' statistics"]
+    everything = list(range(0, 16))
+    run = RunTrace(run_dir="/x", manifest={}, ranks={0: rank(0, everything), 1: rank(1, everything)})
+    _set_aside_script_profiled(run)
+    assert run.ranks[0].profiled_iterations == list(range(5, 12)) and len(run.ranks[1].ops) == 7
+    assert run.problems == ["iterations 0-15 ran (in part) under the script's own profiler: every one of the "
+                            "profiled window's and the clean iterations did: they stay, and the figures from them "
+                            "are of the job under that profiler"]
+    assert _ranges([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10"
+
+
+def test_an_mxnet_error_is_said_by_its_cause_and_the_ps_model_repeats_the_workers_warnings():
+    from dprorun.replay.ps_model import _worker_warnings
+    from dprorun.runtime.session import exception_text
+
+    mx_error = RuntimeError('Traceback (most recent call last):\n  File "../src/c_api/c_api_profile.cc", line 353\n'
+                            "MXNetError: Check failed: profiler->IsEnableOutput(): Profiler hasn't been run.\n")
+    assert exception_text(mx_error) == "MXNetError: Check failed: profiler->IsEnableOutput(): Profiler hasn't been run."
+    assert exception_text(ValueError("plain\nsecond line")) == "plain\nsecond line"
+    workers = {0: {"warnings": ["the script's own mx.profiler was on\ndetail", "only 0"]},
+               1: {"warnings": ["the script's own mx.profiler was on", "kvstore calibration failed: x"]}}
+    assert _worker_warnings(workers) == ["workers 0, 1: the script's own mx.profiler was on", "worker 0: only 0"]
+
+
+def test_an_mx_profiler_dump_after_the_scripts_finished_one_is_read_without_its_header(tmp_path):
+    """After a script's own dump(finished=True), MXNet writes the next dump without `{"traceEvents": [` (recorded
+    from MXNet 1.9.1: the file starts with a comma)."""
+    from dprorun.trace.mxprofile import read_mx_profile
+
+    events = [{"name": "FullyConnected", "cat": "operator", "ph": ph, "ts": ts, "pid": 0, "tid": 7}
+              for ph, ts in (("B", 100), ("E", 160))]
+    path = tmp_path / "mx_profile.json"
+    path.write_text(",\n" + ",\n".join(json.dumps(e) for e in events) + '\n\n    ],\n    "displayTimeUnit": "ms"\n}\n')
+    ops = read_mx_profile(str(path))
+    assert [(op.name, op.start_us, op.end_us) for op in ops] == [("FullyConnected", 100.0, 160.0)]

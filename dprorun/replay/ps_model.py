@@ -66,12 +66,13 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
         raise TraceError(run_dir, "worker 0 recorded no iteration with kvstore keys: the hooks count "
                          "gluon.Trainer.step or Module.update calls on a dist kvstore, or else push/pull cycles of "
                          "a script that pushes by hand; this one made none on a dist kvstore")
-    notes: list[str] = _cut_notes(first)
+    notes: list[str] = _cut_notes(first) + _worker_warnings(workers)
     keys = _window_keys(tracker["keys"], int(tracker.get("window_iterations") or 0), notes)
     ops, window, clean = _read_workers(run_dir, workers, cleans, keys, notes)
     if not ops:
+        said = "".join(f"; {note}" for note in _worker_warnings(workers))
         raise UnanswerableError(f"{run_dir}: no worker has a complete profiled iteration in {MX_PROFILE_FILE} "
-                                "(give --kineto-iters 3 or more, and --warmup 1 or more)")
+                                f"(give --kineto-iters 3 or more, and --warmup 1 or more){said}")
     server_docs = read_server_docs(run_dir)  # read once: updates, hosts, probes
     update_fit, copy_fit, add_fit = _server_costs(run_dir, workers, server_docs, tracker, notes)
     calibration = _calibration(workers)
@@ -163,6 +164,19 @@ def _push_ratio(compression: Optional[str], notes: list[str]) -> float:
     return ratio
 
 
+def _worker_warnings(workers: dict[int, dict]) -> list[str]:
+    """What the hooks warned of on the workers (each text's first line once, with the workers that said it), but
+    for what the model says itself (a model switch's cut: _cut_notes; a failed calibration)."""
+    said: dict[str, list[int]] = {}
+    for r, events in sorted(workers.items()):
+        for warning in events.get("warnings", []):
+            line = str(warning).splitlines()[0] if warning else ""
+            if line and not line.startswith((PRIMARY_REPLACED, "kvstore calibration failed")):
+                said.setdefault(line, []).append(r)
+    return [f"worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {line}"
+            for line, ranks in said.items()]
+
+
 def _cut_notes(events: dict) -> list[str]:
     """The hooks' warning where worker 0's profiling ended early (the script went on to train another model or
     another set of parameters): the figures rest on the iterations before it."""
@@ -194,7 +208,7 @@ def _read_workers(run_dir: str, workers: dict, cleans: dict[int, dict], keys: li
                   notes: list[str]) -> tuple[dict[int, WorkerOps], list[float], list[float]]:
     """(each worker's profiled iteration, the window's unprofiled iterations, the clean ones) of every worker;
     what could not be read said in `notes`."""
-    ops, window, clean = {}, [], []
+    ops = {}
     for r, events in workers.items():
         profile = os.path.join(rank_dir(run_dir, r), MX_PROFILE_FILE)
         if os.path.exists(profile):
@@ -209,8 +223,18 @@ def _read_workers(run_dir: str, workers: dict, cleans: dict[int, dict], keys: li
             else:
                 notes.append(f"worker {r}: no complete profiled iteration in {profile}; the other workers' stand "
                              "in for it")
-        window += _unprofiled_window(events)
-        clean += _clean_iterations(cleans.get(r), events)
+    # iterations under the script's own profiler (runtime/script_profiler.py) on any worker: left out where others
+    # remain (as the reader does for the other frameworks)
+    marked = set().union(*(set(events.get("script_profiler_iterations", []))
+                           | set((cleans.get(r) or {}).get("script_profiler_iterations", []))
+                           for r, events in workers.items()))
+    window_all = [t for e in workers.values() for t in _unprofiled_window(e, set())]
+    clean_all = [t for r, e in workers.items() for t in _clean_iterations(cleans.get(r), e, set())]
+    window = [t for e in workers.values() for t in _unprofiled_window(e, marked)] or window_all
+    clean = [t for r, e in workers.items() for t in _clean_iterations(cleans.get(r), e, marked)] or clean_all
+    if len(window) < len(window_all) or len(clean) < len(clean_all):
+        notes.append(f"iterations {', '.join(map(str, sorted(marked)))} ran (in part) under the script's own "
+                     "profiler: left out of the window's and the clean iterations' statistics")
     return ops, window, clean
 
 
@@ -283,24 +307,25 @@ def _profiled_iteration(groups: list[list[MXOp]], j: int, compute: list[MXOp]) -
             "lead": body[0].start_us - copies_end, "period": following[0].start_us - body[0].start_us}
 
 
-def _unprofiled_window(events: dict) -> list[float]:
+def _unprofiled_window(events: dict, skip: set[int]) -> list[float]:
     """The window's iterations without the profiler: after the profiled ones and the one their dump disturbed,
-    before the end-of-window work."""
+    before the end-of-window work; none of `skip`."""
     window = events.get("window", {})
     warmup, active = int(window.get("warmup", 0)), int(window.get("active", 0))
     profiled = window.get("kineto_iterations") or []
     starts = events.get("iteration_starts_us", [])
     first = (max(profiled) + 2) if profiled else warmup
-    disturbed = set(events.get("disturbed_iterations", []))
+    disturbed = set(events.get("disturbed_iterations", [])) | skip
     last = min(warmup + active - 1, len(starts) - 1, _cut_at(events) or len(starts))
     return [starts[i + 1] - starts[i] for i in range(first, last) if i not in disturbed]
 
 
-def _clean_iterations(clean: Optional[dict], events: dict) -> list[float]:
-    """A worker's clean iterations (µs) from its clean.json (None: it wrote none), before any cut (_cut_at)."""
+def _clean_iterations(clean: Optional[dict], events: dict, skip: set[int]) -> list[float]:
+    """A worker's clean iterations (µs) from its clean.json (None: it wrote none), before any cut (_cut_at); none
+    of `skip`."""
     starts = (clean or {}).get("iteration_starts_us", [])
     first = int((clean or {}).get("first_iteration", 0))
-    disturbed, cut = set(events.get("disturbed_iterations", [])), _cut_at(events)
+    disturbed, cut = set(events.get("disturbed_iterations", [])) | skip, _cut_at(events)
     # the first is iteration W+K, inside which the end-of-window work (calibration, files) ran: not clean
     return [starts[j + 1] - starts[j] for j in range(1, len(starts) - 1)
             if first + j not in disturbed and (cut is None or first + j < cut)]

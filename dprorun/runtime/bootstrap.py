@@ -151,11 +151,13 @@ def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[st
 def _script_watches(sess) -> dict[str, Callable[[], None]]:
     """torch.distributed use outside the supported wrappers, counted in sess.script_use (runtime/watch.py)."""
     from dprorun.runtime import watch
+    from dprorun.runtime.script_profiler import watch_torch
 
     use = sess.script_use
     return {"torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn",
                                                               watch.watch_spawns, use),
             "torch.distributed": lambda: sess.guard("watching torch.distributed", watch.watch_torch_distributed, use),
+            "torch.autograd.profiler": lambda: sess.guard("watching the script's profiler", watch_torch, sess),
             **{name: functools.partial(sess.guard, "watching FSDP", watch.watch_fsdp, use, name)
                for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")}}
 

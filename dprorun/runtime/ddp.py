@@ -223,7 +223,7 @@ class DDPTracker:
             tensor.register_hook(on_output_grad)
 
     # ---- window ------------------------------------------------------------------------------------------
-    def window_started(self) -> None:
+    def detail_tier_started(self) -> None:
         session, ddp = self.session, self.ddp
         if ddp is None:
             return  # a module the script no longer holds

@@ -41,7 +41,7 @@ class HorovodTracker:
         return {"ddp": 0, "framework": "horovod", "user_comm_hook": False, "builtin_comm_hook": False,
                 "timed_buckets": True, "backend": "horovod"}
 
-    def window_started(self) -> None:
+    def detail_tier_started(self) -> None:
         self.timeline.start()
 
     def window_stopped(self) -> None:
@@ -68,7 +68,7 @@ class HorovodTracker:
             self.first_ready = now
         self.last_ready = now
         index = self.index.setdefault(name, len(self.index))
-        if session.iteration < session.cfg.warmup + session.cfg.kineto_iters:
+        if session.iteration < session.kineto_start_iteration + session.cfg.kineto_iters:
             session.records.grad_ready.append((session.iteration, name, now))
         key = (0, index)
         if key not in session.records.buckets:

@@ -20,6 +20,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from dprorun.runtime.horovod_timeline import WindowTimeline
+from dprorun.runtime.script_profiler import watch_tf
 from dprorun.runtime.tf import TFTracker, names_and_bytes, patch_step_functions
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ def patch_horovod_tensorflow(session: "RankSession") -> HorovodTFTracker:
     tracker = HorovodTFTracker(session)
     session.profiler_backend = tracker
     session.framework = "tf"
+    session.guard("watching the script's profiler", watch_tf, session)
     allreduce = hvd_tf._allreduce
     grouped = hvd_tf._grouped_allreduce
 

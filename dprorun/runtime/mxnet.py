@@ -36,6 +36,7 @@ from dprorun.fsutil import make_private_dir
 from dprorun.layout import MX_LAUNCH_INDEX_FILE, MX_PROFILE_FILE, PS_CALIBRATION_KEY_BASE as CALIBRATION_KEY_BASE, \
     SERVER_FILE, SERVER_SCHEMA, server_dir
 from dprorun.runtime.cpubudget import cgroup_quota_cores, process_cpu_s
+from dprorun.runtime.script_profiler import ProfilerBusy, watch_mxnet
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
@@ -228,9 +229,18 @@ class MXTracker:
     def start_profiler(self) -> None:
         import mxnet as mx
 
+        if self.session.script_profiler.on:
+            raise ProfilerBusy(self.session.script_profiler.name)
         os.makedirs(self.session.rank_dir, exist_ok=True)
-        mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_memory=False,
-                               profile_api=False, aggregate_stats=False, filename=self.profile_path)
+        try:
+            mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_memory=False,
+                                   profile_api=False, aggregate_stats=False, filename=self.profile_path)
+        except mx.base.MXNetError as exc:
+            # the script's own profiler ran and dumped with finished=True: MXNet then refuses to restart its
+            # periodic dump thread, after it took the configuration (the file name included); the dump that
+            # follows has no header (the reader, trace/mxprofile.py, adds it)
+            if "auto_remove_" not in str(exc):
+                raise
         mx.profiler.set_state("run")
         self.profiling = True
 
@@ -256,7 +266,7 @@ class MXTracker:
     def stop_param_hooks(self) -> None:
         return None
 
-    def window_started(self) -> None:
+    def detail_tier_started(self) -> None:
         return None
 
     def window_stopped(self) -> None:
@@ -271,6 +281,7 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
     tracker = MXTracker(session)
     session.profiler_backend = tracker
     session.framework = "mxnet"
+    session.guard("watching the script's profiler", watch_mxnet, session)
     kv_class = kvstore_module.KVStore
     original_init = kv_class.__init__
 

@@ -34,9 +34,11 @@ def events_document(session: RankSession) -> dict:
                    "end_us": session.window_end_us,
                    # the iteration where the script's switch to another model ended the window or the clean ones
                    "cut_at": session.profiling_cut_at,
-                   "kineto": cfg.kineto and cfg.kineto_iters > 0, "record_shapes": cfg.record_shapes,
-                   "kineto_iterations": list(range(cfg.warmup, session.kineto_end_iteration))},
+                   "kineto": cfg.kineto and cfg.kineto_iters > 0 and not session.script_profiler.refused_ours,
+                   "record_shapes": cfg.record_shapes,
+                   "kineto_iterations": list(range(session.kineto_start_iteration, session.kineto_end_iteration))},
         "disturbed_iterations": session.records.disturbed_iterations,
+        "script_profiler_iterations": session.records.script_profiler_iterations,
         "clock": {"source": "time.time_ns", "wall_start_us": session.wall_start_us,
                   "monotonic_start_ns": session.monotonic_at_start_ns,
                   # the test knob's shift of every hook timestamp; a profiler file that keeps the process's own
@@ -87,6 +89,7 @@ def clean_document(session: RankSession, rank: Optional[int] = None, starts: Opt
     if starts is None:  # this rank's own document: its CPU seconds at those starts and its host's quota counters
         doc["iteration_cpu_s"] = session.records.iteration_cpu_s[first:first + session.cfg.clean + 1]
         doc["host_cpu_stat"] = session.records.host_cpu_stat
+        doc["script_profiler_iterations"] = session.records.script_profiler_iterations
     return doc
 
 

@@ -27,8 +27,13 @@ class RankRecords:
     calibration_under_compute: list[list[float]] = field(default_factory=list)  # the same while compute runs
     cpu_budget: dict = field(default_factory=dict)  # runtime/cpubudget.py, at the end of the window
     disturbed_iterations: list[int] = field(default_factory=list)  # paused by dprorun's own work
+    script_profiler_iterations: list[int] = field(default_factory=list)  # run (in part) under the script's profiler
     files_written: list[str] = field(default_factory=list)  # this rank's files in the run directory
     warnings: list[str] = field(default_factory=list)  # what went wrong or was left out, said in the summary
+
+    def mark_script_profiled(self, iteration: int) -> None:
+        if iteration >= 0 and iteration not in self.script_profiler_iterations[-1:]:
+            self.script_profiler_iterations.append(iteration)
 
     def add_iteration_start(self, now_us: float, cpu_s: float) -> None:
         if len(self.iteration_starts) < MAX_ITERATION_TIMESTAMPS:

@@ -37,6 +37,7 @@ from dprorun.layout import CLEAN_FILE, PRIMARY_REPLACED, rank_dir
 from dprorun.runtime import rank_files
 from dprorun.runtime.cpubudget import cgroup_cpu_stat, process_cpu_s
 from dprorun.runtime.records import RankRecords
+from dprorun.runtime.script_profiler import ProfilerBusy, ScriptProfilerState, busy_message
 from dprorun.runtime.log import warn
 from dprorun.runtime.watch import ScriptUse, nothing_to_profile
 
@@ -62,6 +63,7 @@ class RankSession:
         self.optimizers: list[weakref.ref] = []  # those stepped in the window, held weakly (a script frees them)
         self.script_use = ScriptUse()  # torch.distributed use outside the supported wrappers (runtime/watch.py)
         self.profiler = None  # the profiler backend while it records, else None
+        self.script_profiler = ScriptProfilerState()  # the script's own profiler (runtime/script_profiler.py)
         # start_profiler() / stop_profiler(write) / step(): torch.profiler (runtime/torch_profiler.py) by default;
         # TensorFlow's and MXNet's hooks set their own (runtime/tf.py, runtime/mxnet.py)
         self.profiler_backend: Optional[Any] = None
@@ -75,7 +77,9 @@ class RankSession:
         self.window_start_us: Optional[float] = None
         self.window_end_us: Optional[float] = None
         self.window_stopped = False
+        self.kineto_start_iteration = cfg.warmup  # where the profiler started: W, or later (script_profiler.py)
         self.kineto_end_iteration = -1  # first iteration after the profiler stopped (-1: it never ran)
+        self.profiler_waiting = False  # due, but the script's own profiler was on: started once that stops
         self.gathered_hosts: list[str] = []  # every rank's host, as the gather saw them
         self.window_group = None  # the gloo group of the end-of-window work, kept for the clean exchange
         self.remote_ranks: list[int] = []  # rank 0: ranks whose files came over the network (other disks)
@@ -106,7 +110,7 @@ class RankSession:
             self.disabled = True
             self.records.warnings.append(reason)
             try:
-                warn(f"profiling disabled, training continues: {reason}")
+                warn(f"profiling disabled, training continues: {reason}", self.rank)
                 self._stop_window(write=True)
             except Exception as exc:  # e.g. the disk is full: the trace is lost, the training is not
                 self.records.warnings.append(f"the trace could not be kept: {type(exc).__name__}: {exc}")
@@ -116,7 +120,8 @@ class RankSession:
         try:
             return fn(*args)
         except Exception as exc:
-            self.disable(f"{what} failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+            self.disable(f"{what} failed: {type(exc).__name__}: {exception_text(exc)}\n"
+                         f"{traceback.format_exc(limit=3)}")
             return None
 
     # ---- iteration boundaries ----------------------------------------------------------------------------
@@ -125,6 +130,8 @@ class RankSession:
         self._close_mark("update", now)
         self.iteration += 1
         self.records.add_iteration_start(now, process_cpu_s())
+        if self.script_profiler.on:
+            self.records.mark_script_profiled(self.iteration)
         if self.disabled or self.phase == "done":
             return
         if self.profiler is not None:
@@ -140,13 +147,8 @@ class RankSession:
         elif self.iteration == cfg.warmup + cfg.active and self.phase == "active":
             self.records.disturbed_iterations.append(self.iteration)
             self._close_window_and_gather()
-        elif self.phase == "active" and self.iteration == cfg.warmup + cfg.kineto_iters:
-            # end of the detailed tier: profiler and per-parameter hooks off, the cheap hooks stay
-            for tracker in self.trackers:
-                tracker.stop_param_hooks()
-            if self.profiler is not None:
-                self.records.disturbed_iterations.append(self.iteration)
-                self.guard("stopping the profiler", self._stop_profiler, True)
+        elif self.phase == "active":
+            self._detail_tier_step()
         if self.iteration == cfg.warmup + cfg.active + cfg.clean and self.phase == "clean":
             self.guard("writing the clean iterations", self._finish_clean, True)
             if cfg.dry_run and self.framework == "mxnet":
@@ -160,6 +162,21 @@ class RankSession:
                 print(f"[dprorun] dry run: rank {self.rank} stops after the profiling window", file=sys.stderr,
                       flush=True)
                 raise SystemExit(0)
+
+    def _detail_tier_step(self) -> None:
+        """Inside the window: the detailed tier ends P iterations after it started (at W, or later where the
+        script's own profiler held it back: then at the first iteration after the script's stopped that leaves P of
+        them before the window's end); the cheap hooks stay."""
+        cfg = self.cfg
+        if self.iteration == self.kineto_start_iteration + cfg.kineto_iters and not self.profiler_waiting:
+            for tracker in self.trackers:
+                tracker.stop_param_hooks()
+            if self.profiler is not None:
+                self.records.disturbed_iterations.append(self.iteration)
+                self.guard("stopping the profiler", self._stop_profiler, True)
+        elif self.profiler_waiting and not self.script_profiler.on and \
+                self.iteration + cfg.kineto_iters < cfg.warmup + cfg.active:
+            self.guard("starting the detailed tier", self._start_detail_tier)
 
     def _close_window_and_gather(self) -> None:
         """End of the active iterations: window closed, then the end-of-window work; the clean ones follow."""
@@ -235,22 +252,73 @@ class RankSession:
             profiler = {"tf": "the TensorFlow profiler", "mxnet": "mx.profiler"}.get(self.framework, "torch.profiler")
             print(f"[dprorun] profiling iterations {cfg.warmup}-{cfg.warmup + cfg.active - 1} ({profiler} in the "
                   f"first {cfg.kineto_iters if cfg.kineto else 0})", file=sys.stderr, flush=True)
-        for tracker in self.trackers:
-            tracker.window_started()
         if self.framework == "torch":
             self._register_optimizer_hooks()
-        if self.cfg.kineto and self.cfg.kineto_iters > 0:
-            self._start_profiler()
+        self._start_detail_tier()
 
-    def _start_profiler(self) -> None:
+    def _start_detail_tier(self) -> None:
+        """The detailed tier from this iteration on, for P of them: the profiler, the per-parameter hooks and the
+        module scopes; held back while the script's own profiler is on (_detail_tier_step tries again)."""
+        if self.cfg.kineto and self.cfg.kineto_iters > 0 and not self._start_profiler():
+            return
+        self.kineto_start_iteration = self.iteration
+        for tracker in self.trackers:
+            tracker.detail_tier_started()
+
+    def _start_profiler(self) -> bool:
         """The framework's profiler over the window's first --kineto-iters iterations: torch.profiler
         (runtime/torch_profiler.py) unless the framework's hooks set their own (TensorFlow's, MXNet's)."""
         if self.profiler_backend is None:
             from dprorun.runtime.torch_profiler import TorchProfiler
 
             self.profiler_backend = TorchProfiler(self)
-        self.profiler_backend.start_profiler()
+        try:
+            with self.script_profiler.own_calls():
+                self.profiler_backend.start_profiler()
+        except ProfilerBusy:  # tried again once the script's stops (_detail_tier_step)
+            self.profiler_waiting = True
+            return False
+        if self.profiler_waiting:
+            self._note(f"the script's own {self.script_profiler.name} was on when dprorun's profiler was due "
+                       f"(iteration {self.cfg.warmup}): dprorun's ran from iteration {self.iteration}, after the "
+                       "script's stopped")
+        self.profiler_waiting = False
         self.profiler = self.profiler_backend
+        return True
+
+    def _note(self, message: str) -> None:
+        """A warning for the summary, said on this rank's output too."""
+        self.records.warnings.append(message)
+        warn(message, self.rank)
+
+    # ---- the script's own profiler (runtime/script_profiler.py) -------------------------------------------
+    def script_profiler_started(self) -> None:
+        """The script turned its own profiler on: dprorun's stops first if it records (keeping the iterations it
+        profiled in full); this iteration and those up to its stop are marked as run under the script's."""
+        self.records.mark_script_profiled(self.iteration)
+        self._yield_profiler("started its own")
+
+    def script_profiler_configured(self) -> None:
+        """The script configured its own profiler (mx.profiler.set_config: the process's one configuration)."""
+        self._yield_profiler("configured its own")
+
+    def script_profiler_stopped(self) -> None:
+        self.records.mark_script_profiled(self.iteration)
+
+    def _yield_profiler(self, what: str) -> None:
+        if self.profiler is None or self.disabled:
+            return
+        kept = self.iteration - self.kineto_start_iteration  # iterations that ran under dprorun's in full
+        self.guard("stopping the profiler", self._stop_profiler, kept > 0)
+        if kept:
+            plural = "s" if kept > 1 else ""
+            self._note(f"the script {what} {self.script_profiler.name} at iteration {self.iteration}, while "
+                       f"dprorun's recorded: dprorun's stopped there ({kept} profiled iteration{plural} kept)")
+        else:  # nothing profiled yet: the detailed tier starts again once the script's stops, if the window has room
+            for tracker in self.trackers:
+                tracker.stop_param_hooks()
+            self.profiler_waiting = True
+            self.kineto_end_iteration = -1
 
     def _register_optimizer_hooks(self) -> None:
         """The update span: optimizer.step's pre-hook to its post-hook. A step given a closure (Lightning's
@@ -295,6 +363,10 @@ class RankSession:
         self.window_hooks.clear()
         for tracker in self.trackers:
             tracker.window_stopped()
+        if self.profiler_waiting:  # the script's own profiler held dprorun's back for the whole window
+            self.profiler_waiting = False
+            self.script_profiler.refused_ours = True
+            self._note(busy_message(self.script_profiler.name))
         rank_files.record_memory(self)
         self._stop_profiler(write)
         if write:
@@ -304,7 +376,8 @@ class RankSession:
         profiler, self.profiler = self.profiler, None
         if profiler is not None:
             self.kineto_end_iteration = self.iteration
-            profiler.stop_profiler(write)
+            with self.script_profiler.own_calls():
+                profiler.stop_profiler(write)
 
     # ---- files -------------------------------------------------------------------------------------------
     def write_events(self) -> None:
@@ -353,9 +426,9 @@ class RankSession:
         if os.getpid() != self.pid:
             return
         if not self.trackers and self.rank == 0 and not self.disabled:
-            warn(nothing_to_profile(self.script_use))
+            warn(nothing_to_profile(self.script_use), self.rank)
         elif self.iteration < 0 and self.rank == 0 and not self.disabled:
-            warn(no_step_seen(self.trackers))
+            warn(no_step_seen(self.trackers), self.rank)
         if self.phase == "active" or (self.disabled and self.profiler is not None):
             self._stop_window(write=True)
             self.phase = "clean"
@@ -372,9 +445,17 @@ class RankSession:
             if self.phase == "clean":
                 self._finish_clean(exchange=False)
         except Exception as exc:
-            warn(f"could not write the trace at exit: {exc}")
+            warn(f"could not write the trace at exit: {exc}", self.rank)
         if self.sampler is not None:
             self.sampler.stop()
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception's message on one line: MXNet's errors carry the C++ traceback first and the cause last."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Traceback"):
+        return lines[-1]
+    return str(exc)
 
 
 def no_step_seen(trackers: list) -> str:

@@ -22,6 +22,7 @@ import threading
 from typing import TYPE_CHECKING, Optional
 
 from dprorun.layout import TF_PROFILER_STOP_MARK, XPLANE_FILE
+from dprorun.runtime.script_profiler import ProfilerBusy, tf_busy, watch_tf
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
@@ -134,6 +135,8 @@ class TFTracker:
     def start_profiler(self) -> None:
         import tensorflow as tf
 
+        if tf_busy(self.session.script_profiler):
+            raise ProfilerBusy(self.session.script_profiler.name)
         shutil.rmtree(self.profiler_dir, ignore_errors=True)
         os.makedirs(self.profiler_dir, exist_ok=True)
         tf.profiler.experimental.start(self.profiler_dir)
@@ -181,7 +184,7 @@ class TFTracker:
     def stop_param_hooks(self) -> None:  # the session's end of the detailed tier (nothing per parameter here)
         return None
 
-    def window_started(self) -> None:
+    def detail_tier_started(self) -> None:
         return None
 
     def window_stopped(self) -> None:
@@ -216,6 +219,7 @@ def patch_tensorflow(session: "RankSession") -> TFTracker:
     tracker = TFTracker(session)
     session.profiler_backend = tracker
     session.framework = "tf"
+    session.guard("watching the script's profiler", watch_tf, session)
     strategy_run = distribute_lib.StrategyBase.run
     batch_all_reduce = cross_device_utils.CollectiveReplicaLauncher.batch_all_reduce
 

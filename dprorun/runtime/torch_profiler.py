@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from dprorun.fsutil import free_mb, make_private_dir
 from dprorun.layout import KINETO_FILE
 from dprorun.runtime.log import warn
+from dprorun.runtime.script_profiler import ProfilerBusy, torch_busy
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
@@ -32,6 +33,8 @@ class TorchProfiler:
             activities.append(ProfilerActivity.CUDA)
         if session.cfg.test_fault == "profiler":
             raise RuntimeError("injected profiler failure (DPRO_TEST_FAULT=profiler)")
+        if torch_busy(session.script_profiler):
+            raise ProfilerBusy(session.script_profiler.name)
         self.profile = profile(activities=activities, record_shapes=session.cfg.record_shapes, profile_memory=False,
                                with_stack=False, schedule=lambda step: ProfilerAction.RECORD)
         self.profile.step_num = session.iteration

@@ -54,6 +54,8 @@ def read_mx_profile_checked(path: str) -> tuple[list[MXOp], bool]:
     except OSError as exc:
         raise TraceError(path, f"not a readable mx.profiler dump ({type(exc).__name__}: {exc})") from None
     unfinished = False
+    if text.lstrip().startswith(","):  # a dump after the script's own finished one: MXNet writes no header then
+        text = '{"traceEvents": [' + text.lstrip()[1:]
     try:
         doc = json.loads(text)
     except ValueError as exc:

@@ -77,7 +77,8 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
                   "clean_status": doc.get("clean_status", "missing"),
                   "window": window, "phase": doc.get("phase"), "disabled": doc.get("disabled", False),
                   "trackers": doc.get("trackers", []), "versions": doc.get("versions", {}),
-                  "comm_unfinished": doc.get("comm_unfinished", 0), "pid": doc.get("pid")}
+                  "comm_unfinished": doc.get("comm_unfinished", 0), "pid": doc.get("pid"),
+                  "script_profiler_iterations": sorted({int(i) for i in doc.get("script_profiler_iterations", [])})}
     trace.clock = dict(doc.get("clock") or {})
     trace.memory = dict(doc.get("memory") or {})
     trace.warnings = list(doc.get("warnings") or [])
@@ -500,6 +501,8 @@ def _merge_clean_starts(doc: dict, path: str) -> None:
     except (TypeError, ValueError):
         raise TraceError(path, "non-numeric timestamp in a record") from None
     own = [float(x) for x in doc["iteration_starts_us"]]
+    doc["script_profiler_iterations"] = sorted(set(doc.get("script_profiler_iterations", []))
+                                               | set(clean.get("script_profiler_iterations", [])))
     if starts and begin <= len(own):
         doc["iteration_starts_us"] = own[:begin] + starts
     doc["clean_status"] = "complete" if clean.get("complete") else "cut short (the job ended inside them)" if \
@@ -621,7 +624,56 @@ def load_run(run_dir: str, strict: bool = False, detail_ranks: Optional[set[int]
             raise TraceError(run_dir, run.problems[-1])
     if not run.ranks:
         raise TraceError(run_dir, "no rank recorded a trace (rank_<r>/events.json missing for every rank)")
+    _set_aside_script_profiled(run)
     return run
+
+
+def _set_aside_script_profiled(run: RunTrace) -> None:
+    """Iterations that ran under the script's own profiler on any rank (runtime/script_profiler.py: the ranks
+    wait for each other, so every rank's were slower) leave the window's and the clean iterations' statistics
+    where others remain; where none remain they stay, and the run says its figures are of the job under it."""
+    marked = set().union(*(trace.meta.get("script_profiler_iterations", []) for trace in run.ranks.values()))
+    touched, stayed = set(), set()  # "window" / "clean": the sets that had marked iterations, that kept them
+    for trace in run.ranks.values():
+        window = [i for i in trace.profiled_iterations if i not in marked]
+        clean = [i for i in trace.meta.get("clean_iterations", []) if i not in marked]
+        for name, before, after in (("window", trace.profiled_iterations, window),
+                                    ("clean", trace.meta.get("clean_iterations", []), clean)):
+            if len(after) < len(before):
+                touched.add(name)
+                if not after:
+                    stayed.add(name)
+        if window:
+            trace.profiled_iterations = window
+            trace.meta["kineto_iterations"] = [i for i in trace.meta.get("kineto_iterations", []) if i not in marked]
+            trace.ops = [op for op in trace.ops if op.iteration not in marked]
+            trace.grad_ready = [row for row in trace.grad_ready if row[0] not in marked]
+        if clean:
+            trace.meta["clean_iterations"] = clean
+    if not touched:
+        return
+    label = {"window": "the profiled window's", "clean": "the clean"}
+    text = f"iterations {_ranges(sorted(marked))} ran (in part) under the script's own profiler"
+    left = [label[name] for name in ("window", "clean") if name in touched - stayed]
+    clauses = [f"left out of {' and '.join(left)} iterations' statistics"] if left else []
+    kept = [label[name] for name in ("window", "clean") if name in stayed]
+    if kept:
+        clauses.append(f"every one of {' and '.join(kept)} iterations did: they stay, and the figures from them are "
+                       "of the job under that profiler")
+    text += ": " + "; ".join(clauses)
+    run.problems.append(text)
+
+
+def _ranges(values: list[int]) -> str:
+    """[2, 3, 4, 7] -> "2-4, 7"."""
+    parts, start = [], None
+    for i, value in enumerate(values):
+        if start is None:
+            start = value
+        if i + 1 == len(values) or values[i + 1] != value + 1:
+            parts.append(str(start) if start == value else f"{start}-{value}")
+            start = None
+    return ", ".join(parts)
 
 
 def _map_ranks(tasks: list[tuple[str, int, bool]], workers: Optional[int]) -> list[RankTrace]:
