@@ -3,9 +3,12 @@ torch.profiler session takes the first one's events (the script's got none) and 
 SIGSEGV; TensorFlow refuses a second (AlreadyExistsError: dprorun's window was disabled, or the script raised);
 mx.profiler has one configuration (the script's set_config sent dprorun's events to the script's file and
 dprorun's dump failed). The script's profiler comes first:
-  - on when dprorun's is due (the window's first iteration): dprorun's is not started (ProfilerBusy); the window
-    still records its phases, buckets and pushes, without the op-level profile (the session says so);
-  - started while dprorun's records: dprorun's stops first and keeps the iterations it profiled in full;
+  - on when dprorun's is due (the window's first iteration): dprorun's detailed tier (its profiler, per-parameter
+    hooks, module scopes) waits (ProfilerBusy) and starts at the first iteration after the script's stopped that
+    leaves --kineto-iters of them in the window; where none does, the window has no op-level profile (said) and
+    still records its phases, buckets and pushes;
+  - started while dprorun's records: dprorun's stops first and keeps the iterations it profiled in full (none: it
+    waits as above);
   - every iteration during which the script's profiler was on is listed (`script_profiler_iterations` in
     events.json and clean.json): the readers leave them out of the window's and the clean iterations' statistics
     where others remain (they ran under that profiler, slower).
@@ -35,7 +38,7 @@ class ScriptProfilerState:
 
     open: set[int] = field(default_factory=set)
     own_call: bool = False
-    refused_ours: bool = False  # dprorun's profiler was due while the script's was on: not started
+    refused_ours: bool = False  # the script's was on whenever dprorun's could have run in the window
     name: str = ""  # the script's profiler, as the messages name it
 
     @property
@@ -53,10 +56,10 @@ class ScriptProfilerState:
 
 
 def busy_message(name: str) -> str:
-    return (f"the script's own {name} was on when dprorun's profiler was due: a process runs one profiler at a time, "
-            "so dprorun left the script's alone and this window has no op-level profile (its phases and "
-            "communication are recorded); run dprorun with a --warmup that places the window outside the script's "
-            "profiled steps for one")
+    return (f"the script's own {name} was on whenever dprorun's profiler could have run in the window: a process "
+            "runs one profiler at a time, so dprorun left the script's alone and this window has no op-level profile "
+            "(its phases and communication are recorded); run dprorun with a --warmup that places the window "
+            "outside the script's profiled steps for one")
 
 
 def _wrap(session: "RankSession", owner: Any, attribute: str, before: Callable[..., None]) -> None:

@@ -266,8 +266,9 @@ class RankSession:
             tracker.detail_tier_started()
 
     def _start_profiler(self) -> bool:
-        """The framework's profiler over the window's first --kineto-iters iterations: torch.profiler
-        (runtime/torch_profiler.py) unless the framework's hooks set their own (TensorFlow's, MXNet's)."""
+        """The framework's profiler for the detailed tier's --kineto-iters iterations: torch.profiler
+        (runtime/torch_profiler.py) unless the framework's hooks set their own (TensorFlow's, MXNet's). False where
+        the script's own profiler is on (ProfilerBusy): dprorun's is then due again once the script's stops."""
         if self.profiler_backend is None:
             from dprorun.runtime.torch_profiler import TorchProfiler
 
@@ -451,7 +452,8 @@ class RankSession:
 
 
 def exception_text(exc: BaseException) -> str:
-    """An exception's message on one line: MXNet's errors carry the C++ traceback first and the cause last."""
+    """An exception's message; for MXNet's errors, which carry the C++ traceback first and the cause last, the
+    cause."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].startswith("Traceback"):
         return lines[-1]
