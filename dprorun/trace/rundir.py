@@ -551,8 +551,9 @@ def load_rank(folder: str, expected_rank: Optional[int] = None, detail: bool = T
         trace.meta["compute_variants"] = variants["variants"]
         trace.meta["compute_variants_device"] = variants.get("device")
     if kineto is None and tf_profile is None and doc["window"].get("kineto"):
-        trace.warnings.append("no profiler trace (kineto_trace.json) for this rank: op-level compute and "
-                              "transmission spans are missing")
+        tf = any(t.get("framework") == "tf" for t in doc.get("trackers", []) if isinstance(t, dict))
+        trace.warnings.append(f"no profiler trace ({XPLANE_FILE if tf else KINETO_FILE}) for this rank: op-level "
+                              "compute and transmission spans are missing")
     return trace
 
 
