@@ -1185,3 +1185,25 @@ def test_a_script_that_runs_its_own_mx_profiler_keeps_its_file_and_dprorun_profi
            "dprorun's ran from iteration 5" in proc.stdout
     model = build_ps_model(str(run_dir))
     assert all(w.profiled_iterations >= 2 for w in model.worker_ops.values())
+
+
+def test_push_pulls_that_overlap_the_next_forward_are_warned_of():
+    """A script that alternates heads (ignore_stale_grad): one key's push/pull of each step ran into the next
+    step's forward, so the profile's push/pulls merged into groups of 33, 1 and 30 for 8 keys (MXNet 1.9.1,
+    benchmarks' probe) and the iteration read from it was one op long. The regular profile gets no warning."""
+    from dprorun.replay.ps_model import irregular_phases
+    from dprorun.trace.mxprofile import MXOp
+
+    def iteration(t0, straggler, lasting):  # forward, backward, key 0's push/pull; key 1's from `straggler` on
+        return [MXOp("FullyConnected", "cpu/0", t0, t0 + 1000), MXOp("_backward_FC", "cpu/0", t0 + 1000, t0 + 2000),
+                MXOp("KVStoreDistDefaultStoragePushPull", "cpu/0", t0 + 2010, t0 + 4000),
+                MXOp("KVStoreDistDefaultStoragePushPull", "cpu/0", t0 + straggler, t0 + straggler + lasting)]
+
+    keys = [PSKey(0, 40_000, 10_000, 0), PSKey(1, 40_000, 10_000, -1)]
+    regular = sorted((op for k in range(6) for op in iteration(k * 6000, 2020, 3000)), key=lambda op: op.start_us)
+    assert irregular_phases(0, regular, keys) == []
+    # key 1's push/pull starts after the next forward started and lasts into the next one's: one chain
+    overlapped = sorted((op for k in range(6) for op in iteration(k * 6000, 6500, 6200)), key=lambda op: op.start_us)
+    [warning] = irregular_phases(0, overlapped, keys)
+    assert warning.startswith("warning: worker 0's profile: its 12 push/pulls fall into groups of") and \
+        "where an iteration has 2" in warning

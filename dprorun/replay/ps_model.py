@@ -68,9 +68,10 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
                          "a script that pushes by hand; this one made none on a dist kvstore")
     notes: list[str] = _cut_notes(first) + _worker_warnings(workers)
     keys = _window_keys(tracker["keys"], int(tracker.get("window_iterations") or 0), notes)
+    read_from = len(notes)
     ops, window, clean = _read_workers(run_dir, workers, cleans, keys, notes)
-    if not ops:
-        said = "".join(f"; {note}" for note in _worker_warnings(workers))
+    if not ops:  # what the workers warned of and what reading their profiles met
+        said = "".join(f"; {note}" for note in _worker_warnings(workers) + notes[read_from:])
         raise UnanswerableError(f"{run_dir}: no worker has a complete profiled iteration in {MX_PROFILE_FILE} "
                                 f"(give --kineto-iters 3 or more, and --warmup 1 or more){said}")
     server_docs = read_server_docs(run_dir)  # read once: updates, hosts, probes
@@ -218,6 +219,7 @@ def _read_workers(run_dir: str, workers: dict, cleans: dict[int, dict], keys: li
                 notes.append(f"{profile}: the profiler's dump was never finished (its worker was stopped, or left "
                              "after its script raised): read to its last complete event")
             measured = worker_ops_from_profile(r, profiled, keys)
+            notes += irregular_phases(r, profiled, keys)
             if measured is not None:
                 ops[r] = measured
             else:
@@ -236,6 +238,27 @@ def _read_workers(run_dir: str, workers: dict, cleans: dict[int, dict], keys: li
         notes.append(f"iterations {', '.join(map(str, sorted(marked)))} ran (in part) under the script's own "
                      "profiler: left out of the window's and the clean iterations' statistics")
     return ops, window, clean
+
+
+def irregular_phases(rank: int, ops: list[MXOp], keys: list[PSKey]) -> list[str]:
+    """A warning where a worker's push/pulls do not fall into one group per iteration (comm_phases): the groups
+    between the profile's first and last differ in size, or far fewer groups than the keys' push/pulls make. A
+    push/pull that overlaps the next iteration's forward does that (a key the next forward does not read: a head
+    the step did not use, in a script that alternates heads), and the iteration read from the profile is then
+    uncertain."""
+    comm = [op for op in ops if op.is_kvstore]
+    groups = comm_phases(comm, ops)
+    sizes = [len(g) for g in groups]
+    inner = sizes[1:-1] or sizes
+    per_iteration = (2 if any(op.name.endswith("Push") for op in comm) else 1) * max(1, len(keys))
+    common = max(inner.count(n) for n in set(inner)) if inner else 0
+    if not comm or (2 * common >= len(inner) and 2 * per_iteration * len(groups) >= len(comm)):
+        return []
+    shown = ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
+    return [f"warning: worker {rank}'s profile: its {len(comm)} push/pulls fall into groups of {shown} where an "
+            f"iteration has {per_iteration}: one overlapped the next iteration's forward (a key that forward does "
+            "not read, e.g. a head the step did not use), so the iteration read from the profile, and the figures "
+            "built on it, are uncertain"]
 
 
 def worker_ops_from_profile(rank: int, ops: list[MXOp], keys: list[PSKey]) -> Optional[WorkerOps]:
