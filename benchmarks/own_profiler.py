@@ -7,7 +7,7 @@ set_config / run / stop / dump), placed over dprorun's window start (iteration 5
 i + 1) or inside it. `--compare-with DIR` runs the same jobs with the dprorun of another checkout (e.g. a git
 worktree of an older commit), job by job.
 
-    python benchmarks/own_profiler.py [--jobs NAME,...] [--compare-with DIR]
+    python benchmarks/own_profiler.py [--jobs NAME,...] [--compare-with DIR] [--gpu]
 
 Last line: `jobs that ran with the script's profile kept: A of N; with dprorun's op-level profile too: B of N` (a job
 whose script profiles every step leaves dprorun no room for one: said in its summary).
@@ -59,13 +59,18 @@ def _script_profile_kept(out: str) -> str:
     return "yes"
 
 
-def run_job(checkout: str, name: str, run_dir: str) -> dict:
+def run_job(checkout: str, name: str, run_dir: str, gpu: bool = False) -> dict:
     options, example, arguments, _ = JOBS[name]
+    if gpu and name.startswith("ddp-"):  # 2 ranks share one GPU: gloo over CUDA tensors (NCCL refuses that)
+        arguments = [*arguments, "--backend", "gloo"]
     cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", run_dir, *options, "-np", "2", "python",
            os.path.join(EXAMPLES, example), *arguments]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=checkout, timeout=900,
-                         env=dict(os.environ, DPRO_REPORT="0", PYTHONPATH=checkout))
+                         env=dict(os.environ, DPRO_REPORT="0",
+                                  PYTHONPATH=os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")]))))
     text = out.stdout + out.stderr
+    if out.returncode != 0:  # the output's end says why (a crash's signal, a traceback)
+        print(f"{name} ({checkout}): exit {out.returncode}; output's end:\n{text[-1500:]}", file=sys.stderr, flush=True)
     kineto = []
     events = os.path.join(run_dir, "rank_0", "events.json")
     if os.path.exists(events):
@@ -86,6 +91,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default=",".join(JOBS))
     parser.add_argument("--compare-with", help="another checkout's root: its dprorun runs the same jobs")
+    parser.add_argument("--gpu", action="store_true", help="on a GPU machine: the DDP jobs' 2 ranks share GPU 0 "
+                        "over gloo, the script's profiler records CUDA kernels and dprorun's CUPTI")
     args = parser.parse_args()
     checkouts = [("this", REPO)] + ([("other", os.path.abspath(args.compare_with))] if args.compare_with else [])
     print("| job | dprorun | exit | script's profile kept | dprorun's op-level profile | job-end check | error |")
@@ -97,7 +104,7 @@ def main() -> None:
                 print(f"| {name} | - | - | - | - | skipped: {JOBS[name][3]} is not installed | |", flush=True)
                 continue
             for label, checkout in checkouts:
-                row = run_job(checkout, name, os.path.join(tmp, f"{name}-{label}"))
+                row = run_job(checkout, name, os.path.join(tmp, f"{name}-{label}"), args.gpu)
                 if label == "this":
                     total += 1
                     kept += row["exit"] == 0 and row["kept"] == "yes"

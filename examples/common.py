@@ -83,8 +83,9 @@ def make_optimizer(params, args: argparse.Namespace) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
 
 
-def start_own_profiler(spec: str, rank: int):
-    """--own-profiler FIRST,LAST[,RANKS]: torch.profiler over those steps, started here (None: not asked)."""
+def start_own_profiler(spec: str, rank: int, device: torch.device):
+    """--own-profiler FIRST,LAST[,RANKS]: torch.profiler over those steps, started here (None: not asked); on a GPU
+    it records CUDA kernels too, as a user's script does."""
     if not spec:
         return None
     first, last, *ranks = spec.split(",")
@@ -96,7 +97,8 @@ def start_own_profiler(spec: str, rank: int):
 
     folder = tempfile.mkdtemp(prefix="own_profiler_")
     warmup = 1 if int(first) > 0 else 0
-    profiler = profile(activities=[ProfilerActivity.CPU], on_trace_ready=tensorboard_trace_handler(folder),
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    profiler = profile(activities=activities, on_trace_ready=tensorboard_trace_handler(folder),
                        schedule=schedule(wait=int(first) - warmup, warmup=warmup, active=int(last) - int(first) + 1,
                                          repeat=1))
     profiler.start()
@@ -121,7 +123,7 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
     optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], args)
     generator = torch.Generator().manual_seed(args.seed + rank)
     step_times = []
-    own_profiler = start_own_profiler(args.own_profiler, rank)
+    own_profiler = start_own_profiler(args.own_profiler, rank, device)
     for step in range(args.steps):
         if step == args.fail_at_step and rank == args.fail_rank:
             if args.fail_mode == "sigkill":
