@@ -41,7 +41,8 @@ def test_two_hosts_gather_into_node0_and_dry_run_predicts_four(tmp_path):
             [sys.executable, "-m", "dprorun.cli", "--dry-run", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
              "--master-addr", "{master_addr}", "--master-port", "29640", "-np", "2", "--local-np", "1", "--json",
              "--warmup", "2", "--active", "6", "--clean", "2", "--run-dir", str(tmp_path / "node{node_rank}"),
-             "python", os.path.join(REPO, "examples", "mlp_many_layers.py"), "--steps", "20"], 240, env)
+             "python", os.path.join(REPO, "examples", "mlp_many_layers.py"), "--steps", "20",
+             "--own-profiler", "9,9,1"], 240, env)  # rank 1's script profiles its step 9 itself: a clean iteration
     assert [r.returncode for r in results] == [0, 0], results[0].stderr[-3000:] + results[1].stderr[-3000:]
     node0, node1 = tmp_path / "node0", tmp_path / "node1"
     # rank 1's files were sent over the network (the hosts share a hostname, so only the token test tells)
@@ -50,6 +51,15 @@ def test_two_hosts_gather_into_node0_and_dry_run_predicts_four(tmp_path):
     assert (node1 / "rank_1" / "events.json").is_file() and not (node1 / "rank_0").exists()
     import json
 
+    # rank 0 writes rank 1's clean.json from the exchange after the clean iterations: with the iterations rank 1 ran
+    # under its script's profiler (they leave the clean statistics), as rank 1's own file on node 1 has them
+    # (its profiler's schedule prepares during step 7, the window's last: that one is in its events.json)
+    marks = json.loads((node1 / "rank_1" / "clean.json").read_text())["script_profiler_iterations"]
+    assert marks == [7, 8, 9], marks
+    assert json.loads((node0 / "rank_1" / "clean.json").read_text())["script_profiler_iterations"] == [8, 9]
+    window_marks = json.loads((node0 / "rank_1" / "events.json").read_text())["script_profiler_iterations"]
+    assert 7 in window_marks and set(window_marks) <= set(marks), window_marks
+    assert json.loads((node0 / "rank_0" / "clean.json").read_text()).get("script_profiler_iterations", []) == []
     prediction = json.loads((node0 / "prediction.json").read_text())
     assert prediction["world_size"] == 4 and prediction["predicted_iteration_time_ms"] > 0
     # alpha is the probes' message latency, capped by the fitted intercept (0 when the fit's intercept is)

@@ -557,3 +557,62 @@ def test_an_mx_profiler_dump_after_the_scripts_finished_one_is_read_without_its_
     path.write_text(",\n" + ",\n".join(json.dumps(e) for e in events) + '\n\n    ],\n    "displayTimeUnit": "ms"\n}\n')
     ops = read_mx_profile(str(path))
     assert [(op.name, op.start_us, op.end_us) for op in ops] == [("FullyConnected", 100.0, 160.0)]
+
+
+def test_a_script_profiler_start_that_raises_is_not_left_marked_on():
+    """runtime/script_profiler.py's wrapper: a start the profiler refused (torch's "Profiler is already enabled",
+    a bad log folder) raised into the script as before, but the script's profiler stayed marked on: dprorun's
+    waited for its stop to the end of the job and every later iteration was set aside. A start refused while
+    another of the script's is on takes nothing back."""
+    from dprorun.runtime.script_profiler import ScriptProfilerState, _wrap
+
+    class Session:
+        def __init__(self):
+            self.script_profiler, self.calls = ScriptProfilerState(), []
+
+        def script_profiler_started(self):
+            self.calls.append("started")
+
+        def script_profiler_stopped(self):
+            self.calls.append("stopped")
+
+        def disable(self, why):
+            raise AssertionError(why)
+
+    class Profiler:
+        refuse = False
+
+        def start(self):
+            if self.refuse:
+                raise RuntimeError("Profiler is already enabled on this thread")
+
+    session = Session()
+    state = session.script_profiler
+
+    def on(prof):
+        if id(prof) not in state.open:
+            state.open.add(id(prof))
+            session.script_profiler_started()
+            return True
+        return False
+
+    def off(prof):
+        state.open.discard(id(prof))
+        if not state.open:
+            session.script_profiler_stopped()
+
+    _wrap(session, Profiler, "start", on, off)
+    first, refused = Profiler(), Profiler()
+    refused.refuse = True
+    with pytest.raises(RuntimeError, match="already enabled"):
+        refused.start()
+    assert not state.on and session.calls == ["started", "stopped"]
+    first.start()
+    assert state.on
+    with pytest.raises(RuntimeError, match="already enabled"):
+        Profiler.start(refused)
+    assert state.open == {id(first)}  # the one that did start is still on
+    with pytest.raises(RuntimeError):  # the same profiler started again, refused: it was on before, it stays on
+        first.refuse = True
+        first.start()
+    assert state.open == {id(first)}

@@ -334,20 +334,25 @@ def gather_horovod_to_rank0(session: RankSession) -> None:
 
 def exchange_clean_starts(session: RankSession, complete: bool) -> None:
     """After the clean iterations (or when the script tears down its group inside them): every rank's clean
-    iteration start times go to rank 0, which writes clean.json for the ranks whose files are on another disk
-    (the others wrote their own). One small fixed-size all-gather over the window's gloo group (Horovod's own
-    allgather in Horovod jobs); the group is released afterwards."""
+    iteration start times, and which of those iterations ran under the script's own profiler, go to rank 0, which
+    writes clean.json for the ranks whose files are on another disk (the others wrote their own). One small
+    fixed-size all-gather over the window's gloo group (Horovod's own allgather in Horovod jobs); the group is
+    released afterwards."""
     import math
 
     import torch
 
     own = session.clean_document(complete=complete)
-    width = session.cfg.clean + 2  # C+1 start times and the complete flag
+    count = session.cfg.clean + 1  # C+1 start times, the complete flag, C+1 flags: under the script's profiler
+    width = 2 * count + 1
     row = torch.full((width,), math.nan, dtype=torch.float64)
-    starts = own["iteration_starts_us"][: width - 1]
+    starts = own["iteration_starts_us"][:count]
     if starts:
         row[: len(starts)] = torch.tensor(starts, dtype=torch.float64)
-    row[width - 1] = 1.0 if complete else 0.0
+    row[count] = 1.0 if complete else 0.0
+    first = own["first_iteration"]
+    marked = set(session.records.script_profiler_iterations)
+    row[count + 1:] = torch.tensor([1.0 if first + k in marked else 0.0 for k in range(count)], dtype=torch.float64)
     group = session.window_group
     session.window_group = None
     if group is not None:
@@ -368,8 +373,10 @@ def exchange_clean_starts(session: RankSession, complete: bool) -> None:
     if session.rank != 0:
         return
     for src in session.remote_ranks:
-        values = [float(x) for x in rows[src][: width - 1].tolist() if not math.isnan(x)]
-        doc = session.clean_document(rank=src, starts=values, complete=bool(rows[src][width - 1].item() > 0.5))
+        values = [float(x) for x in rows[src][:count].tolist() if not math.isnan(x)]
+        marks = [first + k for k, flag in enumerate(rows[src][count + 1:].tolist()) if flag > 0.5]
+        doc = session.clean_document(rank=src, starts=values, complete=bool(rows[src][count].item() > 0.5),
+                                     script_marks=marks)
         target = make_private_dir(rank_dir(session.cfg.run_dir, src))
         atomic_write_json(os.path.join(target, CLEAN_FILE), doc)
 

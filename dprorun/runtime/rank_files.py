@@ -80,8 +80,10 @@ def write_events(session: RankSession) -> None:
 
 
 def clean_document(session: RankSession, rank: Optional[int] = None, starts: Optional[list[float]] = None,
-                   complete: bool = True) -> dict:
-    """clean.json: the start times of iterations W+K.. (the clean ones and the boundary after them)."""
+                   complete: bool = True, script_marks: Optional[list[int]] = None) -> dict:
+    """clean.json: the start times of iterations W+K.. (the clean ones and the boundary after them); for another
+    rank (rank 0 writing it for a rank on another disk) its starts and the iterations it ran under the script's
+    profiler (script_marks)."""
     first = session.cfg.warmup + session.cfg.active
     own = [float(t) for t in session.records.iteration_starts[first:first + session.cfg.clean + 1]]
     doc = {"schema": CLEAN_SCHEMA, "version": 1, "rank": session.rank if rank is None else rank,
@@ -90,6 +92,8 @@ def clean_document(session: RankSession, rank: Optional[int] = None, starts: Opt
         doc["iteration_cpu_s"] = session.records.iteration_cpu_s[first:first + session.cfg.clean + 1]
         doc["host_cpu_stat"] = session.records.host_cpu_stat
         doc["script_profiler_iterations"] = session.records.script_profiler_iterations
+    elif script_marks:
+        doc["script_profiler_iterations"] = script_marks
     return doc
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
@@ -62,20 +62,32 @@ def busy_message(name: str) -> str:
             "outside the script's profiled steps for one")
 
 
-def _wrap(session: "RankSession", owner: Any, attribute: str, before: Callable[..., None]) -> None:
-    """owner.attribute(*args) calls before(*args) first, then the original; a failure in before disables profiling
-    and never reaches the script."""
+def _wrap(session: "RankSession", owner: Any, attribute: str, before: Callable[..., Any],
+          failed: Optional[Callable[..., None]] = None) -> None:
+    """owner.attribute(*args) calls before(*args) first, then the original; where the original raises (a start the
+    profiler refused: a bad log folder, another profiler on) after before marked the script's profiler on (it
+    returned True), failed(*args) takes that back, and the script gets the error as it would. A failure in before
+    or failed disables profiling and never reaches the script."""
     original = getattr(owner, attribute)
     if getattr(original, "_dprorun_wrapped", False):
         return
 
-    @functools.wraps(original)
-    def wrapped(*args, **kwargs):
+    def watched(step: Callable[..., Any], *args, **kwargs) -> Any:
         try:
-            before(*args, **kwargs)
+            return step(*args, **kwargs)
         except Exception as exc:
             session.disable(f"watching the script's profiler failed: {type(exc).__name__}: {exc}")
-        return original(*args, **kwargs)
+            return None
+
+    @functools.wraps(original)
+    def wrapped(*args, **kwargs):
+        marked = watched(before, *args, **kwargs)
+        try:
+            return original(*args, **kwargs)
+        except BaseException:
+            if marked is True and failed is not None:
+                watched(failed, *args, **kwargs)
+            raise
 
     wrapped._dprorun_wrapped = True
     setattr(owner, attribute, wrapped)
@@ -89,10 +101,12 @@ def watch_torch(session: "RankSession") -> None:
     state = session.script_profiler
     state.name = "torch.profiler"
 
-    def on(prof, *args, **kwargs):
+    def on(prof, *args, **kwargs) -> bool:
         if not state.own_call and id(prof) not in state.open:
             state.open.add(id(prof))
             session.script_profiler_started()
+            return True
+        return False
 
     def off(prof, *args, **kwargs):
         if not state.own_call and id(prof) in state.open:
@@ -100,8 +114,8 @@ def watch_torch(session: "RankSession") -> None:
             if not state.open:
                 session.script_profiler_stopped()
 
-    _wrap(session, profile, "_prepare_trace", on)
-    _wrap(session, profile, "_start_trace", on)
+    _wrap(session, profile, "_prepare_trace", on, off)
+    _wrap(session, profile, "_start_trace", on, off)
     _wrap(session, profile, "__exit__", off)
 
 
@@ -121,10 +135,12 @@ def watch_tf(session: "RankSession") -> None:
     state = session.script_profiler
     state.name = "TensorFlow profiler"
 
-    def on(*args, **kwargs):
+    def on(*args, **kwargs) -> bool:
         if not state.own_call and not state.on:
             state.open.add(0)
             session.script_profiler_started()
+            return True
+        return False
 
     def off(*args, **kwargs):
         if not state.own_call and state.on:
@@ -132,7 +148,7 @@ def watch_tf(session: "RankSession") -> None:
             session.script_profiler_stopped()
 
     for owner in (profiler_v2, tf.profiler.experimental):
-        _wrap(session, owner, "start", on)
+        _wrap(session, owner, "start", on, off)
         _wrap(session, owner, "stop", off)
 
 
@@ -154,17 +170,23 @@ def watch_mxnet(session: "RankSession") -> None:
         name = args[0] if args else kwargs.get("state", "stop")
         process = args[1] if len(args) > 1 else kwargs.get("profile_process", "worker")
         if state.own_call or process != "worker":
-            return
+            return False
         if name == "run" and not state.on:
             state.open.add(0)
             session.script_profiler_started()
-        elif name == "stop" and state.on:
+            return True
+        if name == "stop" and state.on:
             state.open.clear()
             session.script_profiler_stopped()
+        return False
 
     def set_config(*args, **kwargs):
         if not state.own_call:
             session.script_profiler_configured()
 
-    _wrap(session, mx.profiler, "set_state", set_state)
+    def start_failed(*args, **kwargs):  # set_state("run") raised: the script's profiler is not on
+        state.open.clear()
+        session.script_profiler_stopped()
+
+    _wrap(session, mx.profiler, "set_state", set_state, start_failed)
     _wrap(session, mx.profiler, "set_config", set_config)

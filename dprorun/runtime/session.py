@@ -385,8 +385,8 @@ class RankSession:
         rank_files.write_events(self)
 
     def clean_document(self, rank: Optional[int] = None, starts: Optional[list[float]] = None,
-                       complete: bool = True) -> dict:
-        return rank_files.clean_document(self, rank, starts, complete)
+                       complete: bool = True, script_marks: Optional[list[int]] = None) -> dict:
+        return rank_files.clean_document(self, rank, starts, complete, script_marks)
 
     def _finish_window(self) -> None:
         """Stop the samplers, probe clock offsets, calibrate, write the events, ship remote ranks' files to rank
