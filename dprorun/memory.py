@@ -4,8 +4,9 @@ Parts (bytes): the process at DDP construction (interpreter, framework, model pa
 buffers: RSS on CPU, allocated CUDA memory on GPU), optimizer state (measured at the end of the window), other
 steady memory (GPU: library workspaces such as cuBLAS's and the input batch, i.e. what is allocated when a forward
 starts beyond the first two parts and the gradients present then; CPU: what the steady RSS holds beyond all the
-parts, since malloc keeps freed heap), gradients (one per trainable parameter), and
-activations saved for backward in one forward pass (counted by storage through saved-tensor hooks). Measured: on
+parts, since malloc keeps freed heap), gradients (one per trainable parameter), and the larger of the activations
+saved for backward in one forward pass (counted by storage through saved-tensor hooks) and the optimizer step's
+temporaries (runtime/update_memory.py: the activations are freed by the time the step runs). Measured: on
 GPU torch.cuda.max_memory_allocated; on CPU the peak RSS reached during the warm-up iterations (read before the
 profiler allocates its own buffers).
 """
@@ -14,6 +15,14 @@ from __future__ import annotations
 from typing import Optional
 
 from dprorun.trace.model import RankTrace, RunTrace
+
+
+def peak_from_parts(parts: dict, activation_scale: float = 1.0) -> int:
+    """The peak the parts add up to: what is live through the iteration, plus the larger of the activations (scaled
+    by a memory what-if: accumulation, re-computation) and the update's temporaries."""
+    phased = ("activations", "update_transient")
+    fixed = sum(v for k, v in parts.items() if k not in phased and v is not None)
+    return int(fixed + max((parts.get("activations") or 0) * activation_scale, parts.get("update_transient") or 0))
 
 
 def rank_memory(trace: RankTrace, activation_scale: float = 1.0, extra_bytes: int = 0) -> dict:
@@ -33,11 +42,11 @@ def rank_memory(trace: RankTrace, activation_scale: float = 1.0, extra_bytes: in
         else:  # RSS keeps heap that malloc has not returned, so steady RSS can already hold freed activations:
             # the peak is at least the steady RSS, and the parts are added only beyond it
             other = max(0, steady - base - optimizer - grads - (activations or 0))
+    transient = memory.get("cuda_update_transient_bytes" if gpu else "rss_update_transient_bytes", 0)
     parts = {"at_ddp_init": base, "optimizer_state": optimizer, "other_steady": other, "gradients": grads,
              "activations": None if activations is None else int(activations * activation_scale),
-             "extra": extra_bytes}
-    known = [v for v in parts.values() if v is not None]
-    estimated: Optional[int] = int(sum(known)) if base is not None else None
+             "update_transient": transient, "extra": extra_bytes}
+    estimated: Optional[int] = peak_from_parts(parts) if base is not None else None
     error = None
     if estimated and measured:
         error = round(100.0 * (estimated / measured - 1.0), 2)

@@ -133,6 +133,19 @@ def _memory_rows(activations: int) -> MemoryModel:
                                    "gradients": 10 * MiB, "activations": activations, "extra": 0}}])
 
 
+def test_the_updates_temporaries_floor_the_memory_passes():
+    """The optimizer step's temporaries (foreach Adam's square root of its second moment) are live after the
+    activations are freed: accumulation and re-computation shrink the activations, not the step's peak."""
+    rows = _memory_rows(80 * MiB).rows
+    rows[0]["parts"]["update_transient"] = 30 * MiB
+    memory = MemoryModel(rows)
+    assert memory.peak_bytes(Strategy()) == 190 * MiB  # the activations set the peak as the job runs
+    assert memory.peak_bytes(Strategy(accumulation_steps=4)) == 140 * MiB  # 20 MiB of activations < 30 MiB
+    model = _model({"A": MiB, "B": MiB}, {"A": 0.5, "B": 1.0}, [["A", "B"]], bandwidth_bytes_per_us=1e7)
+    with pytest.raises(BudgetError, match="exceeds the budget"):
+        optimize(model, memory, 135 * MiB, caps_mb=())
+
+
 def test_memory_budget_picks_the_fastest_pass_under_the_budget():
     sizes = {"A": MiB, "B": MiB}
     # communication is negligible: accumulation costs nothing, re-computation repeats forward work

@@ -559,6 +559,44 @@ def test_an_mx_profiler_dump_after_the_scripts_finished_one_is_read_without_its_
     assert [(op.name, op.start_us, op.end_us) for op in ops] == [("FullyConnected", 100.0, 160.0)]
 
 
+def test_the_update_meter_reads_the_steps_temporaries_only_when_they_raise_the_peak():
+    """runtime/update_memory.py around real optimizer steps, with the device's counters scripted: a step that
+    raises the peak leaves its temporaries (peak - allocated after it), one under the earlier peak nothing, a step
+    given a closure is not read, and the meter is done after the steps asked for (its hooks are removed outside a
+    step: torch iterates over them during one)."""
+    import torch
+
+    from dprorun.memory import peak_from_parts
+    from dprorun.runtime.update_memory import UpdateMemoryMeter
+
+    memory: dict = {}
+    counts = iter([(100, 50), (160, 70),  # step 1: peak 100 -> 160, 70 left: 90 of temporaries
+                   (160, 70), (160, 70),  # step 2: under the earlier peak: nothing read
+                   (160, 70), (200, 75)])  # step 4 (step 3 had a closure): 125 of temporaries
+    meter = UpdateMemoryMeter(memory, 3, lambda: True, lambda what, fn, *a: fn(*a))
+    meter._counts = lambda: next(counts)
+    param = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    meter.start()
+    try:
+        for step in range(5):
+            param.grad = torch.ones(4)
+            if step == 2:
+                optimizer.step(lambda: torch.tensor(0.0))
+            else:
+                optimizer.step()
+            if step == 0:
+                assert memory == {"rss_update_transient_bytes": 90}
+        assert memory == {"rss_update_transient_bytes": 125} and meter.done  # done after 3 read steps
+        meter.stop()
+        assert not meter.handles
+    finally:
+        meter.stop()
+    parts = {"at_ddp_init": 100, "optimizer_state": 10, "other_steady": 0, "gradients": 20, "activations": 40,
+             "update_transient": 125, "extra": 0}
+    assert peak_from_parts(parts) == 255 and peak_from_parts(dict(parts, update_transient=0)) == 170
+
+
 def test_a_script_profiler_start_that_raises_is_not_left_marked_on():
     """runtime/script_profiler.py's wrapper: a start the profiler refused (torch's "Profiler is already enabled",
     a bad log folder) raised into the script as before, but the script's profiler stayed marked on: dprorun's

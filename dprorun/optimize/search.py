@@ -27,6 +27,7 @@ from typing import Optional
 from dprorun.optimize.passes import (CRITICAL_PATH_PASSES, Candidate, SearchContext, _with, compiled_variant,
                                      compute_scales, memory_candidates)
 from dprorun.replay.template import JobModel, ddp_buckets
+from dprorun.memory import peak_from_parts
 from dprorun.replay.whatif import MB, WhatIf
 from dprorun.replay.predict import replay_once, representative
 from dprorun.strategy import Decision, Strategy
@@ -53,8 +54,7 @@ class MemoryModel:
             parts = row.get("parts") or {}
             if parts.get("at_ddp_init") is None:
                 continue
-            fixed = sum(v for k, v in parts.items() if k != "activations" and v is not None)
-            peaks.append(int(fixed + (parts.get("activations") or 0) * scale))
+            peaks.append(peak_from_parts(parts, scale))
         return max(peaks) if peaks else None
 
 

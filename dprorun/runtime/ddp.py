@@ -80,6 +80,9 @@ class DDPTracker:
         self.activations_measured = False
         self.memory_at_init: dict[str, int] = {}
         session.guard("reading memory at DDP construction", self._memory_at_init)
+        self.update_meter = None
+        if self.primary:
+            session.guard("reading memory around the optimizer step", self._start_update_meter)
         self.ring = None
         if session.cfg.comm_detail == "ring":
             session.guard("setting up the ring comm detail", self._setup_ring)
@@ -101,6 +104,20 @@ class DDPTracker:
         memory = self.session.records.memory
         for key, value in self.memory_at_init.items():
             memory.setdefault(key, value)
+
+    def _start_update_meter(self) -> None:
+        """The optimizer step's temporaries over the first steps of the model whose iterations count
+        (runtime/update_memory.py), in the warm-up iterations only."""
+        from dprorun.runtime.update_memory import TRANSIENT_KEYS, UpdateMemoryMeter
+
+        if self.update_meter is not None:
+            self.update_meter.stop()
+        for key in TRANSIENT_KEYS:
+            self.session.records.memory.pop(key, None)
+        session = self.session
+        self.update_meter = UpdateMemoryMeter(session.records.memory, STEADY_MEMORY_ITERATIONS + 1,
+                                              lambda: session.phase == "warmup" and self.primary, session.guard)
+        self.update_meter.start()
 
     def _memory_at_forward_start(self, module) -> None:
         """Steady memory between iterations: everything allocated when a forward starts (parameters, optimizer
@@ -142,6 +159,9 @@ class DDPTracker:
         for key in ("rss_steady_bytes", "cuda_steady_bytes"):
             records.memory.pop(key, None)
         records.memory.update(self.memory_at_init)
+        if old.update_meter is not None:
+            old.update_meter.stop()
+        session.guard("reading memory around the optimizer step", self._start_update_meter)
 
     def describe(self) -> dict:
         return {"ddp": self.index, "user_comm_hook": self.user_hook, "builtin_comm_hook": self.builtin_hook,
@@ -163,6 +183,9 @@ class DDPTracker:
             session.begin_iteration()
         if not self.hook_decided and not self.user_hook and not self.builtin_hook and self._hook_due():
             session.guard("registering the DDP comm hook", self._register_default_hook)
+        if self.update_meter is not None and self.update_meter.done:
+            self.update_meter.stop()  # here, not inside the step: torch iterates over the step hooks then
+            self.update_meter = None
         if not training:
             return None
         if self.primary:
