@@ -441,6 +441,7 @@ def train(rank, world):
     model = nn.parallel.DistributedDataParallel(nn.Linear(8, 8))
     for _ in range(3):
         model(torch.randn(4, 8)).sum().backward()
+    dist.barrier()  # both past their last all-reduce: gloo aborts a rank whose pair is torn down under its read
     dist.destroy_process_group()
 
 if __name__ == "__main__":
