@@ -34,8 +34,8 @@ def parse_args(description: str, add_arguments=None, **defaults) -> argparse.Nam
     parser.add_argument("--closure", action="store_true",
                         help="optimizer.step(closure), the closure running forward and backward (Lightning's "
                         "automatic optimization does this)")
-    parser.add_argument("--comm-hook", choices=("none", "fp16", "bf16"), default="none",
-                        help="DDP comm hook from torch's default_hooks: gradients sent as fp16 / bf16 (half the bytes)")
+    parser.add_argument("--comm-hook", choices=("none", "fp16", "bf16", "powersgd"), default="none",
+                        help="DDP comm hook of torch's: gradients sent as fp16 / bf16 (half the bytes), or PowerSGD (rank 2)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend (auto: nccl with a GPU, gloo without)")
     parser.add_argument("--own-profiler", default="",
@@ -116,7 +116,12 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
     model = model.to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
               bucket_cap_mb=args.bucket_mb)
-    if args.comm_hook != "none":
+    if args.comm_hook == "powersgd":  # low-rank compression from the third step on (its first two: all-reduces)
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif args.comm_hook != "none":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         ddp.register_comm_hook(None, getattr(default_hooks, f"{args.comm_hook}_compress_hook"))

@@ -654,3 +654,48 @@ def test_a_script_profiler_start_that_raises_is_not_left_marked_on():
         first.refuse = True
         first.start()
     assert state.open == {id(first)}
+
+
+def test_the_hook_bytes_meter_counts_the_hooks_collectives_and_not_the_scripts():
+    """runtime/hook_bytes.py: a collective inside the comm hook and one in its future's callback (on the thread
+    that completes the future, as PowerSGD's second and third all-reduce) count; the script's own all-reduce on the
+    main thread while the bucket is in flight does not. The window's end prices the hooked buckets with the
+    measured ratio; a hook whose collectives were never seen leaves them at the gradients' size, said."""
+    import threading
+
+    import torch
+
+    from dprorun.runtime.hook_bytes import HookBytesMeter
+
+    class Session:
+        iteration = 4
+
+        def __init__(self):
+            self.script_use = type("Use", (), {"listeners": []})()
+            self.records = type("Records", (), {"warnings": []})()
+
+    session = Session()
+    meter = HookBytesMeter(session, lambda: True)
+    meter.start()
+    assert session.script_use.listeners == [meter.observe]
+    first = torch.futures.Future()
+
+    def hook(state, bucket):
+        meter.observe("all_reduce", (torch.zeros(100),), {})  # 400 bytes, in the hook
+        return first.then(lambda fut: meter.observe("all_reduce", (), {"tensor": torch.zeros(10)}) or fut.value())
+
+    future = meter.call_hook(hook, None, None)
+    meter.observe("all_reduce", (torch.zeros(1000),), {})  # the script's loss, main thread: not the hook's
+    completer = threading.Thread(target=first.set_result, args=(1,))
+    completer.start()
+    completer.join()
+    future.wait()
+    assert meter.bytes_by_iteration == {4: 440} and meter.in_flight == 0
+    buckets = {(0, 0): {"nbytes": 2200}, (0, 1): {"nbytes": 2200}, (1, 0): {"nbytes": 80}}
+    meter.finish(buckets, {0: "powerSGD_hook"})
+    assert buckets[(0, 0)] == {"nbytes": 220, "buffer_nbytes": 2200, "wire_measured": 0.1}
+    assert buckets[(1, 0)] == {"nbytes": 80} and session.script_use.listeners == []
+    silent = HookBytesMeter(session, lambda: True)
+    buckets = {(0, 0): {"nbytes": 2200}}
+    silent.finish(buckets, {0: "my_cpp_hook"})
+    assert buckets == {(0, 0): {"nbytes": 2200}} and "my_cpp_hook" in session.records.warnings[0]

@@ -49,9 +49,11 @@ def build_job_model(run: RunTrace) -> JobModel:
     first = run.ranks[ranks[0]]
     buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), median(transmit.get(f"bucket{b.index}", []),
                                                                                   0.0),
-                          sparse=b.sparse, wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0)
+                          sparse=b.sparse, wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0,
+                          hook_work=b.hook_work)
                for b in first.buckets]
-    points = [(b.nbytes, t) for b in buckets if not b.sparse for t in transmit.get(b.key, [])]  # ring all-reduces
+    # ring all-reduces (not a hook's own work: PowerSGD's 128 KB took 10-25 ms of factorising on 2 CPU cores)
+    points = [(b.nbytes, t) for b in buckets if not b.sparse and not b.hook_work for t in transmit.get(b.key, [])]
     calibration = [tuple(p) for p in first.meta.get("calibration", [])]
     latency = message_latency_us(run)
     comm = fit_comm_model(points, world, calibration, latency)

@@ -21,7 +21,7 @@ from typing import Optional
 from dprorun.fsutil import UnanswerableError
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, copy_ranks
 from dprorun.replay.template import JobModel, MeasuredIteration
-from dprorun.replay.whatif import Sync, WhatIf, comm_scale
+from dprorun.replay.whatif import Sync, WhatIf, comm_scale, hook_work_us_per_byte
 
 
 COLLAPSE_FROM_RANKS = 64
@@ -144,6 +144,7 @@ class CommPricing:
     scale: float
     bandwidth: float  # bytes/µs
     alpha_us: float
+    hook_us_per_byte: float = 0.0  # a comm hook's own work per byte it sends (whatif.hook_work_us_per_byte)
 
     @classmethod
     def for_whatif(cls, model: JobModel, whatif: WhatIf, world: int, measured_layout: bool,
@@ -171,7 +172,11 @@ class CommPricing:
                          f"all-gathers, metric reductions) are replayed as measured at {model.world_size} ranks on "
                          "this network, inside the update, not priced again for this what-if")
         alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us
-        return cls(model, world, use_measured, ring_delta, scale, bandwidth, alpha)
+        hook_us = hook_work_us_per_byte(model)
+        if hook_us > 0 and not use_measured:
+            notes.append(f"the script's comm hook works on the gradients beyond sending them ({hook_us * 1e3:.2f} µs a "
+                         "KB it sends, measured): kept as it ran, its transmission priced for this what-if")
+        return cls(model, world, use_measured, ring_delta, scale, bandwidth, alpha, hook_us)
 
     def measured_us(self, sync: Sync, sample: Optional[MeasuredIteration]) -> Optional[float]:
         measured = sample.transmit_us.get(sync.key, sync.measured_us) if sample is not None else sync.measured_us
@@ -193,15 +198,17 @@ class CommPricing:
             latency = comm.collective_us + (self.world - 1) * self.alpha_us
             total = self.scale * (latency + (self.world - 1) * nbytes / self.bandwidth)
             return total / steps, self.scale * latency / steps
+        hook_us = self.hook_us_per_byte * nbytes / steps  # a hook's own work, spread over the steps: no link's
         if self.ring_delta:
             net_bw = model.network.bandwidth_bytes_per_us
             total = self.scale * comm.allreduce_us(nbytes, model.world_size) \
                 + 2 * (self.world - model.world_size) * comm.alpha_us \
                 + (_wire_share(self.world) - _wire_share(model.world_size)) * nbytes / net_bw
             wire = _wire_share(self.world) * nbytes / net_bw
-            return total / steps, max(0.0, total - wire) / steps
+            return total / steps + hook_us, max(0.0, total - wire) / steps + hook_us
         latency = comm.step_latency_us(self.world, self.alpha_us)
-        return self.scale * (latency + nbytes / (self.world * self.bandwidth)), self.scale * latency
+        return (self.scale * (latency + nbytes / (self.world * self.bandwidth)) + hook_us,
+                self.scale * latency + hook_us)
 
 
 def _wire_share(n: int) -> float:

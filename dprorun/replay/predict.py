@@ -13,7 +13,7 @@ from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, criti
 from dprorun.replay.synthesize import synthesize
 from dprorun.replay.build import build_job_model
 from dprorun.replay.template import JobModel
-from dprorun.replay.whatif import WhatIf, comm_scale
+from dprorun.replay.whatif import WhatIf, comm_scale, hook_work_us_per_byte
 
 @dataclass
 class Prediction:
@@ -229,7 +229,9 @@ def sync_time_us(model: JobModel, nbytes: int, world: Optional[int] = None, part
         return 0.0
     g = GraphBuilder()
     scale = comm_scale(model)
-    latency = scale * model.comm.step_latency_us(world)
+    steps = 2 * (world - 1)
+    # a comm hook's own work (PowerSGD's factorising) per step, with the latency: no link's
+    latency = scale * model.comm.step_latency_us(world) + hook_work_us_per_byte(model) * nbytes / partitions / steps
     wire = scale * nbytes / partitions / (world * model.comm.bandwidth_bytes_per_us)
     if model.channels == 1:  # one collective at a time: latency and bytes on the link, in order
         wire, latency = wire + latency, 0.0

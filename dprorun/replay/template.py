@@ -47,6 +47,7 @@ class BucketInfo:
     transmit_us: float  # measured, averaged over ranks and iterations
     sparse: bool = False  # one sparse gradient: nbytes its indices and values, gathered from every rank
     wire_ratio: float = 1.0  # bytes sent / the gradients' bytes (a compressing comm hook: 0.5)
+    hook_work: bool = False  # transmit_us is a comm hook's own work plus the transmission (trace.model.Bucket)
 
 
 @dataclass

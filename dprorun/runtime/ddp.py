@@ -268,6 +268,10 @@ class DDPTracker:
 
     def window_stopped(self) -> None:
         self.stop_param_hooks()
+        meter = self.session.hook_bytes
+        if self.user_hook and meter is not None and not meter.finished:
+            hooked = {t.index: t.user_hook_name for t in self.session.trackers if getattr(t, "user_hook", False)}
+            meter.finish(self.session.records.buckets, hooked)
 
     def stop_param_hooks(self) -> None:
         for handle in self.param_handles:
@@ -324,8 +328,16 @@ class DDPTracker:
             hook = allreduce_mean
         _ORIGINAL["register_comm_hook"](self.ddp, self.ddp.process_group, self.timed(hook))
 
-    def timed(self, inner: Callable) -> Callable:
+    def timed(self, inner: Callable, user: bool = False) -> Callable:
+        """inner (the script's hook when `user`, else ours) timed per bucket in the profiled iterations; a
+        script's hook has what it sends counted (runtime/hook_bytes.py)."""
         session = self.session
+        if user and session.hook_bytes is None:
+            from dprorun.runtime.hook_bytes import HookBytesMeter
+
+            session.hook_bytes = HookBytesMeter(session, lambda: session.detail_active)
+            session.hook_bytes.start()
+        meter = session.hook_bytes if user else None
 
         def dpro_timed_comm_hook(state, bucket):
             if not session.detail_active:
@@ -335,7 +347,7 @@ class DDPTracker:
             if inner is allreduce_mean:  # our own all-reduce: one callback does both jobs
                 future = _allreduce_mean(state, bucket, record, session.now_us)
             else:
-                future = inner(state, bucket)
+                future = meter.call_hook(inner, state, bucket) if meter is not None else inner(state, bucket)
 
                 def done(fut):
                     record.done_us = session.now_us()
@@ -451,7 +463,7 @@ def patch_ddp_class(session: RankSession) -> None:
         if tracker is not None and not tracker.hook_registered:
             tracker.user_hook = True
             tracker.user_hook_name = getattr(hook, "__name__", type(hook).__name__)
-            hook = tracker.timed(hook)
+            hook = tracker.timed(hook, user=True)
             if tracker.ring is not None:
                 session.records.warnings.append("the script registers its own comm hook: --comm-detail ring not applied")
         return _ORIGINAL["register_comm_hook"](self, state, hook)

@@ -64,6 +64,7 @@ class RankSession:
         self.script_use = ScriptUse()  # torch.distributed use outside the supported wrappers (runtime/watch.py)
         self.profiler = None  # the profiler backend while it records, else None
         self.script_profiler = ScriptProfilerState()  # the script's own profiler (runtime/script_profiler.py)
+        self.hook_bytes: Optional[Any] = None  # what the script's own DDP comm hooks send (runtime/hook_bytes.py)
         # start_profiler() / stop_profiler(write) / step(): torch.profiler (runtime/torch_profiler.py) by default;
         # TensorFlow's and MXNet's hooks set their own (runtime/tf.py, runtime/mxnet.py)
         self.profiler_backend: Optional[Any] = None

@@ -8,6 +8,7 @@ import functools
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Callable
 
 from dprorun.runtime.log import warn
 
@@ -26,6 +27,8 @@ class ScriptUse:
     fsdp_wrappers: int = 0  # FullyShardedDataParallel / fully_shard calls
     collectives: dict[str, int] = field(default_factory=dict)  # torch.distributed.<name> calls the script made
     process_group: str = ""  # "a gloo process group of 2 ranks", once init_process_group returned
+    # told of each such call (name, args, kwargs) before it runs: runtime/hook_bytes.py counts a comm hook's bytes
+    listeners: list[Callable[[str, tuple, dict], None]] = field(default_factory=list)
 
 
 def nothing_to_profile(use: ScriptUse) -> str:
@@ -109,6 +112,11 @@ def _counted_collective(module, name: str, use: ScriptUse):
     def counted(*args, **kwargs):
         if compiler is None or not compiler.is_compiling():  # traced code: left as torch's own call
             use.collectives[name] = use.collectives.get(name, 0) + 1
+            for listener in use.listeners:
+                try:
+                    listener(name, args, kwargs)
+                except Exception:  # a listener never reaches the script's collective
+                    pass
         return collective(*args, **kwargs)
 
     return counted

@@ -95,6 +95,9 @@ class Bucket:
     numel: int = 0
     sparse: bool = False  # a sparse gradient (DDP: one embedding's): nbytes are its indices and values as sent
     buffer_nbytes: int = 0  # the gradients' own size where a comm hook sends fewer bytes (fp16 / bf16): 0 = nbytes
+    # the script's comm hook works on the gradients beyond sending them (PowerSGD's factorisation: its bytes counted
+    # by runtime/hook_bytes.py, no cast of torch's): its measured time is that work plus the transmission
+    hook_work: bool = False
 
 
 @dataclass

@@ -95,7 +95,8 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         trace.buckets.append(Bucket(index=int(entry["index"]), nbytes=int(entry["nbytes"]),
                                     params=list(entry.get("params", [])), dtype=str(entry.get("dtype", "")),
                                     numel=int(entry.get("numel", 0)), sparse=bool(entry.get("sparse", False)),
-                                    buffer_nbytes=int(entry.get("buffer_nbytes", 0))))
+                                    buffer_nbytes=int(entry.get("buffer_nbytes", 0)),
+                                    hook_work=bool(entry.get("wire_measured")) and not entry.get("wire_dtype")))
     params = (doc.get("params") or {}).get("0") or {}
     trace.param_order = list(params.get("order", []))
     trace.param_bytes = {k: int(v) for k, v in (params.get("bytes") or {}).items()}
