@@ -9,7 +9,7 @@ on links of rate R (the truth). Then every profile is replayed at every other ra
 (the as-run check). Medians over --reps rounds.
 
 usage: sudo python benchmarks/bandwidth_whatif.py [--examples mlp_many_layers,...] [--rates 1gbit,3gbit]
-       [--reps 2] [--script-args "..."] [--keep DIR]
+       [--reps 2] [--script-args "..."] [--dprorun-args "--warmup 30"] [--keep DIR]
 """
 import argparse
 import json
@@ -44,7 +44,8 @@ def profile(example: str, rate: str, args, env: dict, run_dir: str) -> str:
         host_output(cluster.run(
             [sys.executable, "-m", "dprorun.cli", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
              "--master-addr", "{master_addr}", "--master-port", str(PORT + 1), "-np", "1",
-             "--run-dir", os.path.join(run_dir, "node{node_rank}"), "-q", "python", *script(example, args)],
+             "--run-dir", os.path.join(run_dir, "node{node_rank}"), "-q", *shlex.split(args.dprorun_args), "python",
+             *script(example, args)],
             900, env))
     return os.path.join(run_dir, "node0")
 
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--cpus", type=float, default=0.9, help="CPU quota per host")
     parser.add_argument("--script-args", default="", help="extra arguments of every example launch")
+    parser.add_argument("--dprorun-args", default="", help="extra dprorun options of the profiles (e.g. '--warmup 30')")
     parser.add_argument("--keep", help="keep the profiles' run directories under this folder")
     args = parser.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "examples"), DPRO_REPORT="0")

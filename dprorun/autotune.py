@@ -189,7 +189,8 @@ class _Autotune:
         if not job.output.quiet:
             for line in strategy.summary_lines():
                 print(f"dprorun autotune:   {line.strip()}")
-            for key, what in (("comm_passes", "communication"), ("compute_passes", "op fusion and bf16")):
+            for key, what in (("comm_passes", "communication"), ("partitions", "partition"),
+                              ("compute_passes", "op fusion and bf16")):
                 if key in strategy.search:
                     print(f"dprorun autotune:   {what} passes {strategy.search[key]}")
         return strategy, candidates, profiled_run

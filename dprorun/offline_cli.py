@@ -335,7 +335,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     for line in strategy.summary_lines():
         print(line)
     search = strategy.search
-    for key, what in (("comm_passes", "communication"), ("compute_passes", "op fusion and bf16")):
+    for key, what in (("comm_passes", "communication"), ("partitions", "partition"),
+                      ("compute_passes", "op fusion and bf16")):
         if key in search:
             print(f"{what} passes {search[key]}")
     print(f"search: {search['evaluations']} replays in {search['seconds']:.2f} s; strategy written to {out}")

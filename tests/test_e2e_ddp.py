@@ -207,6 +207,12 @@ def test_a_scripts_own_compressing_comm_hook_is_timed_and_its_bucket_bytes_are_w
     model = build_job_model(load_run(str(run_dir)))
     syncs, _ = plan_syncs(model, WhatIf(bucket_mb=100), [])
     assert model.wire_ratio() == 0.5 and sum(s.nbytes for s in syncs) == sum(model.param_bytes.values()) // 2
+    # the script's hook sends the buckets: the search proposes no partition (dprorun's all-reduce cannot split them)
+    from dprorun.optimize import optimize
+
+    strategy = optimize(model, comm_passes=True)
+    assert model.script_comm_hook == "fp16_compress_hook" and not strategy.partitions
+    assert "fp16_compress_hook" in strategy.search["partitions"]
 
 
 def test_what_a_powersgd_hook_sends_is_counted_from_its_collectives(tmp_path):
@@ -242,6 +248,12 @@ def test_what_a_powersgd_hook_sends_is_counted_from_its_collectives(tmp_path):
     # a third of the bandwidth costs the 128,632 bytes' transmission twice more, not the hook's work again
     extra_wire_us = 2 * 128_632 / (own / 3 * 1e3 / 8) - 2 * 128_632 / (own * 1e3 / 8)
     assert at_own < slower <= at_own + 1.5 * extra_wire_us + 100
+    # a second bucket would abort the job on gloo (plain torchrun too): the search leaves the layout, says why
+    from dprorun.optimize import optimize
+
+    strategy = optimize(model, comm_passes=True)
+    assert not strategy.buckets or len(strategy.buckets) == 1, strategy.buckets
+    assert not strategy.partitions and "PowerSGD hook on gloo" in strategy.search["comm_passes"]
 
 
 def test_the_comm_hook_goes_in_with_the_window_not_before(tmp_path):

@@ -101,6 +101,8 @@ def best_partitions(model: JobModel, nbytes: int, choices=(1, 2, 4, 8)) -> tuple
 
 
 def tensor_partition(ctx: SearchContext) -> Iterable[Candidate]:
+    if ctx.model.script_comm_hook:  # the script's hook sends the buckets: dprorun's partitioned all-reduce cannot
+        return
     groups = ctx.strategy.buckets or []
     sparse = ctx.model.sparse_gradients()
     for key in ctx.critical_buckets[:2]:

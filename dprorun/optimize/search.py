@@ -156,6 +156,8 @@ class _Search:
         self.search_model = representative(model) if self.symmetric else model
         self.shares_cores = bool(model.transport and model.transport.get("shares_cores"))
         self.comm_passes = (not self.shares_cores) if comm_passes is None else comm_passes
+        if model.bucket_layout_fixed:  # not even when forced: the job would not run
+            self.comm_passes = False
         self.measured: list[list[str]] = []
         self.baseline_us = 0.0
 
@@ -284,7 +286,12 @@ class _Search:
                 "off: the job's transport is CPU work on the cores its ranks compute on (its all-reduces kept it "
                 f"busy {100 * model.transport['transport_cpu_share']:.0f} % of their time), where more collectives "
                 "cost more and overlap gains less than the replay predicts; bucket layout and partitions left as "
-                "they are (`dpro optimize --comm-passes on` forces them)" if self.shares_cores else "off (asked)")
+                "they are (`dpro optimize --comm-passes on` forces them)" if self.shares_cores and
+                not model.bucket_layout_fixed else f"off: {model.bucket_layout_fixed}" if model.bucket_layout_fixed
+                else "off (asked)")
+        if model.script_comm_hook and self.comm_passes:
+            current.search["partitions"] = (f"off: the script's own comm hook ({model.script_comm_hook}) sends the "
+                                            "buckets, so dprorun cannot split their all-reduces")
         failed = [v["error"] for v in model.compute_variants.values() if "error" in v]
         if failed and len(failed) == len(model.compute_variants):  # asked for, none measured: say why
             current.search["compute_passes"] = f"off: no compute variant could be measured ({failed[0]})"

@@ -139,6 +139,10 @@ class JobModel:
     clean_iterations_us: list[float] = field(default_factory=list)
     window_iterations_us: list[float] = field(default_factory=list)
     framework: str = "ddp"  # "horovod": tensors fused at run time by Horovod's cycle/threshold; "tf": packs
+    # the script's own DDP comm hook (its function's name, "" if none): it sends each bucket its own way, so a
+    # bucket cannot be partitioned by dprorun's all-reduce (runtime/ddp.py registers no hook beside it)
+    script_comm_hook: str = ""
+    bucket_layout_fixed: str = ""  # why the job's bucket layout must stay as it ran ("" when it may change)
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
     horovod_negotiation_us: float = 0.0  # per background-loop cycle: the ranks agreeing on what is ready
     # op level: per measured rank the profiled ops of each phase (graph/local.py), and per phase the ratio of its
