@@ -20,6 +20,16 @@ from dprorun.stats import median
 from dprorun.trace.model import RankTrace, RunTrace, is_tf_tracker
 
 
+def _script_comm_hook(trace: RankTrace) -> tuple[str, str]:
+    """(the script's own DDP comm hook's name, "" if none; why its bucket layout must stay, "" if it may change)."""
+    hooked = [t for t in trace.meta.get("trackers", []) if t.get("user_comm_hook")]
+    name = (hooked[0].get("user_comm_hook_name") or "a comm hook") if hooked else ""
+    if any("powerSGD" in (t.get("user_comm_hook_name") or "") and t.get("backend") == "gloo" for t in hooked):
+        return name, ("the script's PowerSGD hook on gloo: with more than one bucket its chained all-reduces "
+                      "mismatch across ranks and gloo aborts the job (plain torchrun alike)")
+    return name, ""
+
+
 def build_job_model(run: RunTrace) -> JobModel:
     """Measure templates, buckets and the comm model from an aligned RunTrace."""
     ranks = sorted(run.ranks)
@@ -65,12 +75,7 @@ def build_job_model(run: RunTrace) -> JobModel:
                      first.meta.get("bucket_cap_mb"), channels=channels, samples=samples, network=network,
                      compute_variants=dict(first.meta.get("compute_variants") or {}))
     model.transport = transport_on_compute_cores(run)
-    hooked = [t for t in first.meta.get("trackers", []) if t.get("user_comm_hook")]
-    model.script_comm_hook = (hooked[0].get("user_comm_hook_name") or "a comm hook") if hooked else ""
-    if any("powerSGD" in (t.get("user_comm_hook_name") or "") and t.get("backend") == "gloo" for t in hooked):
-        model.bucket_layout_fixed = ("the script's PowerSGD hook on gloo: with more than one bucket its chained "
-                                     "all-reduces mismatch across ranks and gloo aborts the job (plain torchrun "
-                                     "alike)")
+    model.script_comm_hook, model.bucket_layout_fixed = _script_comm_hook(first)
     model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])
                                                           for r in ranks})
     model.window_iterations_us = _median_over_ranks(run, iterations)
