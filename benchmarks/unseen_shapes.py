@@ -75,6 +75,17 @@ JOBS = {
     "tf-custom-loop-3-steps-per-call": (["--backend", "tf", "--warmup", "3", "--active", "6", "--clean", "5"],
                                         "examples/tf_custom_loop.py", ["--steps-per-call", "3", "--steps", "60"],
                                         "tensorflow"),  # 20 calls: 3 + 6 + 5 of them the window
+    "ddp-distill": ([], "ddp_session34.py", ["--distill"], "torch"),
+    "ddp-two-ddp": ([], "ddp_session34.py", ["--two-ddp"], "torch"),
+    "ddp-tied": ([], "ddp_session34.py", ["--tied"], "torch"),
+    "ddp-ema": ([], "ddp_session34.py", ["--ema"], "torch"),
+    "ddp-grad-hooks": ([], "ddp_session34.py", ["--grad-hooks"], "torch"),
+    "ddp-dynamic": ([], "ddp_session34.py", ["--dynamic"], "torch"),
+    "ddp-short-epochs": ([], "ddp_session34.py", ["--short-epochs"], "torch"),
+    "tf-keras-own-train-step-two-heads": (["--backend", "tf"], "tf_train_step.py", [], "tensorflow"),
+    "horovod-groups": (["--backend", "horovod"], "hvd_groups.py", ["--groups"], "horovod"),
+    "horovod-broadcast-every": (["--backend", "horovod"], "hvd_groups.py", ["--broadcast-every"], "horovod"),
+    "horovod-conv-sgd": (["--backend", "horovod"], "hvd_groups.py", ["--conv-sgd"], "horovod"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -222,12 +222,13 @@ def test_dry_run_predicts_and_the_workers_leave_after_the_window_of_the_model_th
     """A Keras transfer-learning script: the head fitted with the base frozen for 2 steps, then the base unfrozen,
     the model compiled again (a new train_function) and fitted. The window profiles the second fit: its packs are
     that function's (every layer's gradients, 1,597,480 bytes), not the first function's traced (the head's 20,520
-    bytes, which the what-ifs priced before). Under --dry-run the workers leave after the window."""
+    bytes, which the what-ifs priced before). Under --dry-run the workers leave after the window. The second fit
+    validates after every 5-step epoch."""
     pytest.importorskip("tf_keras", reason="tf-keras is not installed (pip install tf-keras --no-deps)")
     run_dir = tmp_path / "dry"
     proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "--dry-run", "python",
                           os.path.join(EXAMPLES, "tf_keras_finetune.py"), "--head-steps", "2", "--steps", "60",
-                          "--width", "512", "--batch-size", "64"], run_dir, timeout=400)
+                          "--width", "512", "--batch-size", "64", "--epochs", "12"], run_dir, timeout=400)
     if "launched the job again without TensorFlow's profiler" in proc.stderr:  # TensorFlow's own stop crash, twice
         # (CI, session 30): the last launch has no profiled phases to replay: a clear error and a non-zero exit
         assert proc.returncode == 1 and "dprorun: error: no prediction: " in proc.stderr, proc.stderr[-3000:]
@@ -239,7 +240,11 @@ def test_dry_run_predicts_and_the_workers_leave_after_the_window_of_the_model_th
     tracker = next(t for t in events["trackers"] if t["framework"] == "tf")
     assert sum(sum(pack["bytes"]) for pack in tracker["packs"]) == 4 * (256 * 512 + 512 + 512 * 512 + 512 + 512 * 10
                                                                         + 10)
-    assert events["window"]["cut_at"] is None  # the switch came before the window
+    # the switch came before the window; the validation passes after each 5-step epoch run a test_function that
+    # all-reduces its metrics but trains nothing: no iterations, and no new model's step (before: the window was cut
+    # at the second validation call); the iteration each pass falls in is set aside
+    assert events["window"]["cut_at"] is None
+    assert len(set(events["disturbed_iterations"])) >= 2, events["disturbed_iterations"]
 
 
 def test_xla_is_a_measured_candidate_given_to_the_workers_on_restart(tf_run, tmp_path):

@@ -65,6 +65,11 @@ class HorovodTFTracker(TFTracker):
         self.timeline.stop()
 
     # ---- tracing ------------------------------------------------------------------------------------------
+    def is_step(self, key: int) -> bool:
+        """Every function that all-reduces through Horovod while traced (its DistributedGradientTape or
+        optimizer's gradients) is a step."""
+        return key in self.step_functions
+
     def traced_allreduce(self, tensors: list, op_name: str) -> None:
         """An all-reduce met while a tf.function is traced: that function is a step function (unless it is
         Horovod's own wrapper), and its tensors are recorded (per step function: the window's are reported)."""

@@ -14,6 +14,7 @@ markers: see run_step); the XSpace file is moved to `rank_<r>/xplane.pb` (trace/
 """
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import shutil
@@ -40,6 +41,12 @@ class TFTracker:
         # accumulated over micro-batches, all-reduced and applied by another), an iteration runs from the first
         # call after a syncing one to the end of the next syncing one
         self.syncing_functions: set[int] = set()
+        # keys of the step functions whose tracing trains: computes gradients (GradientTape.gradient) or updates a
+        # trainable float variable through the strategy (an optimizer's apply_gradients). A function that runs
+        # strategy.run without either evaluates (tf-keras's test_function, whose metrics all-reduce too): its
+        # calls are no iterations, and the iteration they fall in is disturbed
+        self.training_functions: set[int] = set()
+        self.running_step: Optional[int] = None  # the step function whose strategy.run is being traced now
         self.boundary_due = True  # the next step-function call starts an iteration
         self.local = threading.local()
         # per step function (its key; None: an eager strategy.run), the packs its first all-reduce traced:
@@ -82,6 +89,23 @@ class TFTracker:
                 "packs": [{"tensors": list(p["tensors"]), "bytes": list(p["bytes"])} for p in self.packs]}
 
     # ---- steps -------------------------------------------------------------------------------------------
+    def is_step(self, key: int) -> bool:
+        """A training step function (its calls are iterations)."""
+        return key in self.step_functions and key in self.training_functions
+
+    def trains(self) -> None:
+        """The step function being traced computes or applies gradients."""
+        if self.running_step is not None and not self.calibrating:
+            self.training_functions.add(self.running_step)
+
+    def evaluated(self, key: int) -> None:
+        """An evaluating step function's call (outermost) ran inside the current iteration, which it slowed."""
+        session = self.session
+        if key in self.step_functions and not self.is_step(key) and session.phase in ("active", "clean"):
+            disturbed = session.records.disturbed_iterations
+            if session.iteration not in disturbed:
+                disturbed.append(session.iteration)
+
     def call_stack(self) -> list:
         stack = getattr(self.local, "stack", None)
         if stack is None:
@@ -229,8 +253,14 @@ def patch_tensorflow(session: "RankSession") -> TFTracker:
         tracker.strategy = self
         stack = tracker.call_stack()
         if stack:  # inside a tf.function being traced: that function is a step function
-            tracker.step_functions.add(tracker.key(stack[0]))
-        elif not session.disabled and session.phase != "done":
+            key = tracker.key(stack[0])
+            tracker.step_functions.add(key)
+            outer, tracker.running_step = tracker.running_step, key
+            try:
+                return strategy_run(self, fn, args, kwargs, options)
+            finally:
+                tracker.running_step = outer
+        if not session.disabled and session.phase != "done":
             tracker.eager_steps = True
             return tracker.run_step(strategy_run, self, fn, args, kwargs, options)
         return strategy_run(self, fn, args, kwargs, options)
@@ -244,10 +274,37 @@ def patch_tensorflow(session: "RankSession") -> TFTracker:
         return batch_all_reduce(self, input_tensor_packs, options)
 
     _apply_pack_size(session)
+    _watch_training(tracker)
     patch_step_functions(tracker)
     distribute_lib.StrategyBase.run = run
     cross_device_utils.CollectiveReplicaLauncher.batch_all_reduce = traced_batch_all_reduce
     return tracker
+
+
+def _watch_training(tracker: TFTracker) -> None:
+    """What tells a training step function from an evaluating one while it is traced (TFTracker.trains):
+    GradientTape.gradient (from any thread: replica functions may run on the strategy's), and the strategy's
+    extended.update of a trainable float variable (an optimizer applying gradients it did not compute, as a
+    gradient-accumulation step's apply function does; the step counters Keras updates are int64)."""
+    from tensorflow.python.distribute import distribute_lib
+    from tensorflow.python.eager import backprop
+
+    gradient = backprop.GradientTape.gradient
+    update = distribute_lib.StrategyExtendedV2.update
+
+    @functools.wraps(gradient)
+    def traced_gradient(self, *args, **kwargs):
+        tracker.trains()
+        return gradient(self, *args, **kwargs)
+
+    @functools.wraps(update)
+    def traced_update(self, var, *args, **kwargs):
+        if getattr(var, "trainable", False) and getattr(getattr(var, "dtype", None), "is_floating", False):
+            tracker.trains()
+        return update(self, var, *args, **kwargs)
+
+    backprop.GradientTape.gradient = traced_gradient
+    distribute_lib.StrategyExtendedV2.update = traced_update
 
 
 def patch_step_functions(tracker: TFTracker) -> None:
@@ -263,13 +320,16 @@ def patch_step_functions(tracker: TFTracker) -> None:
         if session.disabled or session.phase == "done" or tracker.calibrating:
             return function_call(self, *args, **kwargs)
         stack = tracker.call_stack()
-        if tracker.key(self) in tracker.step_functions and not stack:
+        key = tracker.key(self)
+        if not stack and tracker.is_step(key):
             return tracker.run_step(function_call, self, *args, **kwargs)
         stack.append(self)
         try:
             return function_call(self, *args, **kwargs)
         finally:
             stack.pop()
+            if not stack:
+                tracker.evaluated(key)
 
     polymorphic_function.Function.__call__ = call
 
