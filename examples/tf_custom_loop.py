@@ -24,6 +24,9 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1,
                         help="gradient accumulation: this many micro-batch calls (gradients kept on the worker), "
                              "then one call that all-reduces and applies them")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="every this many steps, an evaluation tf.function (strategy.run, the loss and accuracy "
+                             "reduced over the workers) on 3 batches")
     parser.add_argument("--own-profiler", default="",
                         help="FIRST,LAST: the script profiles those steps itself (tf.profiler.experimental.start and "
                              "stop, as a user's script does), into a temporary folder")
@@ -87,6 +90,15 @@ def main() -> None:
     def apply_step():
         strategy.run(apply_fn)
 
+    @tf.function
+    def eval_step(x, y):
+        def replica(x, y):
+            logits = model(x, training=False)
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1), y), tf.float32))
+            return tf.reduce_sum(loss_fn(y, logits)), correct
+        loss, correct = strategy.run(replica, args=(x, y))
+        return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None)
+
     tf.random.set_seed(worker)
     x = tf.random.normal((args.batch_size, 32, 32, 3))
     y = tf.random.uniform((args.batch_size,), maxval=10, dtype=tf.int64)
@@ -107,6 +119,9 @@ def main() -> None:
         else:
             train_step(x, y)
         times.append(time.perf_counter() - started)
+        if args.eval_every and step % args.eval_every == args.eval_every - 1:
+            for _ in range(3):
+                eval_step(x, y)
         if step == own_last:
             tf.profiler.experimental.stop()
             print(f"worker {worker}: own profile in {own_folder}", flush=True)
