@@ -365,7 +365,33 @@ def _launch_horovod(job: JobConfig) -> LaunchResult:
     if job.launch.hosts:
         cmd += ["-H", ",".join(f"{host}:{job.launch.nproc_per_node}" for host in job.launch.hosts)]
     cmd += list(job.horovod.ssh_args) + list(job.horovod.args) + list(job.command)
-    return _run_engine(cmd, job, "horovodrun")
+    result = _run_engine(cmd, job, "horovodrun")
+    wanted = user_horovod_timeline()
+    if mode == "job" and wanted:
+        _copy_timeline_to_user(timeline, wanted, job.output.quiet)
+    return result
+
+
+def user_horovod_timeline() -> Optional[str]:
+    """The timeline file the user asked Horovod for through HOROVOD_TIMELINE (as horovodrun users do), or None
+    (unset, or Horovod's DYNAMIC mode)."""
+    value = os.environ.get("HOROVOD_TIMELINE", "").strip()
+    return value if value and value.upper() != "DYNAMIC" else None
+
+
+def _copy_timeline_to_user(timeline: str, wanted: str, quiet: bool) -> None:
+    """The whole job's timeline, recorded in the run directory, copied where HOROVOD_TIMELINE asked for it
+    (horovodrun's --timeline-filename, which dprorun sets, takes the place of the variable in the ranks)."""
+    if not os.path.exists(timeline):
+        return
+    try:
+        shutil.copyfile(timeline, wanted)
+    except OSError as exc:
+        print(f"dprorun: warning: Horovod's timeline is in {timeline}, not copied to HOROVOD_TIMELINE's {wanted}: "
+              f"{exc}", file=sys.stderr)
+        return
+    if not quiet:
+        print(f"dprorun: Horovod's timeline of the whole job written to {wanted} (HOROVOD_TIMELINE)", file=sys.stderr)
 
 
 HOROVOD_TF_MODULES = ("horovod.tensorflow", "horovod.keras", "import horovod.tensorflow")
@@ -376,8 +402,11 @@ def horovod_timeline_mode(job: JobConfig) -> str:
     does not record Horovod's asynchronous ops: each tensor's all-reduce end comes from the timeline), else "off":
     starting the timeline in the window needs HOROVOD_TIMELINE=DYNAMIC for the whole job, which made plain horovodrun
     jobs here 14 % (horovod.tensorflow conv net) and 20 % (horovod.torch MLP) slower in every iteration, recorded or
-    not (benchmarks/RESULTS.md), and horovod.torch's hooks time each all-reduce without it."""
+    not (benchmarks/RESULTS.md), and horovod.torch's hooks time each all-reduce without it. A HOROVOD_TIMELINE file
+    set by the user makes it "job" (unless off: the variable then reaches Horovod untouched)."""
     mode = job.horovod.timeline
+    if mode in ("auto", "window") and user_horovod_timeline():
+        return "job"  # the user asked Horovod for the whole job's timeline (HOROVOD_TIMELINE): recorded and copied
     if mode != "auto":
         return mode
     script = next((a for a in job.command if a.endswith(".py")), None)

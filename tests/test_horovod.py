@@ -65,6 +65,32 @@ def test_reader_maps_phases_fused_responses_and_ready_marks(tmp_path):
     assert timeline.trace.buckets[0].params == ["a", "b"] and timeline.trace.buckets[0].nbytes == 2 * 4096
 
 
+def test_a_whole_job_tensorflow_timeline_counts_steps_of_the_gradients_only(tmp_path):
+    """horovod.tensorflow names its tensors without horovod.torch's "allreduce." prefix, and its eager calls (dprorun's
+    calibration: 40 of them at the window's end) by their op type. Counted as steps, they stretched every step of a
+    whole-job timeline (HOROVOD_TIMELINE) to the window's end: median step span 3,804 ms for a 120 ms step."""
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1000}}]
+    names = {1: "DistributedGradientTape_Allreduce/cond/HorovodAllreduce_grad_0", 2: "HorovodBroadcast_dense_kernel_0",
+             3: "HorovodAllreduce"}
+    events += [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}} for pid, name in names.items()]
+
+    def operation(pid, t0, op="ALLREDUCE"):
+        return [{"ph": "B", "name": op, "ts": t0, "pid": pid},
+                {"ph": "B", "name": f"GLOO_{op}", "ts": t0 + 10, "pid": pid}, {"ph": "E", "ts": t0 + 90, "pid": pid},
+                {"ph": "E", "ts": t0 + 100, "pid": pid, "args": {"dtype": "float32", "shape": "[4]"}}]
+    events += operation(2, 0, "BROADCAST")
+    for step in range(3):
+        events += operation(1, 1_000 + step * 10_000)
+    for k in range(8):  # the calibration, after the third step
+        events += operation(3, 40_000 + k * 200)
+    path = tmp_path / "tf_job.json"
+    path.write_text(json.dumps(events))
+    timeline = read_horovod_timeline(str(path))
+    assert timeline.steps == 3 and timeline.tensors == [names[1]]
+    assert all(op.iteration == -1 for op in timeline.trace.ops if op.tensor in (names[2], names[3]))
+    assert [row["span_ms"] for row in timeline_summary(timeline)["per_step"]] == [0.1, 0.1, 0.1]
+
+
 def test_truncated_and_foreign_timelines(tmp_path):
     full = tmp_path / "full.json"
     _constructed(full)
@@ -324,9 +350,11 @@ def test_a_strategy_groups_horovod_allreduces_and_remote_ranks_ship_their_traces
     assert cpu["local_ranks"] == 2 and cpu["compute_threads"] == 1
 
 
-def test_the_horovod_timeline_mode_follows_the_framework_unless_asked():
+def test_the_horovod_timeline_mode_follows_the_framework_unless_asked(monkeypatch):
     """auto: the window's timeline for horovod.tensorflow scripts (their all-reduce spans come from it), none for
-    horovod.torch scripts; an explicit mode is kept."""
+    horovod.torch scripts; an explicit mode is kept. A user's HOROVOD_TIMELINE file (as horovodrun users ask for
+    one) makes it the whole job's, which the launch copies there: before, the window mode's --timeline-filename
+    DYNAMIC took its place and the user's file was never written."""
     from dprorun.config import HorovodConfig, JobConfig
     from dprorun.launch import horovod_timeline_mode
 
@@ -338,6 +366,11 @@ def test_the_horovod_timeline_mode_follows_the_framework_unless_asked():
     assert mode(os.path.join(EXAMPLES, "horovod_tf_keras.py")) == "window"
     assert mode(EXAMPLE) == "off" and mode("missing.py") == "off"
     assert mode(EXAMPLE, "window") == "window" and mode(os.path.join(EXAMPLES, "horovod_tf.py"), "off") == "off"
+    monkeypatch.setenv("HOROVOD_TIMELINE", "/tmp/user_timeline.json")
+    assert mode(os.path.join(EXAMPLES, "horovod_tf.py")) == "job" and mode(EXAMPLE) == "job"
+    assert mode(EXAMPLE, "window") == "job" and mode(EXAMPLE, "off") == "off"  # off: the variable reaches Horovod
+    monkeypatch.setenv("HOROVOD_TIMELINE", "DYNAMIC")  # Horovod's own start/stop mode: no file asked for
+    assert mode(os.path.join(EXAMPLES, "horovod_tf.py")) == "window" and mode(EXAMPLE) == "off"
 
 
 def _horovod_tf() -> str:

@@ -15,7 +15,9 @@ Mapped into the trace model (one RankTrace, the coordinator's view; times on its
   MEMCPY_IN/OUT_FUSION_BUFFER  COMM   phase "memcpy_in" / "memcpy_out"
   INIT_FUSION_BUFFER           COMM   phase "init_fusion_buffer"
   <LIB>_<OP>                   COMM   phase "transmit", granularity "collective"
-Each tensor's n-th operation is its step n (`iteration`; broadcasts, which set the initial parameters, get -1). Tensors whose transmission starts and ends together
+Each tensor's n-th operation is its step n (`iteration`); broadcasts, which set the initial parameters, dprorun's
+calibration and horovod.tensorflow's eager calls get -1 (`is_step_tensor`). Tensors whose transmission starts and ends
+together
 were fused into one response: they share `txn_id` "fused<k>" and appear as one Bucket per response of the
 first complete step.
 """
@@ -105,7 +107,7 @@ def read_horovod_timeline(path: str, rank: int = 0, host: str = "") -> HorovodTi
         kind_name, _, tensor = tensor_full.partition(".")
         ts = base + float(e.get("ts", 0.0))
         stack = stacks.setdefault(pid, [])
-        training = kind_name not in ("broadcast",)  # broadcasts (initial parameters) are not training steps
+        training = is_step_tensor(tensor_full)
         if ph == "X":
             if str(e.get("name", "")).isdigit() and stack and stack[-1][0].startswith("NEGOTIATE"):
                 ready.setdefault((tensor or tensor_full, step_of.get(pid, 0)), {})[int(e["name"])] = ts
@@ -139,12 +141,29 @@ def read_horovod_timeline(path: str, rank: int = 0, host: str = "") -> HorovodTi
             step_of[pid] = step + 1
     fused = _mark_fused(ops)
     trace = RankTrace(rank=rank, host=host, ops=sorted(ops, key=lambda o: o.start_us))
-    tensors = sorted({names[p].partition(".")[2] or names[p] for p in names if not names[p].startswith("broadcast")})
-    steps = max((n for p, n in step_of.items() if not names[p].startswith("broadcast")), default=0)
+    tensors = sorted({names[p].partition(".")[2] or names[p] for p in names if is_step_tensor(names[p])})
+    steps = max((n for p, n in step_of.items() if is_step_tensor(names[p])), default=0)
     trace.buckets = [Bucket(index=k, nbytes=sum(_tensor_bytes(ops, t) for t in group), params=group)
                      for k, group in enumerate(fused)]
     trace.meta.update({"source": "horovod timeline", "path": path, "truncated": truncated})
     return HorovodTimeline(path, trace, tensors, steps, fused, ready, truncated)
+
+
+# horovod.tensorflow's eager calls: the op has no node name in eager mode, so the timeline names the tensor by its
+# op type, whatever name= said (dprorun's calibration after the window, a script's eager metric average)
+EAGER_OP_NAMES = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast", "HorovodAlltoall",
+                  "HorovodReducescatter")
+
+
+def is_step_tensor(process_name: str) -> bool:
+    """Whether a timeline tensor's operations are steps: not a broadcast (the initial parameters: "broadcast.<name>"
+    from horovod.torch, "HorovodBroadcast_<name>" from horovod.tensorflow), not dprorun's own (calibration, the
+    gather's), not an eager horovod.tensorflow call named by its op type (calibration included: 40 of them at the
+    window's end, which, counted as steps, made every step span to the window's end in a whole-job timeline)."""
+    kind, _, tensor = process_name.partition(".")
+    name = tensor or process_name
+    return kind != "broadcast" and not name.startswith("HorovodBroadcast") and "dprorun." not in process_name \
+        and name not in EAGER_OP_NAMES
 
 
 def _tensor_bytes(ops: list[Op], tensor: str) -> int:
