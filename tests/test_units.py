@@ -563,7 +563,8 @@ def test_the_update_meter_reads_the_steps_temporaries_only_when_they_raise_the_p
     """runtime/update_memory.py around real optimizer steps, with the device's counters scripted: a step that
     raises the peak leaves its temporaries (peak - allocated after it), one under the earlier peak nothing, a step
     given a closure is not read, and the meter is done after the steps asked for (its hooks are removed outside a
-    step: torch iterates over them during one)."""
+    step: torch iterates over them during one). The GPU's reading (the caching allocator's counters); on CPU the
+    step's tensors are counted (next test)."""
     import torch
 
     from dprorun.memory import peak_from_parts
@@ -578,6 +579,7 @@ def test_the_update_meter_reads_the_steps_temporaries_only_when_they_raise_the_p
     param = torch.nn.Parameter(torch.ones(4))
     optimizer = torch.optim.SGD([param], lr=0.1)
     meter.start()
+    meter.cuda = True
     try:
         for step in range(5):
             param.grad = torch.ones(4)
@@ -586,8 +588,8 @@ def test_the_update_meter_reads_the_steps_temporaries_only_when_they_raise_the_p
             else:
                 optimizer.step()
             if step == 0:
-                assert memory == {"rss_update_transient_bytes": 90}
-        assert memory == {"rss_update_transient_bytes": 125} and meter.done  # done after 3 read steps
+                assert memory == {"cuda_update_transient_bytes": 90}
+        assert memory == {"cuda_update_transient_bytes": 125} and meter.done  # done after 3 read steps
         meter.stop()
         assert not meter.handles
     finally:
@@ -595,6 +597,36 @@ def test_the_update_meter_reads_the_steps_temporaries_only_when_they_raise_the_p
     parts = {"at_ddp_init": 100, "optimizer_state": 10, "other_steady": 0, "gradients": 20, "activations": 40,
              "update_transient": 125, "extra": 0}
     assert peak_from_parts(parts) == 255 and peak_from_parts(dict(parts, update_transient=0)) == 170
+
+
+def test_on_cpu_the_update_meter_counts_the_steps_own_tensors():
+    """CPU: the RSS right after a step still holds its freed temporaries (glibc keeps them), so the step's tensors
+    are counted: Adam's single-tensor step on CPU makes the square root of its second moment and a quotient of it,
+    two temporaries of the parameter's size, while the moments it creates on the first step stay (optimizer state,
+    not temporaries); SGD with momentum updates in place and makes none. Nothing is left counting after a step."""
+    import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from dprorun.runtime.update_memory import UpdateMemoryMeter
+
+    def temporaries(make_optimizer, steps=2) -> int:
+        memory: dict = {}
+        param = torch.nn.Parameter(torch.ones(512, 512))  # 1 MiB
+        optimizer = make_optimizer([param])
+        meter = UpdateMemoryMeter(memory, steps, lambda: True, lambda what, fn, *a: fn(*a))
+        meter.start()
+        meter.cuda = False
+        try:
+            for _ in range(steps):
+                param.grad = torch.ones(512, 512)
+                optimizer.step()
+                assert _get_current_dispatch_mode() is None
+        finally:
+            meter.stop()
+        return memory["rss_update_transient_bytes"]
+
+    assert temporaries(lambda ps: torch.optim.Adam(ps, lr=0.1, foreach=False)) == 2 * 512 * 512 * 4
+    assert temporaries(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)) == 0
 
 
 def test_a_script_profiler_start_that_raises_is_not_left_marked_on():

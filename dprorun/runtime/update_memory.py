@@ -5,12 +5,19 @@ the larger of these and the activations, since the activations are freed by the 
 
 Only a step that raises the process's peak shows its temporaries: the peak counters are not reset (a script may
 read them itself). That is the case that matters: a step whose temporaries stay under the backward's peak does not
-set the job's peak. GPU: the caching allocator's counts; CPU: resident memory (VmHWM against the RSS after the
-step). Read in the warm-up iterations only, before any profiler buffer exists; a step given a closure (LBFGS,
+set the job's peak (GPU: the caching allocator's counts; CPU: below). Read in the warm-up iterations only, before any profiler buffer exists; a step given a closure (LBFGS,
 Lightning's automatic optimisation) runs the forward and backward inside it and is not read.
+
+On CPU the resident memory cannot show them: right after the step the RSS still holds the temporaries' pages (glibc
+keeps freed chunks; VmHWM equalled the RSS after every step read, 0 bytes in every run), yet they raise the job's
+peak (Adam's single-tensor step on CPU makes a square root of the second moment and a quotient of it, two
+temporaries the size of the largest parameter). There the step's tensors are counted instead: a dispatch mode over
+the step (`StepAllocations`) adds each new tensor an op makes and subtracts it when it is freed; the temporaries are
+the peak of that count minus what is still alive at the step's end (the optimizer state it creates).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Optional
 
 TRANSIENT_KEYS = ("cuda_update_transient_bytes", "rss_update_transient_bytes")
@@ -18,6 +25,48 @@ TRANSIENT_KEYS = ("cuda_update_transient_bytes", "rss_update_transient_bytes")
 
 def _has_closure(args: tuple, kwargs: dict) -> bool:
     return callable(kwargs.get("closure")) or (len(args) > 1 and callable(args[1]))
+
+
+def _step_allocations_mode():
+    """A TorchDispatchMode that counts the bytes of the new tensors the ops under it make (not views, not in-place
+    results), live and at their peak. Made on first use: torch is imported by then."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class StepAllocations(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.live = 0
+            self.peak = 0
+
+        def _freed(self, nbytes: int) -> None:
+            self.live -= nbytes
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            import torch
+
+            out = func(*args, **(kwargs or {}))
+            inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs or {}), torch.Tensor)}
+            for tensor in _tensors(out, torch.Tensor):
+                if tensor._is_view() or tensor.untyped_storage().data_ptr() in inputs:
+                    continue
+                nbytes = tensor.untyped_storage().nbytes()
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(tensor, self._freed, nbytes)
+            return out
+
+    return StepAllocations()
+
+
+def _tensors(value, tensor_type) -> list:
+    """The tensors in an op's arguments or results (nested lists, tuples and dicts)."""
+    if isinstance(value, tensor_type):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item, tensor_type)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item, tensor_type)]
+    return []
 
 
 class UpdateMemoryMeter:
@@ -33,6 +82,7 @@ class UpdateMemoryMeter:
         self.peak_before: Optional[int] = None
         self.cuda = False
         self.done = False  # the hooks are removed by stop() outside a step: torch iterates over them during one
+        self.counting = None  # CPU: the dispatch mode counting the step's tensors while it runs
 
     def start(self) -> None:
         import torch
@@ -44,6 +94,7 @@ class UpdateMemoryMeter:
                         register_optimizer_step_post_hook(lambda o, a, k: self.guard(what, self._post))]
 
     def stop(self) -> None:
+        self._stop_counting()
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
@@ -62,18 +113,33 @@ class UpdateMemoryMeter:
 
     def _pre(self, args: tuple, kwargs: dict) -> None:
         self.peak_before = None
+        self._stop_counting()  # a step that raised left it on
         if self.done or not self.reading():
             self.done = True
         elif not _has_closure(args, kwargs):
             self.peak_before = self._counts()[0]
+            if not self.cuda:
+                self.counting = _step_allocations_mode()
+                self.counting.__enter__()
+
+    def _stop_counting(self) -> Optional[int]:
+        """Ends the CPU count; the step's temporaries in bytes (None: none was counting)."""
+        counting, self.counting = self.counting, None
+        if counting is None:
+            return None
+        counting.__exit__(None, None, None)
+        return max(0, counting.peak - counting.live)
 
     def _post(self) -> None:
+        transient = self._stop_counting()
         if self.peak_before is None:
             return
-        peak, now = self._counts()
-        if peak is not None and now is not None and peak > self.peak_before:
-            key = TRANSIENT_KEYS[0] if self.cuda else TRANSIENT_KEYS[1]
-            self.memory[key] = max(self.memory.get(key, 0), peak - now)
+        if transient is not None:  # CPU: the step's tensors, counted
+            self.memory[TRANSIENT_KEYS[1]] = max(self.memory.get(TRANSIENT_KEYS[1], 0), transient)
+        else:
+            peak, now = self._counts()
+            if peak is not None and now is not None and peak > self.peak_before:
+                self.memory[TRANSIENT_KEYS[0]] = max(self.memory.get(TRANSIENT_KEYS[0], 0), peak - now)
         self.peak_before = None
         self.steps_left -= 1
         self.done = self.steps_left <= 0
