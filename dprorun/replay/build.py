@@ -79,6 +79,7 @@ def build_job_model(run: RunTrace) -> JobModel:
     model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])
                                                           for r in ranks})
     model.window_iterations_us = _median_over_ranks(run, iterations)
+    model.warmup_iterations_us = _median_over_ranks(run, {r: _warmup_iterations(run.ranks[r]) for r in ranks})
     if any(t.get("framework") == "horovod" for t in first.meta.get("trackers", [])):
         model.framework = "horovod"
         model.horovod_knobs = horovod_knobs_as_run(run.manifest.get("horovod_args") or [])
@@ -264,6 +265,17 @@ def _op_scaling(model: JobModel) -> dict[str, float]:
             if template is not None and measured is not None and measured.profiled_us > 0:
                 ratios.setdefault(phase, []).append(getattr(template, attr) / measured.profiled_us)
     return {phase: round(median(values, 1.0), 4) for phase, values in ratios.items()}
+
+
+FIRST_SETTLED_ITERATION = 2  # the iterations before it set up (allocations, tracing, DDP's first rebuild)
+
+
+def _warmup_iterations(trace) -> list[int]:
+    """The warm-up iterations before the window, from the third on."""
+    if not trace.profiled_iterations:
+        return []
+    first = min(trace.profiled_iterations)
+    return [i for i, _, _ in trace.iterations if FIRST_SETTLED_ITERATION <= i < first]
 
 
 def _median_over_ranks(run: RunTrace, chosen: dict[int, list[int]]) -> list[float]:

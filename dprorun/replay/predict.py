@@ -38,6 +38,7 @@ class Prediction:
 
 
 MIN_CLEAN_ITERATIONS = 5
+MIN_WARMUP_ITERATIONS = 2  # warm-up iterations (from the third) that can say the job was still settling
 LOW_OP_SCALING = 0.25  # below it (a phase profiled 4x slower than it runs) the op-level split is not backed
 
 
@@ -59,6 +60,8 @@ def self_check(model: JobModel, as_run_replays_us) -> dict:
              "clean_iterations": len(model.clean_iterations_us)}
     if model.window_iterations_us:
         check["window_ms"] = round(_band_ms(model.window_iterations_us)[0], 3)
+    if len(model.warmup_iterations_us) >= MIN_WARMUP_ITERATIONS:
+        check["warmup_ms"] = round(_band_ms(model.warmup_iterations_us)[0], 3)
     if len(model.clean_iterations_us) < MIN_CLEAN_ITERATIONS:
         check.update(status="unchecked", message=(
             f"only {len(model.clean_iterations_us)} clean iteration(s) after the window (need "
@@ -94,8 +97,16 @@ def self_check(model: JobModel, as_run_replays_us) -> dict:
 
 
 def _why_disagrees(check: dict, replay_ms: float, tolerance_ms: float) -> str:
-    """Why the replay of the job as it ran misses the clean iterations, from the window's own iterations."""
-    window = check.get("window_ms")
+    """Why the replay of the job as it ran misses the clean iterations, from the window's own iterations and the
+    warm-up's before it (no profiling then either: where they ran as the window did and not as the clean ones, the
+    job's own speed changed between the window and the clean iterations)."""
+    window, warmup, clean = check.get("window_ms"), check.get("warmup_ms"), check.get("clean_ms")
+    if warmup is not None and clean is not None and abs(warmup - clean) > tolerance_ms \
+            and abs(warmup - replay_ms) < abs(warmup - clean):
+        at_window = f", the window's at {window:.2f} ms" if window is not None else ""
+        return (f"the job's own speed changed after the window: its warm-up iterations, before any profiling, ran at "
+                f"{warmup:.2f} ms{at_window}, its clean iterations at {clean:.2f} ms (a job still settling, or "
+                "other load then); profile a later window (--warmup) for a figure of the job as it runs now")
     if window is not None and abs(replay_ms - window) <= tolerance_ms:
         return (f"the window's own iterations ran at {window:.2f} ms: the job ran at another speed under the hooks "
                 "than without them (their cost, or what else ran on the machine then)")

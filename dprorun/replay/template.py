@@ -138,6 +138,9 @@ class JobModel:
     # over ranks of its duration; and per unprofiled window iteration likewise (what the replay is built from)
     clean_iterations_us: list[float] = field(default_factory=list)
     window_iterations_us: list[float] = field(default_factory=list)
+    # the warm-up iterations before the window (from the third: the first ones set up), likewise: the job's speed
+    # before any profiling, which tells a job still settling from the hooks' cost (predict._why_disagrees)
+    warmup_iterations_us: list[float] = field(default_factory=list)
     framework: str = "ddp"  # "horovod": tensors fused at run time by Horovod's cycle/threshold; "tf": packs
     # the script's own DDP comm hook (its function's name, "" if none): it sends each bucket its own way, so a
     # bucket cannot be partitioned by dprorun's all-reduce (runtime/ddp.py registers no hook beside it)
