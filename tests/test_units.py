@@ -627,6 +627,23 @@ def test_on_cpu_the_update_meter_counts_the_steps_own_tensors():
 
     assert temporaries(lambda ps: torch.optim.Adam(ps, lr=0.1, foreach=False)) == 2 * 512 * 512 * 4
     assert temporaries(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)) == 0
+    # a sparse gradient (Adagrad coalesces it): the count must never reach the script's step (a first version raised
+    # "Cannot access storage of SparseTensorImpl" in it); its dense temporaries are counted
+    memory: dict = {}
+    table = torch.nn.Parameter(torch.ones(1000, 16))
+    optimizer = torch.optim.Adagrad([table], lr=0.1)
+    meter = UpdateMemoryMeter(memory, 2, lambda: True, lambda what, fn, *a: fn(*a))
+    meter.start()
+    meter.cuda = False
+    try:
+        for _ in range(2):
+            table.grad = torch.sparse_coo_tensor(torch.tensor([[1, 5, 1]]), torch.ones(3, 16), (1000, 16),
+                                                 check_invariants=True)
+            optimizer.step()
+            assert _get_current_dispatch_mode() is None
+    finally:
+        meter.stop()
+    assert memory.get("rss_update_transient_bytes", 0) >= 0 and meter.done
 
 
 def test_a_script_profiler_start_that_raises_is_not_left_marked_on():

@@ -37,23 +37,34 @@ def _step_allocations_mode():
             super().__init__()
             self.live = 0
             self.peak = 0
+            self.failed: Optional[str] = None  # the counting met something it cannot read: no figure
 
         def _freed(self, nbytes: int) -> None:
             self.live -= nbytes
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if self.failed is None:
+                try:  # the script's step must never see the counting fail
+                    self._count(args, kwargs, out)
+                except Exception as exc:
+                    self.failed = f"{type(exc).__name__}: {exc}"
+            return out
+
+        def _count(self, args, kwargs, out) -> None:
             import torch
 
-            out = func(*args, **(kwargs or {}))
-            inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs or {}), torch.Tensor)}
+            strided = [t for t in _tensors((args, kwargs or {}), torch.Tensor) if t.layout == torch.strided]
+            inputs = {t.untyped_storage().data_ptr() for t in strided}
             for tensor in _tensors(out, torch.Tensor):
+                if tensor.layout != torch.strided:  # a sparse tensor (no storage of its own): its parts are made
+                    continue                        # by the ops under it, where they are counted
                 if tensor._is_view() or tensor.untyped_storage().data_ptr() in inputs:
                     continue
                 nbytes = tensor.untyped_storage().nbytes()
                 self.live += nbytes
                 self.peak = max(self.peak, self.live)
                 weakref.finalize(tensor, self._freed, nbytes)
-            return out
 
     return StepAllocations()
 
@@ -128,18 +139,24 @@ class UpdateMemoryMeter:
         if counting is None:
             return None
         counting.__exit__(None, None, None)
+        if counting.failed is not None:
+            self.done = True  # read no further step
+            return None
         return max(0, counting.peak - counting.live)
 
     def _post(self) -> None:
+        counted = self.counting is not None  # CPU: the step's tensors were counted (a failed count gives no figure)
         transient = self._stop_counting()
         if self.peak_before is None:
             return
-        if transient is not None:  # CPU: the step's tensors, counted
-            self.memory[TRANSIENT_KEYS[1]] = max(self.memory.get(TRANSIENT_KEYS[1], 0), transient)
+        if counted:
+            if transient is not None:
+                self.memory[TRANSIENT_KEYS[1]] = max(self.memory.get(TRANSIENT_KEYS[1], 0), transient)
         else:
             peak, now = self._counts()
             if peak is not None and now is not None and peak > self.peak_before:
-                self.memory[TRANSIENT_KEYS[0]] = max(self.memory.get(TRANSIENT_KEYS[0], 0), peak - now)
+                key = TRANSIENT_KEYS[0] if self.cuda else TRANSIENT_KEYS[1]
+                self.memory[key] = max(self.memory.get(key, 0), peak - now)
         self.peak_before = None
         self.steps_left -= 1
-        self.done = self.steps_left <= 0
+        self.done = self.done or self.steps_left <= 0
