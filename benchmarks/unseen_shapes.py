@@ -13,7 +13,12 @@ net with validation data, a schedule and ReduceLROnPlateau, and of an MLP with s
 custom loop running 3 steps per call of its tf.function; DDP with a GradScaler under bf16 autocast, an LSTM on
 sequences of a new length every step, uneven inputs under DDP's join; Horovod with fp16 compression, with the loss
 all-reduced every step, with synchronize() and clipping; tf-keras fit of an embedding model with Adagrad (plain,
-mixed_bfloat16, the embedding frozen). Frameworks that are not installed are skipped with a line saying so.
+mixed_bfloat16, the embedding frozen); session 34: a frozen teacher's no_grad forward (distillation), encoder and
+decoder in a DDP each, tied embedding and output weights, an EMA AveragedModel with StepLR, the script's own
+per-parameter gradient hooks, find_unused_parameters with a branch drawn every step, DistributedSampler epochs of 5
+steps with a short last batch, a Keras model's own train_step with clipping and two losses, Horovod with groups=2,
+with the parameters re-broadcast every 10 steps, a BatchNorm conv net with SGD. Frameworks that are not installed
+are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
