@@ -5,8 +5,9 @@ the larger of these and the activations, since the activations are freed by the 
 
 Only a step that raises the process's peak shows its temporaries: the peak counters are not reset (a script may
 read them itself). That is the case that matters: a step whose temporaries stay under the backward's peak does not
-set the job's peak (GPU: the caching allocator's counts; CPU: below). Read in the warm-up iterations only, before any profiler buffer exists; a step given a closure (LBFGS,
-Lightning's automatic optimisation) runs the forward and backward inside it and is not read.
+set the job's peak (GPU: the caching allocator's counts; CPU: below). Read in the warm-up iterations only, before
+any profiler buffer exists; a step given a closure (LBFGS, Lightning's automatic optimisation) runs the forward and
+backward inside it and is not read.
 
 On CPU the resident memory cannot show them: right after the step the RSS still holds the temporaries' pages (glibc
 keeps freed chunks; VmHWM equalled the RSS after every step read, 0 bytes in every run), yet they raise the job's
@@ -57,8 +58,8 @@ def _step_allocations_mode():
             strided = [t for t in _tensors((args, kwargs or {}), torch.Tensor) if t.layout == torch.strided]
             inputs = {t.untyped_storage().data_ptr() for t in strided}
             for tensor in _tensors(out, torch.Tensor):
-                if tensor.layout != torch.strided:  # a sparse tensor (no storage of its own): its parts are made
-                    continue                        # by the ops under it, where they are counted
+                if tensor.layout != torch.strided:  # a sparse tensor has no storage of its own: not counted
+                    continue
                 if tensor._is_view() or tensor.untyped_storage().data_ptr() in inputs:
                     continue
                 nbytes = tensor.untyped_storage().nbytes()
