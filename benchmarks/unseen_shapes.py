@@ -88,6 +88,7 @@ JOBS = {
     "ddp-dynamic": ([], "ddp_session34.py", ["--dynamic"], "torch"),
     "ddp-short-epochs": ([], "ddp_session34.py", ["--short-epochs"], "torch"),
     "tf-keras-own-train-step-two-heads": (["--backend", "tf"], "tf_train_step.py", [], "tensorflow"),
+    "tf-keras-fit-validation-freq-evaluate-predict": (["--backend", "tf"], "tf_fit_val.py", ["--after"], "tensorflow"),
     "horovod-groups": (["--backend", "horovod"], "hvd_groups.py", ["--groups"], "horovod"),
     "horovod-broadcast-every": (["--backend", "horovod"], "hvd_groups.py", ["--broadcast-every"], "horovod"),
     "horovod-conv-sgd": (["--backend", "horovod"], "hvd_groups.py", ["--conv-sgd"], "horovod"),
