@@ -54,10 +54,12 @@ def _step_allocations_mode():
 
         def _count(self, args, kwargs, out) -> None:
             import torch
+            from torch.utils._pytree import tree_leaves
 
-            strided = [t for t in _tensors((args, kwargs or {}), torch.Tensor) if t.layout == torch.strided]
+            strided = [t for t in tree_leaves((args, kwargs or {}))
+                       if isinstance(t, torch.Tensor) and t.layout == torch.strided]
             inputs = {t.untyped_storage().data_ptr() for t in strided}
-            for tensor in _tensors(out, torch.Tensor):
+            for tensor in (t for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
                 if tensor.layout != torch.strided:  # a sparse tensor has no storage of its own: not counted
                     continue
                 if tensor._is_view() or tensor.untyped_storage().data_ptr() in inputs:
@@ -68,17 +70,6 @@ def _step_allocations_mode():
                 weakref.finalize(tensor, self._freed, nbytes)
 
     return StepAllocations()
-
-
-def _tensors(value, tensor_type) -> list:
-    """The tensors in an op's arguments or results (nested lists, tuples and dicts)."""
-    if isinstance(value, tensor_type):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item, tensor_type)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item, tensor_type)]
-    return []
 
 
 class UpdateMemoryMeter:
