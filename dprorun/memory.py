@@ -5,8 +5,9 @@ buffers: RSS on CPU, allocated CUDA memory on GPU), optimizer state (measured at
 steady memory (GPU: library workspaces such as cuBLAS's and the input batch, i.e. what is allocated when a forward
 starts beyond the first two parts and the gradients present then; CPU: what the steady RSS holds beyond all the
 parts, since malloc keeps freed heap), gradients (one per trainable parameter), and the larger of the activations
-saved for backward in one forward pass (counted by storage through saved-tensor hooks) and the optimizer step's
-temporaries (runtime/update_memory.py: the activations are freed by the time the step runs). Measured: on
+saved for backward in one forward pass (counted by storage through saved-tensor hooks; a weight a layer saves is
+not counted, it is a parameter) and the optimizer step's temporaries (runtime/update_memory.py: the activations
+are freed by the time the step runs). Measured: on
 GPU torch.cuda.max_memory_allocated; on CPU the peak RSS reached during the warm-up iterations (read before the
 profiler allocates its own buffers).
 """

@@ -748,3 +748,27 @@ def test_the_hook_bytes_meter_counts_the_hooks_collectives_and_not_the_scripts()
     buckets = {(0, 0): {"nbytes": 2200}}
     silent.finish(buckets, {0: "my_cpp_hook"})
     assert buckets == {(0, 0): {"nbytes": 2200}} and "my_cpp_hook" in session.records.warnings[0]
+
+
+def test_activation_meter_leaves_out_the_weights_a_layer_saves():
+    """A Linear saves its weight for the backward; that storage is held anyway (parameters), so only the input and
+    the ReLU's output (which the second Linear saves too: one storage) count as the forward's activations, with the
+    frozen layer's weight and a buffer left out as well."""
+    import torch
+
+    from dprorun.runtime.activations import SavedTensorMeter
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128))
+    model[2].weight.requires_grad_(False)
+    model.register_buffer("scale", torch.ones(128))
+    inputs = torch.randn(8, 64, requires_grad=True)
+    meter = SavedTensorMeter.for_module(model)
+    meter.start()
+    hidden = torch.relu(model[0](inputs))
+    output = model[2](hidden) * model.scale
+    saved = meter.stop()
+    assert output.requires_grad and saved == inputs.nbytes + hidden.nbytes  # 2,048 + 8,192 bytes
+    plain = SavedTensorMeter()  # without the module: the first Linear's weight (64 KiB) and the buffer count too
+    plain.start()
+    torch.relu(model[0](inputs))
+    assert plain.stop() > inputs.nbytes + model[0].weight.nbytes

@@ -200,7 +200,7 @@ class DDPTracker:
             if self.primary and not self.activations_measured:
                 from dprorun.runtime.activations import SavedTensorMeter
 
-                self.activation_meter = SavedTensorMeter()
+                self.activation_meter = SavedTensorMeter.for_module(module)
                 session.guard("measuring activations", self.activation_meter.start)
         return None
 
