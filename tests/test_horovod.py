@@ -439,7 +439,7 @@ def test_a_tf_gradient_read_ready_after_its_horovod_operation_began_is_enqueued_
     all-reduce keeps its length instead of shrinking to nothing."""
     from dprorun.trace.horovod import HorovodTimeline
     from dprorun.trace.model import Op, OpKind, RankTrace
-    from dprorun.trace.rundir import add_tf_records
+    from dprorun.trace.tf_records import add_tf_records
     from dprorun.trace.xplane import TFProfile
 
     packs = [{"tensors": ["dense/kernel/grad:0"], "bytes": [1024], "op": "HorovodAllreduce_k"},

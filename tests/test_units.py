@@ -326,11 +326,11 @@ def test_compute_variants_leave_a_forward_a_framework_redirected_alone():
 
 
 def test_a_call_running_k_steps_splits_at_its_fetches_or_its_first_op_run_k_times():
-    """TensorFlow step functions that loop over k steps per call (rundir._step_starts): the steps start at the
+    """TensorFlow step functions that loop over k steps per call (tf_records._step_starts): the steps start at the
     input fetches where there are k, else at the occurrences of the call's first op that runs k times (a loop over
     tensors the function was given fetches nothing; the loop's set-up op runs once), else k equal parts."""
     from dprorun.trace.model import Op, OpKind
-    from dprorun.trace.rundir import _step_starts
+    from dprorun.trace.tf_records import _step_starts
     from dprorun.trace.xplane import TFProfile, name_outside_loop
 
     def op(name, t):
@@ -353,7 +353,7 @@ def test_steps_per_call_are_counted_by_the_fetches_where_the_profile_holds_no_co
     split). The input fetches inside each profiled call count its steps; a call the profiler cut short (none) is
     left out of the count; with collectives, the first collective's runs still decide."""
     from dprorun.trace.model import Op, OpKind
-    from dprorun.trace.rundir import _steps_per_call
+    from dprorun.trace.tf_records import _steps_per_call
     from dprorun.trace.xplane import TFProfile
 
     starts = [0.0, 400.0, 800.0, 1200.0, 1600.0]
@@ -368,9 +368,9 @@ def test_steps_per_call_are_counted_by_the_fetches_where_the_profile_holds_no_co
 def test_a_tf_steps_backward_starts_where_gradient_work_does_not_at_its_earliest_gradient_op():
     """TensorFlow runs a gradient op as soon as its inputs exist: one that needs only shapes (an embedding's
     gradient concat) ran in a GRU net's forward and put its backward's start at 2.4 ms of the real 7.7
-    (rundir.backward_start). Recurrent layers' loop gradients ("gradients/...") are backward ops too."""
+    (tf_records.backward_start). Recurrent layers' loop gradients ("gradients/...") are backward ops too."""
     from dprorun.trace.model import Op, OpKind
-    from dprorun.trace.rundir import backward_start
+    from dprorun.trace.tf_records import backward_start
     from dprorun.trace.xplane import GRADIENT_SCOPES
 
     def op(kind, start, dur):

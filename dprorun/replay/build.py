@@ -193,7 +193,7 @@ def _cap_tf_transmit(model: JobModel) -> float:
 
 
 def _collectives_outside_packs(run: RunTrace, ranks: list[int]) -> tuple[list[str], float]:
-    """The profiled steps' collectives that all-reduce no pack (trace/rundir.add_tf_records): their names and the
+    """The profiled steps' collectives that all-reduce no pack (trace/tf_records.add_tf_records): their names and the
     median over ranks of each rank's median time in them a step."""
     names: list[str] = []
     per_rank = []

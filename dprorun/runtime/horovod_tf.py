@@ -10,7 +10,7 @@ Tensors: while a step function is traced, every tensor handed to `horovod.tensor
 them at run time: its timeline, recorded in the window's first --kineto-iters iterations, says how).
 Profiler: TensorFlow's, over the same iterations (`rank_<r>/xplane.pb`), for the compute ops. It records none of
 Horovod's asynchronous ops: each tensor's all-reduce runs from its gradient being ready (the profile) to the end of
-its operation in Horovod's timeline (trace/rundir.add_tf_records).
+its operation in Horovod's timeline (trace/tf_records.add_tf_records).
 End of the window: a timed all-reduce of each calibration size through horovod.tensorflow (eager), the events
 written by every worker into the run directory on its own host.
 """

@@ -22,9 +22,9 @@ Produced (host plane "/host:CPU"):
     phase "transmit", txn_id "tf.instance<instance_key>", with group key and step id, and the bytes of the
     buffer allocated inside it (the MemoryAllocation event's requested_bytes);
   (horovod.tensorflow: TensorFlow's profiler records none of Horovod's asynchronous ops; their spans come from
-  Horovod's timeline, trace/rundir.add_tf_records);
+  Horovod's timeline, trace/tf_records.add_tf_records);
   - fetches: the starts of `IteratorGetNextOp::DoCompute` (a step function's `next(iterator)`, once per step),
-    which split a call that runs several steps (rundir.split_multi_step_calls);
+    which split a call that runs several steps (tf_records.split_multi_step_calls);
   - ops inside a loop of the step function keep the names they were traced with (`name_outside_loop`);
   - steps: the python thread's `train` events (`tf.profiler.experimental.Trace("train", step_num=N)`), where a
     script set them (dprorun sets none: it splits the profile at its own step boundaries).

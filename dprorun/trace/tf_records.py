@@ -1,0 +1,244 @@
+"""TensorFlow's profile (trace/xplane.py) read into a rank's records: the steps a call of a step function runs, each
+profiled step's forward / backward / update spans and its gradient packs' all-reduces (from the profile's collectives,
+or from Horovod's timeline for horovod.tensorflow), the collectives outside the packs, and the compute ops. The
+rank's events document (trace/rundir.py) gets these records as the hooks write them for PyTorch.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+from dprorun.layout import CommRecord
+from dprorun.trace.horovod import HorovodTimeline
+from dprorun.trace.model import Op, OpKind, RankTrace, is_tf_tracker
+from dprorun.trace.xplane import TFProfile
+
+
+def _tf_step_parts(profile: TFProfile, starts: list[float],
+                   steps: list[int]) -> dict[int, tuple[float, float, list[Op], list[Op]]]:
+    """Per profiled step (the hooks' iteration boundaries, on the same clock as the profile): (start, end, its
+    compute ops, its collectives)."""
+    parts = {}
+    for step in steps:
+        if step + 1 >= len(starts):
+            continue
+        start, end = float(starts[step]), float(starts[step + 1])
+        ops = [op for op in profile.compute if start <= op.start_us < end]
+        colls = sorted((op for op in profile.collectives if start <= op.start_us < end), key=lambda op: op.start_us)
+        parts[step] = (start, end, ops, colls)
+    return parts
+
+
+def _steps_per_call(profile: TFProfile, starts: list[float], profiled: list[int]) -> int:
+    """Training steps per call of a TensorFlow step function: how often the call's first collective op runs in
+    it (once per step; a function that loops over steps runs it once per pass), as most profiled calls have it
+    (a call the profiler cut short counts fewer); 1 unless at least half of them agree. Where the profile holds
+    no collective (horovod.tensorflow: TensorFlow's profiler records none of Horovod's ops), the input fetches
+    inside each call count the steps instead (`next(iterator)` once per step)."""
+    counts, fetches = [], []
+    for start, end, _, colls in _tf_step_parts(profile, starts, profiled).values():
+        if colls:
+            first = colls[0].args.get("scope")
+            counts.append(sum(1 for op in colls if op.args.get("scope") == first))
+        fetches.append(sum(1 for f in profile.fetches if start <= f < end))
+    if not counts:  # a call the profiler cut short may show none
+        counts = [f for f in fetches if f > 0]
+    if not counts:
+        return 1
+    k, agreeing = Counter(counts).most_common(1)[0]
+    return k if 2 * agreeing >= len(counts) else 1
+
+
+def _step_starts(profile: TFProfile, start: float, end: float, k: int) -> list[float]:
+    """The starts of the k steps of the call [start, end): at the steps' input fetches where there are k, else at
+    the occurrences of the call's first op that runs k times (each step runs its ops in about the same order; a
+    loop over tensors the function was given fetches nothing), else (a call the profiler did not see) k equal
+    parts."""
+    fetches = [f for f in profile.fetches if start <= f < end]
+    if len(fetches) == k:
+        return [start] + fetches[1:]
+    ops = sorted((op for op in profile.compute if start <= op.start_us < end), key=lambda op: op.start_us)
+    runs: dict[str, list[float]] = {}
+    for op in ops:
+        runs.setdefault(op.args.get("op", op.name), []).append(op.start_us)
+    marker = next((runs[name] for name in (op.args.get("op", op.name) for op in ops) if len(runs[name]) == k), None)
+    if marker is not None:
+        return [start] + marker[1:]
+    return [start + j * (end - start) / k for j in range(k)]
+
+
+def split_multi_step_calls(doc: dict, profile: TFProfile) -> None:
+    """A step function that runs k training steps per call (Keras's steps_per_execution, a custom loop's
+    tf.range inside the tf.function): the hooks' iterations are calls; here they become steps, so that phases,
+    packs and the replay are a step's (`_step_starts`: a profiled call at its steps' input fetches or first
+    repeated op, one the profiler did not see in k equal parts). Every iteration-indexed record is renumbered."""
+    window = doc["window"]
+    profiled = [int(i) for i in window.get("kineto_iterations", [])]
+    starts = [float(x) for x in doc["iteration_starts_us"]]
+    k = _steps_per_call(profile, starts, profiled)
+    if k <= 1:
+        return
+    bounds = [_step_starts(profile, s, e, k) for s, e in zip(starts, starts[1:])]
+    cpu = [float(x) for x in doc.get("iteration_cpu_s", [])]
+    if len(cpu) == len(starts):
+        doc["iteration_cpu_s"] = [c0 + (c1 - c0) * (b - s) / max(e - s, 1e-9)
+                                  for (s, e, c0, c1), parts in zip(zip(starts, starts[1:], cpu, cpu[1:]), bounds)
+                                  for b in parts] + cpu[-1:]
+    doc["iteration_starts_us"] = [b for parts in bounds for b in parts] + starts[-1:]
+
+    def sub(i: int, t: float) -> int:  # the step of call i that holds time t
+        parts = bounds[i] if 0 <= i < len(bounds) else [t]
+        return i * k + max(0, sum(1 for b in parts if b <= t) - 1)
+
+    spans = []
+    for i, name, start, end in doc["spans"]:
+        if name == "step" and 0 <= i < len(bounds):
+            edges = bounds[i] + [end]
+            spans += [[i * k + j, name, max(start, edges[j]), edges[j + 1]] for j in range(k)]
+        else:
+            spans.append([sub(i, start), name, start, end])
+    doc["spans"] = spans
+    doc["host_cpu_stat"] = [[row[0] * k, *row[1:]] for row in doc.get("host_cpu_stat", [])]
+    for key in ("warmup", "active", "clean"):
+        window[key] = int(window.get(key, 0)) * k
+    if window.get("cut_at") is not None:  # a switch to another model's step function, at a call
+        window["cut_at"] = int(window["cut_at"]) * k
+    window["kineto_iterations"] = [i * k + j for i in profiled for j in range(k)]
+    window["steps_per_call"] = k
+    doc["disturbed_iterations"] = [i * k + j for i in doc.get("disturbed_iterations", []) for j in range(k)]
+    doc.setdefault("warnings", []).append(
+        f"each call of the step function ran {k} training steps (Keras's steps_per_execution, or a loop inside the "
+        f"tf.function): iterations here are steps, the profiled calls split where each step starts, the "
+        f"others into {k} equal parts")
+
+
+def backward_start(ops: list[Op], bw_end: float) -> float:
+    """Where a TensorFlow step's backward starts: the split of its ops before `bw_end` that leaves the least
+    gradient-op time before it and forward-op time after it. TensorFlow runs an op as soon as its inputs exist, so
+    a gradient op that needs only shapes (an embedding lookup's gradient concat) runs during the forward: the
+    earliest gradient op put a GRU net's forward at 2.4 ms of its real 7.7."""
+    timed = sorted((op for op in ops if op.start_us < bw_end and op.kind in (OpKind.FW, OpKind.BW)),
+                   key=lambda op: op.start_us)
+    forward_after = sum(op.dur_us for op in timed if op.kind is OpKind.FW)
+    backward_before, best, best_cost = 0.0, None, float("inf")
+    for op in timed:
+        if op.kind is OpKind.BW and backward_before + forward_after < best_cost:
+            best, best_cost = op.start_us, backward_before + forward_after
+        if op.kind is OpKind.BW:
+            backward_before += op.dur_us
+        else:
+            forward_after -= op.dur_us
+    return best if best is not None else min(op.start_us for op in ops if op.kind is OpKind.BW)
+
+
+def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[HorovodTimeline] = None) -> None:
+    """A TensorFlow worker's hooks see only whole steps; its profiled steps' phases, per-pack all-reduces and
+    gradient-ready times come from the profile, written into the events document as the DDP hooks' records
+    are (forward: step start -> first gradient op; backward: gradient ops; update: after the last collective;
+    one bucket per all-reduce pack, from the packs the hooks recorded while the step function was traced;
+    a gradient is ready when the op producing it ends). horovod.tensorflow: TensorFlow's profiler does not
+    record Horovod's asynchronous ops; each tensor's all-reduce runs from its gradient being ready on this
+    worker to the end of its operation in Horovod's timeline (the coordinator's, same host clock)."""
+    tracker = next((t for t in doc.get("trackers", []) if is_tf_tracker(t)), None)
+    if tracker is None:
+        return
+    packs = tracker.get("packs") or []
+    names = [n for pack in packs for n in pack.get("tensors", [])]
+    sizes = dict(zip(names, [b for pack in packs for b in pack.get("bytes", [])]))
+    doc["buckets"] = [{"ddp": 0, "index": k, "nbytes": int(sum(pack.get("bytes", []))),
+                       "params": list(pack.get("tensors", [])), "dtype": "", "numel": 0}
+                      for k, pack in enumerate(packs)]
+    per_pack = tracker.get("bytes_per_pack")
+    doc["params"] = {"0": {"order": names, "bytes": sizes,
+                           "bucket_cap_mb": (per_pack / (1 << 20)) if per_pack else None}}
+    horovod = tracker.get("framework") == "horovod"
+    operations = _horovod_operations(horovod_timeline, packs) if horovod else {}
+    profiled = list(doc["window"].get("kineto_iterations", []))
+    incomplete: list[int] = []
+    outside: list[dict] = []  # per profiled step, the collectives that all-reduce no pack
+    for step, (start, end, ops, colls) in _tf_step_parts(profile, doc["iteration_starts_us"], profiled).items():
+        backward = [op for op in ops if op.kind is OpKind.BW]
+        if not backward:
+            continue
+        bw_end = max(op.end_us for op in backward)
+        bw_start = backward_start(ops, bw_end)
+        produced = {op.args.get("op"): op.end_us for op in ops}
+        ready_of = {}
+        for name in names:
+            op_name = name.split(":", 1)[0]
+            ready = produced.get(op_name)
+            if ready is None:  # an op the profiler does not show (a Reshape): the last op of its scope
+                scope = op_name.rsplit("/", 1)[0] + "/"
+                ready = max((t for n, t in produced.items() if n and n.startswith(scope)), default=bw_end)
+            ready_of[name] = ready
+            doc["grad_ready"].append([step, name, ready])
+        if horovod:
+            records = []
+            for k, pack in enumerate(packs):
+                operation = next(((s, e) for s, e in operations.get(k, []) if start <= s < end), None)
+                if operation is not None:  # enqueued by the operation's start at the latest: a gradient's ready
+                    # time read later than that (a producing op the profile names otherwise) is not this tensor's
+                    enqueue = min(max(ready_of[n] for n in pack.get("tensors", [])), operation[0])
+                    records.append(CommRecord(step, 0, k, enqueue, enqueue, operation[1]))
+            if len(records) < len(packs):  # e.g. the timeline's writer had not flushed the step when it stopped
+                incomplete.append(step)
+                continue
+        else:
+            records = [CommRecord(step, 0, k, c.start_us, c.start_us, c.end_us) for k, c in enumerate(colls)
+                       if k < len(packs)]
+            if len(colls) > len(packs):  # sparse gradients' all-gathers, Keras's metric reductions: inside update
+                outside.append({"step": step, "names": [c.args.get("scope") or c.name for c in colls[len(packs):]],
+                                "us": round(sum(c.end_us - c.start_us for c in colls[len(packs):]), 1)})
+        update_start = max([bw_end] + [r.done_us for r in records])
+        doc["spans"] += [[step, "forward0", start, bw_start], [step, "backward0", bw_start, bw_end],
+                         [step, "update", update_start, max([update_start] + [op.end_us for op in ops])]]
+        doc["comm"] += [r.row() for r in records]
+    if outside:
+        doc["window"]["collectives_outside_packs"] = outside
+    if incomplete:
+        doc["window"]["kineto_iterations"] = [i for i in profiled if i not in incomplete]
+        doc["disturbed_iterations"] = sorted(set(doc.get("disturbed_iterations", [])) | set(incomplete))
+        doc.setdefault("warnings", []).append(
+            f"profiled step(s) {incomplete} left out: Horovod's timeline lacks some of their all-reduces "
+            + ("(no timeline in the run directory)" if horovod_timeline is None else "(cut short when it stopped?)"))
+
+
+def _horovod_operations(timeline: Optional[HorovodTimeline], packs: list[dict]) -> dict[int, list]:
+    """Pack index -> [(start, end)] of its all-reduce operations in Horovod's timeline, the tensor found by the
+    Horovod op's name recorded at trace time (the timeline's name carries TensorFlow's name scopes, and the
+    cond branch's, before it)."""
+    if timeline is None:
+        return {}
+    by_op = {}
+    for k, pack in enumerate(packs):
+        if pack.get("op"):
+            by_op[pack["op"]] = k
+    result: dict[int, list] = {}
+    for op in timeline.trace.ops:
+        if op.phase != "operation" or op.iteration < 0:
+            continue
+        k = by_op.get(str(op.tensor).rsplit("/", 1)[-1])
+        if k is not None:
+            result.setdefault(k, []).append((op.start_us, op.end_us))
+    return result
+
+
+def add_tf_compute(trace: RankTrace, profile: TFProfile) -> None:
+    """The profiled steps' compute ops (op type, scope = the TF op name's scope), kinds from their place in
+    the step: before the first gradient op forward, gradient ops backward, after backward the update."""
+    starts = [start for _, start, _ in trace.iterations] + ([trace.iterations[-1][2]] if trace.iterations else [])
+    profiled = list(trace.meta.get("kineto_iterations", []))
+    for step, (start, end, ops, colls) in _tf_step_parts(profile, starts, profiled).items():
+        backward = [op for op in ops if op.kind is OpKind.BW]
+        if not backward:
+            continue
+        bw_end = max(op.end_us for op in backward)
+        for op in ops:
+            if op.kind is not OpKind.BW and op.start_us >= bw_end:
+                op.kind = OpKind.UPDATE
+            op.iteration = step
+            op.host = trace.host
+            trace.ops.append(op)
+        for op in colls:
+            op.iteration, op.host = step, trace.host
+            trace.ops.append(op)
