@@ -12,8 +12,8 @@ with --nets 1gbit a 1 Gbit/s tbf-shaped loopback in a fresh namespace (scripts/w
 
 usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,module,handloop] [--nets loopback,1gbit]
        (more models: conv-2ctx (2 contexts a worker), handloop-2bit (2-bit compressed pushes), mlp-async,
-       conv-async (dist_async); workers-update, frozen, embedding, frozen-later (the first layer frozen after 5
-       steps): examples/mxnet_variants.py;
+       conv-async (dist_async), conv-validate-10 (a validation pass every 10 steps); workers-update, frozen,
+       embedding, frozen-later (the first layer frozen after 5 steps): examples/mxnet_variants.py;
        deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py)
        [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
 With --keep DIR the profiles' run directories and the plain launches' figures are kept (DIR/rounds.json); --from DIR
@@ -49,6 +49,8 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           # the kvstore's asynchronous mode: each push updated on its own (not in the default set)
           "mlp-async": ["--model", "mlp", "--width", "600", "--kvstore", "dist_async"],
           "conv-async": ["--model", "conv", "--kvstore", "dist_async"],
+          # a validation pass (4 forward batches outside autograd.record) every 10 steps, untimed by the script
+          "conv-validate-10": ["--model", "conv", "--validate-every", "10"],
           # examples/mxnet_variants.py: the optimizer on the workers, frozen layers, an embedding table
           "workers-update": ["--update-on-kvstore", "0"], "frozen": ["--freeze"], "embedding": ["--embedding"],
           # the first layer trained for 5 steps, then frozen (before the window)

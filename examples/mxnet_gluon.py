@@ -46,6 +46,9 @@ def main() -> None:
     parser.add_argument("--own-profiler", default="",
                         help="FIRST,LAST: the script profiles those steps itself (mx.profiler set_config, run, stop "
                              "and dump, as a user's script does), into a temporary file")
+    parser.add_argument("--validate-every", type=int, default=0,
+                        help="every this many steps, a validation pass (forward only, outside autograd.record) over "
+                             "4 batches, after the step and outside the iteration the script times")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: worker 1 raises at this step")
     args = parser.parse_args()
     own_first, own_last = map(int, args.own_profiler.split(",")) if args.own_profiler else (-1, -1)
@@ -91,6 +94,10 @@ def main() -> None:
         trainer.step(args.batch_size * workers)
         losses[-1].wait_to_read()
         times.append(time.perf_counter() - started)
+        if args.validate_every and (step + 1) % args.validate_every == 0:
+            correct = sum(float((net(x).argmax(axis=1) == y).sum().asscalar()) for _ in range(4))
+            if worker == 0 and step + 1 == args.validate_every:
+                print(f"worker 0: validation accuracy {correct / (4 * args.batch_size):.3f}", flush=True)
         if step == own_last:
             mx.profiler.set_state("stop")
             mx.profiler.dump()  # finished=True: MXNet's periodic dump ends with it

@@ -504,7 +504,8 @@ def test_iterations_under_the_scripts_own_profiler_leave_the_statistics_where_ot
     and the clean iterations (ops and gradient times too) where others remain; where none remain they stay and the
     run says its figures are of the job under that profiler."""
     from dprorun.trace.model import Op, OpKind, RankTrace, RunTrace
-    from dprorun.trace.rundir import _ranges, _set_aside_script_profiled
+    from dprorun.stats import ranges_text
+    from dprorun.trace.rundir import _set_aside_script_profiled
 
     def rank(r, marks):
         trace = RankTrace(rank=r, host="h", profiled_iterations=list(range(5, 12)),
@@ -530,7 +531,7 @@ def test_iterations_under_the_scripts_own_profiler_leave_the_statistics_where_ot
     assert run.problems == ["iterations 0-15 ran (in part) under the script's own profiler: every one of the "
                             "profiled window's and the clean iterations did: they stay, and the figures from them "
                             "are of the job under that profiler"]
-    assert _ranges([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10"
+    assert ranges_text([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10"
 
 
 def test_an_mxnet_error_is_said_by_its_cause_and_the_ps_model_repeats_the_workers_warnings():
@@ -772,3 +773,22 @@ def test_activation_meter_leaves_out_the_weights_a_layer_saves():
     plain.start()
     torch.relu(model[0](inputs))
     assert plain.stop() > inputs.nbytes + model[0].weight.nbytes
+
+
+def test_mxnet_iterations_with_a_validation_pass_and_the_one_after_are_set_aside():
+    """trace/mxprofile.inference_set_aside: forward passes outside autograd's recording counted per iteration by the
+    hooks. A validation pass every 10 iterations: that iteration and the next set aside; a teacher's forward every
+    iteration, with a validation on top every 10th: only the extra ones; a pass every 3rd iteration (more than one in
+    four): part of the job's cadence, nothing set aside; a pass before the first iteration (-1) is none of them."""
+    from dprorun.trace.mxprofile import inference_set_aside
+
+    def events(passes: dict, iterations: int = 30) -> dict:
+        return {"iteration_starts_us": [1000.0 * i for i in range(iterations + 1)],
+                "trackers": [{"framework": "mxnet", "inference_passes": sorted(passes.items())}]}
+
+    assert inference_set_aside(events({9: 4, 19: 4, 29: 4, -1: 4})) == {9, 10, 19, 20, 29}
+    teacher = {i: 1 for i in range(30)}
+    assert inference_set_aside(events({**teacher, 9: 5, 19: 5})) == {9, 10, 19, 20}
+    assert inference_set_aside(events(teacher)) == set()
+    assert inference_set_aside(events({i: 4 for i in range(2, 30, 3)})) == set()
+    assert inference_set_aside({"iteration_starts_us": [0.0, 1.0], "trackers": [{"framework": "torch"}]}) == set()

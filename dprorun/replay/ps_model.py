@@ -30,8 +30,8 @@ from dprorun.replay.engine import replay
 from dprorun.replay.ps_cpu import busy_hosts, read_host_cpu
 from dprorun.replay.ps import PSModel, PSWhatIf, WorkerOps, calibration_graph, ps_graph
 from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey
-from dprorun.stats import median
-from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, \
+from dprorun.stats import median, ranges_text
+from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, inference_set_aside, numbered_files, \
     read_mx_profile_checked, read_server_docs, read_server_updates
 
 
@@ -237,6 +237,11 @@ def _read_workers(run_dir: str, workers: dict, cleans: dict[int, dict], keys: li
     if len(window) < len(window_all) or len(clean) < len(clean_all):
         notes.append(f"iterations {', '.join(map(str, sorted(marked)))} ran (in part) under the script's own "
                      "profiler: left out of the window's and the clean iterations' statistics")
+    validating = sorted(set().union(*(inference_set_aside(events) for events in workers.values())))
+    if validating:
+        notes.append(f"iterations {ranges_text(validating)} left out of the window's and the clean iterations' "
+                     "statistics: forward passes outside autograd's recording (a validation pass) in them or in the "
+                     "one before")
     return ops, window, clean
 
 
@@ -338,7 +343,7 @@ def _unprofiled_window(events: dict, skip: set[int]) -> list[float]:
     profiled = window.get("kineto_iterations") or []
     starts = events.get("iteration_starts_us", [])
     first = (max(profiled) + 2) if profiled else warmup
-    disturbed = set(events.get("disturbed_iterations", [])) | skip
+    disturbed = set(events.get("disturbed_iterations", [])) | skip | inference_set_aside(events)
     last = min(warmup + active - 1, len(starts) - 1, _cut_at(events) or len(starts))
     return [starts[i + 1] - starts[i] for i in range(first, last) if i not in disturbed]
 
@@ -348,7 +353,7 @@ def _clean_iterations(clean: Optional[dict], events: dict, skip: set[int]) -> li
     of `skip`."""
     starts = (clean or {}).get("iteration_starts_us", [])
     first = int((clean or {}).get("first_iteration", 0))
-    disturbed, cut = set(events.get("disturbed_iterations", [])) | skip, _cut_at(events)
+    disturbed, cut = set(events.get("disturbed_iterations", [])) | skip | inference_set_aside(events), _cut_at(events)
     # the first is iteration W+K, inside which the end-of-window work (calibration, files) ran: not clean
     return [starts[j + 1] - starts[j] for j in range(1, len(starts) - 1)
             if first + j not in disturbed and (cut is None or first + j < cut)]

@@ -13,14 +13,16 @@ import os
 from typing import Optional
 
 from dprorun.fsutil import TraceError, read_json
+from dprorun.stats import ranges_text
 from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, MANIFEST_FILE, \
     MANIFEST_SCHEMA, SAMPLES_FILE, SCOPE_PREFIX, XPLANE_FILE, CommRecord, P2PRecord, rank_dir
 from dprorun.graph.topology import transaction_id
 from dprorun.trace.horovod import HorovodTimeline, read_horovod_timeline
 from dprorun.trace.kineto import KinetoTrace, read_kineto
+from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
+from dprorun.trace.mxprofile import inference_set_aside
 from dprorun.trace.tf_records import add_tf_compute, add_tf_records, split_multi_step_calls
 from dprorun.trace.xplane import read_tf_profile
-from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
 
 SUPPORTED_EVENTS_VERSIONS = (1,)
 SPAN_KINDS = (("forward", OpKind.FW), ("backward", OpKind.BW), ("update", OpKind.UPDATE))
@@ -63,7 +65,7 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     starts = [float(x) for x in doc["iteration_starts_us"]]
     trace.iterations = [(i, starts[i], starts[i + 1]) for i in range(len(starts) - 1)]
     complete = {i for i, _, _ in trace.iterations}
-    disturbed = {int(i) for i in doc.get("disturbed_iterations", [])}
+    disturbed = {int(i) for i in doc.get("disturbed_iterations", [])} | inference_set_aside(doc)
     # a script that went on to train another model cut the window or the clean iterations short there
     cut = warmup + active + clean if window.get("cut_at") is None else int(window["cut_at"])
     trace.profiled_iterations = [i for i in range(warmup, min(warmup + active, cut))
@@ -425,7 +427,7 @@ def _set_aside_script_profiled(run: RunTrace) -> None:
     if not touched:
         return
     label = {"window": "the profiled window's", "clean": "the clean"}
-    text = f"iterations {_ranges(sorted(marked))} ran (in part) under the script's own profiler"
+    text = f"iterations {ranges_text(sorted(marked))} ran (in part) under the script's own profiler"
     left = [label[name] for name in ("window", "clean") if name in touched - stayed]
     clauses = [f"left out of {' and '.join(left)} iterations' statistics"] if left else []
     kept = [label[name] for name in ("window", "clean") if name in stayed]
@@ -434,18 +436,6 @@ def _set_aside_script_profiled(run: RunTrace) -> None:
                        "of the job under that profiler")
     text += ": " + "; ".join(clauses)
     run.problems.append(text)
-
-
-def _ranges(values: list[int]) -> str:
-    """[2, 3, 4, 7] -> "2-4, 7"."""
-    parts, start = [], None
-    for i, value in enumerate(values):
-        if start is None:
-            start = value
-        if i + 1 == len(values) or values[i + 1] != value + 1:
-            parts.append(str(start) if start == value else f"{start}-{value}")
-            start = None
-    return ", ".join(parts)
 
 
 def _map_ranks(tasks: list[tuple[str, int, bool]], workers: Optional[int]) -> list[RankTrace]:
