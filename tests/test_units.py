@@ -775,20 +775,22 @@ def test_activation_meter_leaves_out_the_weights_a_layer_saves():
     assert plain.stop() > inputs.nbytes + model[0].weight.nbytes
 
 
-def test_mxnet_iterations_with_a_validation_pass_and_the_one_after_are_set_aside():
-    """trace/mxprofile.inference_set_aside: forward passes outside autograd's recording counted per iteration by the
-    hooks. A validation pass every 10 iterations: that iteration and the next set aside; a teacher's forward every
-    iteration, with a validation on top every 10th: only the extra ones; a pass every 3rd iteration (more than one in
-    four): part of the job's cadence, nothing set aside; a pass before the first iteration (-1) is none of them."""
-    from dprorun.trace.mxprofile import inference_set_aside
+def test_iterations_with_a_validation_pass_are_set_aside_and_on_mxnet_the_one_after():
+    """trace/rundir.inference_set_aside: forward passes that train nothing counted per iteration by the hooks. MXNet,
+    a validation pass every 10 iterations: that iteration and the next set aside (the pass drained the engine); a
+    teacher's forward every iteration, with a validation on top every 10th: only the extra ones; a pass every 3rd
+    iteration (more than one in four): part of the job's cadence, nothing set aside; a pass before the first
+    iteration (-1) is none of them. PyTorch: the validation iterations alone."""
+    from dprorun.trace.rundir import inference_set_aside
 
-    def events(passes: dict, iterations: int = 30) -> dict:
+    def events(passes: dict, iterations: int = 30, framework: str = "mxnet") -> dict:
         return {"iteration_starts_us": [1000.0 * i for i in range(iterations + 1)],
-                "trackers": [{"framework": "mxnet", "inference_passes": sorted(passes.items())}]}
+                "inference_passes": sorted(passes.items()), "trackers": [{"framework": framework}]}
 
     assert inference_set_aside(events({9: 4, 19: 4, 29: 4, -1: 4})) == {9, 10, 19, 20, 29}
     teacher = {i: 1 for i in range(30)}
     assert inference_set_aside(events({**teacher, 9: 5, 19: 5})) == {9, 10, 19, 20}
     assert inference_set_aside(events(teacher)) == set()
     assert inference_set_aside(events({i: 4 for i in range(2, 30, 3)})) == set()
+    assert inference_set_aside(events({9: 4, 19: 4}, framework="torch")) == {9, 19}
     assert inference_set_aside({"iteration_starts_us": [0.0, 1.0], "trackers": [{"framework": "torch"}]}) == set()

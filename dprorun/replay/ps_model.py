@@ -31,7 +31,8 @@ from dprorun.replay.ps_cpu import busy_hosts, read_host_cpu
 from dprorun.replay.ps import PSModel, PSWhatIf, WorkerOps, calibration_graph, ps_graph
 from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey
 from dprorun.stats import median, ranges_text
-from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, inference_set_aside, numbered_files, \
+from dprorun.trace.rundir import inference_set_aside
+from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, \
     read_mx_profile_checked, read_server_docs, read_server_updates
 
 

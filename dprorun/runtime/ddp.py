@@ -187,6 +187,9 @@ class DDPTracker:
             self.update_meter.stop()  # here, not inside the step: torch iterates over the step hooks then
             self.update_meter = None
         if not training:
+            if self.primary:  # an evaluation through the trained model (a validation pass): its iteration is no
+                # training iteration as the others are (trace/rundir.inference_set_aside)
+                session.records.count_inference_pass(session.iteration)
             return None
         if self.primary:
             session.primary_forwards += 1

@@ -115,9 +115,6 @@ class MXTracker:
         self.cycle: set[int] = set()  # a script pushing by hand: the keys pushed since this cycle's first push
         self.cycles = 0
         self.pushed = IterationKeys()
-        # forward passes outside autograd's recording (validation, a teacher) per iteration that had any: which of
-        # those iterations to set aside is the reader's (trace/mxprofile.inference_set_aside)
-        self.inference_passes: dict[int, int] = {}
         self.compression: Optional[str] = None  # the kvstore's gradient compression ("2bit", "1bit"), if set
         self.engine_probe: list[list[float]] = []  # [bytes, copy µs, add µs]: see probe_engine
         session.trackers.append(self)
@@ -135,7 +132,6 @@ class MXTracker:
                 "cgroup_quota_cores": cgroup_quota_cores(),  # a host (container) held to fewer cores than it has
                 "workers": int(os.environ.get("DMLC_NUM_WORKER", "1")),
                 "engine_probe": self.engine_probe,
-                "inference_passes": sorted(self.inference_passes.items()),
                 "iterations": "Trainer.step / allreduce_grads / Module.update" if self.step_calls else
                 ("push/pull cycles (the script pushes by hand)" if self.cycles else "none seen")}
 
@@ -201,10 +197,6 @@ class MXTracker:
                 entry["ops"].append(op)
 
     # ---- iterations --------------------------------------------------------------------------------------
-    def inference_pass(self) -> None:
-        iteration = self.session.iteration
-        self.inference_passes[iteration] = self.inference_passes.get(iteration, 0) + 1
-
     def run_step(self, call, *args, **kwargs):
         self.step_calls += 1
         self.session.guard("reading the iteration's keys", self._iteration_ended)
@@ -361,9 +353,9 @@ def drain_engine_at_exit() -> None:
 
 
 def _watch_inference(tracker: MXTracker) -> None:
-    """Count the forward passes that autograd does not record (InferencePasses): a Gluon block called outside
-    `autograd.record()` (the outermost call only: its children run inside it) and a Module's forward with
-    is_train=False (Module.score, a validation loop by hand)."""
+    """Count the forward passes that autograd does not record (trace/rundir.inference_set_aside): a Gluon block
+    called outside `autograd.record()` (the outermost call only: its children run inside it) and a Module's forward
+    with is_train=False (Module.score, a validation loop by hand)."""
     from mxnet import autograd
     from mxnet.gluon import Block
     from mxnet.module import Module
@@ -377,14 +369,14 @@ def _watch_inference(tracker: MXTracker) -> None:
         inside[0] = True
         try:
             if not autograd.is_recording():
-                tracker.inference_pass()
+                tracker.session.records.count_inference_pass(tracker.session.iteration)
             return block_call(self, *args)
         finally:
             inside[0] = False
 
     def forward(self, data_batch, is_train=None):
         if is_train is False or (is_train is None and not getattr(self, "for_training", True)):
-            tracker.inference_pass()
+            tracker.session.records.count_inference_pass(tracker.session.iteration)
         return module_forward(self, data_batch, is_train)
 
     Block.__call__, Module.forward = call, forward

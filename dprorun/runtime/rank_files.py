@@ -39,6 +39,7 @@ def events_document(session: RankSession) -> dict:
                    "kineto_iterations": list(range(session.kineto_start_iteration, session.kineto_end_iteration))},
         "disturbed_iterations": session.records.disturbed_iterations,
         "script_profiler_iterations": session.records.script_profiler_iterations,
+        "inference_passes": sorted(session.records.inference_passes.items()),
         "clock": {"source": "time.time_ns", "wall_start_us": session.wall_start_us,
                   "monotonic_start_ns": session.monotonic_at_start_ns,
                   # the test knob's shift of every hook timestamp; a profiler file that keeps the process's own

@@ -28,12 +28,19 @@ class RankRecords:
     cpu_budget: dict = field(default_factory=dict)  # runtime/cpubudget.py, at the end of the window
     disturbed_iterations: list[int] = field(default_factory=list)  # paused by dprorun's own work
     script_profiler_iterations: list[int] = field(default_factory=list)  # run (in part) under the script's profiler
+    # forward passes that train nothing (a validation pass, a teacher's forward) per iteration that had any: which
+    # of those iterations the statistics leave out is the reader's (trace/rundir.inference_set_aside)
+    inference_passes: dict[int, int] = field(default_factory=dict)
     files_written: list[str] = field(default_factory=list)  # this rank's files in the run directory
     warnings: list[str] = field(default_factory=list)  # what went wrong or was left out, said in the summary
 
     def mark_script_profiled(self, iteration: int) -> None:
         if iteration >= 0 and iteration not in self.script_profiler_iterations[-1:]:
             self.script_profiler_iterations.append(iteration)
+
+    def count_inference_pass(self, iteration: int) -> None:
+        if iteration >= 0:
+            self.inference_passes[iteration] = self.inference_passes.get(iteration, 0) + 1
 
     def add_iteration_start(self, now_us: float, cpu_s: float) -> None:
         if len(self.iteration_starts) < MAX_ITERATION_TIMESTAMPS:

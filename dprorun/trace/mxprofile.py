@@ -211,27 +211,3 @@ def read_server_updates(run_dir: str, docs: dict[int, dict] | None = None) -> tu
                     for k, a, b, n in doc.get("updates", [])]
     return updates, len(docs)
 
-
-def inference_set_aside(events: dict) -> set[int]:
-    """A worker's iterations set aside for forward passes outside autograd's recording (runtime/mxnet.py counts them:
-    a validation pass, a metric over a held-out batch, a teacher's forward). An iteration with more of them than
-    most iterations have is no training iteration as the others are (a validation pass falls inside one and
-    lengthens it), and neither is the next: reading the pass's results drains MXNet's engine, so it starts with
-    nothing queued and runs shorter than a steady one (examples/mxnet_gluon.py validating every 3 steps: 11-23 ms
-    after a validation, 23-40 ms the one after, 28-33 ms without validation). Where such iterations are more than one
-    in four, no iteration runs steady between them: the passes are part of the job's cadence and none is set aside;
-    a count every iteration has (a teacher's forward) is part of the iteration."""
-    tracker = next((t for t in events.get("trackers", []) if t.get("framework") == "mxnet"), None)
-    passes = {int(i): int(n) for i, n in (tracker or {}).get("inference_passes", [])}
-    iterations = max(0, len(events.get("iteration_starts_us", [])) - 1)
-    if not passes or not iterations:
-        return set()
-    counts: dict[int, int] = {}
-    for i in range(iterations):
-        counts[passes.get(i, 0)] = counts.get(passes.get(i, 0), 0) + 1
-    usual = max(sorted(counts), key=lambda n: counts[n])  # ties: the fewer passes
-    extra = {i for i, n in passes.items() if n > usual and 0 <= i < iterations}
-    if not extra or 4 * len(extra) > iterations:
-        return set()
-    return extra | {i + 1 for i in extra if i + 1 < iterations}
-

@@ -20,7 +20,6 @@ from dprorun.graph.topology import transaction_id
 from dprorun.trace.horovod import HorovodTimeline, read_horovod_timeline
 from dprorun.trace.kineto import KinetoTrace, read_kineto
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
-from dprorun.trace.mxprofile import inference_set_aside
 from dprorun.trace.tf_records import add_tf_compute, add_tf_records, split_multi_step_calls
 from dprorun.trace.xplane import read_tf_profile
 
@@ -55,6 +54,32 @@ def load_events(path: str) -> dict:
     except (TypeError, ValueError):
         raise TraceError(path, "non-numeric timestamp in a record") from None
     return doc
+
+
+def inference_set_aside(events: dict) -> set[int]:
+    """A rank's iterations left out of the statistics for forward passes that train nothing (the hooks count them per
+    iteration: a validation pass through the DDP model, a Gluon block called outside `autograd.record()`, a Module's
+    forward with is_train False). An iteration with more of them than most iterations have is no training iteration
+    as the others are (a validation pass falls inside one and lengthens it: 76-96 ms against 18-28 ms in
+    benchmarks/shapes/ddp_data.py --eval). On MXNet so is the next one: reading the pass's results drains the
+    engine, so the next iteration starts with nothing queued and runs shorter than a steady one
+    (examples/mxnet_gluon.py validating every 3 steps: 11-23 ms after a validation, 23-40 ms the one after, 28-33 ms
+    without validation). Where such iterations are more than one in four, no iteration runs steady between them: the
+    passes are part of the job's cadence and none is set aside; a count every iteration has (a teacher's forward, a
+    metric over each batch) is part of the iteration."""
+    passes = {int(i): int(n) for i, n in events.get("inference_passes", [])}
+    iterations = max(0, len(events.get("iteration_starts_us", [])) - 1)
+    if not passes or not iterations:
+        return set()
+    counts: dict[int, int] = {}
+    for i in range(iterations):
+        counts[passes.get(i, 0)] = counts.get(passes.get(i, 0), 0) + 1
+    usual = max(sorted(counts), key=lambda n: counts[n])  # ties: the fewer passes
+    extra = {i for i, n in passes.items() if n > usual and 0 <= i < iterations}
+    if not extra or 4 * len(extra) > iterations:
+        return set()
+    drained_next = any(t.get("framework") == "mxnet" for t in events.get("trackers", []))
+    return extra | ({i + 1 for i in extra if i + 1 < iterations} if drained_next else set())
 
 
 def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional[dict]) -> RankTrace:
