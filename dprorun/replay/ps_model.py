@@ -31,9 +31,9 @@ from dprorun.replay.ps_cpu import busy_hosts, read_host_cpu
 from dprorun.replay.ps import PSModel, PSWhatIf, WorkerOps, calibration_graph, ps_graph
 from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey
 from dprorun.stats import median, ranges_text
-from dprorun.trace.rundir import inference_set_aside
 from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, \
     read_mx_profile_checked, read_server_docs, read_server_updates
+from dprorun.trace.rundir import inference_set_aside
 
 
 def is_ps_run(run_dir: str) -> bool:
@@ -231,14 +231,16 @@ def _read_workers(run_dir: str, workers: dict, cleans: dict[int, dict], keys: li
     marked = set().union(*(set(events.get("script_profiler_iterations", []))
                            | set((cleans.get(r) or {}).get("script_profiler_iterations", []))
                            for r, events in workers.items()))
-    window_all = [t for e in workers.values() for t in _unprofiled_window(e, set())]
-    clean_all = [t for r, e in workers.items() for t in _clean_iterations(cleans.get(r), e, set())]
-    window = [t for e in workers.values() for t in _unprofiled_window(e, marked)] or window_all
-    clean = [t for r, e in workers.items() for t in _clean_iterations(cleans.get(r), e, marked)] or clean_all
+    # iterations holding a validation pass (and on MXNet the drained one after): left out as well
+    aside = {r: inference_set_aside(events) for r, events in workers.items()}
+    window_all = [t for r, e in workers.items() for t in _unprofiled_window(e, aside[r])]
+    clean_all = [t for r, e in workers.items() for t in _clean_iterations(cleans.get(r), e, aside[r])]
+    window = [t for r, e in workers.items() for t in _unprofiled_window(e, marked | aside[r])] or window_all
+    clean = [t for r, e in workers.items() for t in _clean_iterations(cleans.get(r), e, marked | aside[r])] or clean_all
     if len(window) < len(window_all) or len(clean) < len(clean_all):
         notes.append(f"iterations {', '.join(map(str, sorted(marked)))} ran (in part) under the script's own "
                      "profiler: left out of the window's and the clean iterations' statistics")
-    validating = sorted(set().union(*(inference_set_aside(events) for events in workers.values())))
+    validating = sorted(set().union(*aside.values()))
     if validating:
         notes.append(f"iterations {ranges_text(validating)} left out of the window's and the clean iterations' "
                      "statistics: forward passes outside autograd's recording (a validation pass) in them or in the "
@@ -344,7 +346,7 @@ def _unprofiled_window(events: dict, skip: set[int]) -> list[float]:
     profiled = window.get("kineto_iterations") or []
     starts = events.get("iteration_starts_us", [])
     first = (max(profiled) + 2) if profiled else warmup
-    disturbed = set(events.get("disturbed_iterations", [])) | skip | inference_set_aside(events)
+    disturbed = set(events.get("disturbed_iterations", [])) | skip
     last = min(warmup + active - 1, len(starts) - 1, _cut_at(events) or len(starts))
     return [starts[i + 1] - starts[i] for i in range(first, last) if i not in disturbed]
 
@@ -354,7 +356,7 @@ def _clean_iterations(clean: Optional[dict], events: dict, skip: set[int]) -> li
     of `skip`."""
     starts = (clean or {}).get("iteration_starts_us", [])
     first = int((clean or {}).get("first_iteration", 0))
-    disturbed, cut = set(events.get("disturbed_iterations", [])) | skip | inference_set_aside(events), _cut_at(events)
+    disturbed, cut = set(events.get("disturbed_iterations", [])) | skip, _cut_at(events)
     # the first is iteration W+K, inside which the end-of-window work (calibration, files) ran: not clean
     return [starts[j + 1] - starts[j] for j in range(1, len(starts) - 1)
             if first + j not in disturbed and (cut is None or first + j < cut)]

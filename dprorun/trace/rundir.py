@@ -13,10 +13,10 @@ import os
 from typing import Optional
 
 from dprorun.fsutil import TraceError, read_json
-from dprorun.stats import ranges_text
 from dprorun.layout import CLEAN_FILE, CLEAN_SCHEMA, EVENTS_FILE, EVENTS_SCHEMA, KINETO_FILE, MANIFEST_FILE, \
     MANIFEST_SCHEMA, SAMPLES_FILE, SCOPE_PREFIX, XPLANE_FILE, CommRecord, P2PRecord, rank_dir
 from dprorun.graph.topology import transaction_id
+from dprorun.stats import ranges_text
 from dprorun.trace.horovod import HorovodTimeline, read_horovod_timeline
 from dprorun.trace.kineto import KinetoTrace, read_kineto
 from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
