@@ -435,7 +435,8 @@ def test_iterations_follow_the_models_mode_and_the_model_the_script_trains_now(t
     A script that trains one model after another: the iterations were counted on the first DDP module only (a
     learning-rate finder's model left the job uncounted, its window never closed: a KeyError in the replay), and the
     hooks held every model, its optimizer and gradients for the rest of the job (RSS +40 MiB a model in a 4-model
-    job of 4 MB layers, flat under torchrun)."""
+    job of 4 MB layers, flat under torchrun). The iterations holding a validation pass are left out of the
+    statistics (trace/rundir.inference_set_aside)."""
     script = tmp_path / "eval_wrapper.py"
     script.write_text(EVAL_WRAPPER_SCRIPT)
     run_dir = tmp_path / "run"
@@ -450,6 +451,8 @@ def test_iterations_follow_the_models_mode_and_the_model_the_script_trains_now(t
         assert sum(trace.param_bytes.values()) == main_bytes  # DDP 0, what the analysis reads, is the main model
         clean = trace.meta["clean_iterations"]
         assert len(clean) >= 3 and max(clean) < 12, clean  # the clean ones end with the main model's last
+        # the iterations holding a validation pass (before the main model's steps 3 and 7) are left out
+        assert {4, 8} <= set(trace.meta["disturbed_iterations"]) and 8 not in clean, trace.meta
         assert trace.meta["clean_status"] == "cut short (the script went on to train another model)"
         assert any("went on to train another DDP model at iteration 13, after 4 of the 6" in w
                    for w in trace.warnings), trace.warnings

@@ -19,6 +19,7 @@ from dprorun.replay.engine import replay
 from dprorun.replay.ps import PSModel, PSWhatIf, WorkerOps, calibration_graph, predict_ps, ps_graph
 from dprorun.replay.ps_model import build_ps_model, fit_links
 from dprorun.replay.ps_topology import PSKey, key_parts
+from dprorun.trace.rundir import inference_set_aside
 
 
 def _log_tail(run_dir) -> str:
@@ -48,7 +49,7 @@ def ps_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("mxnet") / "gluon"
     proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", *WINDOW, "python",
                            os.path.join(EXAMPLES, "mxnet_gluon.py"), "--steps", "24", "--model", "mlp",
-                           "--width", "600"], run_dir, timeout=300, env={"DPRO_REPORT": "1"})
+                           "--width", "600", "--validate-every", "11"], run_dir, timeout=300, env={"DPRO_REPORT": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir, proc
 
@@ -72,6 +73,10 @@ def test_a_ps_job_is_profiled_on_workers_and_servers(ps_run):
         # the process's CPU seconds at every iteration start: what tells a CPU-bound host (replay/ps_cpu.py)
         cpu = events["iteration_cpu_s"]
         assert len(cpu) == 24 and cpu == sorted(cpu) and cpu[-1] > cpu[0]
+        # the validation pass after steps 10 and 21 (4 forward passes outside autograd.record): those iterations and
+        # the next (the pass drained the engine) are left out of the statistics
+        assert events["inference_passes"] == [[10, 4], [21, 4]]
+        assert inference_set_aside(events) == {10, 11, 21, 22}
     for server in (0, 1):
         doc = json.loads((run_dir / f"server_{server}" / "server.json").read_text())
         keys = {u[0] for u in doc["updates"]}
