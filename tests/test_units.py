@@ -781,7 +781,7 @@ def test_iterations_with_a_validation_pass_are_set_aside_and_on_mxnet_the_one_af
     teacher's forward every iteration, with a validation on top every 10th: only the extra ones; a pass every 3rd
     iteration (more than one in four): part of the job's cadence, nothing set aside; a pass before the first
     iteration (-1) is none of them. PyTorch: the validation iterations alone."""
-    from dprorun.trace.rundir import inference_set_aside
+    from dprorun.trace.rundir import inference_cadence_warning, inference_set_aside
 
     def events(passes: dict, iterations: int = 30, framework: str = "mxnet") -> dict:
         return {"iteration_starts_us": [1000.0 * i for i in range(iterations + 1)],
@@ -791,6 +791,10 @@ def test_iterations_with_a_validation_pass_are_set_aside_and_on_mxnet_the_one_af
     teacher = {i: 1 for i in range(30)}
     assert inference_set_aside(events({**teacher, 9: 5, 19: 5})) == {9, 10, 19, 20}
     assert inference_set_aside(events(teacher)) == set()
-    assert inference_set_aside(events({i: 4 for i in range(2, 30, 3)})) == set()
+    every_third = events({i: 4 for i in range(2, 30, 3)})
+    assert inference_set_aside(every_third) == set()
+    assert inference_cadence_warning(every_third).startswith("forward passes that train nothing (a validation pass) "
+                                                             "in 10 of 30 iterations, more than one in four")
+    assert inference_cadence_warning(events({9: 4, 19: 4})) == ""
     assert inference_set_aside(events({9: 4, 19: 4}, framework="torch")) == {9, 19}
     assert inference_set_aside({"iteration_starts_us": [0.0, 1.0], "trackers": [{"framework": "torch"}]}) == set()

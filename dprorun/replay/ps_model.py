@@ -33,7 +33,7 @@ from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey
 from dprorun.stats import median, ranges_text
 from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, \
     read_mx_profile_checked, read_server_docs, read_server_updates
-from dprorun.trace.rundir import inference_set_aside
+from dprorun.trace.rundir import inference_cadence_warning, inference_set_aside
 
 
 def is_ps_run(run_dir: str) -> bool:
@@ -245,6 +245,7 @@ def _read_workers(run_dir: str, workers: dict, cleans: dict[int, dict], keys: li
         notes.append(f"iterations {ranges_text(validating)} left out of the window's and the clean iterations' "
                      "statistics: forward passes outside autograd's recording (a validation pass) in them or in the "
                      "one before")
+    notes += sorted({f"warning: {w}" for w in map(inference_cadence_warning, workers.values()) if w})
     return ops, window, clean
 
 

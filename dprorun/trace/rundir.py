@@ -67,19 +67,34 @@ def inference_set_aside(events: dict) -> set[int]:
     without validation). Where such iterations are more than one in four, no iteration runs steady between them: the
     passes are part of the job's cadence and none is set aside; a count every iteration has (a teacher's forward, a
     metric over each batch) is part of the iteration."""
-    passes = {int(i): int(n) for i, n in events.get("inference_passes", [])}
-    iterations = max(0, len(events.get("iteration_starts_us", [])) - 1)
-    if not passes or not iterations:
-        return set()
-    counts: dict[int, int] = {}
-    for i in range(iterations):
-        counts[passes.get(i, 0)] = counts.get(passes.get(i, 0), 0) + 1
-    usual = max(sorted(counts), key=lambda n: counts[n])  # ties: the fewer passes
-    extra = {i for i, n in passes.items() if n > usual and 0 <= i < iterations}
+    extra, iterations = _extra_inference(events)
     if not extra or 4 * len(extra) > iterations:
         return set()
     drained_next = any(t.get("framework") == "mxnet" for t in events.get("trackers", []))
     return extra | ({i + 1 for i in extra if i + 1 < iterations} if drained_next else set())
+
+
+def inference_cadence_warning(events: dict) -> str:
+    """What the statistics keep that a reader might not expect: forward passes that train nothing in more than one
+    iteration in four (inference_set_aside leaves them in); "" otherwise."""
+    extra, iterations = _extra_inference(events)
+    if not extra or 4 * len(extra) <= iterations:
+        return ""
+    return (f"forward passes that train nothing (a validation pass) in {len(extra)} of {iterations} iterations, more "
+            "than one in four: part of the job's cadence, they stay in its iteration times")
+
+
+def _extra_inference(events: dict) -> tuple[set[int], int]:
+    """(the iterations with more forward passes that train nothing than most iterations have, the iterations)."""
+    passes = {int(i): int(n) for i, n in events.get("inference_passes", [])}
+    iterations = max(0, len(events.get("iteration_starts_us", [])) - 1)
+    if not passes or not iterations:
+        return set(), iterations
+    counts: dict[int, int] = {}
+    for i in range(iterations):
+        counts[passes.get(i, 0)] = counts.get(passes.get(i, 0), 0) + 1
+    usual = max(sorted(counts), key=lambda n: counts[n])  # ties: the fewer passes
+    return {i for i, n in passes.items() if n > usual and 0 <= i < iterations}, iterations
 
 
 def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional[dict]) -> RankTrace:
@@ -109,6 +124,9 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     trace.clock = dict(doc.get("clock") or {})
     trace.memory = dict(doc.get("memory") or {})
     trace.warnings = list(doc.get("warnings") or [])
+    cadence = inference_cadence_warning(doc)
+    if cadence:
+        trace.warnings.append(cadence)
     profiled = set(trace.profiled_iterations)
 
     for iteration, name, start, end in doc["spans"]:
