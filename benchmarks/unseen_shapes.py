@@ -17,7 +17,8 @@ mixed_bfloat16, the embedding frozen); session 34: a frozen teacher's no_grad fo
 decoder in a DDP each, tied embedding and output weights, an EMA AveragedModel with StepLR, the script's own
 per-parameter gradient hooks, find_unused_parameters with a branch drawn every step, DistributedSampler epochs of 5
 steps with a short last batch, a Keras model's own train_step with clipping and two losses, Horovod with groups=2,
-with the parameters re-broadcast every 10 steps, a BatchNorm conv net with SGD. Frameworks that are not installed
+with the parameters re-broadcast every 10 steps, a BatchNorm conv net with SGD; session 35: LBFGS (the closure
+run up to 4 times a step), post-local SGD with a periodic model averager. Frameworks that are not installed
 are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -87,6 +88,8 @@ JOBS = {
     "ddp-grad-hooks": ([], "ddp_session34.py", ["--grad-hooks"], "torch"),
     "ddp-dynamic": ([], "ddp_session34.py", ["--dynamic"], "torch"),
     "ddp-short-epochs": ([], "ddp_session34.py", ["--short-epochs"], "torch"),
+    "ddp-lbfgs": ([], "ddp_session35.py", ["--lbfgs"], "torch"),
+    "ddp-post-local-sgd": ([], "ddp_session35.py", ["--localsgd"], "torch"),
     "tf-keras-own-train-step-two-heads": (["--backend", "tf"], "tf_train_step.py", [], "tensorflow"),
     "tf-keras-fit-validation-freq-evaluate-predict": (["--backend", "tf"], "tf_fit_val.py", ["--after"], "tensorflow"),
     "horovod-groups": (["--backend", "horovod"], "hvd_groups.py", ["--groups"], "horovod"),
