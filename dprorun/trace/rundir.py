@@ -3,7 +3,8 @@
 Per rank, the hooks' events.json gives iterations, forward/backward/update spans, per-bucket enqueue and
 completion, gradient-ready times and bucket layouts; the profiler's kineto_trace.json adds op-level compute
 and each collective's transmission span, which splits every bucket's communication into QUEUE (enqueued,
-waiting) and COMM (transmitting). Every problem with a file is a TraceError naming it.
+waiting) and COMM (transmitting); a TensorFlow rank's profile (xplane.pb) is read into the same records by
+trace/tf_records.py. Every problem with a file is a TraceError naming it.
 """
 from __future__ import annotations
 
