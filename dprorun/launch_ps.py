@@ -83,6 +83,7 @@ def launch_ps(job: JobConfig) -> LaunchResult:
                                    f"{job.launch.master_addr} ({type(exc).__name__}: {exc})")
         missing = link.missing_nodes(join_s) if job.launch.node_rank == 0 else []
         if missing:  # the scheduler would wait for their roles forever: nothing was started
+            link.release_responders(missing)
             return LaunchResult(1, f"not every node joined ({job.launch.nnodes} expected): node(s) {missing} did "
                                    f"not reach node 0's dprorun within {join_s:g} s (--join-timeout)")
         if clock is not None and not job.output.quiet:

@@ -110,6 +110,21 @@ class NodeLink:
         except Exception:  # timed out: say which
             return [peer for peer in range(1, self.nnodes) if not self.store.check([f"clock/{peer}"])]
 
+    def release_responders(self, peers: list[int], timeout_s: float = 5.0) -> None:
+        """Node 0 giving up on `peers`: their responder threads, blocked in a store get, are let through (their pings
+        set here) and joined, so that none is inside the store's C++ call when the process exits: its timeout firing
+        during the interpreter's shutdown aborted dprorun ("terminate called without an active exception", exit -6
+        after the right message; the suite on a clean clone, once)."""
+        for peer in peers:
+            for i in range(PROBE_ROUNDS):
+                try:
+                    self.store.set(f"ping/{peer}/{i}", "0")
+                except Exception:  # the store is gone: the responder's own get fails and it returns
+                    break
+        deadline = time.monotonic() + timeout_s
+        for thread in self.responders:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
     def write_clocks(self, run_dir: str, timeout_s: float = 60.0) -> dict:
         """Node 0: every node's clock offset, as measured by that node, in run_dir/node_clocks.json."""
         nodes = {"0": {"node": 0, "host": socket.gethostname(), "offset_us": 0.0, "uncertainty_us": 0.0}}

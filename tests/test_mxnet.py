@@ -469,6 +469,24 @@ def test_a_node_that_never_joins_a_ps_job_is_a_clear_error_in_bounded_time(tmp_p
     assert "not every node joined (2 expected): node(s) [1]" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_node_0_giving_up_on_a_node_lets_its_probe_responder_finish_before_exiting():
+    """Node 0's responder thread for a node that never came waits in a store get as long as the join timeout; when
+    node 0 gave up at that moment and exited, the get's timeout could fire during the interpreter's shutdown and
+    abort dprorun (exit -6, once in the suite). release_responders lets the thread through and joins it."""
+    import socket
+
+    from dprorun.node_link import NodeLink
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    link = NodeLink.connect(0, 2, "127.0.0.1", port - 1, timeout_s=30.0)  # the store listens on master port + 1
+    assert link.missing_nodes(0.5) == [1] and all(thread.is_alive() for thread in link.responders)
+    started = time.monotonic()
+    link.release_responders([1])
+    assert not any(thread.is_alive() for thread in link.responders) and time.monotonic() - started < 5
+
+
 def test_a_failed_worker_is_named_with_the_kvstore_rank_its_traces_went_to(tmp_path):
     """The hooks leave launch_index in the folder of the kvstore rank a worker got when the two differ; the
     launcher's failure message then points at that folder."""
