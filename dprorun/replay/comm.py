@@ -131,6 +131,16 @@ def join_ranks(g: GraphBuilder, plan: CommPlan, pricing: "CommPricing") -> None:
                          split=pricing.split(s, plan.sample))
 
 
+def _outside_bound(outside_us: float, measured_world: int, world: int) -> str:
+    """How far collectives kept as measured could move a world-size prediction: a ring's steps grow as (N-1), so at
+    `world` ranks they could take (world-1)/(measured_world-1) times as long (an all-gather's bytes grow so too)."""
+    if world <= measured_world or measured_world < 2:
+        return ""
+    more = outside_us * ((world - 1) / (measured_world - 1) - 1)
+    return (f"; were they to grow with the ring's steps, the step would take up to {more / 1000:.1f} ms more "
+            f"(x{(world - 1) / (measured_world - 1):.2g} of them)")
+
+
 @dataclass
 class CommPricing:
     """How long one ring step of a collective takes: measured (the job as it ran: each bucket's measured
@@ -170,7 +180,8 @@ class CommPricing:
             notes.append(f"caution: {outside_us / 1000:.1f} ms a step of collectives outside the gradient packs "
                          f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}: a sparse gradient's "
                          f"all-gathers, metric reductions) are replayed as measured at {model.world_size} ranks on "
-                         "this network, inside the update, not priced again for this what-if")
+                         "this network, inside the update, not priced again for this what-if"
+                         + _outside_bound(outside_us, model.world_size, world))
         alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us
         hook_us = hook_work_us_per_byte(model)
         if hook_us > 0 and not use_measured:
