@@ -18,7 +18,8 @@ decoder in a DDP each, tied embedding and output weights, an EMA AveragedModel w
 per-parameter gradient hooks, find_unused_parameters with a branch drawn every step, DistributedSampler epochs of 5
 steps with a short last batch, a Keras model's own train_step with clipping and two losses, Horovod with groups=2,
 with the parameters re-broadcast every 10 steps, a BatchNorm conv net with SGD; session 35: LBFGS (the closure
-run up to 4 times a step), post-local SGD with a periodic model averager. Frameworks that are not installed
+run up to 4 times a step), post-local SGD with a periodic model averager; session 36: a Horovod conv net with
+AdamW validating every 5 steps, Horovod accumulating 2 micro-batches by hand with SGD momentum. Frameworks that are not installed
 are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -95,6 +96,9 @@ JOBS = {
     "horovod-groups": (["--backend", "horovod"], "hvd_groups.py", ["--groups"], "horovod"),
     "horovod-broadcast-every": (["--backend", "horovod"], "hvd_groups.py", ["--broadcast-every"], "horovod"),
     "horovod-conv-sgd": (["--backend", "horovod"], "hvd_groups.py", ["--conv-sgd"], "horovod"),
+    "horovod-conv-adamw-eval-every-5": (["--backend", "horovod"], "hvd_session36.py", ["--eval-every", "5"], "horovod"),
+    "horovod-accumulate-by-hand-sgd-momentum": (["--backend", "horovod"], "hvd_session36.py", ["--accum-loop"],
+                                                "horovod"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -11,7 +11,7 @@ import pytest
 from conftest import EXAMPLES, REPO, run_dprorun
 from dprorun.fsutil import TraceError
 from dprorun.trace.horovod import read_horovod_timeline, timeline_summary
-from dprorun.trace.rundir import load_run
+from dprorun.trace.rundir import inference_set_aside, load_run
 
 try:
     import horovod.torch  # noqa: F401
@@ -193,6 +193,11 @@ for step in range(8):
     opt.zero_grad()
     nn.functional.cross_entropy(model(ids), y).backward()
     opt.step()
+    if step == 4:  # a validation pass
+        model.eval()
+        with torch.no_grad():
+            model(ids); model(ids)
+        model.train()
 head = nn.Linear(8, 4)  # the next model, from the clean iterations on: profiling ends where its optimizer is built
 opt = hvd.DistributedOptimizer(torch.optim.SGD(head.parameters(), lr=0.1), named_parameters=head.named_parameters())
 for step in range(3):
@@ -208,7 +213,7 @@ def test_a_sparse_gradient_under_horovod_is_an_allgather_of_its_rows_timed_in_or
     record holds the rows' bytes (not the table's) and closes when the gather returns, so the records after it
     close in order (before, each later record took its predecessor's completion). The script then trains another
     model: a DistributedOptimizer built after steps ends the clean iterations there, warned (its records were mixed
-    into the window's or the clean ones before)."""
+    into the window's or the clean ones before). A validation pass after the fifth step: its iteration (4) is set aside."""
     script = tmp_path / "sparse.py"
     script.write_text(SPARSE_SCRIPT)
     run_dir = tmp_path / "run"
@@ -224,6 +229,7 @@ def test_a_sparse_gradient_under_horovod_is_an_allgather_of_its_rows_timed_in_or
         records = [c for c in events["comm"] if c[0] == iteration]
         assert len(records) == len(events["buckets"]) and all(c[5] and c[5] >= c[4] for c in records)
     assert events["window"]["cut_at"] == 7
+    assert events["inference_passes"] == [[4, 2]] and inference_set_aside(events) == {4}
     assert any("another model (a new hvd.DistributedOptimizer) at iteration 7" in w for w in events["warnings"])
 
 

@@ -775,6 +775,26 @@ def test_activation_meter_leaves_out_the_weights_a_layer_saves():
     assert plain.stop() > inputs.nbytes + model[0].weight.nbytes
 
 
+def test_horovods_trained_model_is_the_outermost_module_holding_the_optimizers_parameters():
+    """runtime/horovod.trained_roots: Horovod wraps the optimizer, not the model; the modules a validation pass is
+    counted on are the outermost ones holding the optimizer's parameters: a wrapper holding the model (not the model
+    inside it, nor its layers), not a frozen teacher, and each trained model of two."""
+    import torch
+    import torch.nn as nn
+
+    from dprorun.runtime.horovod import trained_roots
+
+    class Wrapper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+    wrapper, teacher, other = Wrapper(), nn.Linear(4, 2), nn.Linear(2, 2)
+    optimizer = torch.optim.SGD([*wrapper.parameters(), *other.parameters()], lr=0.1)
+    roots = trained_roots(optimizer)
+    assert sorted(map(id, roots)) == sorted([id(wrapper), id(other)]) and teacher not in roots
+
+
 def test_iterations_with_a_validation_pass_are_set_aside_and_on_mxnet_the_one_after():
     """trace/rundir.inference_set_aside: forward passes that train nothing counted per iteration by the hooks. MXNet,
     a validation pass every 10 iterations: that iteration and the next set aside (the pass drained the engine); a

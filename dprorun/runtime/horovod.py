@@ -36,6 +36,7 @@ class HorovodTracker:
         self.pending: list[CommRecord] = []  # comm records waiting for their synchronize, in submission order
         self.index: dict[str, int] = {}
         self.timeline = WindowTimeline(session, "horovod.torch")
+        self.watching_inference = False
 
     # ---- what DDPTracker also offers the session --------------------------------------------------------
     def describe(self) -> dict:
@@ -102,6 +103,28 @@ class HorovodTracker:
         if self.pending:
             self.pending.pop(0).done_us = self.session.now_us()
 
+    def watch_inference(self, optimizer) -> None:
+        """Count the forward passes of the trained model that train nothing (a validation pass between steps: it
+        lengthens the iteration it falls in; trace/rundir.inference_set_aside sets such iterations aside, as for
+        DDP). Horovod wraps the optimizer, not the model: the trained model is found once, after the first step, as
+        the outermost modules holding the optimizer's parameters (a forward pre-hook on those only: a hook on every
+        module would run in every layer's call)."""
+        self.watching_inference = True
+        try:
+            roots = trained_roots(optimizer)
+        except Exception as exc:  # not worth the profile: say it and go on
+            self.session.records.warnings.append(f"validation passes not counted (the trained model not found: "
+                                                 f"{type(exc).__name__}: {exc})")
+            return
+        for root in roots:
+            root.register_forward_pre_hook(self._pre_forward)
+
+    def _pre_forward(self, module, inputs) -> None:
+        import torch
+
+        if not (torch.is_grad_enabled() and module.training):
+            self.session.records.count_inference_pass(self.session.iteration)
+
     def step_done(self) -> None:
         session = self.session
         now = session.now_us()
@@ -112,6 +135,25 @@ class HorovodTracker:
         self.pending.clear()
         session.begin_iteration()
         self.iteration_start = session.now_us() if session.phase != "done" else now
+
+
+def trained_roots(optimizer) -> list:
+    """The outermost torch modules (among all the process holds) whose parameters include the optimizer's: the
+    model the script calls (a wrapper holding it included; a frozen teacher, holding none of them, left out)."""
+    import gc
+
+    import torch
+
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    holders = []
+    for candidate in gc.get_objects():
+        try:  # the type alone: isinstance reads __class__, which a deprecated module attribute answers with a warning
+            if issubclass(type(candidate), torch.nn.Module) and any(id(p) in trained for p in candidate.parameters()):
+                holders.append(candidate)
+        except Exception:  # an object half built or of a class whose attributes raise: not the trained model
+            continue
+    children = {id(child) for m in holders for child in m.children()}
+    return [m for m in holders if id(m) not in children]
 
 
 def _compressed_nbytes(optimizer, ps) -> int:
@@ -220,6 +262,8 @@ def patch_horovod(session: RankSession) -> None:
     def step(self, closure=None):
         result = original_step(self, closure)
         session.guard("closing a Horovod step", tracker.step_done)
+        if not tracker.watching_inference:
+            session.guard("finding the trained model", tracker.watch_inference, self)
         return result
 
     @functools.wraps(original_sync_fn)

@@ -1,0 +1,50 @@
+"""Horovod (horovod.torch) shapes of session 36: --eval-every N (a validation pass over 4 held-out batches under
+torch.no_grad() and model.eval() after every N-th step), --accum-loop (gradient
+accumulation by hand over 2 micro-batches with backward_passes_per_step=2 and an SGD momentum optimizer)."""
+import argparse, statistics, time
+import torch, torch.nn as nn
+import horovod.torch as hvd
+p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
+p.add_argument("--eval-every", type=int, default=0); p.add_argument("--accum-loop", action="store_true")
+a = p.parse_args()
+hvd.init(); torch.manual_seed(0); torch.set_num_threads(1)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1),
+                                   nn.ReLU(), nn.AdaptiveAvgPool2d(4))
+        self.head = nn.Linear(32 * 16, 10)
+
+    def forward(self, x):
+        return self.head(self.trunk(x).flatten(1))
+
+
+model = Net()
+accum = 2 if a.accum_loop else 1
+if a.accum_loop:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+else:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), backward_passes_per_step=accum)
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+x = torch.randn(32, 3, 32, 32); y = torch.randint(0, 10, (32,))
+held_out = [torch.randn(64, 3, 32, 32) for _ in range(4)]
+times = []
+for step in range(a.steps):
+    t = time.perf_counter()
+    opt.zero_grad()
+    for micro in range(accum):
+        loss = nn.functional.cross_entropy(model(x[micro::accum]), y[micro::accum]) / accum
+        loss.backward()
+    opt.step()
+    times.append(time.perf_counter() - t)
+    if a.eval_every and (step + 1) % a.eval_every == 0:
+        model.eval()
+        with torch.no_grad():
+            hits = sum(int((model(b).argmax(1) == 0).sum()) for b in held_out)
+        model.train()
+        assert hits >= 0
+if hvd.rank() == 0:
+    print(f"median iteration time: {statistics.median(times[len(times)//2:]) * 1000:.3f} ms")
