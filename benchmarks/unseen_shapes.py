@@ -19,7 +19,9 @@ per-parameter gradient hooks, find_unused_parameters with a branch drawn every s
 steps with a short last batch, a Keras model's own train_step with clipping and two losses, Horovod with groups=2,
 with the parameters re-broadcast every 10 steps, a BatchNorm conv net with SGD; session 35: LBFGS (the closure
 run up to 4 times a step), post-local SGD with a periodic model averager; session 36: a Horovod conv net with
-AdamW validating every 5 steps, Horovod accumulating 2 micro-batches by hand with SGD momentum. Frameworks that are not installed
+AdamW validating every 5 steps, Horovod accumulating 2 micro-batches by hand with SGD momentum, tf-keras fit with
+Keras's TensorBoard callback (scalars every batch, histograms, its own profile of batches 12-14), a functional
+tf-keras model of two inputs with class weights and Nesterov SGD. Frameworks that are not installed
 are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -99,6 +101,9 @@ JOBS = {
     "horovod-conv-adamw-eval-every-5": (["--backend", "horovod"], "hvd_session36.py", ["--eval-every", "5"], "horovod"),
     "horovod-accumulate-by-hand-sgd-momentum": (["--backend", "horovod"], "hvd_session36.py", ["--accum-loop"],
                                                 "horovod"),
+    "tf-keras-fit-tensorboard-callback": (["--backend", "tf"], "tf_session36.py", ["--tensorboard"], "tensorboard"),
+    "tf-keras-functional-two-inputs-class-weights": (["--backend", "tf"], "tf_session36.py", ["--two-inputs"],
+                                                     "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -142,6 +142,43 @@ def test_a_script_that_runs_its_own_tf_profiler_keeps_it_and_dprorun_profiles_af
                      proc.stdout)
 
 
+def test_the_tf_profiler_started_through_tf_compat_v2_is_seen_as_the_scripts(tmp_path):
+    """tf_keras's TensorBoard callback (profile_batch=) starts TensorFlow's profiler through tensorflow.compat.v2,
+    whose profiler.experimental is a module object of its own: only tf.profiler.experimental and profiler_v2 were
+    watched, so its profile went unseen (the iterations under it stayed in the statistics; by hand, a Keras fit
+    with TensorBoard(profile_batch=(6, 8)): script_profiler_iterations [] before, [3, 4, 5, 6] now)."""
+    from tensorflow.python.profiler import profiler_v2
+
+    from dprorun.runtime.script_profiler import ScriptProfilerState, _tf_profiler_api_modules, watch_tf
+
+    class Session:
+        def __init__(self):
+            self.script_profiler, self.calls = ScriptProfilerState(), []
+
+        def script_profiler_started(self):
+            self.calls.append("started")
+
+        def script_profiler_stopped(self):
+            self.calls.append("stopped")
+
+        def disable(self, why):
+            raise AssertionError(why)
+
+    owners = [profiler_v2, *_tf_profiler_api_modules(tf)]
+    assert tf.compat.v2.profiler.experimental in owners and tf.profiler.experimental in owners
+    saved = [(owner, owner.start, owner.stop) for owner in owners]
+    session = Session()
+    try:
+        watch_tf(session)
+        tf.compat.v2.profiler.experimental.start(str(tmp_path))
+        assert session.script_profiler.on
+        tf.compat.v2.profiler.experimental.stop()
+    finally:
+        for owner, start, stop in saved:
+            owner.start, owner.stop = start, stop
+    assert session.calls == ["started", "stopped"] and not session.script_profiler.on
+
+
 def test_a_pack_size_strategy_is_applied_and_a_failing_worker_is_named_and_its_traces_kept(tmp_path):
     """One launch for two things: a strategy's all-reduce pack size reaches the workers' strategy with no change to
     the script (the script asked for one pack, the strategy's size makes several), and a worker that fails

@@ -128,7 +128,9 @@ def torch_busy(state: ScriptProfilerState) -> bool:
 
 
 def watch_tf(session: "RankSession") -> None:
-    """tf.profiler.experimental.start/stop, in the API module and in profiler_v2 (its Profile context calls it)."""
+    """tf.profiler.experimental.start/stop, in the API modules and in profiler_v2 (its Profile context calls it). The
+    API has a module object per path: tf_keras's TensorBoard callback calls tf.compat.v2's (it imports
+    tensorflow.compat.v2 as tf), which is not tf.profiler.experimental: its profile went unseen."""
     import tensorflow as tf
     from tensorflow.python.profiler import profiler_v2
 
@@ -147,9 +149,21 @@ def watch_tf(session: "RankSession") -> None:
             state.open.clear()
             session.script_profiler_stopped()
 
-    for owner in (profiler_v2, tf.profiler.experimental):
+    for owner in (profiler_v2, *_tf_profiler_api_modules(tf)):
         _wrap(session, owner, "start", on, off)
         _wrap(session, owner, "stop", off)
+
+
+def _tf_profiler_api_modules(tf: Any) -> list:
+    """tf.profiler.experimental and its copies under tf.compat (one module object each)."""
+    found = []
+    for path in ("profiler.experimental", "compat.v2.profiler.experimental", "compat.v1.profiler.experimental"):
+        owner = tf
+        for name in path.split("."):
+            owner = getattr(owner, name, None)
+        if owner is not None and hasattr(owner, "start") and all(owner is not f for f in found):
+            found.append(owner)
+    return found
 
 
 def tf_busy(state: ScriptProfilerState) -> bool:
