@@ -179,6 +179,32 @@ def test_the_tf_profiler_started_through_tf_compat_v2_is_seen_as_the_scripts(tmp
     assert session.calls == ["started", "stopped"] and not session.script_profiler.on
 
 
+def test_a_gan_whose_step_calls_two_training_functions_is_read_step_by_step(tmp_path):
+    """benchmarks/shapes/tf_gan.py --n-critic 2: each step calls the discriminator's tf.function twice, then the
+    generator's; each trains and all-reduces. Each call was an iteration (18.3 ms against the script's own 34.3 ms
+    step with one critic call), and with two critic calls the generator's first call after its trace, on the
+    window's first iteration, was taken for another model (the window cut, no replay). Now the iterations are the
+    script's steps, the generator's function is no new model, and the discriminator's all-reduces are the
+    collectives outside the packs that a world-size what-if cautions about."""
+    run_dir = tmp_path / "gan"
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python",
+                          os.path.join(REPO, "benchmarks", "shapes", "tf_gan.py"), "--steps", "22", "--n-critic", "2"],
+                         run_dir, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert events["window"]["cut_at"] is None and not any("another model" in w for w in events["warnings"])
+    assert 18 <= len(events["iteration_starts_us"]) <= 23  # 22 steps (the first one's two traced calls aside)
+    script_ms = float(re.search(r"median iteration time: ([0-9.]+) ms", proc.stdout).group(1))
+    clean_ms = float(re.search(r"iteration time \(median\): [0-9.]+ ms under the hooks, ([0-9.]+) ms with no "
+                               r"profiling", proc.stdout).group(1))
+    assert 0.7 < clean_ms / script_ms < 1.4, (clean_ms, script_ms)  # a step, not one of its three calls
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json", "--np", "4"],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    caution = next(n for n in json.loads(out.stdout)["notes"] if "collectives outside the gradient packs" in n)
+    assert "CollectiveReduceV2" in caution and "step functions called before the step's last one" in caution
+
+
 def test_a_pack_size_strategy_is_applied_and_a_failing_worker_is_named_and_its_traces_kept(tmp_path):
     """One launch for two things: a strategy's all-reduce pack size reaches the workers' strategy with no change to
     the script (the script asked for one pack, the strategy's size makes several), and a worker that fails

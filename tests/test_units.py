@@ -358,11 +358,18 @@ def test_steps_per_call_are_counted_by_the_fetches_where_the_profile_holds_no_co
 
     starts = [0.0, 400.0, 800.0, 1200.0, 1600.0]
     fetches = [t + j * 100 + 2 for t in (400.0, 800.0, 1200.0) for j in range(4)]
-    assert _steps_per_call(TFProfile([], [], [], fetches), starts, [0, 1, 2, 3]) == 4
-    assert _steps_per_call(TFProfile([], [], [], []), starts, [1, 2, 3]) == 1
+    assert _steps_per_call(TFProfile([], [], [], fetches), starts, [0, 1, 2, 3], []) == 4
+    assert _steps_per_call(TFProfile([], [], [], []), starts, [1, 2, 3], []) == 1
     reduce = [Op(name="CollectiveReduceV2", kind=OpKind.COMM, rank=0, start_us=t + 50, end_us=t + 60,
                  args={"scope": "CollectiveReduceV2"}) for t in (400.0, 800.0, 1200.0)]
-    assert _steps_per_call(TFProfile([], reduce, [], fetches), starts, [1, 2, 3]) == 1
+    assert _steps_per_call(TFProfile([], reduce, [], fetches), starts, [1, 2, 3], []) == 1
+    # a GAN's step: two step functions called in turn, each all-reducing under the same scope name once: two
+    # calls of one step each (the hooks' "step" spans), not a call of two steps
+    both = reduce + [Op(name="CollectiveReduceV2", kind=OpKind.COMM, rank=0, start_us=t + 250, end_us=t + 260,
+                        args={"scope": "CollectiveReduceV2"}) for t in (400.0, 800.0, 1200.0)]
+    calls = [[i, "step", t + s, t + s + 190] for i, t in ((1, 400.0), (2, 800.0), (3, 1200.0)) for s in (0, 200)]
+    assert _steps_per_call(TFProfile([], both, [], []), starts, [1, 2, 3], []) == 2
+    assert _steps_per_call(TFProfile([], both, [], []), starts, [1, 2, 3], calls) == 1
 
 
 def test_a_tf_steps_backward_starts_where_gradient_work_does_not_at_its_earliest_gradient_op():

@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import threading
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from dprorun.layout import TF_PROFILER_STOP_MARK, XPLANE_FILE
@@ -53,6 +54,8 @@ class TFTracker:
         # [{"tensors": [...], "bytes": [...]}]
         self.packs_by_function: dict[Optional[int], list[dict]] = {}
         self.called_syncing: set[int] = set()  # the syncing step functions called so far
+        self.turns = StepTurns()  # syncing step functions taking turns within a step (a GAN's two models)
+        self.traced_in_phase: dict[int, str] = {}  # syncing training step function -> the phase it was traced in
         self.window_function: Optional[int] = None  # the syncing step function the window's steps called
         self.next_key = 1
         self.bytes_per_pack: Optional[int] = None
@@ -106,6 +109,13 @@ class TFTracker:
             if session.iteration not in disturbed:
                 disturbed.append(session.iteration)
 
+    def traced(self, key: int) -> None:
+        """An outermost call of a function that is no known step yet returned: where it was the first (tracing)
+        call of a syncing training step, note when (_first_call_of) and count it among the turns."""
+        if self.is_step(key) and key in self.syncing_functions and key not in self.traced_in_phase:
+            self.traced_in_phase[key] = self.session.phase
+            self.turns.called(key, False)
+
     def call_stack(self) -> list:
         stack = getattr(self.local, "stack", None)
         if stack is None:
@@ -123,7 +133,8 @@ class TFTracker:
         key = self.key(function)
         syncing = not self.syncing_functions or key in self.syncing_functions
         known = key in self.called_syncing
-        if self.boundary_due:
+        began = self.boundary_due and (key not in self.syncing_functions or self.turns.begins(key))
+        if began:
             session.begin_iteration()
         self.boundary_due = syncing
         start = session.now_us()
@@ -140,6 +151,8 @@ class TFTracker:
             if not known and key in self.syncing_functions:  # a syncing step function's first call
                 self.boundary_due = True  # its tracing showed it all-reduces: the iteration ends with it
                 self._first_call_of(key)
+            if key in self.syncing_functions:
+                self.turns.called(key, began)
             if session.detail_active and key in self.syncing_functions:
                 self.window_function = key
 
@@ -147,11 +160,14 @@ class TFTracker:
         """A syncing step function called for the first time (its tracing met the all-reduce). One that comes
         after others were called from the window on is another model's step (Keras's compile() makes a new
         train_function: fine-tuning after training the head): the window or the clean iterations end there
-        (`RankSession.primary_replaced`), the iteration this call began being the new model's first."""
+        (`RankSession.primary_replaced`), the iteration this call began being the new model's first. One traced
+        before the window is none (a GAN's generator, traced in the first step: its first call after the trace can
+        fall on the window's first iteration)."""
         session = self.session
         seen_before = bool(self.called_syncing)
         self.called_syncing.add(function)
-        if seen_before and session.phase in ("active", "clean"):
+        traced_in = self.traced_in_phase.get(function, session.phase)  # before the window: a GAN's second model
+        if seen_before and session.phase in ("active", "clean") and traced_in in ("active", "clean"):
             session.guard("ending the window at the new step function", session.primary_replaced, session.iteration,
                           "model (a new step function that all-reduces: Keras's compile() makes one)")
 
@@ -213,6 +229,54 @@ class TFTracker:
 
     def window_stopped(self) -> None:
         return None
+
+
+MAX_TURN_CALLS = 16  # syncing calls in one step, at most, where step functions take turns
+
+
+@dataclass
+class StepTurns:
+    """Syncing step functions (each trains and all-reduces) taking turns within the script's step: a GAN's
+    discriminator function (n calls, as a WGAN's critic takes) and then its generator's. Each call was an iteration
+    (a figure half the script's step, by the script's own timing 18.3 ms of 34.3). Once a call of the function the
+    job called first follows calls of others, no more than MAX_TURN_CALLS calls after that function's previous run
+    began (two models fitted an epoch each in turn are no step), they take turns: an iteration begins only at the
+    first call of a run of that function. A call of a function not seen before (the script trains another model
+    now), or MAX_TURN_CALLS calls with no new step, ends the turns: every syncing call is its own iteration again.
+    The calls that trace a function count as calls here (a GAN's first step traces both), not as iterations."""
+
+    first: Optional[int] = None  # the first syncing step function called
+    members: set = field(default_factory=set)  # the functions seen before the turns were found
+    taking_turns: bool = False
+    last: Optional[int] = None  # the previous syncing call's function
+    calls_in_step: int = 0  # calls since the iteration began (taking turns), or since `first`'s last run began
+
+    def begins(self, key: int) -> bool:
+        """Whether a call of the syncing function `key`, where an iteration boundary is due, begins one."""
+        if not self.taking_turns:
+            return True
+        if key not in self.members or self.calls_in_step >= MAX_TURN_CALLS:
+            self.taking_turns = False
+            return True
+        return self._new_run(key)
+
+    def called(self, key: int, began: bool) -> None:
+        """A call of the syncing function `key` returned (`began`: it began an iteration)."""
+        if self.first is None:
+            self.first = key
+        if self.taking_turns:
+            self.calls_in_step = 1 if began else self.calls_in_step + 1
+        else:
+            self.members.add(key)
+            if self._new_run(key):
+                self.taking_turns = self.calls_in_step <= MAX_TURN_CALLS
+                self.calls_in_step = 0
+            self.calls_in_step += 1
+        self.last = key
+
+    def _new_run(self, key: int) -> bool:
+        """A call of the first function after another's."""
+        return key == self.first and self.last is not None and self.last != self.first
 
 
 def names_and_bytes(tensors) -> tuple[list[str], list[int]]:
@@ -330,6 +394,7 @@ def patch_step_functions(tracker: TFTracker) -> None:
             stack.pop()
             if not stack:
                 tracker.evaluated(key)
+                tracker.traced(key)
 
     polymorphic_function.Function.__call__ = call
 

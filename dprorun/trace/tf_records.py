@@ -29,14 +29,17 @@ def _tf_step_parts(profile: TFProfile, starts: list[float],
     return parts
 
 
-def _steps_per_call(profile: TFProfile, starts: list[float], profiled: list[int]) -> int:
+def _steps_per_call(profile: TFProfile, starts: list[float], profiled: list[int], spans: list) -> int:
     """Training steps per call of a TensorFlow step function: how often the call's first collective op runs in
     it (once per step; a function that loops over steps runs it once per pass), as most profiled calls have it
     (a call the profiler cut short counts fewer); 1 unless at least half of them agree. Where the profile holds
     no collective (horovod.tensorflow: TensorFlow's profiler records none of Horovod's ops), the input fetches
-    inside each call count the steps instead (`next(iterator)` once per step)."""
+    inside each call count the steps instead (`next(iterator)` once per step). Each call on its own (the hooks'
+    "step" spans), where an iteration holds several: a GAN's discriminator and generator functions, each
+    all-reducing under the same scope name, are two calls of one step each, not a call of two steps."""
+    calls = _calls(_tf_step_parts(profile, starts, profiled), spans)
     counts, fetches = [], []
-    for start, end, _, colls in _tf_step_parts(profile, starts, profiled).values():
+    for start, end, colls in calls:
         if colls:
             first = colls[0].args.get("scope")
             counts.append(sum(1 for op in colls if op.args.get("scope") == first))
@@ -47,6 +50,20 @@ def _steps_per_call(profile: TFProfile, starts: list[float], profiled: list[int]
         return 1
     k, agreeing = Counter(counts).most_common(1)[0]
     return k if 2 * agreeing >= len(counts) else 1
+
+
+def _calls(parts: dict, spans: list) -> list[tuple[float, float, list[Op]]]:
+    """(start, end, collectives) of each step-function call in the profiled iterations `parts`: the iteration itself
+    where the hooks marked no more than one call in it."""
+    calls = []
+    for step, (start, end, _, colls) in parts.items():
+        marked = [(float(a), float(b)) for i, name, a, b in spans if i == step and name == "step"]
+        if len(marked) <= 1:
+            calls.append((start, end, colls))
+            continue
+        edges = [a for a, _ in marked[1:]] + [end]
+        calls += [(a, b, [op for op in colls if a <= op.start_us < b]) for (a, _), b in zip(marked, edges)]
+    return calls
 
 
 def _step_starts(profile: TFProfile, start: float, end: float, k: int) -> list[float]:
@@ -75,7 +92,7 @@ def split_multi_step_calls(doc: dict, profile: TFProfile) -> None:
     window = doc["window"]
     profiled = [int(i) for i in window.get("kineto_iterations", [])]
     starts = [float(x) for x in doc["iteration_starts_us"]]
-    k = _steps_per_call(profile, starts, profiled)
+    k = _steps_per_call(profile, starts, profiled, doc["spans"])
     if k <= 1:
         return
     bounds = [_step_starts(profile, s, e, k) for s, e in zip(starts, starts[1:])]
@@ -157,6 +174,7 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
     incomplete: list[int] = []
     outside: list[dict] = []  # per profiled step, the collectives that all-reduce no pack
     for step, (start, end, ops, colls) in _tf_step_parts(profile, doc["iteration_starts_us"], profiled).items():
+        ops, colls, earlier = _last_syncing_call(step, start, end, ops, colls, doc["spans"])
         backward = [op for op in ops if op.kind is OpKind.BW]
         if not backward:
             continue
@@ -186,9 +204,11 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
         else:
             records = [CommRecord(step, 0, k, c.start_us, c.start_us, c.end_us) for k, c in enumerate(colls)
                        if k < len(packs)]
-            if len(colls) > len(packs):  # sparse gradients' all-gathers, Keras's metric reductions: inside update
-                outside.append({"step": step, "names": [c.args.get("scope") or c.name for c in colls[len(packs):]],
-                                "us": round(sum(c.end_us - c.start_us for c in colls[len(packs):]), 1)})
+            others = earlier + colls[len(packs):]  # sparse gradients' all-gathers, Keras's metric reductions (inside
+            # the update), the step's earlier step functions' all-reduces (before its forward)
+            if others:
+                outside.append({"step": step, "names": [c.args.get("scope") or c.name for c in others],
+                                "us": round(sum(c.end_us - c.start_us for c in others), 1)})
         update_start = max([bw_end] + [r.done_us for r in records])
         doc["spans"] += [[step, "forward0", start, bw_start], [step, "backward0", bw_start, bw_end],
                          [step, "update", update_start, max([update_start] + [op.end_us for op in ops])]]
@@ -201,6 +221,21 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
         doc.setdefault("warnings", []).append(
             f"profiled step(s) {incomplete} left out: Horovod's timeline lacks some of their all-reduces "
             + ("(no timeline in the run directory)" if horovod_timeline is None else "(cut short when it stopped?)"))
+
+
+def _last_syncing_call(step: int, start: float, end: float, ops: list[Op], colls: list[Op],
+                       spans: list) -> tuple[list[Op], list[Op], list[Op]]:
+    """(ops, collectives, the earlier calls' collectives) of the step's last call that all-reduces, where the step
+    calls several step functions that do (runtime/tf.TFTracker's cycle: a GAN's discriminator, then its
+    generator): that call's backward, packs and update are the step's (the hooks recorded its function's packs);
+    the calls before it run inside the step's forward phase (as micro-batches do), their all-reduces kept as
+    measured (collectives outside the packs). The whole step otherwise."""
+    calls = [c for c in _calls({step: (start, end, ops, colls)}, spans) if c[2]]
+    if len(calls) < 2:
+        return ops, colls, []
+    last = calls[-1][0]
+    return ([op for op in ops if op.start_us >= last], [c for c in colls if c.start_us >= last],
+            [c for c in colls if c.start_us < last])
 
 
 def _horovod_operations(timeline: Optional[HorovodTimeline], packs: list[dict]) -> dict[int, list]:
