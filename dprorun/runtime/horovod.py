@@ -125,8 +125,10 @@ class HorovodTracker:
         if not (torch.is_grad_enabled() and module.training):
             self.session.records.count_inference_pass(self.session.iteration)
 
-    def step_done(self) -> None:
+    def step_done(self, optimizer) -> None:
         session = self.session
+        if not self.watching_inference:
+            self.watch_inference(optimizer)
         now = session.now_us()
         if session.detail_active and self.first_ready is not None:
             session.mark("forward0", self.iteration_start, self.first_ready)
@@ -261,9 +263,7 @@ def patch_horovod(session: RankSession) -> None:
     @functools.wraps(original_step)
     def step(self, closure=None):
         result = original_step(self, closure)
-        session.guard("closing a Horovod step", tracker.step_done)
-        if not tracker.watching_inference:
-            session.guard("finding the trained model", tracker.watch_inference, self)
+        session.guard("closing a Horovod step", tracker.step_done, self)
         return result
 
     @functools.wraps(original_sync_fn)

@@ -166,7 +166,7 @@ class TFTracker:
         session = self.session
         seen_before = bool(self.called_syncing)
         self.called_syncing.add(function)
-        traced_in = self.traced_in_phase.get(function, session.phase)  # before the window: a GAN's second model
+        traced_in = self.traced_in_phase.get(function, "active")  # before the window: a GAN's second model
         if seen_before and session.phase in ("active", "clean") and traced_in in ("active", "clean"):
             session.guard("ending the window at the new step function", session.primary_replaced, session.iteration,
                           "model (a new step function that all-reduces: Keras's compile() makes one)")
