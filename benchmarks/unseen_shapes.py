@@ -21,7 +21,8 @@ with the parameters re-broadcast every 10 steps, a BatchNorm conv net with SGD; 
 run up to 4 times a step), post-local SGD with a periodic model averager; session 36: a Horovod conv net with
 AdamW validating every 5 steps, Horovod accumulating 2 micro-batches by hand with SGD momentum, tf-keras fit with
 Keras's TensorBoard callback (scalars every batch, histograms, its own profile of batches 12-14), a functional
-tf-keras model of two inputs with class weights and Nesterov SGD, a TensorFlow GAN whose step calls a discriminator's
+tf-keras model of two inputs with class weights and Nesterov SGD, tf-keras fit under mixed_float16 and on NumPy
+arrays, a TF loop over a distributed dataset's iterator, a TensorFlow GAN whose step calls a discriminator's
 and a generator's tf.function (once, and 3 critic calls a step). Frameworks that are not installed
 are skipped with a line saying so.
 
@@ -105,6 +106,9 @@ JOBS = {
     "tf-keras-fit-tensorboard-callback": (["--backend", "tf"], "tf_session36.py", ["--tensorboard"], "tensorboard"),
     "tf-keras-functional-two-inputs-class-weights": (["--backend", "tf"], "tf_session36.py", ["--two-inputs"],
                                                      "tensorflow"),
+    "tf-keras-fit-mixed-float16": (["--backend", "tf"], "tf_session36.py", ["--mixed16"], "tensorflow"),
+    "tf-keras-fit-numpy-arrays": (["--backend", "tf"], "tf_session36.py", ["--numpy"], "tensorflow"),
+    "tf-loop-distributed-iterator": (["--backend", "tf"], "tf_session36.py", ["--loop"], "tensorflow"),
     "tf-gan-two-step-functions": (["--backend", "tf"], "tf_gan.py", [], "tensorflow"),
     "tf-wgan-3-critic-calls-a-step": (["--backend", "tf"], "tf_gan.py", ["--n-critic", "3"], "tensorflow"),
 }

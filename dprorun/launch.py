@@ -22,8 +22,8 @@ from dprorun.config import JobConfig
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 from dprorun.layout import rank_folders
 # the shared process helpers, importable from here as before
-from dprorun.procs import LaunchResult, Watchdog, error_message, exit_abort_hint, free_port, rank_environment, \
-    signal_name, split_command
+from dprorun.procs import LaunchResult, Watchdog, error_line, error_message, exit_abort_hint, free_port, \
+    rank_environment, signal_name, split_command
 
 
 def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) -> str:
@@ -481,18 +481,8 @@ def raised_in_ranks(run_dir: str, world_size: int) -> str:
         return ""
     by_error: dict[str, list[int]] = {}
     for rank, error in sorted(causes.items()):
-        by_error.setdefault(_error_line(error), []).append(rank)
+        by_error.setdefault(error_line(error), []).append(rank)
     named = "; ".join(f"rank {ranks[0]} raised {error}" if len(ranks) == 1 else f"ranks {ranks} raised {error}"
                       for error, ranks in by_error.items())
     after = sorted(set(raised) - set(causes))
     return named + (f"; then rank(s) {after} failed with it" if after else "")
-
-
-def _error_line(error: str) -> str:
-    """An exception as one line: "Type: message", where a message of several lines (TensorFlow's "in user code:"
-    with its traceback) gives its last one, the error's own."""
-    kind, _, text = error.partition(": ")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(lines) <= 1:
-        return f"{kind}: {lines[0] if lines else ''}"[:200]
-    return (lines[-1] if lines[-1].startswith(kind + ":") else f"{kind}: {lines[-1]}")[:200]

@@ -137,11 +137,30 @@ def error_message(failure) -> str:
     if not text or text.startswith("To enable traceback") or text == "<N/A>":
         return ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if lines[0].endswith("Traceback (most recent call last):") and len(lines) > 1:
+    said = [line for line in lines[1:] if not line.startswith(TF_NODE_NOTE)]
+    if lines[0].endswith("Traceback (most recent call last):") and said:
         # an error raised in C++ with that library's own traceback in its message (MXNetError): the last line
         # says what failed
-        return lines[-1][:300]
+        return said[-1][:300]
+    if lines[0].endswith(":") and said:  # a header for what follows (TensorFlow's "UnimplementedError: Graph
+        # execution error:", then where, then the cause: "Collectives are not yet implemented for CPU devices when
+        # compiling with XLA ...")
+        kind = lines[0].split(": ", 1)[0] if ": " in lines[0] else ""
+        return (said[-1] if not kind or said[-1].startswith(kind + ":") else f"{kind}: {said[-1]}")[:300]
     return lines[0][:300]
+
+
+TF_NODE_NOTE = "[[{{node"  # the line TensorFlow ends an op's error with, after the cause
+
+
+def error_line(error: str) -> str:
+    """An exception as one line: "Type: message", where a message of several lines (TensorFlow's "in user code:"
+    with its traceback) gives its last one, the error's own."""
+    kind, _, text = error.partition(": ")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith(TF_NODE_NOTE)]
+    if len(lines) <= 1:
+        return f"{kind}: {lines[0] if lines else ''}"[:200]
+    return (lines[-1] if lines[-1].startswith(kind + ":") else f"{kind}: {lines[-1]}")[:200]
 
 
 CXX_TERMINATE = "terminate called without an active exception"

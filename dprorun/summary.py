@@ -223,5 +223,16 @@ def format_summary(summary: dict) -> str:
     lines += [problem for problem in summary.get("problems", []) if not problem.startswith("no trace for ranks")]
     for row in summary["ranks"]:
         for warning in row["warnings"]:
-            lines.append(f"rank {row['rank']}: {warning.splitlines()[0]}")
+            lines.append(f"rank {row['rank']}: {_warning_line(warning)}")
     return "\n".join(lines)
+
+
+def _warning_line(warning: str) -> str:
+    """A rank's warning as one line: its first, or for the script's error the line that says what failed (a
+    TensorFlow error's cause comes after a header and where: procs.error_line)."""
+    from dprorun.layout import SCRIPT_RAISED
+    from dprorun.procs import error_line
+
+    if warning.startswith(SCRIPT_RAISED) and "\n" in warning:
+        return SCRIPT_RAISED + error_line(warning[len(SCRIPT_RAISED):])
+    return warning.splitlines()[0] if warning else ""

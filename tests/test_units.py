@@ -299,6 +299,18 @@ def test_a_failure_message_is_its_first_line_or_the_last_of_a_cpp_traceback():
     plain = error_message(SimpleNamespace(message="RuntimeError: injected failure\nmore"))
     assert plain == "RuntimeError: injected failure"
     assert error_message(SimpleNamespace(message={"message": "<N/A>"})) == ""
+    # TensorFlow: a header line, where, the cause, then the node's note (a Keras fit with jit_compile=True under
+    # MultiWorkerMirroredStrategy on CPU; plain TF_CONFIG launches fail alike): was "UnimplementedError: Graph
+    # execution error:"
+    tf_error = ("UnimplementedError: Graph execution error:\n\nDetected at node StatefulPartitionedCall defined at "
+                "(most recent call last):\n  File \"train.py\", line 75, in <module>\n\nCollectives are not yet "
+                "implemented for CPU devices when compiling with XLA.\n\t [[{{node StatefulPartitionedCall}}]] "
+                "[Op:__inference_train_function_1235]")
+    assert error_message(SimpleNamespace(message=tf_error)) == (
+        "UnimplementedError: Collectives are not yet implemented for CPU devices when compiling with XLA.")
+    from dprorun.procs import error_line
+
+    assert error_line(tf_error) == error_message(SimpleNamespace(message=tf_error))
 
 
 def test_compute_variants_leave_a_forward_a_framework_redirected_alone():
