@@ -234,6 +234,28 @@ def test_a_sparse_gradient_under_horovod_is_an_allgather_of_its_rows_timed_in_or
 
 
 @needs_horovod
+def test_a_gan_of_two_distributed_optimizers_is_read_step_by_step(tmp_path):
+    """benchmarks/shapes/hvd_session36.py --gan: a DistributedOptimizer each for the discriminator and the generator,
+    stepped in turn. Each optimizer step was an iteration (9.40 ms against the script's own 20.67 ms step), and
+    the replay failed on the other optimizer's buckets missing from every iteration ("no replay of the job as it
+    ran: ('bucket4', 0)"). Now an iteration is the script's step, holding both models' all-reduces."""
+    run_dir = tmp_path / "gan"
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "3", "--active", "6",
+                           "--kineto-iters", "2", "--clean", "6", "python",
+                           os.path.join(REPO, "benchmarks", "shapes", "hvd_session36.py"), "--gan", "--steps", "18"],
+                          run_dir, timeout=180, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert len(events["buckets"]) == 8  # both models' weights and biases
+    for iteration in (4, 5):
+        assert len([c for c in events["comm"] if c[0] == iteration]) == 8
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["self_check"]["status"] in ("agrees", "disagrees", "uncertain")
+
+
+@needs_horovod
 def test_a_strategy_reaches_horovod_through_its_own_knobs_and_a_failing_rank_fails_the_job(tmp_path):
     """One launch for two things: a strategy's fusion threshold and cycle time reach every rank as horovodrun's
     own flags, and a rank that exits non-zero fails the job with horovodrun's code named."""

@@ -794,6 +794,42 @@ def test_activation_meter_leaves_out_the_weights_a_layer_saves():
     assert plain.stop() > inputs.nbytes + model[0].weight.nbytes
 
 
+def test_calls_taking_turns_in_a_step_make_one_iteration():
+    """runtime/turns.StepTurns: a GAN's discriminator and generator, each trained and synchronised on its own, took
+    an iteration each. Where a call's start is the boundary (TensorFlow's step functions; the first call of each
+    traces it, counted as a call, 't'), an iteration begins at the first call of a run of the first key; where its
+    end is (Horovod's optimizers), it ends with the key that closed the turn before. One key alone, a WGAN's 3
+    critic calls, a new key after the turns (another model: each call its own again), turns that stop (a key
+    called 16 times over), and two models fitted 10 steps each in turn (no step's turns)."""
+    from dprorun.runtime.turns import StepTurns
+
+    def starts(keys, traced=()):
+        turns, out = StepTurns(), ""
+        for j, key in enumerate(keys):
+            if j in traced:
+                turns.called(key, False)
+                out += "t"
+                continue
+            began = turns.begins(key)
+            turns.called(key, began)
+            out += "|" if began else "."
+        return out
+
+    def ends(keys):
+        turns = StepTurns()
+        return "".join("|" if turns.ends_with(key) else "." for key in keys)
+
+    assert starts([1, 2] * 4, traced=(0, 1)) == "tt|.|.|."
+    assert starts([1, 1, 1, 2] * 3, traced=(0, 3)) == "t||t|...|..."
+    assert starts([1] * 5, traced=(0,)) == "t||||"
+    assert starts([1, 2, 1, 2, 3, 3]) == "|||.||"
+    assert starts([1, 2, 1, 2] + [2] * 20) == "|||" + "." * 15 + "|" * 6
+    assert "." not in starts(([1] * 10 + [2] * 10) * 2)
+    assert ends([1, 2] * 4) == "||.|.|.|"
+    assert ends([1, 1, 2] * 3) == "|||..|..|"
+    assert ends([1] * 4) == "||||"
+
+
 def test_horovods_trained_model_is_the_outermost_module_holding_the_optimizers_parameters():
     """runtime/horovod.trained_roots: Horovod wraps the optimizer, not the model; the modules a validation pass is
     counted on are the outermost ones holding the optimizer's parameters: a wrapper holding the model (not the model

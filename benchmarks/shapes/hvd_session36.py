@@ -1,11 +1,13 @@
 """Horovod (horovod.torch) shapes of session 36: --eval-every N (a validation pass over 4 held-out batches under
 torch.no_grad() and model.eval() after every N-th step), --accum-loop (gradient
-accumulation by hand over 2 micro-batches with backward_passes_per_step=2 and an SGD momentum optimizer)."""
+accumulation by hand over 2 micro-batches with backward_passes_per_step=2 and an SGD momentum optimizer), --gan (a GAN: a DistributedOptimizer each for the discriminator and the generator,
+stepped in turn every step)."""
 import argparse, statistics, time
 import torch, torch.nn as nn
 import horovod.torch as hvd
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
 p.add_argument("--eval-every", type=int, default=0); p.add_argument("--accum-loop", action="store_true")
+p.add_argument("--gan", action="store_true")
 a = p.parse_args()
 hvd.init(); torch.manual_seed(0); torch.set_num_threads(1)
 
@@ -21,6 +23,30 @@ class Net(nn.Module):
         return self.head(self.trunk(x).flatten(1))
 
 
+if a.gan:
+    gen = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 784))
+    disc = nn.Sequential(nn.Linear(784, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1))
+    d_opt = hvd.DistributedOptimizer(torch.optim.Adam(disc.parameters(), lr=2e-4),
+                                     named_parameters=[("d." + n, q) for n, q in disc.named_parameters()])
+    g_opt = hvd.DistributedOptimizer(torch.optim.Adam(gen.parameters(), lr=2e-4),
+                                     named_parameters=[("g." + n, q) for n, q in gen.named_parameters()])
+    real, bce, times = torch.randn(64, 784), nn.BCEWithLogitsLoss(), []
+    ones, zeros = torch.ones(64, 1), torch.zeros(64, 1)
+    for step in range(a.steps):
+        t = time.perf_counter()
+        fake = gen(torch.randn(64, 64))
+        d_opt.zero_grad()
+        (bce(disc(real), ones) + bce(disc(fake.detach()), zeros)).backward()
+        d_opt.step()
+        g_opt.zero_grad()
+        disc.requires_grad_(False)  # the discriminator's gradients would be all-reduced by d_opt's hooks
+        bce(disc(fake), ones).backward()
+        disc.requires_grad_(True)
+        g_opt.step()
+        times.append(time.perf_counter() - t)
+    if hvd.rank() == 0:
+        print(f"median iteration time: {statistics.median(times[len(times)//2:]) * 1000:.3f} ms")
+    raise SystemExit(0)
 model = Net()
 accum = 2 if a.accum_loop else 1
 if a.accum_loop:

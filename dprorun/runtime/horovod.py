@@ -23,6 +23,7 @@ import sys
 from dprorun.layout import CommRecord, sparse_bucket_fields
 from dprorun.runtime.horovod_timeline import WindowTimeline
 from dprorun.runtime.session import RankSession
+from dprorun.runtime.turns import StepTurns
 
 
 class HorovodTracker:
@@ -37,6 +38,7 @@ class HorovodTracker:
         self.index: dict[str, int] = {}
         self.timeline = WindowTimeline(session, "horovod.torch")
         self.watching_inference = False
+        self.turns = StepTurns()  # DistributedOptimizers stepped in turn within a step (a GAN's two models)
 
     # ---- what DDPTracker also offers the session --------------------------------------------------------
     def describe(self) -> dict:
@@ -126,9 +128,13 @@ class HorovodTracker:
             self.session.records.count_inference_pass(self.session.iteration)
 
     def step_done(self, optimizer) -> None:
+        """An optimizer's step returned: the iteration ends here, unless optimizers take turns in the script's step
+        (a GAN's discriminator and generator: runtime/turns.StepTurns) and another one's step closes it."""
         session = self.session
         if not self.watching_inference:
             self.watch_inference(optimizer)
+        if not self.turns.ends_with(id(optimizer)):
+            return
         now = session.now_us()
         if session.detail_active and self.first_ready is not None:
             session.mark("forward0", self.iteration_start, self.first_ready)

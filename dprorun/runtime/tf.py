@@ -20,11 +20,11 @@ import os
 import shutil
 import sys
 import threading
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from dprorun.layout import TF_PROFILER_STOP_MARK, XPLANE_FILE
 from dprorun.runtime.script_profiler import ProfilerBusy, tf_busy, watch_tf
+from dprorun.runtime.turns import StepTurns
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
@@ -229,54 +229,6 @@ class TFTracker:
 
     def window_stopped(self) -> None:
         return None
-
-
-MAX_TURN_CALLS = 16  # syncing calls in one step, at most, where step functions take turns
-
-
-@dataclass
-class StepTurns:
-    """Syncing step functions (each trains and all-reduces) taking turns within the script's step: a GAN's
-    discriminator function (n calls, as a WGAN's critic takes) and then its generator's. Each call was an iteration
-    (a figure half the script's step, by the script's own timing 18.3 ms of 34.3). Once a call of the function the
-    job called first follows calls of others, no more than MAX_TURN_CALLS calls after that function's previous run
-    began (two models fitted an epoch each in turn are no step), they take turns: an iteration begins only at the
-    first call of a run of that function. A call of a function not seen before (the script trains another model
-    now), or MAX_TURN_CALLS calls with no new step, ends the turns: every syncing call is its own iteration again.
-    The calls that trace a function count as calls here (a GAN's first step traces both), not as iterations."""
-
-    first: Optional[int] = None  # the first syncing step function called
-    members: set = field(default_factory=set)  # the functions seen before the turns were found
-    taking_turns: bool = False
-    last: Optional[int] = None  # the previous syncing call's function
-    calls_in_step: int = 0  # calls since the iteration began (taking turns), or since `first`'s last run began
-
-    def begins(self, key: int) -> bool:
-        """Whether a call of the syncing function `key`, where an iteration boundary is due, begins one."""
-        if not self.taking_turns:
-            return True
-        if key not in self.members or self.calls_in_step >= MAX_TURN_CALLS:
-            self.taking_turns = False
-            return True
-        return self._new_run(key)
-
-    def called(self, key: int, began: bool) -> None:
-        """A call of the syncing function `key` returned (`began`: it began an iteration)."""
-        if self.first is None:
-            self.first = key
-        if self.taking_turns:
-            self.calls_in_step = 1 if began else self.calls_in_step + 1
-        else:
-            self.members.add(key)
-            if self._new_run(key):
-                self.taking_turns = self.calls_in_step <= MAX_TURN_CALLS
-                self.calls_in_step = 0
-            self.calls_in_step += 1
-        self.last = key
-
-    def _new_run(self, key: int) -> bool:
-        """A call of the first function after another's."""
-        return key == self.first and self.last is not None and self.last != self.first
 
 
 def names_and_bytes(tensors) -> tuple[list[str], list[int]]:
