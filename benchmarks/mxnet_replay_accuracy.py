@@ -14,7 +14,8 @@ usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,mo
        (more models: conv-2ctx (2 contexts a worker), handloop-2bit (2-bit compressed pushes), mlp-async,
        conv-async (dist_async), conv-validate-10 (a validation pass every 10 steps); workers-update, frozen,
        embedding, frozen-later (the first layer frozen after 5 steps): examples/mxnet_variants.py;
-       deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py)
+       deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py; lstm-clip-adam:
+       benchmarks/shapes/mx_session36.py)
        [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
 With --keep DIR the profiles' run directories and the plain launches' figures are kept (DIR/rounds.json); --from DIR
 (or DIR1,DIR2: several runs' rounds together) replays those profiles again with this code (no launch): a model change
@@ -62,14 +63,17 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           # the same with the pushed gradients 2-bit compressed (kv.set_gradient_compression)
           "handloop-2bit": ["--width", "512", "--compression", "2bit"],
           # benchmarks/shapes/mx_shapes.py: shapes the model was not tuned on
-          "deep-imperative": ["--deep"], "rmsprop-schedule": ["--rmsprop"], "loader-workers": ["--loader-workers", "2"]}
+          "deep-imperative": ["--deep"], "rmsprop-schedule": ["--rmsprop"], "loader-workers": ["--loader-workers", "2"],
+          # benchmarks/shapes/mx_session36.py: an LSTM language model, clipping between allreduce_grads and update
+          "lstm-clip-adam": []}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
            **{name: os.path.join(REPO, "examples", "mxnet_kvstore_loop.py") for name in ("handloop", "handloop-2bit")},
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_shapes.py") for name in ("deep-imperative",
                                                                                           "rmsprop-schedule",
-                                                                                          "loader-workers")}}
+                                                                                          "loader-workers")},
+           "lstm-clip-adam": os.path.join(REPO, "benchmarks", "shapes", "mx_session36.py")}
 
 
 def example(model: str) -> str:

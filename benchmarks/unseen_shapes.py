@@ -19,7 +19,8 @@ per-parameter gradient hooks, find_unused_parameters with a branch drawn every s
 steps with a short last batch, a Keras model's own train_step with clipping and two losses, Horovod with groups=2,
 with the parameters re-broadcast every 10 steps, a BatchNorm conv net with SGD; session 35: LBFGS (the closure
 run up to 4 times a step), post-local SGD with a periodic model averager; session 36: a Horovod conv net with
-AdamW validating every 5 steps, Horovod accumulating 2 micro-batches by hand with SGD momentum, tf-keras fit with
+AdamW validating every 5 steps, Horovod accumulating 2 micro-batches by hand with SGD momentum, a Horovod GAN (a
+DistributedOptimizer per model, stepped in turn), tf-keras fit with
 Keras's TensorBoard callback (scalars every batch, histograms, its own profile of batches 12-14), a functional
 tf-keras model of two inputs with class weights and Nesterov SGD, tf-keras fit under mixed_float16 and on NumPy
 arrays, a TF loop over a distributed dataset's iterator, a TensorFlow GAN whose step calls a discriminator's
@@ -103,6 +104,7 @@ JOBS = {
     "horovod-conv-adamw-eval-every-5": (["--backend", "horovod"], "hvd_session36.py", ["--eval-every", "5"], "horovod"),
     "horovod-accumulate-by-hand-sgd-momentum": (["--backend", "horovod"], "hvd_session36.py", ["--accum-loop"],
                                                 "horovod"),
+    "horovod-gan-two-optimizers": (["--backend", "horovod"], "hvd_session36.py", ["--gan"], "horovod"),
     "tf-keras-fit-tensorboard-callback": (["--backend", "tf"], "tf_session36.py", ["--tensorboard"], "tensorboard"),
     "tf-keras-functional-two-inputs-class-weights": (["--backend", "tf"], "tf_session36.py", ["--two-inputs"],
                                                      "tensorflow"),

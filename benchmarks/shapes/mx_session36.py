@@ -49,4 +49,4 @@ for step in range(a.steps):
     times.append(time.perf_counter() - t)
 mx.nd.waitall()
 if kv.rank == 0:
-    print(f"median iteration time: {statistics.median(times[len(times) // 2:]) * 1000:.3f} ms", flush=True)
+    print(f"median iteration {statistics.median(times[len(times) // 2:]) * 1000:.3f} ms", flush=True)
