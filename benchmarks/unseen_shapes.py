@@ -18,7 +18,9 @@ decoder in a DDP each, tied embedding and output weights, an EMA AveragedModel w
 per-parameter gradient hooks, find_unused_parameters with a branch drawn every step, DistributedSampler epochs of 5
 steps with a short last batch, a Keras model's own train_step with clipping and two losses, Horovod with groups=2,
 with the parameters re-broadcast every 10 steps, a BatchNorm conv net with SGD; session 35: LBFGS (the closure
-run up to 4 times a step), post-local SGD with a periodic model averager; session 36: a Horovod conv net with
+run up to 4 times a step), post-local SGD with a periodic model averager; session 36: DDP with SparseAdam for a
+table and AdamW for the rest, a channels_last conv net with Nesterov SGD and a warm-up-cosine schedule, a Horovod
+conv net with
 AdamW validating every 5 steps, Horovod accumulating 2 micro-batches by hand with SGD momentum, a Horovod GAN (a
 DistributedOptimizer per model, stepped in turn), tf-keras fit with
 Keras's TensorBoard callback (scalars every batch, histograms, its own profile of batches 12-14), a functional
@@ -96,6 +98,8 @@ JOBS = {
     "ddp-short-epochs": ([], "ddp_session34.py", ["--short-epochs"], "torch"),
     "ddp-lbfgs": ([], "ddp_session35.py", ["--lbfgs"], "torch"),
     "ddp-post-local-sgd": ([], "ddp_session35.py", ["--localsgd"], "torch"),
+    "ddp-sparse-adam-and-adamw": ([], "ddp_session36.py", ["--two-optimizers"], "torch"),
+    "ddp-channels-last-nesterov-cosine": ([], "ddp_session36.py", ["--channels-last"], "torch"),
     "tf-keras-own-train-step-two-heads": (["--backend", "tf"], "tf_train_step.py", [], "tensorflow"),
     "tf-keras-fit-validation-freq-evaluate-predict": (["--backend", "tf"], "tf_fit_val.py", ["--after"], "tensorflow"),
     "horovod-groups": (["--backend", "horovod"], "hvd_groups.py", ["--groups"], "horovod"),

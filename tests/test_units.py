@@ -794,6 +794,27 @@ def test_activation_meter_leaves_out_the_weights_a_layer_saves():
     assert plain.stop() > inputs.nbytes + model[0].weight.nbytes
 
 
+def test_optimizers_stepped_one_after_another_make_one_update_phase():
+    """graph/local.phase_spans: a recommendation model with SparseAdam for its table and AdamW for the rest
+    (benchmarks/shapes/ddp_session36.py --two-optimizers) records two update spans after the backward; the phase
+    was the last one's (1.05 ms), the first read as DDP's finalize (both: 2.89 ms, the summary's union 2.77). A
+    GAN's first update, before the second model's backward, is no part of it."""
+    from dprorun.graph.local import phase_spans
+    from dprorun.trace.model import Op, OpKind
+
+    def span(kind, start, end):
+        return Op(name=kind.value, kind=kind, rank=0, start_us=start, end_us=end)
+
+    spans = {OpKind.FW: [span(OpKind.FW, 0, 10)], OpKind.BW: [span(OpKind.BW, 12, 30)],
+             OpKind.UPDATE: [span(OpKind.UPDATE, 31, 33), span(OpKind.UPDATE, 33.5, 36)]}
+    first, fw, bw, up = phase_spans(spans)
+    assert (up.start_us, up.end_us) == (31, 36)
+    gan = {OpKind.FW: [span(OpKind.FW, 0, 10), span(OpKind.FW, 20, 28)],
+           OpKind.BW: [span(OpKind.BW, 10, 15), span(OpKind.BW, 28, 40)],
+           OpKind.UPDATE: [span(OpKind.UPDATE, 15, 18), span(OpKind.UPDATE, 41, 44)]}
+    assert (phase_spans(gan)[3].start_us, phase_spans(gan)[3].end_us) == (41, 44)
+
+
 def test_calls_taking_turns_in_a_step_make_one_iteration():
     """runtime/turns.StepTurns: a GAN's discriminator and generator, each trained and synchronised on its own, took
     an iteration each. Where a call's start is the boundary (TensorFlow's step functions; the first call of each
