@@ -19,6 +19,25 @@ def fixture_path(*parts: str) -> str:
     return path
 
 
+class ScriptProfilerSession:
+    """A stand-in for RankSession where runtime/script_profiler.py's watchers are tested: the starts and stops of the
+    script's profiler they report, in order; a watcher that disables profiling fails the test."""
+
+    def __init__(self):
+        from dprorun.runtime.script_profiler import ScriptProfilerState
+
+        self.script_profiler, self.calls = ScriptProfilerState(), []
+
+    def script_profiler_started(self):
+        self.calls.append("started")
+
+    def script_profiler_stopped(self):
+        self.calls.append("stopped")
+
+    def disable(self, why):
+        raise AssertionError(why)
+
+
 def run_dprorun(args, run_dir, timeout=180, env=None):
     """Run the real dprorun CLI in a subprocess; returns (CompletedProcess, elapsed seconds). No report.html at
     the job's end unless env asks for it (DPRO_REPORT=1): its what-if curves take up to 5 s per job, the job-end

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES, REPO, run_dprorun
+from conftest import EXAMPLES, REPO, ScriptProfilerSession, run_dprorun
 
 tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed (pip install -e '.[tf]')")
 
@@ -149,25 +149,12 @@ def test_the_tf_profiler_started_through_tf_compat_v2_is_seen_as_the_scripts(tmp
     with TensorBoard(profile_batch=(6, 8)): script_profiler_iterations [] before, [3, 4, 5, 6] now)."""
     from tensorflow.python.profiler import profiler_v2
 
-    from dprorun.runtime.script_profiler import ScriptProfilerState, _tf_profiler_api_modules, watch_tf
-
-    class Session:
-        def __init__(self):
-            self.script_profiler, self.calls = ScriptProfilerState(), []
-
-        def script_profiler_started(self):
-            self.calls.append("started")
-
-        def script_profiler_stopped(self):
-            self.calls.append("stopped")
-
-        def disable(self, why):
-            raise AssertionError(why)
+    from dprorun.runtime.script_profiler import _tf_profiler_api_modules, watch_tf
 
     owners = [profiler_v2, *_tf_profiler_api_modules(tf)]
     assert tf.compat.v2.profiler.experimental in owners and tf.profiler.experimental in owners
     saved = [(owner, owner.start, owner.stop) for owner in owners]
-    session = Session()
+    session = ScriptProfilerSession()
     try:
         watch_tf(session)
         tf.compat.v2.profiler.experimental.start(str(tmp_path))

@@ -8,7 +8,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import REPO
+from conftest import REPO, ScriptProfilerSession
 from dprorun.config import ProfileConfig
 from dprorun.fsutil import TraceError, atomic_write_json, read_json
 from dprorun.runtime.packing import BundleError, pack_files, unpack_files
@@ -671,20 +671,7 @@ def test_a_script_profiler_start_that_raises_is_not_left_marked_on():
     a bad log folder) raised into the script as before, but the script's profiler stayed marked on: dprorun's
     waited for its stop to the end of the job and every later iteration was set aside. A start refused while
     another of the script's is on takes nothing back."""
-    from dprorun.runtime.script_profiler import ScriptProfilerState, _wrap
-
-    class Session:
-        def __init__(self):
-            self.script_profiler, self.calls = ScriptProfilerState(), []
-
-        def script_profiler_started(self):
-            self.calls.append("started")
-
-        def script_profiler_stopped(self):
-            self.calls.append("stopped")
-
-        def disable(self, why):
-            raise AssertionError(why)
+    from dprorun.runtime.script_profiler import _wrap
 
     class Profiler:
         refuse = False
@@ -693,7 +680,7 @@ def test_a_script_profiler_start_that_raises_is_not_left_marked_on():
             if self.refuse:
                 raise RuntimeError("Profiler is already enabled on this thread")
 
-    session = Session()
+    session = ScriptProfilerSession()
     state = session.script_profiler
 
     def on(prof):
