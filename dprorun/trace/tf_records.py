@@ -226,7 +226,7 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
 def _last_syncing_call(step: int, start: float, end: float, ops: list[Op], colls: list[Op],
                        spans: list) -> tuple[list[Op], list[Op], list[Op]]:
     """(ops, collectives, the earlier calls' collectives) of the step's last call that all-reduces, where the step
-    calls several step functions that do (runtime/tf.TFTracker's cycle: a GAN's discriminator, then its
+    calls several step functions that do (runtime/turns.StepTurns: a GAN's discriminator, then its
     generator): that call's backward, packs and update are the step's (the hooks recorded its function's packs);
     the calls before it run inside the step's forward phase (as micro-batches do), their all-reduces kept as
     measured (collectives outside the packs). The whole step otherwise."""
