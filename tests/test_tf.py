@@ -192,6 +192,29 @@ def test_a_gan_whose_step_calls_two_training_functions_is_read_step_by_step(tmp_
     assert "CollectiveReduceV2" in caution and "step functions called before the step's last one" in caution
 
 
+def test_a_strategy_local_to_each_worker_is_said_to_train_the_workers_separately():
+    """A script with MirroredStrategy (or the default strategy) under `--backend tf -np 2` trains 2 separate models
+    and was profiled as one job without a word (0 buckets, a replay of two trainings). The hooks say so once per
+    worker (by hand: "rank 0: the script's strategy is MirroredStrategy, which synchronises nothing across
+    workers ..." in the summary); MultiWorkerMirroredStrategy is not flagged, nor is a single worker."""
+    from types import SimpleNamespace
+
+    from dprorun.runtime.tf import TFTracker
+
+    def said(strategy, world_size=2):
+        session = SimpleNamespace(world_size=world_size, records=SimpleNamespace(warnings=[]))
+        TFTracker.check_strategy(SimpleNamespace(session=session), strategy)
+        return session.records.warnings
+
+    mirrored = tf.distribute.MirroredStrategy()
+    assert said(mirrored)[0].startswith("the script's strategy is MirroredStrategy, which synchronises nothing across "
+                                        "workers: the 2 workers train separately")
+    assert said(tf.distribute.get_strategy()) and not said(mirrored, world_size=1)
+    from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceStrategy
+
+    assert not said(CollectiveAllReduceStrategy.__new__(CollectiveAllReduceStrategy))
+
+
 def test_a_pack_size_strategy_is_applied_and_a_failing_worker_is_named_and_its_traces_kept(tmp_path):
     """One launch for two things: a strategy's all-reduce pack size reaches the workers' strategy with no change to
     the script (the script asked for one pack, the strategy's size makes several), and a worker that fails

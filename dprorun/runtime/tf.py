@@ -109,6 +109,17 @@ class TFTracker:
             if session.iteration not in disturbed:
                 disturbed.append(session.iteration)
 
+    def check_strategy(self, strategy) -> None:
+        """A strategy that synchronises nothing across workers (MirroredStrategy, OneDeviceStrategy: local to a
+        worker) makes N separate trainings of N workers, profiled as if they were one job: said once."""
+        from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceStrategy
+
+        if self.session.world_size > 1 and not isinstance(strategy, CollectiveAllReduceStrategy):
+            self.session.records.warnings.append(
+                f"the script's strategy is {type(strategy).__name__}, which synchronises nothing across workers: "
+                f"the {self.session.world_size} workers train separately (nothing of theirs is all-reduced); "
+                "tf.distribute.MultiWorkerMirroredStrategy trains one model across them")
+
     def traced(self, key: int) -> None:
         """An outermost call of a function that is no known step yet returned: where it was the first (tracing)
         call of a syncing training step, note when (_first_call_of) and count it among the turns."""
@@ -266,6 +277,8 @@ def patch_tensorflow(session: "RankSession") -> TFTracker:
     def run(self, fn, args=(), kwargs=None, options=None):
         if tracker.calibrating:
             return strategy_run(self, fn, args, kwargs, options)
+        if tracker.strategy is None:
+            session.guard("checking the script's strategy", tracker.check_strategy, self)
         tracker.strategy = self
         stack = tracker.call_stack()
         if stack:  # inside a tf.function being traced: that function is a step function
