@@ -238,15 +238,19 @@ def test_a_gan_of_two_distributed_optimizers_is_read_step_by_step(tmp_path):
     """benchmarks/shapes/hvd_session36.py --gan: a DistributedOptimizer each for the discriminator and the generator,
     stepped in turn. Each optimizer step was an iteration (9.40 ms against the script's own 20.67 ms step), and
     the replay failed on the other optimizer's buckets missing from every iteration ("no replay of the job as it
-    ran: ('bucket4', 0)"). Now an iteration is the script's step, holding both models' all-reduces."""
+    ran: ('bucket4', 0)"). Now an iteration is the script's step, holding both models' all-reduces. The generator
+    samples every 6 steps: passes counted on the model of the optimizer that steps second too."""
     run_dir = tmp_path / "gan"
     proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "3", "--active", "6",
-                           "--kineto-iters", "2", "--clean", "6", "python",
-                           os.path.join(REPO, "benchmarks", "shapes", "hvd_session36.py"), "--gan", "--steps", "18"],
+                           "--kineto-iters", "2", "--clean", "8", "python",
+                           os.path.join(REPO, "benchmarks", "shapes", "hvd_session36.py"), "--gan", "--steps", "22",
+                           "--sample-every", "6"],
                           run_dir, timeout=180, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert len(events["buckets"]) == 8  # both models' weights and biases
+    # the generator's samples under no_grad after steps 6 and 12 (and 18): counted on the second optimizer's model
+    assert events["inference_passes"][:2] == [[6, 1], [12, 1]] and {6, 12} <= inference_set_aside(events)
     for iteration in (4, 5):
         assert len([c for c in events["comm"] if c[0] == iteration]) == 8
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],

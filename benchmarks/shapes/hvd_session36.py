@@ -1,13 +1,14 @@
 """Horovod (horovod.torch) shapes of session 36: --eval-every N (a validation pass over 4 held-out batches under
 torch.no_grad() and model.eval() after every N-th step), --accum-loop (gradient
 accumulation by hand over 2 micro-batches with backward_passes_per_step=2 and an SGD momentum optimizer), --gan (a GAN: a DistributedOptimizer each for the discriminator and the generator,
-stepped in turn every step)."""
+stepped in turn every step; --sample-every N: the generator samples images every N steps)."""
 import argparse, statistics, time
 import torch, torch.nn as nn
 import horovod.torch as hvd
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
 p.add_argument("--eval-every", type=int, default=0); p.add_argument("--accum-loop", action="store_true")
 p.add_argument("--gan", action="store_true")
+p.add_argument("--sample-every", type=int, default=0, help="--gan: the generator samples 16 images under no_grad")
 a = p.parse_args()
 hvd.init(); torch.manual_seed(0); torch.set_num_threads(1)
 
@@ -44,6 +45,11 @@ if a.gan:
         disc.requires_grad_(True)
         g_opt.step()
         times.append(time.perf_counter() - t)
+        if a.sample_every and (step + 1) % a.sample_every == 0:
+            gen.eval()
+            with torch.no_grad():
+                gen(torch.randn(16, 64))
+            gen.train()
     if hvd.rank() == 0:
         print(f"median iteration time: {statistics.median(times[len(times)//2:]) * 1000:.3f} ms")
     raise SystemExit(0)

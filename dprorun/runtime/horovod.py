@@ -37,7 +37,8 @@ class HorovodTracker:
         self.pending: list[CommRecord] = []  # comm records waiting for their synchronize, in submission order
         self.index: dict[str, int] = {}
         self.timeline = WindowTimeline(session, "horovod.torch")
-        self.watching_inference = False
+        self.watched_optimizers: set[int] = set()  # ids of the optimizers whose models watch_inference hooked
+        self.hooked_models: set[int] = set()
         self.turns = StepTurns()  # DistributedOptimizers stepped in turn within a step (a GAN's two models)
 
     # ---- what DDPTracker also offers the session --------------------------------------------------------
@@ -108,10 +109,10 @@ class HorovodTracker:
     def watch_inference(self, optimizer) -> None:
         """Count the forward passes of the trained model that train nothing (a validation pass between steps: it
         lengthens the iteration it falls in; trace/rundir.inference_set_aside sets such iterations aside, as for
-        DDP). Horovod wraps the optimizer, not the model: the trained model is found once, after the first step, as
-        the outermost modules holding the optimizer's parameters (a forward pre-hook on those only: a hook on every
-        module would run in every layer's call)."""
-        self.watching_inference = True
+        DDP). Horovod wraps the optimizer, not the model: the trained model is found once per optimizer, after its
+        first step, as the outermost modules holding its parameters (a forward pre-hook on those only: a hook on
+        every module would run in every layer's call; each model hooked once, where two optimizers share it)."""
+        self.watched_optimizers.add(id(optimizer))
         try:
             roots = trained_roots(optimizer)
         except Exception as exc:  # not worth the profile: say it and go on
@@ -119,7 +120,9 @@ class HorovodTracker:
                                                  f"{type(exc).__name__}: {exc})")
             return
         for root in roots:
-            root.register_forward_pre_hook(self._pre_forward)
+            if id(root) not in self.hooked_models:
+                self.hooked_models.add(id(root))
+                root.register_forward_pre_hook(self._pre_forward)
 
     def _pre_forward(self, module, inputs) -> None:
         import torch
@@ -131,7 +134,7 @@ class HorovodTracker:
         """An optimizer's step returned: the iteration ends here, unless optimizers take turns in the script's step
         (a GAN's discriminator and generator: runtime/turns.StepTurns) and another one's step closes it."""
         session = self.session
-        if not self.watching_inference:
+        if id(optimizer) not in self.watched_optimizers:
             self.watch_inference(optimizer)
         if not self.turns.ends_with(id(optimizer)):
             return
