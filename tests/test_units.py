@@ -881,3 +881,20 @@ def test_iterations_with_a_validation_pass_are_set_aside_and_on_mxnet_the_one_af
     assert inference_cadence_warning(events({9: 4, 19: 4})) == ""
     assert inference_set_aside(events({9: 4, 19: 4}, framework="torch")) == {9, 19}
     assert inference_set_aside({"iteration_starts_us": [0.0, 1.0], "trackers": [{"framework": "torch"}]}) == set()
+
+
+def test_a_rank_that_is_no_torch_job_never_loads_torch_for_its_files(tmp_path):
+    """The rank files name the frameworks the job imported; reading torch's version loaded torch into TensorFlow
+    workers (at their exit when the job ended inside the window: torch.library's finalizers then failed)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "hooks"), REPO]), DPRO_ENABLED="1",
+               RANK="0", DPRO_RUN_DIR=str(tmp_path / "run"))
+    code = ("import json, sys; from dprorun.runtime.bootstrap import session; from dprorun.runtime import rank_files; "
+            "s = session(); s.iteration = 7; s.at_exit(); "
+            "print(json.dumps([rank_files.versions(), 'torch' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    found, torch_loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not torch_loaded and "torch" not in found and set(found) == {"python", "dprorun"}
+    assert "Exception ignored" not in out.stderr
+    code = "import torch; from dprorun.runtime.rank_files import versions; print(versions()['torch'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1].startswith("2.")

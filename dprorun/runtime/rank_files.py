@@ -151,13 +151,15 @@ def peak_rss_bytes() -> Optional[int]:
 
 
 def versions() -> dict:
+    """Python's, dprorun's and the frameworks' versions: only those the job imported itself. Importing torch here
+    would load it into a TensorFlow worker at its exit (seconds, hundreds of MB, and torch.library's finalizers
+    failing at the interpreter's shutdown when the job ended inside the window)."""
     out = {"python": sys.version.split()[0]}
-    try:
-        import torch
-
-        out["torch"] = torch.__version__
-    except Exception:
-        pass
+    for name in ("torch", "tensorflow", "mxnet", "horovod"):
+        module = sys.modules.get(name)
+        version = getattr(module, "__version__", None) if module is not None else None
+        if isinstance(version, str):
+            out[name] = version
     try:
         from dprorun import __version__
 
