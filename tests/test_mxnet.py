@@ -754,6 +754,30 @@ def test_a_workers_sum_over_its_contexts_stays_inside_the_iteration():
     assert not any(contexts_note in n for n in predict_ps(model, PSWhatIf(servers=1)).notes)
 
 
+def test_a_residual_backward_zeroing_a_buffer_between_pushes_stays_in_its_iteration():
+    """A model-zoo ResNet's backward zeroes the buffer it sums a shared input's gradients into (SetValueOp) after
+    the first 16 of its 60 keys were pushed: that op was taken for the next forward, every iteration split in two
+    (16 + 44 push/pulls), an "uncertain" warning, and the profile's compute scaled x2.77 to the job's iterations."""
+    from dprorun.replay.ps_model import irregular_phases, worker_ops_from_profile
+    from dprorun.trace.mxprofile import COPY_OP, FILL_OP, MXOp, comm_phases
+
+    push = "KVStoreDistDefaultStoragePushPull"
+
+    def iteration(t0):  # forward, backward pushing key 0, the fill, the rest of the backward pushing key 1
+        return [MXOp("Convolution,BatchNorm", "cpu/0", t0, t0 + 1000), MXOp("_backward_Conv", "cpu/0", t0 + 1000,
+                                                                             t0 + 2000),
+                MXOp(push, "cpu pinned/", t0 + 2010, t0 + 2500), MXOp(FILL_OP, "cpu/0", t0 + 2600, t0 + 2610),
+                MXOp(push, "cpu pinned/", t0 + 2700, t0 + 4000), MXOp("_backward_Conv", "cpu/0", t0 + 2610, t0 + 3600),
+                MXOp(COPY_OP, "cpu pinned/", t0 + 4000, t0 + 4100)]
+
+    profile = sorted([op for t0 in (0, 5000, 10000, 15000) for op in iteration(t0)], key=lambda op: op.start_us)
+    assert [len(g) for g in comm_phases([op for op in profile if op.is_kvstore], profile)] == [2, 2, 2, 2]
+    keys = [PSKey(0, 40_000, 10_000, 0), PSKey(1, 40_000, 10_000, -1)]
+    assert irregular_phases(0, profile, keys) == []
+    ops = worker_ops_from_profile(0, profile, keys)
+    assert ops.period_us == 5000 and FILL_OP in [name for name, _ in ops.ops]
+
+
 def test_a_key_dispatched_after_the_others_ended_stays_in_its_iteration(tmp_path):
     """On a loaded host a key's push/pull can end before the script dispatches the next key's (the other worker
     already waiting): a gap with no forward op in it. The CI run on a 2-core VM read that gap as an iteration's end,

@@ -22,6 +22,9 @@ NOT_COMPUTE = ("DeleteVariable", "WaitForVar", "WaitForAll")  # engine bookkeepi
 # a worker with several contexts (ctx=[gpu(0), gpu(1)], or cpu(i)) sums each key's gradients from its contexts
 # before the push: compute on the push's path, not the start of an iteration
 LOCAL_REDUCE_OP = "KVStoreReduce"
+# an array filled with a value (`x[:] = 0`): the backward zeroes the buffers it accumulates gradients into with it (a
+# residual net's shared inputs), between the pushes of one iteration's keys; not a sign of the next forward
+FILL_OP = "SetValueOp"
 
 
 @dataclass(slots=True)
@@ -137,8 +140,8 @@ def comm_phases(comm: list[MXOp], compute: list[MXOp]) -> list[list[MXOp]]:
 
 def starts_an_iteration(op: MXOp) -> bool:
     """A forward (or loss) op: not push/pull, not a pulled value's copy, not engine bookkeeping, not backward, not
-    the sum of a key's gradients from the worker's contexts."""
-    return not (op.is_kvstore or op.name in (COPY_OP, LOCAL_REDUCE_OP) or op.name in NOT_COMPUTE
+    the sum of a key's gradients from the worker's contexts, not an array filled with a value."""
+    return not (op.is_kvstore or op.name in (COPY_OP, LOCAL_REDUCE_OP, FILL_OP) or op.name in NOT_COMPUTE
                 or op.name.startswith("_backward"))
 
 
