@@ -523,6 +523,23 @@ def test_a_compressed_push_carries_its_share_of_the_keys_bytes():
     assert predict_ps(replace(model, push_ratio=1 / 16)).iteration_ms < predict_ps(model).iteration_ms
 
 
+def test_a_link_level_the_profile_cannot_fix_is_warned():
+    """A compute-bound profile (a ResNet-18 on 2 cores: its compute alone as long as its iterations) replays as long
+    as it ran even with nearly free transfers: the fitted level stops at the end of its range, and the job's
+    transfers are unknown. That was said as "the job's own transfers ran at x20.00": now a warning for the what-ifs
+    that move transfers."""
+    from dprorun.replay.ps_model import LINK_LEVELS, fit_link_level, link_level_notes
+
+    model = _model()
+    as_profiled = replay(ps_graph(model, PSWhatIf())).iteration_time_us
+    compute_only = replay(ps_graph(replace(model, link_level=1e6), PSWhatIf())).iteration_time_us
+    assert fit_link_level(model, compute_only) == LINK_LEVELS[1]
+    notes = link_level_notes(fit_link_level(model, compute_only))
+    assert len(notes) == 1 and notes[0].startswith("warning: ") and "does not say how fast" in notes[0]
+    assert fit_link_level(model, as_profiled) == pytest.approx(1.0, rel=0.01) and link_level_notes(1.0) == []
+    assert link_level_notes(3.0)[0].startswith("the job's own transfers ran at x3.00")
+
+
 def test_keys_are_placed_as_mxnets_kvstore_places_them():
     big = PSKey(7, 3_000_001 * 4, 3_000_001, 0)
     parts = key_parts(big, 3, 1_000_000)

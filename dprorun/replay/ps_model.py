@@ -108,9 +108,7 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
     model.profiled_iteration_us = median(w.period_us for w in ops.values())
     if model.profiled_iteration_us:
         model.link_level = fit_link_level(model, model.profiled_iteration_us)
-        if not 0.5 <= model.link_level <= 2.0:
-            notes.append(f"the job's own transfers ran at x{model.link_level:.2f} of the calibration's bandwidth "
-                         "(transfers of every key at once, against one key at a time with nothing else running)")
+        notes += link_level_notes(model.link_level)
     # the reference the compute is scaled to: the clean iterations (no profiler, no hooks' work) when there are
     # enough of them, else the window's iterations without the profiler
     model.reference = "clean" if len(clean) >= 5 else "window"
@@ -485,6 +483,28 @@ def fit_links(model: PSModel) -> tuple[float, float]:
     return best[1], best[2]
 
 
+LINK_LEVELS = (0.05, 20.0)  # the factors on the calibrated bandwidth the link level is fitted between
+
+
+def link_level_notes(level: float) -> list[str]:
+    """What the fitted link level says: a factor far from the calibration's, or one at the end of its range (the
+    profile then does not say how fast the job's transfers ran)."""
+    if level >= LINK_LEVELS[1]:
+        return [f"warning: the profiled iterations replay as long as they ran even with the transfers at x{level:g} "
+                "of the calibration's bandwidth: the compute, as profiled, fills them (the transfers hidden behind "
+                "it), so the profile does not say how fast the job's transfers ran; they are priced at that level, "
+                "and a what-if that moves transfers (servers, big-array bound, a bandwidth ratio) shows the "
+                "compute's side only (an absolute --bandwidth does not use the level)"]
+    if level <= LINK_LEVELS[0]:
+        return [f"warning: the profiled iterations replay shorter than they ran even with the transfers at x{level:g} "
+                "of the calibration's bandwidth: something the graph does not hold waited in them (a loaded host, "
+                "a worker's own waits); what-ifs that move transfers price them at that level"]
+    if not 0.5 <= level <= 2.0:
+        return [f"the job's own transfers ran at x{level:.2f} of the calibration's bandwidth (transfers of every key "
+                "at once, against one key at a time with nothing else running)"]
+    return []
+
+
 def fit_link_level(model: PSModel, profiled_us: float, compute_scale: float = 1.0) -> float:
     """The factor on the calibrated bandwidth with which the profiled iterations (compute as profiled, or scaled by
     `compute_scale`) replay to `profiled_us`: the job's transfers as they ran, all keys at once and the compute's
@@ -493,7 +513,7 @@ def fit_link_level(model: PSModel, profiled_us: float, compute_scale: float = 1.
         return replay(ps_graph(replace(model, compute_scale=compute_scale, link_level=level),
                                PSWhatIf())).iteration_time_us
 
-    lo, hi = 0.05, 20.0
+    lo, hi = LINK_LEVELS
     if replayed(hi) >= profiled_us:
         return hi
     if replayed(lo) <= profiled_us:
