@@ -65,7 +65,9 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           # benchmarks/shapes/mx_shapes.py: shapes the model was not tuned on
           "deep-imperative": ["--deep"], "rmsprop-schedule": ["--rmsprop"], "loader-workers": ["--loader-workers", "2"],
           # benchmarks/shapes/mx_session36.py: an LSTM language model, clipping between allreduce_grads and update
-          "lstm-clip-adam": []}
+          "lstm-clip-adam": [],
+          # benchmarks/shapes/mx_session37.py: a model-zoo ResNet-18 (static_alloc), the dist_sync_device kvstore
+          "resnet18-zoo": ["--zoo"], "device-kv": ["--device-kv"]}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
@@ -73,7 +75,9 @@ SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_shapes.py") for name in ("deep-imperative",
                                                                                           "rmsprop-schedule",
                                                                                           "loader-workers")},
-           "lstm-clip-adam": os.path.join(REPO, "benchmarks", "shapes", "mx_session36.py")}
+           "lstm-clip-adam": os.path.join(REPO, "benchmarks", "shapes", "mx_session36.py"),
+           **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session37.py") for name in ("resnet18-zoo",
+                                                                                            "device-kv")}}
 
 
 def example(model: str) -> str:

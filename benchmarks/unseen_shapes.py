@@ -26,7 +26,10 @@ DistributedOptimizer per model, stepped in turn), tf-keras fit with
 Keras's TensorBoard callback (scalars every batch, histograms, its own profile of batches 12-14), a functional
 tf-keras model of two inputs with class weights and Nesterov SGD, tf-keras fit under mixed_float16 and on NumPy
 arrays, a TF loop over a distributed dataset's iterator, a TensorFlow GAN whose step calls a discriminator's
-and a generator's tf.function (once, and 3 critic calls a step). Frameworks that are not installed
+and a generator's tf.function (once, and 3 critic calls a step); session 37: DDP saving a checkpoint on rank 0
+every 10 steps behind a barrier, an input-bound DDP loop (a Dataset augmenting on the CPU, no loader workers), the
+gradients' norm all-reduced by hand for clipping, metrics gathered with all_gather_object, tf-keras fit with
+ModelCheckpoint and with BackupAndRestore saving every 10 batches. Frameworks that are not installed
 are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -117,6 +120,12 @@ JOBS = {
     "tf-loop-distributed-iterator": (["--backend", "tf"], "tf_session36.py", ["--loop"], "tensorflow"),
     "tf-gan-two-step-functions": (["--backend", "tf"], "tf_gan.py", [], "tensorflow"),
     "tf-wgan-3-critic-calls-a-step": (["--backend", "tf"], "tf_gan.py", ["--n-critic", "3"], "tensorflow"),
+    "ddp-checkpoint-every-10": ([], "ddp_session37.py", ["--checkpoint-every", "10"], "torch"),
+    "ddp-input-bound-loader": ([], "ddp_session37.py", ["--slow-input"], "torch"),
+    "ddp-norm-all-reduced-by-hand": ([], "ddp_session37.py", ["--clip-by-hand"], "torch"),
+    "ddp-metrics-all-gather-object": ([], "ddp_session37.py", ["--gather-metrics"], "torch"),
+    "tf-keras-fit-model-checkpoint": (["--backend", "tf"], "tf_session37.py", ["--checkpoint"], "tensorflow"),
+    "tf-keras-fit-backup-and-restore": (["--backend", "tf"], "tf_session37.py", ["--backup"], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
