@@ -898,3 +898,21 @@ def test_a_rank_that_is_no_torch_job_never_loads_torch_for_its_files(tmp_path):
     code = "import torch; from dprorun.runtime.rank_files import versions; print(versions()['torch'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1].startswith("2.")
+
+
+def test_a_rank_that_raises_leaves_its_stack_in_torchelastics_error_file(tmp_path):
+    """The hooks' excepthook writes the rank's error file: through torch's ErrorHandler the stack read
+    sys.exc_info(), empty in an excepthook ("NoneType: None"), and its initialize() warned "Unable to enable fault
+    handler" under a script whose main() is torch.distributed.elastic's @record."""
+    error_file = tmp_path / "error.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "hooks"), REPO]), DPRO_ENABLED="1",
+               RANK="0", DPRO_RUN_DIR=str(tmp_path / "run"), TORCHELASTIC_ERROR_FILE=str(error_file))
+    script = tmp_path / "train.py"
+    script.write_text("from dprorun.runtime.bootstrap import session\nsession()\n\n\ndef load_batch():\n"
+                      "    raise ValueError('bad batch 17')\n\n\nload_batch()\n")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert out.returncode == 1 and "ValueError: bad batch 17" in out.stderr
+    assert "fault handler" not in out.stderr
+    message = json.loads(error_file.read_text())["message"]
+    assert message["message"] == "ValueError: bad batch 17"
+    assert "in load_batch" in message["extraInfo"]["py_callstack"]

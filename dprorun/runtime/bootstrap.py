@@ -257,27 +257,22 @@ def _install_excepthook(sess) -> None:
 
 
 def _write_torchelastic_error(exc: BaseException, tb=None) -> None:
-    """Per-rank error file in torchelastic's format, so the launcher names the failing rank and its error (written
-    by hand where torch is not importable: an MXNet job's own Python)."""
+    """Per-rank error file in torchelastic's format, so the launcher names the failing rank and its error. Written
+    here, not through torch's ErrorHandler: its record_exception reads the traceback from sys.exc_info(), which an
+    excepthook does not have (the file's stack said "NoneType: None"), and its initialize() enables faulthandler on
+    the rank's stderr (a warning, "Unable to enable fault handler", under a script whose main() is @record's)."""
+    import json
+    import time
+    import traceback
+
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    try:
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-    except ImportError:
-        import json
-        import time
-        import traceback
-
-        stack = "".join(traceback.format_exception(type(exc), exc, tb))
-        with open(path, "w") as handle:
-            json.dump({"message": {"message": f"{type(exc).__name__}: {exc}",
-                                   "extraInfo": {"py_callstack": stack, "timestamp": str(int(time.time()))}}},
-                      handle)
-        return
-    handler = get_error_handler()
-    handler.initialize()
-    handler.record_exception(exc)
+    stack = "".join(traceback.format_exception(type(exc), exc, tb))
+    with open(path, "w") as handle:
+        json.dump({"message": {"message": f"{type(exc).__name__}: {exc}",
+                               "extraInfo": {"py_callstack": stack, "timestamp": str(int(time.time()))}}},
+                  handle)
 
 
 def _install_sigterm(sess) -> None:
