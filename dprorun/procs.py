@@ -127,6 +127,7 @@ class Watchdog:
 
 
 def error_message(failure) -> str:
+    """The failing rank's error, one line, from torch elastic's failure record (its error file's message)."""
     try:
         message = failure.message
     except Exception:
@@ -136,31 +137,32 @@ def error_message(failure) -> str:
     text = str(message or "").strip()
     if not text or text.startswith("To enable traceback") or text == "<N/A>":
         return ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    said = [line for line in lines[1:] if not line.startswith(TF_NODE_NOTE)]
-    if lines[0].endswith("Traceback (most recent call last):") and said:
-        # an error raised in C++ with that library's own traceback in its message (MXNetError): the last line
-        # says what failed
-        return said[-1][:300]
-    if lines[0].endswith(":") and said:  # a header for what follows (TensorFlow's "UnimplementedError: Graph
-        # execution error:", then where, then the cause: "Collectives are not yet implemented for CPU devices when
-        # compiling with XLA ...")
-        kind = lines[0].split(": ", 1)[0] if ": " in lines[0] else ""
-        return (said[-1] if not kind or said[-1].startswith(kind + ":") else f"{kind}: {said[-1]}")[:300]
-    return lines[0][:300]
+    return cause_line(text)[:300]
 
 
 TF_NODE_NOTE = "[[{{node"  # the line TensorFlow ends an op's error with, after the cause
 
 
+def cause_line(error: str) -> str:
+    """An exception "Type: message" as one line: its first, unless that line heads what follows: a library's own
+    traceback in the message (MXNetError's "Traceback (most recent call last):": its last line says what failed), or
+    a header ending with ":" (TensorFlow's "UnimplementedError: Graph execution error:", then where, then the cause,
+    then the node's note), where the last line is the cause, given the header's type."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    said = [line for line in lines[1:] if not line.startswith(TF_NODE_NOTE)]
+    if lines[0].endswith("Traceback (most recent call last):") and said:
+        return said[-1]
+    if lines[0].endswith(":") and said:
+        kind = lines[0].split(": ", 1)[0] if ": " in lines[0] else ""
+        return said[-1] if not kind or said[-1].startswith(kind + ":") else f"{kind}: {said[-1]}"
+    return lines[0]
+
+
 def error_line(error: str) -> str:
-    """An exception as one line: "Type: message", where a message of several lines (TensorFlow's "in user code:"
-    with its traceback) gives its last one, the error's own."""
-    kind, _, text = error.partition(": ")
-    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith(TF_NODE_NOTE)]
-    if len(lines) <= 1:
-        return f"{kind}: {lines[0] if lines else ''}"[:200]
-    return (lines[-1] if lines[-1].startswith(kind + ":") else f"{kind}: {lines[-1]}")[:200]
+    """An exception as one line (`cause_line`), as the launcher's failure message says it."""
+    return cause_line(error)[:200]
 
 
 CXX_TERMINATE = "terminate called without an active exception"

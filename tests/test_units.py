@@ -311,6 +311,8 @@ def test_a_failure_message_is_its_first_line_or_the_last_of_a_cpp_traceback():
     from dprorun.procs import error_line
 
     assert error_line(tf_error) == error_message(SimpleNamespace(message=tf_error))
+    # a message of two lines that is no header: both say its first (the summary's line said the second, "more")
+    assert error_line("RuntimeError: injected failure\nmore") == plain
 
 
 def test_compute_variants_leave_a_forward_a_framework_redirected_alone():
