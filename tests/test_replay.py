@@ -426,3 +426,25 @@ def test_a_transport_on_the_compute_cores_is_named_in_what_if_predictions(mlp_ru
     for trace in run.ranks.values():  # a run that did not record it
         trace.meta.pop("cpu")
     assert transport_on_compute_cores(run) is None
+
+
+def test_a_ddp_on_process_groups_of_its_own_is_warned_and_gets_no_world_size_what_if(mlp_run):
+    """A script training a replica per subgroup (DDP(process_group=new_group([0, 1])) on 4 ranks): the replay
+    joined every rank's buckets into all-reduces across the 4, and its self-check "agreed" (+15.1 %) on a topology
+    the job did not have. The hooks record each DDP's group; the replay says it does not model them."""
+    from dprorun.fsutil import UnanswerableError
+    from dprorun.replay.build import build_job_model, ddp_groups
+
+    run_dir, _ = mlp_run
+    run = load_run(str(run_dir))
+    assert [t["group_ranks"] for t in run.ranks[0].meta["trackers"]] == [[0, 1]]  # recorded by the hooks
+    assert ddp_groups(run) == []
+    for r, trace in run.ranks.items():  # each rank a DDP of its own (groups of 1 in a world of 2)
+        trace.meta["trackers"] = [dict(t, group_ranks=[r]) for t in trace.meta["trackers"]]
+    assert ddp_groups(run) == [[0], [1]]
+    model = build_job_model(run)
+    assert any(n.startswith("warning: the script's DDP all-reduces within process groups") for n in model.notes)
+    check = predict(model).self_check
+    assert check["status"] != "agrees" and "process groups of its own ([0], [1])" in check["message"]
+    with pytest.raises(UnanswerableError, match="process groups of its own"):
+        predict(model, WhatIf(world_size=4))

@@ -3,7 +3,8 @@
 on the CPU (an augmentation of a few ms a batch) read by a DataLoader with no worker processes: the loop waits for
 its input. --record-raise-at N: main() under torch.distributed.elastic's @record (the torchrun recipe for
 per-rank error files), rank 1 raising at step N. --destroy: dist.destroy_process_group() at the end (with --steps
-25 the job ends inside dprorun's clean iterations). --clip-by-hand: the gradients' norm all-reduced by the script (Megatron's way) and the gradients
+25 the job ends inside dprorun's clean iterations). --subgroups: DDP over a process group of half the ranks (ranks
+0-1 and 2-3 each train a replica of their own: run with -np 4). --clip-by-hand: the gradients' norm all-reduced by the script (Megatron's way) and the gradients
 scaled by hand before Adam. --gather-metrics: every 5 steps each rank's accuracy gathered with all_gather_object."""
 import argparse, os, statistics, tempfile, time
 import torch, torch.distributed as dist, torch.nn as nn
@@ -11,12 +12,18 @@ p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
 p.add_argument("--checkpoint-every", type=int, default=0); p.add_argument("--slow-input", action="store_true")
 p.add_argument("--clip-by-hand", action="store_true"); p.add_argument("--gather-metrics", action="store_true")
 p.add_argument("--record-raise-at", type=int, default=-1); p.add_argument("--destroy", action="store_true")
+p.add_argument("--subgroups", action="store_true")
 a = p.parse_args()
 dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
 rank = dist.get_rank()
+group = None
+if a.subgroups:
+    half = dist.get_world_size() // 2
+    groups = [dist.new_group(list(range(0, half))), dist.new_group(list(range(half, 2 * half)))]
+    group = groups[rank // half]
 model = nn.parallel.DistributedDataParallel(nn.Sequential(
     nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(),
-    nn.Linear(512, 10)))
+    nn.Linear(512, 10)), process_group=group)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
 

@@ -30,6 +30,27 @@ def _script_comm_hook(trace: RankTrace) -> tuple[str, str]:
     return name, ""
 
 
+def ddp_groups(run: RunTrace) -> list[list[int]]:
+    """The process groups the ranks' DDP modules all-reduce in, where smaller than the job's world (a script that
+    trains a replica per subgroup); [] where every rank's DDP spans the world or the groups were not recorded."""
+    groups = set()
+    for trace in run.ranks.values():
+        ranks = next((t.get("group_ranks") for t in trace.meta.get("trackers", []) if "ddp" in t), None)
+        if isinstance(ranks, list) and ranks:
+            groups.add(tuple(sorted(int(r) for r in ranks)))
+    if not groups or all(len(g) >= run.world_size for g in groups):
+        return []
+    return [list(g) for g in sorted(groups)]
+
+
+def _ddp_groups_note(groups: list[list[int]], world: int) -> str:
+    return (f"warning: the script's DDP all-reduces within process groups of its own "
+            f"({', '.join(str(g) for g in groups)}), not across the job's {world} ranks: the replay joins every "
+            f"rank's buckets into all-reduces across all {world} (dprorun does not model the groups), so its figure "
+            "and the what-ifs built on it are uncertain; a world-size what-if is not answered (the script forms the "
+            "groups)")
+
+
 def build_job_model(run: RunTrace) -> JobModel:
     """Measure templates, buckets and the comm model from an aligned RunTrace."""
     ranks = sorted(run.ranks)
@@ -76,6 +97,9 @@ def build_job_model(run: RunTrace) -> JobModel:
                      compute_variants=dict(first.meta.get("compute_variants") or {}))
     model.transport = transport_on_compute_cores(run)
     model.script_comm_hook, model.bucket_layout_fixed = _script_comm_hook(first)
+    model.ddp_groups = ddp_groups(run)
+    if model.ddp_groups:
+        model.notes.append(_ddp_groups_note(model.ddp_groups, world))
     model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])
                                                           for r in ranks})
     model.window_iterations_us = _median_over_ranks(run, iterations)

@@ -49,6 +49,19 @@ def _band_ms(values_us) -> tuple[float, float, float]:
 
 
 def self_check(model: JobModel, as_run_replays_us) -> dict:
+    """`compare_with_clean`, where the job's DDP all-reduces within process groups of its own (not modelled: the
+    replay joins every rank) with that said: no agreement backs the replay's topology then."""
+    check = compare_with_clean(model, as_run_replays_us)
+    if getattr(model, "ddp_groups", None):
+        groups = ", ".join(str(g) for g in model.ddp_groups)
+        message = check["message"] if check["message"].startswith("warning: ") else "warning: " + check["message"]
+        check.update(status="uncertain" if check["status"] == "agrees" else check["status"], message=(
+            f"{message}; but the script's DDP all-reduces within process groups of its own ({groups}), which the "
+            f"replay does not model (its all-reduces join all {model.world_size} ranks): its figures are uncertain"))
+    return check
+
+
+def compare_with_clean(model: JobModel, as_run_replays_us) -> dict:
     """Compare the replay of the job as it ran with the run's clean iterations (no profiling, nothing of
     dprorun's running): agree when the medians differ by no more than half the run's own p10-p90 band or 2 %.
     A difference within the replay's own band only (the profiled iterations ran unevenly, e.g. a job still

@@ -146,6 +146,9 @@ class JobModel:
     # bucket cannot be partitioned by dprorun's all-reduce (runtime/ddp.py registers no hook beside it)
     script_comm_hook: str = ""
     bucket_layout_fixed: str = ""  # why the job's bucket layout must stay as it ran ("" when it may change)
+    # the process groups the script's DDP all-reduces in where smaller than the world (replay/build.ddp_groups);
+    # not modelled: warned, and no world-size what-if
+    ddp_groups: list[list[int]] = field(default_factory=list)
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
     horovod_negotiation_us: float = 0.0  # per background-loop cycle: the ranks agreeing on what is ready
     # op level: per measured rank the profiled ops of each phase (graph/local.py), and per phase the ratio of its

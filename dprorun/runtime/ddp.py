@@ -65,6 +65,7 @@ class DDPTracker:
         self.prev_forward_synced = True
         self.first_iteration = 0  # the first iteration counted on this module
         self.backend = _backend_name(ddp)  # now: at the job's end its process group may be gone ("unknown")
+        self.group_ranks = _group_ranks(ddp)  # the global ranks DDP synchronises with (a subgroup: fewer)
         self.param_names: dict[int, str] = {}
         order, nbytes = [], {}
         for name, param in ddp.module.named_parameters():
@@ -166,7 +167,7 @@ class DDPTracker:
     def describe(self) -> dict:
         return {"ddp": self.index, "user_comm_hook": self.user_hook, "builtin_comm_hook": self.builtin_hook,
                 "timed_buckets": self.hook_registered or self.user_hook,
-                "backend": self.backend, "user_comm_hook_name": self.user_hook_name}
+                "backend": self.backend, "user_comm_hook_name": self.user_hook_name, "group_ranks": self.group_ranks}
 
     # ---- forward / backward ------------------------------------------------------------------------------
     def _pre_forward(self, module, inputs):
@@ -415,6 +416,17 @@ def _backend_name(ddp) -> str:
         except Exception:
             continue
     return "unknown"
+
+
+def _group_ranks(ddp) -> Optional[list[int]]:
+    """The global ranks of the process group the DDP module all-reduces in (None: not readable)."""
+    import torch.distributed as dist
+
+    try:
+        group = getattr(ddp, "process_group", None)
+        return [int(r) for r in dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)]
+    except Exception:
+        return None
 
 
 _ORIGINAL: dict[str, Callable] = {}
