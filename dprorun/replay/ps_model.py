@@ -493,7 +493,7 @@ def link_level_notes(level: float) -> list[str]:
         return [f"warning: the profiled iterations replay as long as they ran even with the transfers at x{level:g} "
                 "of the calibration's bandwidth: the compute, as profiled, fills them (the transfers hidden behind "
                 "it), so the profile does not say how fast the job's transfers ran; they are priced at that level, "
-                "and a what-if that moves transfers (servers, big-array bound, a bandwidth ratio) shows the "
+                "and a what-if that moves transfers (servers, workers, big-array bound, a bandwidth ratio) shows the "
                 "compute's side only (an absolute --bandwidth does not use the level)"]
     if level <= LINK_LEVELS[0]:
         return [f"warning: the profiled iterations replay shorter than they ran even with the transfers at x{level:g} "
