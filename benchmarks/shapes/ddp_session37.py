@@ -1,11 +1,12 @@
 """DDP shapes of session 37. --checkpoint-every N: rank 0 saves the model's and the optimizer's state every N steps
 (torch.save to a temporary file), the ranks wait for it at a barrier. --slow-input: a Dataset whose items are made
 on the CPU (an augmentation of a few ms a batch) read by a DataLoader with no worker processes: the loop waits for
-its input. --record-raise-at N: main() under torch.distributed.elastic's @record (the torchrun recipe for
-per-rank error files), rank 1 raising at step N. --destroy: dist.destroy_process_group() at the end (with --steps
-25 the job ends inside dprorun's clean iterations). --subgroups: DDP over a process group of half the ranks (ranks
-0-1 and 2-3 each train a replica of their own: run with -np 4). --clip-by-hand: the gradients' norm all-reduced by the script (Megatron's way) and the gradients
-scaled by hand before Adam. --gather-metrics: every 5 steps each rank's accuracy gathered with all_gather_object."""
+its input. --record-raise-at N: main() under torch.distributed.elastic's @record (the torchrun recipe for per-rank
+error files), rank 1 raising at step N. --destroy: dist.destroy_process_group() at the end (with --steps 25 the job
+ends inside dprorun's clean iterations). --subgroups: DDP over a process group of half the ranks (ranks 0-1 and 2-3
+each train a replica of their own: run with -np 4). --clip-by-hand: the gradients' norm all-reduced by the script
+(Megatron's way) and the gradients scaled by hand before Adam. --gather-metrics: every 5 steps each rank's accuracy
+gathered with all_gather_object."""
 import argparse, os, statistics, tempfile, time
 import torch, torch.distributed as dist, torch.nn as nn
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
