@@ -278,6 +278,9 @@ def _shifted_p2p(record: P2PRecord, shift) -> P2PRecord:
 def _shift_events(doc: dict, rank: int, world: int, host: str, offset: float, jitter: list[float]) -> dict:
     doc = json.loads(json.dumps(doc))
     doc.update(rank=rank, world_size=world, host=host, local_rank=rank % RANKS_PER_HOST)
+    for tracker in doc.get("trackers", []):  # one DDP across the new world, as the seed's spanned its own
+        if tracker.get("group_ranks"):
+            tracker["group_ranks"] = list(range(world))
 
     def shift(t):
         return t + offset if isinstance(t, (int, float)) else t

@@ -442,6 +442,10 @@ def test_a_ddp_on_process_groups_of_its_own_is_warned_and_gets_no_world_size_wha
     for r, trace in run.ranks.items():  # each rank a DDP of its own (groups of 1 in a world of 2)
         trace.meta["trackers"] = [dict(t, group_ranks=[r]) for t in trace.meta["trackers"]]
     assert ddp_groups(run) == [[0], [1]]
+    kept = run.ranks[0].meta["trackers"]
+    run.ranks[0].meta["trackers"] = [dict(t, group_ranks=[1]) for t in kept]  # not rank 0's own: not credible
+    assert ddp_groups(run) == []
+    run.ranks[0].meta["trackers"] = kept
     model = build_job_model(run)
     assert any(n.startswith("warning: the script's DDP all-reduces within process groups") for n in model.notes)
     check = predict(model).self_check
