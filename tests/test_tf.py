@@ -370,3 +370,23 @@ def test_workers_on_two_hosts_probe_their_clocks_and_gather_over_a_side_group(tf
     error = abs(doc["offsets_us"]["1"] - (-4000.0))
     assert error <= max(50.0, doc["uncertainty_us"]["1"]), (error, doc["uncertainty_us"])
     assert doc["uncertainty_us"]["1"] < 4000.0  # the probes bound it (without them: unbounded)
+
+
+def test_a_loss_reduced_after_the_step_is_not_a_second_step_of_the_call():
+    """A custom loop whose tf.function ends with strategy.reduce of the loss: that all-reduce runs in an execution of
+    its own (another step_id) under the same scope name as the gradients' first pack ("CollectiveReduceV2"); each
+    call was read as 2 training steps. A function running 3 steps a call runs its pack 3 times in one execution."""
+    from dprorun.trace.model import Op, OpKind
+    from dprorun.trace.tf_records import _steps_per_call
+    from dprorun.trace.xplane import TFProfile
+
+    def collective(t, scope, step_id):
+        return Op("CollectiveReduceV2", OpKind.COMM, 0, t, t + 500, args={"scope": scope, "step_id": step_id})
+
+    starts = [0.0, 10_000.0, 20_000.0, 30_000.0]
+    reduced = [op for k in range(3) for op in (collective(k * 10_000 + 1000, "CollectiveReduceV2", 10 + k),
+                                                collective(k * 10_000 + 3000, "CollectiveReduceV2_1", 10 + k),
+                                                collective(k * 10_000 + 8000, "CollectiveReduceV2", 100 + k))]
+    assert _steps_per_call(TFProfile([], reduced, []), starts, [0, 1, 2], []) == 1
+    looped = [collective(k * 10_000 + 1000 + j * 3000, "CollectiveReduceV2", 10 + k) for k in range(3) for j in range(3)]
+    assert _steps_per_call(TFProfile([], looped, []), starts, [0, 1, 2], []) == 3

@@ -36,13 +36,15 @@ def _steps_per_call(profile: TFProfile, starts: list[float], profiled: list[int]
     no collective (horovod.tensorflow: TensorFlow's profiler records none of Horovod's ops), the input fetches
     inside each call count the steps instead (`next(iterator)` once per step). Each call on its own (the hooks'
     "step" spans), where an iteration holds several: a GAN's discriminator and generator functions, each
-    all-reducing under the same scope name, are two calls of one step each, not a call of two steps."""
+    all-reducing under the same scope name, are two calls of one step each, not a call of two steps; a collective of
+    another execution (its step_id: a loss reduced with strategy.reduce after the step) is not another step."""
     calls = _calls(_tf_step_parts(profile, starts, profiled), spans)
     counts, fetches = [], []
     for start, end, colls in calls:
-        if colls:
-            first = colls[0].args.get("scope")
-            counts.append(sum(1 for op in colls if op.args.get("scope") == first))
+        if colls:  # the first op's scope in the same execution (step_id): another function's collective, e.g. a
+            # strategy.reduce of the loss run after the step, may share the scope name ("CollectiveReduceV2")
+            first = (colls[0].args.get("scope"), colls[0].args.get("step_id"))
+            counts.append(sum(1 for op in colls if (op.args.get("scope"), op.args.get("step_id")) == first))
         fetches.append(sum(1 for f in profile.fetches if start <= f < end))
     if not counts:  # a call the profiler cut short may show none
         counts = [f for f in fetches if f > 0]
