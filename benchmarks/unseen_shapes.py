@@ -29,7 +29,8 @@ arrays, a TF loop over a distributed dataset's iterator, a TensorFlow GAN whose 
 and a generator's tf.function (once, and 3 critic calls a step); session 37: DDP saving a checkpoint on rank 0
 every 10 steps behind a barrier, an input-bound DDP loop (a Dataset augmenting on the CPU, no loader workers), the
 gradients' norm all-reduced by hand for clipping, metrics gathered with all_gather_object, tf-keras fit with
-ModelCheckpoint and with BackupAndRestore saving every 10 batches, Horovod's elastic API (hvd.elastic.run, a
+ModelCheckpoint and with BackupAndRestore saving every 10 batches, a TF loop over epochs of a dataset whose last
+batch is partial (a retrace) with the loss reduced after each step, Horovod's elastic API (hvd.elastic.run, a
 TorchState committed every 5 steps), Horovod summing the gradients (op=hvd.Sum), Horovod with a LayerNorm MLP,
 AdamW and a trust ratio applied by hand between synchronize() and the step. Frameworks that are not installed
 are skipped with a line saying so.
@@ -128,6 +129,7 @@ JOBS = {
     "ddp-metrics-all-gather-object": ([], "ddp_session37.py", ["--gather-metrics"], "torch"),
     "tf-keras-fit-model-checkpoint": (["--backend", "tf"], "tf_session37.py", ["--checkpoint"], "tensorflow"),
     "tf-keras-fit-backup-and-restore": (["--backend", "tf"], "tf_session37.py", ["--backup"], "tensorflow"),
+    "tf-loop-partial-last-batch-loss-reduced": (["--backend", "tf"], "tf_session37.py", ["--partial"], "tensorflow"),
     "horovod-elastic-api-commit-every-5": (["--backend", "horovod"], "hvd_session37.py", ["--elastic"], "horovod"),
     "horovod-sum-op": (["--backend", "horovod"], "hvd_session37.py", ["--sum-op"], "horovod"),
     "horovod-synchronize-trust-ratio-adamw": (["--backend", "horovod"], "hvd_session37.py", ["--lamb-like"], "horovod"),
