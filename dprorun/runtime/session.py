@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
 from dprorun.fsutil import atomic_write_json, make_private_dir
-from dprorun.layout import CLEAN_FILE, PRIMARY_REPLACED, rank_dir
+from dprorun.layout import CLEAN_FILE, PRIMARY_REPLACED, SCRIPT_RAISED, rank_dir
 from dprorun.runtime import rank_files
 from dprorun.runtime.cpubudget import cgroup_cpu_stat, process_cpu_s
 from dprorun.runtime.records import RankRecords
@@ -427,9 +427,11 @@ class RankSession:
         a process forked from the rank (its copy of the records is stale, the files are the rank's)."""
         if os.getpid() != self.pid:
             return
-        if not self.trackers and self.rank == 0 and not self.disabled:
+        # a script that raised before its first step: its error says why nothing was profiled
+        raised = any(isinstance(w, str) and w.startswith(SCRIPT_RAISED) for w in self.records.warnings)
+        if not self.trackers and self.rank == 0 and not self.disabled and not raised:
             warn(nothing_to_profile(self.script_use), self.rank)
-        elif self.iteration < 0 and self.rank == 0 and not self.disabled:
+        elif self.iteration < 0 and self.rank == 0 and not self.disabled and not raised:
             warn(no_step_seen(self.trackers), self.rank)
         if self.phase == "active" or (self.disabled and self.profiler is not None):
             self._stop_window(write=True)
