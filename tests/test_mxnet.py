@@ -795,6 +795,24 @@ def test_a_residual_backward_zeroing_a_buffer_between_pushes_stays_in_its_iterat
     assert ops.period_us == 5000 and FILL_OP in [name for name, _ in ops.ops]
 
 
+def test_a_workers_own_update_between_pulls_stays_in_its_iteration():
+    """A script that pushes and pulls every key with one kv.pushpull and updates on the workers (sgd_update per
+    key, run as soon as its key is pulled): those updates were taken for the next forward, the push/pulls read in
+    groups of 2 and 6 where an iteration has 8, and the profile's compute scaled x2.10."""
+    from dprorun.trace.mxprofile import COPY_OP, MXOp, comm_phases
+
+    push = "KVStoreDistDefaultStoragePushPull"
+
+    def iteration(t0):
+        return [MXOp("FullyConnected", "cpu/0", t0, t0 + 1000), MXOp("_backward_FC", "cpu/0", t0 + 1000, t0 + 2000),
+                MXOp(push, "cpu pinned/", t0 + 2010, t0 + 2500), MXOp(COPY_OP, "cpu pinned/", t0 + 2500, t0 + 2550),
+                MXOp("sgd_update", "cpu/0", t0 + 2560, t0 + 2600), MXOp(push, "cpu pinned/", t0 + 2700, t0 + 4000),
+                MXOp("multi_sgd_mom_update", "cpu/0", t0 + 4010, t0 + 4100)]
+
+    profile = sorted([op for t0 in (0, 5000, 10000) for op in iteration(t0)], key=lambda op: op.start_us)
+    assert [len(g) for g in comm_phases([op for op in profile if op.is_kvstore], profile)] == [2, 2, 2]
+
+
 def test_a_key_dispatched_after_the_others_ended_stays_in_its_iteration(tmp_path):
     """On a loaded host a key's push/pull can end before the script dispatches the next key's (the other worker
     already waiting): a gap with no forward op in it. The CI run on a 2-core VM read that gap as an iteration's end,

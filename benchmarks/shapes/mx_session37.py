@@ -3,7 +3,9 @@ static_alloc and static_shape, BatchNorm's running statistics among its paramete
 momentum), --device-kv (the `dist_sync_device` kvstore, which merges on the workers' devices before pushing),
 --save-every N (worker 0 saves the net's parameters every N steps, the others go on; MXNet refuses to save the
 Trainer's states with the optimizer on the servers), --module-eval (the Module API's fit over 4 epochs with
-eval_data: a validation pass over 4 batches at every epoch's end, Module.score's forward passes). Run
+eval_data: a validation pass over 4 batches at every epoch's end, Module.score's forward passes), --batched (no
+Trainer: every gradient pushed and pulled by one kv.pushpull call over the list of keys, then SGD by hand on the
+workers). Run
 with `dprorun --backend mxnet -np 2 --servers 2 python benchmarks/shapes/mx_session37.py --zoo`."""
 import argparse
 import os
@@ -19,7 +21,7 @@ p.add_argument("--steps", type=int, default=40)
 p.add_argument("--zoo", action="store_true")
 p.add_argument("--device-kv", action="store_true")
 p.add_argument("--save-every", type=int, default=0)
-p.add_argument("--module-eval", action="store_true")
+p.add_argument("--module-eval", action="store_true"); p.add_argument("--batched", action="store_true")
 a = p.parse_args()
 kv = mx.kv.create("dist_sync_device" if a.device_kv else "dist_sync")
 if a.module_eval:
@@ -60,7 +62,15 @@ else:
     x, batch = mx.nd.random.normal(shape=(64, 256)), 64
 net.initialize(mx.init.Xavier())
 net.hybridize(static_alloc=True, static_shape=True)
-trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9, "wd": 1e-4}, kvstore=kv)
+params = [q for q in net.collect_params().values() if q.grad_req != "null"]
+if a.batched:
+    net(x)  # the shapes are known once the net has run
+    for k, q in enumerate(params):
+        kv.init(k, q.data())
+        kv.pull(k, out=q.data())
+else:
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9, "wd": 1e-4},
+                            kvstore=kv)
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 y = mx.nd.random.randint(0, 10, shape=(batch,)).astype("float32")
 where = tempfile.mkdtemp()
@@ -70,7 +80,13 @@ for step in range(a.steps):
     with autograd.record():
         loss = loss_fn(net(x), y)
     loss.backward()
-    trainer.step(batch * kv.num_workers)
+    if a.batched:
+        grads = [q.grad() for q in params]
+        kv.pushpull(list(range(len(params))), grads, out=grads)
+        for q, g in zip(params, grads):
+            mx.nd.sgd_update(q.data(), g, lr=0.01, wd=1e-4, rescale_grad=1.0 / (batch * kv.num_workers), out=q.data())
+    else:
+        trainer.step(batch * kv.num_workers)
     if a.save_every and (step + 1) % a.save_every == 0 and kv.rank == 0:
         net.save_parameters(os.path.join(where, "net.params"))
     loss.wait_to_read()

@@ -393,18 +393,22 @@ def _server_costs(run_dir: str, workers: dict, server_docs: dict[int, dict], tra
     copy_fit, add_fit = _server_memory(server_docs)
     probes = {r: {"memory": t.get("engine_probe")} for r, events in workers.items()
               for t in events.get("trackers", []) if t.get("framework") == "mxnet" and t.get("engine_probe")}
-    if tracker.get("update_on_kvstore") is False and not updates and not copy_fit and probes:
+    workers_update = tracker.get("update_on_kvstore") is False or tracker.get("optimizer_on_servers") is False
+    if workers_update and not updates and not copy_fit and probes:
         copy_fit, add_fit = _server_memory(probes)
         update_fit = (0.0, copy_fit[-1][1] / copy_fit[-1][0])
-        notes.append("the optimizer ran on the workers (update_on_kvstore False): the servers sum the pushes and store "
+        why = ("update_on_kvstore False" if tracker.get("update_on_kvstore") is False else
+               "the kvstore was given no optimizer: the script updates on the workers")
+        notes.append(f"the optimizer ran on the workers ({why}): the servers sum the pushes and store "
                      "the sum, priced from the workers' probe of the same engine (their copy and add by size); no "
                      "server CPU is recorded (no updater reaches the hooks)")
         return update_fit, copy_fit, add_fit
     if not updates:
         notes.append("no server recorded its updates: the servers' update time is taken as 0")
     if server_docs and not copy_fit:
-        notes.append("no server probed its copy and add speed (a run of an older dprorun): the merging of each push "
-                     "and the copy into each pull's response are not priced on the servers")
+        notes.append("no server probed its copy and add speed (no updater reached the servers' hooks, or a run of an "
+                     "older dprorun): the merging of each push and the copy into each pull's response are not priced "
+                     "on the servers")
     return update_fit, copy_fit, add_fit
 
 

@@ -53,7 +53,9 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
             session.records.calibration = calibrate_kvstore(tracker) if tracker is not None else []
         except Exception as exc:  # the cost model then relies on the profile alone
             session.records.warnings.append(f"kvstore calibration failed: {type(exc).__name__}: {exc}")
-        if tracker is not None and tracker.update_on_kvstore is False:  # the servers' hooks never run: probe here
+        # no optimizer on the servers (the Trainer's on the workers, or a script updating by hand): the servers'
+        # hooks never run, so the engine is probed here
+        if tracker is not None and (tracker.update_on_kvstore is False or not tracker.optimizer_on_servers):
             try:
                 tracker.engine_probe = probe_engine(tracker)
             except Exception as exc:

@@ -117,11 +117,13 @@ class MXTracker:
         self.pushed = IterationKeys()
         self.compression: Optional[str] = None  # the kvstore's gradient compression ("2bit", "1bit"), if set
         self.engine_probe: list[list[float]] = []  # [bytes, copy µs, add µs]: see probe_engine
+        # the script (or its Trainer / Module) gave the kvstore an optimizer (set_optimizer): the servers update
+        self.optimizer_on_servers = False
         session.trackers.append(self)
 
     def describe(self) -> dict:
         return {"framework": "mxnet", "backend": "kvstore", "kvstore": self.kv_type,
-                "update_on_kvstore": self.update_on_kvstore,
+                "update_on_kvstore": self.update_on_kvstore, "optimizer_on_servers": self.optimizer_on_servers,
                 "keys": [{"key": k, **v, "window_pushes": self.pushed.window_pushes.get(k, 0)}
                          for k, v in sorted(self.keys.items(), key=lambda kv: kv[1]["order"])],
                 "window_iterations": self.pushed.window_iterations,
@@ -309,6 +311,16 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
         return original_compression(self, compression_params, *args, **kwargs)
 
     kv_class.set_gradient_compression = set_gradient_compression
+    original_set_optimizer = kv_class.set_optimizer
+
+    def set_optimizer(self, optimizer, *args, **kwargs):
+        if tracker._kvstore is None:
+            session.guard("reading the kvstore's rank", tracker.kvstore_created, self)
+        if self is tracker.kvstore:
+            tracker.optimizer_on_servers = True
+        return original_set_optimizer(self, optimizer, *args, **kwargs)
+
+    kv_class.set_optimizer = set_optimizer
     for op in ("pushpull", "push", "pull"):
         original = getattr(kv_class, op)
 

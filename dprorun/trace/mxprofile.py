@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,9 @@ LOCAL_REDUCE_OP = "KVStoreReduce"
 # an array filled with a value (`x[:] = 0`): the backward zeroes the buffers it accumulates gradients into with it (a
 # residual net's shared inputs), between the pushes of one iteration's keys; not a sign of the next forward
 FILL_OP = "SetValueOp"
+# an optimizer's update on the worker (sgd_update, sgd_mom_update, adam_update, multi_sgd_update, lamb_update_phase1,
+# ...): it runs as soon as its key's pull is in, between the pulls of the iteration's other keys
+UPDATE_OP = re.compile(r"(^|_)update(_phase\d)?$")
 
 
 @dataclass(slots=True)
@@ -140,9 +144,10 @@ def comm_phases(comm: list[MXOp], compute: list[MXOp]) -> list[list[MXOp]]:
 
 def starts_an_iteration(op: MXOp) -> bool:
     """A forward (or loss) op: not push/pull, not a pulled value's copy, not engine bookkeeping, not backward, not
-    the sum of a key's gradients from the worker's contexts, not an array filled with a value."""
+    the sum of a key's gradients from the worker's contexts, not an array filled with a value, not an optimizer's
+    update of a pulled key on the worker."""
     return not (op.is_kvstore or op.name in (COPY_OP, LOCAL_REDUCE_OP, FILL_OP) or op.name in NOT_COMPUTE
-                or op.name.startswith("_backward"))
+                or op.name.startswith("_backward") or UPDATE_OP.search(op.name) is not None)
 
 
 def attribute_keys(events: list[MXOp], compute: list[MXOp],
