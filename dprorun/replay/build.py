@@ -46,9 +46,10 @@ def ddp_groups(run: RunTrace) -> list[list[int]]:
     return [list(g) for g in sorted(groups)]
 
 
-def _ddp_groups_note(groups: list[list[int]], world: int) -> str:
+def _ddp_groups_note(model: JobModel) -> str:
+    world = model.world_size
     return (f"warning: the script's DDP all-reduces within process groups of its own "
-            f"({', '.join(str(g) for g in groups)}), not across the job's {world} ranks: the replay joins every "
+            f"({model.ddp_groups_text()}), not across the job's {world} ranks: the replay joins every "
             f"rank's buckets into all-reduces across all {world} (dprorun does not model the groups), so its figure "
             "and the what-ifs built on it are uncertain; a world-size what-if is not answered (the script forms the "
             "groups)")
@@ -102,7 +103,7 @@ def build_job_model(run: RunTrace) -> JobModel:
     model.script_comm_hook, model.bucket_layout_fixed = _script_comm_hook(first)
     model.ddp_groups = ddp_groups(run)
     if model.ddp_groups:
-        model.notes.append(_ddp_groups_note(model.ddp_groups, world))
+        model.notes.append(_ddp_groups_note(model))
     model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])
                                                           for r in ranks})
     model.window_iterations_us = _median_over_ranks(run, iterations)

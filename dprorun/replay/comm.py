@@ -74,7 +74,7 @@ def set_world_size(graph: ReplayGraph, world: int, fold: bool = True,
     model = plan.model
     if model.ddp_groups and world != model.world_size:
         raise UnanswerableError(f"the script's DDP all-reduces within process groups of its own "
-                                f"({', '.join(str(g) for g in model.ddp_groups)}): the groups at another world size "
+                                f"({model.ddp_groups_text()}): the groups at another world size "
                                 "are the script's choice, which dprorun does not know")
     if model.framework == "horovod" and plan.measured_layout and world != model.world_size \
             and plan.whatif.baseline != "daydream":

@@ -68,10 +68,9 @@ def self_check(model: JobModel, as_run_replays_us) -> dict:
     replay joins every rank) with that said: no agreement backs the replay's topology then."""
     check = compare_with_clean(model, as_run_replays_us)
     if getattr(model, "ddp_groups", None):
-        groups = ", ".join(str(g) for g in model.ddp_groups)
         message = check["message"] if check["message"].startswith("warning: ") else "warning: " + check["message"]
         check.update(status="uncertain" if check["status"] == "agrees" else check["status"], message=(
-            f"{message}; but the script's DDP all-reduces within process groups of its own ({groups}), which the "
+            f"{message}; but the script's DDP all-reduces within process groups of its own ({model.ddp_groups_text()}), which the "
             f"replay does not model (its all-reduces join all {model.world_size} ranks): its figures are uncertain"))
     return check
 

@@ -109,6 +109,10 @@ class JobModel:
         except (KeyError, TypeError, ZeroDivisionError):
             return None
 
+    def ddp_groups_text(self) -> str:
+        """The script's own DDP process groups as said in notes and errors: "[0, 1], [2, 3]"."""
+        return ", ".join(str(group) for group in self.ddp_groups)
+
     def wire_ratio(self) -> float:
         """Bytes sent per byte of gradient, as the measured buckets were sent (a compressing comm hook: 0.5)."""
         ratios = [b.wire_ratio for b in self.buckets if not b.sparse]
