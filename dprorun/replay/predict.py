@@ -70,8 +70,9 @@ def self_check(model: JobModel, as_run_replays_us) -> dict:
     if getattr(model, "ddp_groups", None):
         message = check["message"] if check["message"].startswith("warning: ") else "warning: " + check["message"]
         check.update(status="uncertain" if check["status"] == "agrees" else check["status"], message=(
-            f"{message}; but the script's DDP all-reduces within process groups of its own ({model.ddp_groups_text()}), which the "
-            f"replay does not model (its all-reduces join all {model.world_size} ranks): its figures are uncertain"))
+            f"{message}; but the script's DDP all-reduces within process groups of its own "
+            f"({model.ddp_groups_text()}), which the replay does not model (its all-reduces join all "
+            f"{model.world_size} ranks): its figures are uncertain"))
     return check
 
 
