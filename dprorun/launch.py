@@ -247,6 +247,7 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
         max_nodes=job.launch.nnodes,
         nproc_per_node=job.launch.nproc_per_node,
         run_id=job.profile.job_id,
+        role="default",  # as torchrun names it (ROLE_NAME in the ranks' environment; torch's own default differs)
         rdzv_endpoint=f"{job.launch.master_addr}:{port}",
         rdzv_backend=backend,
         rdzv_configs={"rank": job.launch.node_rank,

@@ -595,3 +595,20 @@ def test_a_script_that_runs_its_own_profiler_keeps_its_profile_and_dprorun_profi
         assert trace.profiled_iterations == [i for i in range(9, 17) if i not in paused]
         assert {op.iteration for op in trace.ops} <= set(range(9, 17)) | {-1}
     assert any(op.kind is OpKind.FW and op.source == "kineto" for op in run.ranks[0].ops)
+
+
+def test_the_ranks_environment_is_torchruns(tmp_path):
+    """A drop-in for torchrun: each rank gets torchrun's variables with torchrun's values (ROLE_NAME was torch's
+    LaunchConfig default, "default_role", where torchrun says "default"); MASTER_ADDR is 127.0.0.1 on one host."""
+    script = tmp_path / "env.py"
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
+             "MASTER_ADDR")
+    script.write_text(f"import json, os\nprint('ENV ' + json.dumps({{k: os.environ.get(k) for k in {names!r}}}), "
+                      "flush=True)\n")
+    proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = sorted((json.loads(line.split("ENV ", 1)[1]) for line in proc.stdout.splitlines() if "ENV {" in line),
+                  key=lambda env: env["RANK"])
+    assert seen == [{"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                     "GROUP_RANK": "0", "ROLE_RANK": str(r), "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1"}
+                    for r in (0, 1)]
