@@ -301,25 +301,24 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
             return _original(self, key, *args, **kwargs)
 
         setattr(kv_class, op, key_init)
-    original_compression = kv_class.set_gradient_compression
-
-    def set_gradient_compression(self, compression_params, *args, **kwargs):
+    def is_tracked(kvstore) -> bool:
+        """Whether `kvstore` is the job's (the first one seen becomes it)."""
         if tracker._kvstore is None:
-            session.guard("reading the kvstore's rank", tracker.kvstore_created, self)
-        if self is tracker.kvstore:
+            session.guard("reading the kvstore's rank", tracker.kvstore_created, kvstore)
+        return kvstore is tracker.kvstore
+
+    def set_gradient_compression(self, compression_params, *args, _original=kv_class.set_gradient_compression,
+                                 **kwargs):
+        if is_tracked(self):
             tracker.compression = str((compression_params or {}).get("type", "none"))
-        return original_compression(self, compression_params, *args, **kwargs)
+        return _original(self, compression_params, *args, **kwargs)
+
+    def set_optimizer(self, optimizer, *args, _original=kv_class.set_optimizer, **kwargs):
+        if is_tracked(self):  # the servers get the optimizer: they update
+            tracker.optimizer_on_servers = True
+        return _original(self, optimizer, *args, **kwargs)
 
     kv_class.set_gradient_compression = set_gradient_compression
-    original_set_optimizer = kv_class.set_optimizer
-
-    def set_optimizer(self, optimizer, *args, **kwargs):
-        if tracker._kvstore is None:
-            session.guard("reading the kvstore's rank", tracker.kvstore_created, self)
-        if self is tracker.kvstore:
-            tracker.optimizer_on_servers = True
-        return original_set_optimizer(self, optimizer, *args, **kwargs)
-
     kv_class.set_optimizer = set_optimizer
     for op in ("pushpull", "push", "pull"):
         original = getattr(kv_class, op)
