@@ -7,8 +7,8 @@ Evidence, all from the run directory:
   - clock probes: ping-pong rounds between rank 0 and each rank give  t0 - t1 <= θ_r <= t3 - t2  (hard);
   - point-to-point transfers (`--comm-detail ring`): a RECV cannot complete before its SEND started:
         recv_end + θ_recv >= send_start + θ_send                                     (hard);
-  - whole collectives (bucket mode; TensorFlow's collective ops by instance key): a collective cannot end on
-    rank i before it started on rank j:
+  - whole collectives (bucket mode, per process group where a script's DDP has groups of its own; TensorFlow's
+    collective ops by instance key): a collective cannot end on rank i before it started on rank j:
         end_i + θ_i >= start_j + θ_j  for every pair, written with one variable L_c per collective (its latest
         start on the reference clock):  start_j + θ_j <= L_c <= end_i + θ_i  for every rank, the same feasible
         offsets with 2N rows per collective instead of N(N-1)                        (hard);
@@ -52,7 +52,7 @@ from typing import Optional
 
 import numpy as np
 
-from dprorun.trace.model import Op, OpKind, RunTrace
+from dprorun.trace.model import Op, OpKind, RunTrace, ddp_groups
 
 TOLERANCE_US = 0.01
 UNCERTAINTY_WARN_US = 50.0
@@ -152,7 +152,7 @@ def _probe_intervals(run: RunTrace) -> dict[int, tuple[float, float]]:
     return intervals
 
 
-def _collect_collectives(spans: dict[tuple[str, int], dict[int, list[float]]]) -> _Collectives:
+def _collect_collectives(spans: dict[tuple, dict[int, list[float]]]) -> _Collectives:
     index, rank, start, end, base = [], [], [], [], []
     for per_rank in spans.values():
         if len(per_rank) < 2:
@@ -175,7 +175,9 @@ def collect_evidence(run: RunTrace) -> _Evidence:
     checks: list[tuple[int, int, float]] = []
     sends: dict[str, Op] = {}
     recvs: dict[str, Op] = {}
-    spans: dict[tuple[str, int], dict[int, list[float]]] = defaultdict(dict)
+    spans: dict[tuple, dict[int, list[float]]] = defaultdict(dict)
+    # a script's own DDP groups run their buckets' all-reduces apart: one collective per group
+    group_of = {rank: k for k, group in enumerate(ddp_groups(run)) for rank in group}
     for op in run.all_ops():
         if op.kind is not OpKind.COMM:
             continue
@@ -185,7 +187,7 @@ def collect_evidence(run: RunTrace) -> _Evidence:
             recvs[op.txn_id] = op
         elif op.granularity == "collective" and op.phase == "transmit" and op.source in ("hooks", "xplane"):
             # DDP's and Horovod's per-bucket records; TensorFlow's collective ops (one instance key per launch)
-            key = (op.tensor or op.txn_id, op.iteration)
+            key = (op.tensor or op.txn_id, op.iteration, group_of.get(op.rank))
             seen = spans[key].get(op.rank)
             # a rank with two spans in one collective: its earliest start and latest end (weaker, never wrong)
             spans[key][op.rank] = ([op.start_us, op.end_us] if seen is None

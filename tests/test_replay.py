@@ -1,5 +1,6 @@
 """The replayer: engine semantics on constructed graphs, DDP bucketing, what-if behaviour, the CLI."""
 import json
+from dataclasses import replace
 import re
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from conftest import REPO
 from dprorun.replay.engine import GraphBuilder, critical_path_report, replay
 from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate, ddp_buckets, fit_comm_model
 from dprorun.replay.whatif import WhatIf
-from dprorun.replay.predict import predict, self_check
+from dprorun.replay.predict import predict, predict_replayed, self_check
 from dprorun.trace.rundir import load_run
 
 
@@ -428,30 +429,61 @@ def test_a_transport_on_the_compute_cores_is_named_in_what_if_predictions(mlp_ru
     assert transport_on_compute_cores(run) is None
 
 
-def test_a_ddp_on_process_groups_of_its_own_is_warned_and_gets_no_world_size_what_if(mlp_run):
+def test_a_ddp_on_process_groups_of_its_own_is_read_from_the_hooks_and_gets_no_world_size_what_if(mlp_run):
     """A script training a replica per subgroup (DDP(process_group=new_group([0, 1])) on 4 ranks): the replay
     joined every rank's buckets into all-reduces across the 4, and its self-check "agreed" (+15.1 %) on a topology
-    the job did not have. The hooks record each DDP's group; the replay says it does not model them."""
+    the job did not have. The hooks record each DDP's group; the replay joins each group's ranks alone (here groups
+    of one rank: no transfer between the two) and answers no world-size what-if (the script forms the groups)."""
     from dprorun.fsutil import UnanswerableError
-    from dprorun.replay.build import build_job_model, ddp_groups
+    from dprorun.graph.build import build_global_dfg
+    from dprorun.replay.build import build_job_model
+    from dprorun.trace.model import ddp_groups
 
     run_dir, _ = mlp_run
     run = load_run(str(run_dir))
     assert [t["group_ranks"] for t in run.ranks[0].meta["trackers"]] == [[0, 1]]  # recorded by the hooks
-    assert ddp_groups(run) == []
+    assert ddp_groups(run) == [] and any(op.peer == 1 for op in build_global_dfg(run).nodes if op.rank == 0)
     for r, trace in run.ranks.items():  # each rank a DDP of its own (groups of 1 in a world of 2)
         trace.meta["trackers"] = [dict(t, group_ranks=[r]) for t in trace.meta["trackers"]]
     assert ddp_groups(run) == [[0], [1]]
+    assert not any(op.phase in ("send", "recv") for op in build_global_dfg(run).nodes)  # the measured graph
     kept = run.ranks[0].meta["trackers"]
     run.ranks[0].meta["trackers"] = [dict(t, group_ranks=[1]) for t in kept]  # not rank 0's own: not credible
     assert ddp_groups(run) == []
     run.ranks[0].meta["trackers"] = kept
     model = build_job_model(run)
-    assert any(n.startswith("warning: the script's DDP all-reduces within process groups") for n in model.notes)
-    check = predict(model).self_check
-    assert check["status"] != "agrees" and "process groups of its own ([0], [1])" in check["message"]
+    assert any(n.startswith("the script's DDP all-reduces within process groups of its own ([0], [1])")
+               for n in model.notes)
+    _, graph, _ = predict_replayed(model)
+    assert not [name for name in graph.device_names if name.startswith("link")]
     with pytest.raises(UnanswerableError, match="process groups of its own"):
         predict(model, WhatIf(world_size=4))
+
+
+def test_a_ring_per_ddp_group_prices_as_the_groups_own_world():
+    """Four ranks in two DDP groups of two ([0, 1], [2, 3]): each bucket's all-reduce is a ring of 2 steps within
+    its group (no link between the groups), priced as a ring of 2, so every modelled what-if predicts what a
+    2-rank job of the same templates predicts (a ring of 4 would send half as many bytes again, in 6 steps);
+    replayed with every rank, with one representative rank (the optimizer's symmetric search) and by the
+    optimizer's t_sync alike."""
+    from dprorun.replay.predict import representative, sync_time_us
+    from dprorun.replay.whatif import comm_scale
+
+    pair = _toy_model(world=2)
+    groups = replace(_toy_model(world=4), templates={r: pair.templates[0] for r in range(4)},
+                     ddp_groups=[[0, 1], [2, 3]])
+    assert groups.ring_size == 2
+    _, graph, _ = predict_replayed(groups)
+    links = {name for name in graph.device_names if name.startswith("link")}
+    assert links == {"link0->1", "link1->0", "link2->3", "link3->2"}
+    assert {name.split(".s")[-1] for name in graph.names if ".send.bucket0" in name} == {"0", "1"}
+    for whatif in (WhatIf(), WhatIf(bandwidth_gbit=1.0), WhatIf(bucket_mb=1.0), WhatIf(partitions=2)):
+        expected = predict(pair, whatif).predicted_iteration_time_ms
+        assert predict(groups, whatif).predicted_iteration_time_ms == pytest.approx(expected, rel=1e-6), whatif
+        assert predict(representative(groups), whatif).predicted_iteration_time_ms == pytest.approx(expected, rel=1e-6)
+    # the measured transmissions scale the model as a ring of 2 (read as a ring of 4 they ran 1.5x the bytes)
+    assert comm_scale(groups) == comm_scale(pair) > 1.3 * comm_scale(replace(groups, ddp_groups=[]))
+    assert sync_time_us(groups, 4 << 20) == pytest.approx(sync_time_us(pair, 4 << 20))
 
 
 def test_a_rare_slow_clean_iteration_does_not_widen_the_self_checks_tolerance():

@@ -5,7 +5,8 @@ Per rank (the local DFG):
     otherwise the hooks' forward span, the backward span cut at every bucket's ready time, and the update;
   - per bucket an In virtual op (after the compute op during which the bucket's last gradient became ready)
     and an Out virtual op (before the update, which waits for every bucket as DDP's finalize does).
-Across ranks: each bucket's synchronisation through the communication topology (ring all-reduce here), with
+Across ranks: each bucket's synchronisation through the communication topology (a ring all-reduce; one per
+process group where the script's DDP all-reduces within groups of its own), with
 measured SEND/RECV ops where `--comm-detail ring` recorded them and estimated ones (flagged) otherwise; the
 Middleman joins SEND and RECV by transaction id.
 
@@ -21,7 +22,7 @@ from typing import Optional
 from dprorun.graph.dfg import GlobalDFG
 from dprorun.replay.engine import GraphBuilder, ReplayGraph
 from dprorun.graph.topology import SyncSpec, join_transactions, ring_allreduce
-from dprorun.trace.model import Op, OpKind, RankTrace, RunTrace
+from dprorun.trace.model import Op, OpKind, RankTrace, RunTrace, ddp_groups
 from dprorun.fsutil import UnanswerableError
 
 COMPUTE_KINDS = (OpKind.FW, OpKind.BW, OpKind.UPDATE, OpKind.IO, OpKind.OTHER)
@@ -108,11 +109,13 @@ def build_global_dfg(run: RunTrace, iteration: Optional[int] = None) -> GlobalDF
             if update_ids:
                 dfg.edge(out_id, update_ids[0])
             specs.setdefault(tensor, []).append(SyncSpec(rank, in_id, out_id, start, end, nbytes, measured))
+    groups = ddp_groups(run) or [ranks]  # the script's own DDP groups: a ring each
     for tensor, tensor_specs in sorted(specs.items()):
         if len(tensor_specs) != len(ranks):
             dfg.notes.append(f"{tensor}: recorded on {len(tensor_specs)} of {len(ranks)} ranks, not synchronised")
             continue
-        ring_allreduce(dfg, tensor, iteration, tensor_specs, host_of)
+        for group in groups:
+            ring_allreduce(dfg, tensor, iteration, [spec for spec in tensor_specs if spec.rank in group], host_of)
     join_transactions(dfg)
     estimated = sum(1 for op in dfg.nodes if op.args.get("estimated"))
     if estimated:

@@ -14,10 +14,10 @@ from dprorun.replay.engine import replay
 from dprorun.replay.synthesize import synthesize
 from dprorun.replay.template import BucketInfo, JobModel, MeasuredIteration, RankTemplate, _horovod_timeline_points, \
     _ready_fractions, comm_channels, fit_comm_model, horovod_comm_model, horovod_knobs_as_run, measure_rank, \
-    message_latency_us, transport_on_compute_cores
+    message_latency_us, ring_size, transport_on_compute_cores
 from dprorun.replay.whatif import WhatIf
 from dprorun.stats import median
-from dprorun.trace.model import RankTrace, RunTrace, is_tf_tracker
+from dprorun.trace.model import RankTrace, RunTrace, ddp_groups, is_tf_tracker
 
 
 def _script_comm_hook(trace: RankTrace) -> tuple[str, str]:
@@ -30,29 +30,10 @@ def _script_comm_hook(trace: RankTrace) -> tuple[str, str]:
     return name, ""
 
 
-def ddp_groups(run: RunTrace) -> list[list[int]]:
-    """The process groups the ranks' DDP modules all-reduce in, where smaller than the job's world (a script that
-    trains a replica per subgroup); [] where every rank's DDP spans the world or the groups were not recorded."""
-    groups = set()
-    for rank, trace in run.ranks.items():
-        ranks = next((t.get("group_ranks") for t in trace.meta.get("trackers", []) if "ddp" in t), None)
-        if not isinstance(ranks, list) or not ranks:
-            continue
-        if rank not in ranks:  # a record that is not this rank's own (a run directory put together by hand)
-            return []
-        groups.add(tuple(sorted(int(r) for r in ranks)))
-    if not groups or all(len(g) >= run.world_size for g in groups):
-        return []
-    return [list(g) for g in sorted(groups)]
-
-
 def _ddp_groups_note(model: JobModel) -> str:
-    world = model.world_size
-    return (f"warning: the script's DDP all-reduces within process groups of its own "
-            f"({model.ddp_groups_text()}), not across the job's {world} ranks: the replay joins every "
-            f"rank's buckets into all-reduces across all {world} (dprorun does not model the groups), so its figure "
-            "and the what-ifs built on it are uncertain; a world-size what-if is not answered (the script forms the "
-            "groups)")
+    return (f"the script's DDP all-reduces within process groups of its own ({model.ddp_groups_text()}), not "
+            f"across the job's {model.world_size} ranks: each group's buckets are replayed as a ring of its own "
+            "ranks; a world-size what-if is not answered (the script forms the groups)")
 
 
 def build_job_model(run: RunTrace) -> JobModel:
@@ -91,17 +72,17 @@ def build_job_model(run: RunTrace) -> JobModel:
     points = [(b.nbytes, t) for b in buckets if not b.sparse and not b.hook_work for t in transmit.get(b.key, [])]
     calibration = [tuple(p) for p in first.meta.get("calibration", [])]
     latency = message_latency_us(run)
-    comm = fit_comm_model(points, world, calibration, latency)
+    groups = ddp_groups(run)  # the buckets' rings: the script's own groups where it has some (the calibration's: all)
+    comm = fit_comm_model(points, ring_size(groups, world), calibration, latency)
     network = fit_comm_model(calibration, world, [], latency) if len(calibration) >= 2 else None
     if network is not None:  # the calibration alone must fit a line (points enough, growing with size)
         network = replace(network, source="calibration") if network.source == "trace" else None
     fractions = _ready_fractions(run)
     model = JobModel(world, templates, buckets, dict(first.param_bytes), fractions, comm,
                      first.meta.get("bucket_cap_mb"), channels=channels, samples=samples, network=network,
-                     compute_variants=dict(first.meta.get("compute_variants") or {}))
+                     compute_variants=dict(first.meta.get("compute_variants") or {}), ddp_groups=groups)
     model.transport = transport_on_compute_cores(run)
     model.script_comm_hook, model.bucket_layout_fixed = _script_comm_hook(first)
-    model.ddp_groups = ddp_groups(run)
     if model.ddp_groups:
         model.notes.append(_ddp_groups_note(model))
     model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])

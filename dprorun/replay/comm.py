@@ -67,7 +67,9 @@ def set_world_size(graph: ReplayGraph, world: int, fold: bool = True,
     plan = plan_of(graph)
     notes = notes if notes is not None else []
     period = int(graph.meta["ranks_built"])  # the ranks whose local DFGs the graph holds, cycled through
-    built = period if fold and world > period and world % period == 0 else world
+    ring = plan.model.ring_size if world == plan.model.world_size else world  # the script's groups: their rings'
+    built = period if fold and world > period and world % period == 0 and ring % period == 0 \
+        and _groups_alike(plan.model) else world
     collapse = built > COLLAPSE_FROM_RANKS and plan.whatif.baseline != "daydream"
     if world == plan.world and built == period and collapse == plan.collapse:
         return graph
@@ -95,6 +97,28 @@ def set_world_size(graph: ReplayGraph, world: int, fold: bool = True,
     if not had_topology:
         return local
     return set_network(local, plan.whatif.bandwidth_gbit, plan.whatif.bandwidth_scale, plan.whatif.latency_us)
+
+
+def _groups_alike(model: JobModel) -> bool:
+    """Every one of the script's DDP groups (if it has any) of one size: their rings repeat as one would."""
+    return len({len(group) for group in model.ddp_groups}) <= 1
+
+
+def rings(plan: CommPlan, built: int) -> list[tuple[Optional[list[int]], int]]:
+    """The rings the plan's collectives run in: [(the built ranks in the ring, in ring order, None: all of them;
+    the ring's size)]. One ring of the plan's world (built ranks fewer: its repeating part); a script's own DDP
+    groups at the job's world: a ring per group, of the built ranks that are its ranks (ranks folded: the groups'
+    repeating part)."""
+    groups = plan.model.ddp_groups
+    if not groups or plan.world != plan.model.world_size:
+        return [(None, plan.world)]
+    if built < plan.world:
+        return [(None, len(groups[0]))]
+    measured = sorted(plan.sample.templates if plan.sample is not None else plan.model.templates)
+    position = {rank: b for b, rank in enumerate(measured)}
+    out = [([position[rank] for rank in group if rank in position], len(group)) for group in groups]
+    alone = sorted(set(range(built)) - {b for members, _ in out for b in members})  # in no group recorded
+    return [(members, size) for members, size in out if len(members) == size] + [([b], 1) for b in alone]
 
 
 def plan_of(graph: ReplayGraph) -> "CommPlan":
@@ -129,10 +153,13 @@ def join_ranks(g: GraphBuilder, plan: CommPlan, pricing: "CommPricing") -> None:
                 for u, v in zip(ins, outs):
                     g.edge(u, v)
             else:
-                duration, latency = pricing.step(s, pieces, plan.sample)
                 topology = collapsed_allreduce if plan.collapse else ring_allreduce
-                topology(g, f"{s.key}.p{p}", ins, outs, plan.world, duration, latency, model.channels,
-                         split=pricing.split(s, plan.sample))
+                for members, size in rings(plan, len(outs)):
+                    duration, latency = pricing.step(s, pieces, plan.sample, ring=size)
+                    chosen = members if members is not None else range(len(outs))
+                    topology(g, f"{s.key}.p{p}", [ins[b] for b in chosen], [outs[b] for b in chosen], size,
+                             duration, latency, model.channels, split=pricing.split(s, plan.sample),
+                             members=members)
 
 
 def _outside_bound(outside_us: float, measured_world: int, world: int) -> str:
@@ -202,17 +229,20 @@ class CommPricing:
         """Modelled steps of a backend with several channels: latency on a channel, bytes on the link."""
         return self.measured_us(sync, sample) is None and self.model.channels > 1
 
-    def step(self, sync: Sync, pieces: int, sample: Optional[MeasuredIteration]) -> tuple[float, float]:
-        """(one ring step's duration, the part of it that is latency rather than bytes on the link)."""
-        steps = 2 * max(self.world - 1, 1)
+    def step(self, sync: Sync, pieces: int, sample: Optional[MeasuredIteration],
+             ring: Optional[int] = None) -> tuple[float, float]:
+        """(one ring step's duration, the part of it that is latency rather than bytes on the link), for a ring of
+        `ring` ranks (the script's own DDP groups; default: the world)."""
+        world = ring or self.world
+        steps = 2 * max(world - 1, 1)
         measured = self.measured_us(sync, sample)
         if measured is not None:
             return measured / steps, 0.0
         nbytes = sync.nbytes / pieces
         model, comm = self.model, self.model.comm
         if sync.sparse:  # gloo gathers every rank's indices and values: N-1 messages of them reach each rank
-            latency = comm.collective_us + (self.world - 1) * self.alpha_us
-            total = self.scale * (latency + (self.world - 1) * nbytes / self.bandwidth)
+            latency = comm.collective_us + (world - 1) * self.alpha_us
+            total = self.scale * (latency + (world - 1) * nbytes / self.bandwidth)
             return total / steps, self.scale * latency / steps
         hook_us = self.hook_us_per_byte * nbytes / steps  # a hook's own work, spread over the steps: no link's
         if self.ring_delta:
@@ -222,8 +252,8 @@ class CommPricing:
                 + (_wire_share(self.world) - _wire_share(model.world_size)) * nbytes / net_bw
             wire = _wire_share(self.world) * nbytes / net_bw
             return total / steps + hook_us, max(0.0, total - wire) / steps + hook_us
-        latency = comm.step_latency_us(self.world, self.alpha_us)
-        return (self.scale * (latency + nbytes / (self.world * self.bandwidth)) + hook_us,
+        latency = comm.step_latency_us(world, self.alpha_us)
+        return (self.scale * (latency + nbytes / (world * self.bandwidth)) + hook_us,
                 self.scale * latency + hook_us)
 
 
@@ -231,29 +261,42 @@ def _wire_share(n: int) -> float:
     return 2 * (n - 1) / n if n > 1 else 0.0
 
 
+def _ring_labels(built: int, world: int, members: Optional[list[int]]) -> tuple[list[int], list[int]]:
+    """(each ring position's built rank, the built rank it sends to): positions 0..built-1 of a ring of `world`
+    (built < world: its repeating part, the last one sending on towards rank `built`), or the given members, the
+    last sending to the first where they are the whole ring."""
+    ranks = list(members) if members is not None else list(range(built))
+    if members is not None and built == world:
+        return ranks, ranks[1:] + ranks[:1]
+    return ranks, [(r + 1) % world if members is None else (r + 1) for r in ranks]
+
+
 def ring_allreduce(g: GraphBuilder, key: str, ins: list[int], outs: list[int], world: int, duration: float,
-                   latency: float, channels: int, split: bool) -> None:
+                   latency: float, channels: int, split: bool, members: Optional[list[int]] = None) -> None:
     """A step-level ring of 2(N-1) steps between the built ranks' In and Out nodes: at each step every rank's
     SEND occupies its outgoing link and the right neighbour's RECV (no device) joins it; the next step needs
     both the rank's own SEND and RECV. Built < world: the ring's repeating part, rank 0 receiving from the last
-    built rank."""
+    built rank. `members`: the built ranks the positions are (a ring of a script's own DDP group), in ring order."""
     built = len(ins)
+    labels, right = _ring_labels(built, world, members)
     previous = {r: [ins[r]] for r in range(built)}
     for step in range(2 * (world - 1)):
         sends = {}
-        for r in range(built):
-            link = f"{r}->{(r + 1) % world}"
+        for r, rank in enumerate(labels):
+            link = f"{rank}->{right[r]}"
             if split:
-                lat = g.op(f"r{r}.latency.{key}.s{step}", "COMM", r, f"channel{link}", latency, capacity=channels)
+                lat = g.op(f"r{rank}.latency.{key}.s{step}", "COMM", rank, f"channel{link}", latency,
+                           capacity=channels)
                 for u in previous[r]:
                     g.edge(u, lat)
                 previous[r] = [lat]
-                sends[r] = g.op(f"r{r}.send.{key}.s{step}", "COMM", r, f"link{link}", duration - latency)
+                sends[r] = g.op(f"r{rank}.send.{key}.s{step}", "COMM", rank, f"link{link}", duration - latency)
             else:
-                sends[r] = g.op(f"r{r}.send.{key}.s{step}", "COMM", r, f"link{link}", duration, capacity=channels)
+                sends[r] = g.op(f"r{rank}.send.{key}.s{step}", "COMM", rank, f"link{link}", duration,
+                                capacity=channels)
         current = {}
-        for r in range(built):
-            recv = g.op(f"r{r}.recv.{key}.s{step}", "VIRTUAL", r, None, 0.0)
+        for r, rank in enumerate(labels):
+            recv = g.op(f"r{rank}.recv.{key}.s{step}", "VIRTUAL", rank, None, 0.0)
             g.edge(sends[(r - 1) % built], recv)
             current[r] = [sends[r], recv]
         for r in range(built):
@@ -266,13 +309,15 @@ def ring_allreduce(g: GraphBuilder, key: str, ins: list[int], outs: list[int], w
 
 
 def collapsed_allreduce(g: GraphBuilder, key: str, ins: list[int], outs: list[int], world: int, duration: float,
-                        latency: float, channels: int, split: bool) -> None:
-    """The whole ring as one op per rank, after every rank's ready point (large rings: N ops, not N^2)."""
-    join = g.op(f"join.{key}", "VIRTUAL", 0, None, 0.0)
+                        latency: float, channels: int, split: bool, members: Optional[list[int]] = None) -> None:
+    """The whole ring as one op per rank, after every rank's ready point (large rings: N ops, not N^2);
+    `members` as for `ring_allreduce`."""
+    labels, right = _ring_labels(len(ins), world, members)
+    join = g.op(f"join.{key}" if members is None else f"join.{key}.r{labels[0]}", "VIRTUAL", labels[0], None, 0.0)
     for r, (u, v) in enumerate(zip(ins, outs)):
         g.edge(u, join)
-        op = g.op(f"r{r}.allreduce.{key}", "COMM", r, f"link{r}->{(r + 1) % world}", duration * 2 * (world - 1),
-                  capacity=channels)
+        op = g.op(f"r{labels[r]}.allreduce.{key}", "COMM", labels[r], f"link{labels[r]}->{right[r]}",
+                  duration * 2 * (world - 1), capacity=channels)
         g.edge(join, op)
         g.edge(op, v)
 

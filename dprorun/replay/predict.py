@@ -64,19 +64,6 @@ def regular_iterations(values_us: list[float]) -> tuple[list[float], int]:
 
 
 def self_check(model: JobModel, as_run_replays_us) -> dict:
-    """`compare_with_clean`, where the job's DDP all-reduces within process groups of its own (not modelled: the
-    replay joins every rank) with that said: no agreement backs the replay's topology then."""
-    check = compare_with_clean(model, as_run_replays_us)
-    if getattr(model, "ddp_groups", None):
-        message = check["message"] if check["message"].startswith("warning: ") else "warning: " + check["message"]
-        check.update(status="uncertain" if check["status"] == "agrees" else check["status"], message=(
-            f"{message}; but the script's DDP all-reduces within process groups of its own "
-            f"({model.ddp_groups_text()}), which the replay does not model (its all-reduces join all "
-            f"{model.world_size} ranks): its figures are uncertain"))
-    return check
-
-
-def compare_with_clean(model: JobModel, as_run_replays_us) -> dict:
     """Compare the replay of the job as it ran with the run's clean iterations (no profiling, nothing of
     dprorun's running): agree when the medians differ by no more than half the run's own p10-p90 band or 2 %.
     A difference within the replay's own band only (the profiled iterations ran unevenly, e.g. a job still
@@ -264,9 +251,10 @@ def representative(model: JobModel) -> JobModel:
 
 def sync_time_us(model: JobModel, nbytes: int, world: Optional[int] = None, partitions: int = 1) -> float:
     """Partial replay: the time to synchronise one tensor of `nbytes` over `world` ranks split into
-    `partitions` pieces, with nothing else in the graph (the optimizer's t_sync(s, k)). Every rank is alike
+    `partitions` pieces, with nothing else in the graph (the optimizer's t_sync(s, k)); default: the ranks one of
+    the job's all-reduces spans (its ring: the world, or the script's own DDP groups). Every rank is alike
     here, so only rank 0 is built and each step receives what rank 0 itself sends (see `synthesize`)."""
-    world = world or model.world_size
+    world = world or model.ring_size
     if world <= 1:
         return 0.0
     g = GraphBuilder()

@@ -109,6 +109,11 @@ class JobModel:
         except (KeyError, TypeError, ZeroDivisionError):
             return None
 
+    @property
+    def ring_size(self) -> int:
+        """The ranks one of the job's DDP all-reduces spans (`ring_size`)."""
+        return ring_size(self.ddp_groups, self.world_size)
+
     def ddp_groups_text(self) -> str:
         """The script's own DDP process groups as said in notes and errors: "[0, 1], [2, 3]"."""
         return ", ".join(str(group) for group in self.ddp_groups)
@@ -150,8 +155,8 @@ class JobModel:
     # bucket cannot be partitioned by dprorun's all-reduce (runtime/ddp.py registers no hook beside it)
     script_comm_hook: str = ""
     bucket_layout_fixed: str = ""  # why the job's bucket layout must stay as it ran ("" when it may change)
-    # the process groups the script's DDP all-reduces in where smaller than the world (replay/build.ddp_groups);
-    # not modelled: warned, and no world-size what-if
+    # the process groups the script's DDP all-reduces in where smaller than the world (trace.model.ddp_groups):
+    # each group's buckets a ring of its own ranks (replay/comm.py); no world-size what-if (the script forms them)
     ddp_groups: list[list[int]] = field(default_factory=list)
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
     horovod_negotiation_us: float = 0.0  # per background-loop cycle: the ranks agreeing on what is ready
@@ -256,6 +261,13 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
                             iterations_used=len(values), measured_iteration_us=med("measured_iteration_us"),
                             finalize_us=med("finalize_us"))
     return template, samples, transmit
+
+
+def ring_size(ddp_groups: list[list[int]], world: int) -> int:
+    """The ranks one DDP all-reduce spans: the world, or the size of the script's own process groups (the most
+    common one where they differ)."""
+    sizes = [len(group) for group in ddp_groups]
+    return max(sorted(set(sizes)), key=sizes.count) if sizes else world
 
 
 def fit_comm_model(points: list[tuple[int, float]], world: int, calibration: list[tuple[int, float]],

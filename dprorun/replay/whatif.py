@@ -221,7 +221,7 @@ def comm_scale(model: JobModel) -> float:
     close in submission order and overstate them)."""
     if model.framework == "horovod" and model.comm.source.startswith("horovod"):
         return 1.0
-    pairs = [(b.transmit_us, model.comm.allreduce_us(b.nbytes, model.world_size)) for b in model.buckets
+    pairs = [(b.transmit_us, model.comm.allreduce_us(b.nbytes, model.ring_size)) for b in model.buckets
              if not b.sparse and not b.hook_work]  # a sparse gradient's gather is no ring all-reduce
     pairs = [(measured, modelled) for measured, modelled in pairs if measured > 0 and modelled > 0]
     return sum(m for m, _ in pairs) / sum(x for _, x in pairs) if pairs else 1.0
@@ -232,7 +232,7 @@ def hook_work_us_per_byte(model: JobModel) -> float:
     it sends: what its buckets' measured time took beyond the modelled transmission of their bytes. What-ifs add
     it to the modelled transmission at their own network (it is compute, no network's), where the scale of
     `comm_scale` would have multiplied it with the link's change."""
-    pairs = [(b.transmit_us - model.comm.allreduce_us(b.nbytes, model.world_size), b.nbytes)
+    pairs = [(b.transmit_us - model.comm.allreduce_us(b.nbytes, model.ring_size), b.nbytes)
              for b in model.buckets if b.hook_work and b.transmit_us > 0]
     total_bytes = sum(n for _, n in pairs)
     return max(0.0, sum(w for w, _ in pairs)) / total_bytes if total_bytes else 0.0

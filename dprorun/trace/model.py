@@ -164,6 +164,22 @@ class RunTrace:
             yield from self.ranks[rank].ops
 
 
+def ddp_groups(run: RunTrace) -> list[list[int]]:
+    """The process groups the ranks' DDP modules all-reduce in, where smaller than the job's world (a script that
+    trains a replica per subgroup); [] where every rank's DDP spans the world or the groups were not recorded."""
+    groups = set()
+    for rank, trace in run.ranks.items():
+        ranks = next((t.get("group_ranks") for t in trace.meta.get("trackers", []) if "ddp" in t), None)
+        if not isinstance(ranks, list) or not ranks:
+            continue
+        if rank not in ranks:  # a record that is not this rank's own (a run directory put together by hand)
+            return []
+        groups.add(tuple(sorted(int(r) for r in ranks)))
+    if not groups or all(len(g) >= run.world_size for g in groups):
+        return []
+    return [list(g) for g in sorted(groups)]
+
+
 def is_tf_tracker(tracker: dict) -> bool:
     """A worker's tracker description from TensorFlow hooks (MultiWorkerMirroredStrategy, or horovod.tensorflow:
     framework "horovod" with "tf")."""
