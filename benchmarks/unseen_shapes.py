@@ -32,8 +32,10 @@ gradients' norm all-reduced by hand for clipping, metrics gathered with all_gath
 ModelCheckpoint and with BackupAndRestore saving every 10 batches, a TF loop over epochs of a dataset whose last
 batch is partial (a retrace) with the loss reduced after each step, Horovod's elastic API (hvd.elastic.run, a
 TorchState committed every 5 steps), Horovod summing the gradients (op=hvd.Sum), Horovod with a LayerNorm MLP,
-AdamW and a trust ratio applied by hand between synchronize() and the step. Frameworks that are not installed
-are skipped with a line saying so.
+AdamW and a trust ratio applied by hand between synchronize() and the step; session 38: a DDP module called twice a
+step (SimCLR's two views), CLIP's differentiable all_gather in the loss, a mixture-of-experts layer routing tokens
+with all_to_all_single with its experts kept out of DDP, rank 0 alone logging and snapshotting every step, a barrier
+before every step. Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -133,6 +135,11 @@ JOBS = {
     "horovod-elastic-api-commit-every-5": (["--backend", "horovod"], "hvd_session37.py", ["--elastic"], "horovod"),
     "horovod-sum-op": (["--backend", "horovod"], "hvd_session37.py", ["--sum-op"], "horovod"),
     "horovod-synchronize-trust-ratio-adamw": (["--backend", "horovod"], "hvd_session37.py", ["--lamb-like"], "horovod"),
+    "ddp-two-views-simclr": ([], "ddp_session38.py", ["--two-views"], "torch"),
+    "ddp-clip-gather-in-the-loss": ([], "ddp_session38.py", ["--clip-gather"], "torch"),
+    "ddp-moe-all-to-all-experts-ignored": ([], "ddp_session38.py", ["--moe"], "torch"),
+    "ddp-rank0-logging-each-step": ([], "ddp_session38.py", ["--rank0-logging"], "torch"),
+    "ddp-barrier-each-step": ([], "ddp_session38.py", ["--barrier-each-step"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

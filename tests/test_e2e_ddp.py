@@ -612,3 +612,45 @@ def test_the_ranks_environment_is_torchruns(tmp_path):
     assert seen == [{"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                      "GROUP_RANK": "0", "ROLE_RANK": str(r), "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1"}
                     for r in (0, 1)]
+
+
+def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_it_keeps_them(tmp_path):
+    """A CLIP-style loss gathers every rank's features with the differentiable all_gather (its backward: scatters),
+    and a barrier opens every step: 9 % of a step on 2 ranks, in the forward and the backward, which a world-size or
+    bandwidth what-if replayed as measured without a word. The hooks time the script's own torch.distributed calls
+    in the window's iterations (not dprorun's calibration, probes or gather) and the what-ifs say they keep them."""
+    script = tmp_path / "clip.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, torch.nn as nn\n"
+        "import torch.distributed.nn.functional as F\n"
+        "dist.init_process_group('gloo'); torch.manual_seed(0); torch.set_num_threads(1)\n"
+        "net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 32))\n"
+        "model = nn.parallel.DistributedDataParallel(net)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "x = torch.randn(32, 64)\n"
+        "for step in range(14):\n"
+        "    dist.barrier()\n"
+        "    z = nn.functional.normalize(model(x), dim=1)\n"
+        "    logits = z @ torch.cat(F.all_gather(z), 0).t()\n"
+        "    loss = nn.functional.cross_entropy(logits, torch.arange(32) + 32 * dist.get_rank())\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n")
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3", "-q",
+                           "python", str(script)], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(run_dir / "rank_0" / "events.json") as f:
+        rows = json.load(f)["script_collectives"]
+    assert {row[0] for row in rows} == set(range(3, 9))  # the window's iterations, nothing of dprorun's after it
+    assert {(row[1], row[2]) for row in rows} == {("barrier", 1), ("all_gather", 1), ("scatter", 2)}
+    from dprorun.replay.build import build_job_model
+    from dprorun.replay.predict import predict
+    from dprorun.replay.whatif import WhatIf
+
+    model = build_job_model(load_run(str(run_dir)))
+    names, outside_us = model.collectives_outside_packs
+    assert names == ["torch.distributed.all_gather", "torch.distributed.barrier", "torch.distributed.scatter"]
+    assert outside_us > 0
+    for whatif in (WhatIf(world_size=4), WhatIf(bandwidth_gbit=1.0)):
+        assert any(n.startswith("caution: ") and "torch.distributed.all_gather" in n
+                   for n in predict(model, whatif, detail="coarse").notes), whatif
+    assert not any("torch.distributed.all_gather" in n for n in predict(model, detail="coarse").notes)

@@ -80,11 +80,11 @@ def build_job_model(run: RunTrace) -> JobModel:
     fractions = _ready_fractions(run)
     model = JobModel(world, templates, buckets, dict(first.param_bytes), fractions, comm,
                      first.meta.get("bucket_cap_mb"), channels=channels, samples=samples, network=network,
-                     compute_variants=dict(first.meta.get("compute_variants") or {}), ddp_groups=groups)
-    model.transport = transport_on_compute_cores(run)
+                     compute_variants=dict(first.meta.get("compute_variants") or {}), ddp_groups=groups,
+                     transport=transport_on_compute_cores(run),
+                     collectives_outside_packs=_collectives_outside_packs(run, ranks))  # TF's: read again below
     model.script_comm_hook, model.bucket_layout_fixed = _script_comm_hook(first)
-    if model.ddp_groups:
-        model.notes.append(_ddp_groups_note(model))
+    model.notes += [_ddp_groups_note(model)] if model.ddp_groups else []
     model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])
                                                           for r in ranks})
     model.window_iterations_us = _median_over_ranks(run, iterations)
@@ -202,8 +202,10 @@ def _cap_tf_transmit(model: JobModel) -> float:
 
 
 def _collectives_outside_packs(run: RunTrace, ranks: list[int]) -> tuple[list[str], float]:
-    """The profiled steps' collectives that all-reduce no pack (trace/tf_records.add_tf_records): their names and the
-    median over ranks of each rank's median time in them a step."""
+    """The steps' collectives that all-reduce no pack or bucket (a TensorFlow worker's profiled steps,
+    trace/tf_records.add_tf_records; the collectives a torch script called itself in the window,
+    trace/rundir.script_collectives): their names and the median over ranks of each rank's median time in them a
+    step."""
     names: list[str] = []
     per_rank = []
     for r in ranks:

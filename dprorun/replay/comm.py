@@ -209,9 +209,10 @@ class CommPricing:
         names, outside_us = model.collectives_outside_packs
         if outside_us > 0 and (world != model.world_size or not network_same):
             notes.append(f"caution: {outside_us / 1000:.1f} ms a step of collectives outside the gradient packs "
-                         f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}: a sparse gradient's "
-                         "all-gathers, metric reductions, the all-reduces of step functions called before the "
-                         f"step's last one) are replayed as measured at {model.world_size} ranks on this network, "
+                         f"or buckets ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}: a sparse "
+                         "gradient's all-gathers, metric reductions, the all-reduces of step functions called before "
+                         "the step's last one, the script's own calls in its step) are replayed as measured at "
+                         f"{model.world_size} ranks on this network, "
                          "not priced again for this what-if"
                          + _outside_bound(outside_us, model.world_size, world))
         alpha = comm.alpha_us if whatif.latency_us is None else whatif.latency_us

@@ -51,6 +51,8 @@ def events_document(session: RankSession) -> dict:
         "iteration_cpu_s": session.records.iteration_cpu_s,
         "host_cpu_stat": session.records.host_cpu_stat,
         "spans": session.records.spans,
+        "script_collectives": [[i, name, calls, round(us, 1)]
+                               for (i, name), (calls, us) in sorted(session.records.script_collectives.items())],
         "comm": [c.row() for c in session.records.comm if c.done_us is not None],
         "comm_unfinished": sum(1 for c in session.records.comm if c.done_us is None),
         "grad_ready": session.records.grad_ready,

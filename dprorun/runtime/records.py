@@ -31,12 +31,20 @@ class RankRecords:
     # forward passes that train nothing (a validation pass, a teacher's forward) per iteration that had any: which
     # of those iterations the statistics leave out is the reader's (trace/rundir.inference_set_aside)
     inference_passes: dict[int, int] = field(default_factory=dict)
+    # collectives the script called itself in the window's iterations (runtime/watch.py), beside the gradient buckets:
+    # (iteration, torch.distributed function) -> [calls, µs]
+    script_collectives: dict[tuple[int, str], list] = field(default_factory=dict)
     files_written: list[str] = field(default_factory=list)  # this rank's files in the run directory
     warnings: list[str] = field(default_factory=list)  # what went wrong or was left out, said in the summary
 
     def mark_script_profiled(self, iteration: int) -> None:
         if iteration >= 0 and iteration not in self.script_profiler_iterations[-1:]:
             self.script_profiler_iterations.append(iteration)
+
+    def add_script_collective(self, iteration: int, name: str, us: float) -> None:
+        entry = self.script_collectives.setdefault((iteration, name), [0, 0.0])
+        entry[0] += 1
+        entry[1] += us
 
     def count_inference_pass(self, iteration: int) -> None:
         if iteration >= 0:

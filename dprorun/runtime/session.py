@@ -62,6 +62,7 @@ class RankSession:
         self.primary_forwards = 0  # training forwards of the primary DDP module (runtime/ddp.py)
         self.optimizers: list[weakref.ref] = []  # those stepped in the window, held weakly (a script frees them)
         self.script_use = ScriptUse()  # torch.distributed use outside the supported wrappers (runtime/watch.py)
+        self.script_use.timed = self._script_collective
         self.profiler = None  # the profiler backend while it records, else None
         self.script_profiler = ScriptProfilerState()  # the script's own profiler (runtime/script_profiler.py)
         self.hook_bytes: Optional[Any] = None  # what the script's own DDP comm hooks send (runtime/hook_bytes.py)
@@ -227,6 +228,11 @@ class RankSession:
             self._close_window_and_gather()
         if self.phase == "clean":
             self.guard("writing the clean iterations", self._finish_clean, True)
+
+    def _script_collective(self, name: str, us: float) -> None:
+        """A collective the script called itself returned (runtime/watch.py): kept for the window's iterations."""
+        if self.phase == "active" and not self.disabled:
+            self.records.add_script_collective(self.iteration, name, us)
 
     def mark(self, name: str, start_us: float, end_us: float, iteration: Optional[int] = None) -> None:
         self.records.spans.append([self.iteration if iteration is None else iteration, name, start_us, end_us])

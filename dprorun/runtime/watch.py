@@ -7,8 +7,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from dprorun.runtime.log import warn
 
@@ -18,6 +19,10 @@ SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or t
 # the torch.distributed calls a script makes itself when it shares gradients without a wrapper
 SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                       "reduce", "broadcast")
+# other torch.distributed calls a script makes in its steps (an MoE layer's all_to_all, a barrier, metrics gathered
+# as objects): timed with the ones above (`ScriptUse.timed`), never taken for a way of sharing gradients
+TIMED_COLLECTIVES = ("all_to_all_single", "all_to_all", "barrier", "all_gather_object", "broadcast_object_list",
+                     "gather", "scatter")
 
 
 @dataclass
@@ -29,6 +34,9 @@ class ScriptUse:
     process_group: str = ""  # "a gloo process group of 2 ranks", once init_process_group returned
     # told of each such call (name, args, kwargs) before it runs: runtime/hook_bytes.py counts a comm hook's bytes
     listeners: list[Callable[[str, tuple, dict], None]] = field(default_factory=list)
+    # told when a collective called from outside dprorun returns (name, µs the call took; an async_op call: its
+    # launch): the session keeps the window's (collectives beside the gradient buckets, runtime/session.py)
+    timed: Optional[Callable[[str, float], None]] = None
 
 
 def nothing_to_profile(use: ScriptUse) -> str:
@@ -99,27 +107,40 @@ def watch_torch_distributed(use: ScriptUse) -> None:
         return result
 
     module.init_process_group = watched
-    for name in SCRIPT_COLLECTIVES:
+    for name in SCRIPT_COLLECTIVES + TIMED_COLLECTIVES:
         if callable(getattr(module, name, None)):
-            setattr(module, name, _counted_collective(module, name, use))
+            setattr(module, name, _counted_collective(module, name, use, counted=name in SCRIPT_COLLECTIVES))
 
 
-def _counted_collective(module, name: str, use: ScriptUse):
+def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True):
+    """`module.name` counted (`counted`: as a way of sharing gradients) and told to the listeners before it runs,
+    and timed for `use.timed` where the caller is no module of dprorun's (its calibration, probes and gather)."""
     collective = getattr(module, name)
     compiler = sys.modules.get("torch.compiler")
 
     @functools.wraps(collective)
-    def counted(*args, **kwargs):
-        if compiler is None or not compiler.is_compiling():  # traced code: left as torch's own call
+    def watched(*args, **kwargs):
+        if compiler is not None and compiler.is_compiling():  # traced code: left as torch's own call
+            return collective(*args, **kwargs)
+        if counted:
             use.collectives[name] = use.collectives.get(name, 0) + 1
-            for listener in use.listeners:
-                try:
-                    listener(name, args, kwargs)
-                except Exception:  # a listener never reaches the script's collective
-                    pass
-        return collective(*args, **kwargs)
+        for listener in use.listeners:
+            try:
+                listener(name, args, kwargs)
+            except Exception:  # a listener never reaches the script's collective
+                pass
+        if use.timed is None or sys._getframe(1).f_globals.get("__name__", "").startswith("dprorun."):
+            return collective(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return collective(*args, **kwargs)
+        finally:
+            try:
+                use.timed(name, (time.perf_counter() - start) * 1e6)
+            except Exception:  # the timing never reaches the script's collective
+                pass
 
-    return counted
+    return watched
 
 
 def _warn_own_rendezvous(method) -> None:

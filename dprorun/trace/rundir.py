@@ -98,6 +98,18 @@ def _extra_inference(events: dict) -> tuple[set[int], int]:
     return {i for i, n in passes.items() if n > usual and 0 <= i < iterations}, iterations
 
 
+def script_collectives(rows: list, iterations: list[int]) -> list[dict]:
+    """The collectives a torch script called itself beside DDP's buckets ([iteration, function, calls, µs] rows),
+    as a TensorFlow worker's collectives outside its packs are kept: per iteration given, the functions' names and
+    the µs they took (0 where none ran)."""
+    names = sorted({f"torch.distributed.{row[1]}" for row in rows if row[0] in iterations})
+    took = {i: 0.0 for i in iterations}
+    for i, _, _, us in rows:
+        if i in took:
+            took[i] += float(us)
+    return [{"names": names, "us": round(took[i], 1)} for i in iterations] if names else []
+
+
 def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional[dict]) -> RankTrace:
     rank = doc["rank"]
     trace = RankTrace(rank=rank, host=str(doc.get("host", "")), local_rank=int(doc.get("local_rank", 0)))
@@ -137,6 +149,9 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         stream = "step" if name == "step" else "phase"  # a TensorFlow worker's whole step, not a compute phase
         trace.ops.append(Op(name=name, kind=kind, rank=rank, start_us=float(start), end_us=float(end),
                             iteration=iteration, stream=stream, host=trace.host, source="hooks"))
+    if doc.get("script_collectives") and not window.get("collectives_outside_packs"):
+        window["collectives_outside_packs"] = script_collectives(doc["script_collectives"],
+                                                                 trace.unprofiled_window_iterations())
     for entry in doc["buckets"]:
         trace.buckets.append(Bucket(index=int(entry["index"]), nbytes=int(entry["nbytes"]),
                                     params=list(entry.get("params", [])), dtype=str(entry.get("dtype", "")),
