@@ -35,7 +35,9 @@ TorchState committed every 5 steps), Horovod summing the gradients (op=hvd.Sum),
 AdamW and a trust ratio applied by hand between synchronize() and the step; session 38: a DDP module called twice a
 step (SimCLR's two views), CLIP's differentiable all_gather in the loss, a mixture-of-experts layer routing tokens
 with all_to_all_single with its experts kept out of DDP, rank 0 alone logging and snapshotting every step, a barrier
-before every step. Frameworks that are not installed are skipped with a line saying so.
+before every step; tf-keras fit with synchronized BatchNormalization, a TF loop under the script's own
+CommunicationOptions (256 KiB packs, RING), a TF loop all-reducing its gradients itself and applying them with
+experimental_aggregate_gradients=False. Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -140,6 +142,10 @@ JOBS = {
     "ddp-moe-all-to-all-experts-ignored": ([], "ddp_session38.py", ["--moe"], "torch"),
     "ddp-rank0-logging-each-step": ([], "ddp_session38.py", ["--rank0-logging"], "torch"),
     "ddp-barrier-each-step": ([], "ddp_session38.py", ["--barrier-each-step"], "torch"),
+    "tf-keras-fit-synchronized-batchnorm": (["--backend", "tf"], "tf_session38.py", ["--sync-bn"], "tensorflow"),
+    "tf-loop-own-communication-options": (["--backend", "tf"], "tf_session38.py", ["--own-packs"], "tensorflow"),
+    "tf-loop-gradients-all-reduced-by-hand": (["--backend", "tf"], "tf_session38.py", ["--aggregate-by-hand"],
+                                              "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
