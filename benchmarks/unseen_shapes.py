@@ -37,7 +37,8 @@ step (SimCLR's two views), CLIP's differentiable all_gather in the loss, a mixtu
 with all_to_all_single with its experts kept out of DDP, rank 0 alone logging and snapshotting every step, a barrier
 before every step; tf-keras fit with synchronized BatchNormalization, a TF loop under the script's own
 CommunicationOptions (256 KiB packs, RING), a TF loop all-reducing its gradients itself and applying them with
-experimental_aggregate_gradients=False. Frameworks that are not installed are skipped with a line saying so.
+experimental_aggregate_gradients=False; Horovod with hvd.allgather of the features in the loss, a sparse-gradient
+embedding (all-gathered, and sparse_as_dense), gradient_predivide_factor=2. Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -146,6 +147,10 @@ JOBS = {
     "tf-loop-own-communication-options": (["--backend", "tf"], "tf_session38.py", ["--own-packs"], "tensorflow"),
     "tf-loop-gradients-all-reduced-by-hand": (["--backend", "tf"], "tf_session38.py", ["--aggregate-by-hand"],
                                               "tensorflow"),
+    "horovod-allgather-in-the-loss": (["--backend", "horovod"], "hvd_session38.py", ["--allgather-loss"], "horovod"),
+    "horovod-sparse-embedding": (["--backend", "horovod"], "hvd_session38.py", ["--sparse-embedding"], "horovod"),
+    "horovod-sparse-as-dense": (["--backend", "horovod"], "hvd_session38.py", ["--sparse-as-dense"], "horovod"),
+    "horovod-predivide-factor-2": (["--backend", "horovod"], "hvd_session38.py", ["--predivide"], "horovod"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

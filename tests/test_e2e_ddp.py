@@ -641,7 +641,8 @@ def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_i
     with open(run_dir / "rank_0" / "events.json") as f:
         rows = json.load(f)["script_collectives"]
     assert {row[0] for row in rows} == set(range(3, 9))  # the window's iterations, nothing of dprorun's after it
-    assert {(row[1], row[2]) for row in rows} == {("barrier", 1), ("all_gather", 1), ("scatter", 2)}
+    assert {(row[1], row[2]) for row in rows} == {("torch.distributed.barrier", 1), ("torch.distributed.all_gather", 1),
+                                                  ("torch.distributed.scatter", 2)}
     from dprorun.replay.build import build_job_model
     from dprorun.replay.predict import predict
     from dprorun.replay.whatif import WhatIf

@@ -234,6 +234,45 @@ def test_a_sparse_gradient_under_horovod_is_an_allgather_of_its_rows_timed_in_or
 
 
 @needs_horovod
+def test_horovod_collectives_the_script_calls_itself_are_timed_not_the_optimizers(tmp_path):
+    """A contrastive loss over every rank's features (hvd.allgather) and the loss averaged for logging
+    (hvd.allreduce) each step: replayed as compute without a word under a network what-if. The script's calls
+    are timed in the window's iterations, once a step each; the DistributedOptimizer's all-reduces, which reach
+    horovod.torch.mpi_ops directly, are not among them."""
+    script = tmp_path / "gather.py"
+    script.write_text(
+        "import torch, torch.nn as nn, horovod.torch as hvd\n"
+        "hvd.init(); torch.manual_seed(0); torch.set_num_threads(1)\n"
+        "model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 32))\n"
+        "opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),\n"
+        "                               named_parameters=model.named_parameters())\n"
+        "x = torch.randn(32, 64)\n"
+        "for step in range(12):\n"
+        "    opt.zero_grad()\n"
+        "    z = nn.functional.normalize(model(x), dim=1)\n"
+        "    logits = z @ hvd.allgather(z, name='features').t()\n"
+        "    loss = nn.functional.cross_entropy(logits, torch.arange(32) + 32 * hvd.rank())\n"
+        "    loss.backward(); opt.step()\n"
+        "    hvd.allreduce(loss.detach(), name='loss')\n")
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "2", "--active", "5",
+                           "--kineto-iters", "1", "--clean", "2", "python", str(script)], run_dir, timeout=180,
+                          env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((run_dir / "rank_0" / "events.json").read_text())["script_collectives"]
+    assert {(row[1], row[2]) for row in rows} == {("horovod.torch.allgather", 1), ("horovod.torch.allreduce", 1)}
+    assert {row[0] for row in rows} == set(range(2, 7))
+    from dprorun.replay.build import build_job_model
+    from dprorun.replay.predict import predict
+    from dprorun.replay.whatif import WhatIf
+
+    model = build_job_model(load_run(str(run_dir)))
+    assert model.collectives_outside_packs[0] == ["horovod.torch.allgather", "horovod.torch.allreduce"]
+    assert any(n.startswith("caution: ") and "horovod.torch.allgather" in n
+               for n in predict(model, WhatIf(bandwidth_gbit=1.0), detail="coarse").notes)
+
+
+@needs_horovod
 def test_a_gan_of_two_distributed_optimizers_is_read_step_by_step(tmp_path):
     """benchmarks/shapes/hvd_session36.py --gan: a DistributedOptimizer each for the discriminator and the generator,
     stepped in turn. Each optimizer step was an iteration (9.40 ms against the script's own 20.67 ms step), and

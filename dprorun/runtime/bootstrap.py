@@ -158,6 +158,7 @@ def _script_watches(sess) -> dict[str, Callable[[], None]]:
                                                               watch.watch_spawns, use),
             "torch.distributed": lambda: sess.guard("watching torch.distributed", watch.watch_torch_distributed, use),
             "torch.autograd.profiler": lambda: sess.guard("watching the script's profiler", watch_torch, sess),
+            "horovod.torch": lambda: sess.guard("watching horovod.torch", watch.watch_horovod_torch, use),
             **{name: functools.partial(sess.guard, "watching FSDP", watch.watch_fsdp, use, name)
                for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")}}
 

@@ -23,6 +23,10 @@ SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "red
 # as objects): timed with the ones above (`ScriptUse.timed`), never taken for a way of sharing gradients
 TIMED_COLLECTIVES = ("all_to_all_single", "all_to_all", "barrier", "all_gather_object", "broadcast_object_list",
                      "gather", "scatter")
+# horovod.torch's, timed likewise (the loss averaged for logging, features gathered for a contrastive loss): the
+# DistributedOptimizer and broadcast_parameters call horovod.torch.mpi_ops directly, never these names
+HOROVOD_COLLECTIVES = ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "broadcast", "broadcast_",
+                       "alltoall", "reducescatter", "barrier", "join", "broadcast_object", "allgather_object")
 
 
 @dataclass
@@ -34,8 +38,8 @@ class ScriptUse:
     process_group: str = ""  # "a gloo process group of 2 ranks", once init_process_group returned
     # told of each such call (name, args, kwargs) before it runs: runtime/hook_bytes.py counts a comm hook's bytes
     listeners: list[Callable[[str, tuple, dict], None]] = field(default_factory=list)
-    # told when a collective called from outside dprorun returns (name, µs the call took; an async_op call: its
-    # launch): the session keeps the window's (collectives beside the gradient buckets, runtime/session.py)
+    # told when a collective called from outside dprorun returns ("torch.distributed.all_gather", µs the call took;
+    # an async_op call: its launch): the session keeps the window's (collectives beside the gradient buckets, runtime/session.py)
     timed: Optional[Callable[[str, float], None]] = None
 
 
@@ -112,6 +116,14 @@ def watch_torch_distributed(use: ScriptUse) -> None:
             setattr(module, name, _counted_collective(module, name, use, counted=name in SCRIPT_COLLECTIVES))
 
 
+def watch_horovod_torch(use: ScriptUse) -> None:
+    """horovod.torch's collectives called by the script (HOROVOD_COLLECTIVES): timed as torch.distributed's are."""
+    module = sys.modules["horovod.torch"]
+    for name in HOROVOD_COLLECTIVES:
+        if callable(getattr(module, name, None)):
+            setattr(module, name, _counted_collective(module, name, use, counted=False))
+
+
 def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True):
     """`module.name` counted (`counted`: as a way of sharing gradients) and told to the listeners before it runs,
     and timed for `use.timed` where the caller is no module of dprorun's (its calibration, probes and gather)."""
@@ -136,7 +148,7 @@ def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True)
             return collective(*args, **kwargs)
         finally:
             try:
-                use.timed(name, (time.perf_counter() - start) * 1e6)
+                use.timed(f"{module.__name__}.{name}", (time.perf_counter() - start) * 1e6)
             except Exception:  # the timing never reaches the script's collective
                 pass
 

@@ -99,10 +99,10 @@ def _extra_inference(events: dict) -> tuple[set[int], int]:
 
 
 def script_collectives(rows: list, iterations: list[int]) -> list[dict]:
-    """The collectives a torch script called itself beside DDP's buckets ([iteration, function, calls, µs] rows),
-    as a TensorFlow worker's collectives outside its packs are kept: per iteration given, the functions' names and
-    the µs they took (0 where none ran)."""
-    names = sorted({f"torch.distributed.{row[1]}" for row in rows if row[0] in iterations})
+    """The collectives a torch script called itself beside DDP's buckets or Horovod's DistributedOptimizer
+    ([iteration, function, calls, µs] rows), as a TensorFlow worker's collectives outside its packs are kept: per
+    iteration given, the functions' names and the µs they took (0 where none ran)."""
+    names = sorted({str(row[1]) for row in rows if row[0] in iterations})
     took = {i: 0.0 for i in iterations}
     for i, _, _, us in rows:
         if i in took:
