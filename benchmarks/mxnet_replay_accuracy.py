@@ -67,7 +67,9 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           # benchmarks/shapes/mx_session36.py: an LSTM language model, clipping between allreduce_grads and update
           "lstm-clip-adam": [],
           # benchmarks/shapes/mx_session37.py: a model-zoo ResNet-18 (static_alloc), the dist_sync_device kvstore
-          "resnet18-zoo": ["--zoo"], "device-kv": ["--device-kv"]}
+          "resnet18-zoo": ["--zoo"], "device-kv": ["--device-kv"],
+          # benchmarks/shapes/mx_session38.py: grad_req "add" over 2 micro-batches, deferred input sizes with Adam
+          "accumulate-2": ["--accumulate", "2"], "deferred-adam": ["--deferred"]}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
@@ -77,7 +79,9 @@ SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
                                                                                           "loader-workers")},
            "lstm-clip-adam": os.path.join(REPO, "benchmarks", "shapes", "mx_session36.py"),
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session37.py") for name in ("resnet18-zoo",
-                                                                                            "device-kv")}}
+                                                                                            "device-kv")},
+           **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session38.py") for name in ("accumulate-2",
+                                                                                            "deferred-adam")}}
 
 
 def example(model: str) -> str:

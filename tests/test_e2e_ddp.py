@@ -228,6 +228,7 @@ def test_what_a_powersgd_hook_sends_is_counted_from_its_collectives(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert events["trackers"][0]["user_comm_hook_name"] == "powerSGD_hook"
+    assert events["script_collectives"] == []  # the hook's all-reduces are the bucket's, not the script's own
     [bucket] = events["buckets"]
     assert (bucket["buffer_nbytes"], bucket["nbytes"]) == (6_392_872, 128_632), bucket
     from dprorun.replay.build import build_job_model

@@ -62,8 +62,10 @@ class HookBytesMeter:
                 self.bytes_by_iteration[iteration] = self.bytes_by_iteration.get(iteration, 0) + nbytes
 
     def _hooks_call(self) -> bool:
-        if not self.counting():
-            return False
+        return self.counting() and self.from_hook()
+
+    def from_hook(self) -> bool:
+        """Is the calling thread inside the script's comm hook, or one of its buckets' callbacks?"""
         if getattr(self.local, "depth", 0) > 0:
             return True
         return self.in_flight > 0 and threading.current_thread() is not self.main_thread

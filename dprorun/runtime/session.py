@@ -230,7 +230,10 @@ class RankSession:
             self.guard("writing the clean iterations", self._finish_clean, True)
 
     def _script_collective(self, name: str, us: float) -> None:
-        """A collective the script called itself returned (runtime/watch.py): kept for the window's iterations."""
+        """A collective the script called itself returned (runtime/watch.py): kept for the window's iterations,
+        unless its own DDP comm hook made it (a bucket's all-reduce, in the buckets' records)."""
+        if self.hook_bytes is not None and self.hook_bytes.from_hook():
+            return
         if self.phase == "active" and not self.disabled:
             self.records.add_script_collective(self.iteration, name, us)
 
