@@ -656,3 +656,41 @@ def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_i
         assert any(n.startswith("caution: ") and "torch.distributed.all_gather" in n
                    for n in predict(model, whatif, detail="coarse").notes), whatif
     assert not any("torch.distributed.all_gather" in n for n in predict(model, detail="coarse").notes)
+
+
+def test_an_iteration_is_an_optimizer_step_when_the_module_runs_more_than_once_a_step(tmp_path):
+    """SimCLR's two views call the DDP module twice a step, and micro-batches accumulated without no_sync run
+    forward, backward and the buckets' all-reduces twice before one step: each synchronised forward began an
+    iteration, so the job's iterations were a quarter of its steps (alternating 4.6 and 38 ms for the two views
+    alone). Once the job has stepped an optimizer, an iteration begins at the first forward after a step; the
+    earlier micro-batch's all-reduces are kept as measured, and a network what-if says so."""
+    script = tmp_path / "views.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, torch.nn as nn\n"
+        "dist.init_process_group('gloo'); torch.manual_seed(0); torch.set_num_threads(1)\n"
+        "net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 32))\n"
+        "model = nn.parallel.DistributedDataParallel(net)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "x = torch.randn(32, 64)\n"
+        "for step in range(14):\n"
+        "    opt.zero_grad()\n"
+        "    for micro in range(2):\n"
+        "        z1, z2 = model(x + 0.1 * torch.randn_like(x)), model(x + 0.1 * torch.randn_like(x))\n"
+        "        loss = nn.functional.cross_entropy(z1 @ z2.t(), torch.arange(32)) / 2\n"
+        "        loss.backward()\n"
+        "    opt.step()\n")
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "5", "--active", "5", "--kineto-iters", "2", "--clean", "3", "-q",
+                           "python", str(script)], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert len(events["iteration_starts_us"]) == 14  # one a step (56 before: one a forward)
+    from dprorun.replay.build import build_job_model
+    from dprorun.replay.predict import predict
+    from dprorun.replay.whatif import WhatIf
+    from dprorun.trace.rundir import EARLIER_ROUNDS
+
+    model = build_job_model(load_run(str(run_dir)))
+    assert model.collectives_outside_packs[0] == [EARLIER_ROUNDS] and model.collectives_outside_packs[1] > 0
+    assert any(n.startswith("caution: ") and EARLIER_ROUNDS in n
+               for n in predict(model, WhatIf(bandwidth_gbit=1.0), detail="coarse").notes)

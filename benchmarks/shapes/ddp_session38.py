@@ -6,14 +6,17 @@
 tokens routed to the rank owning their expert with all_to_all_single (differentiable), the experts' weights kept out
 of DDP (`_set_params_and_buffers_to_ignore_for_model`) and the dense ones all-reduced. --rank0-logging: rank 0
 alone writes a metrics line and a small state snapshot every step (the others wait for it in the next all-reduce).
---barrier-each-step: dist.barrier() before each step's timer, as benchmarking loops do."""
+--barrier-each-step: dist.barrier() before each step's timer, as benchmarking loops do. --straggler: rank 1 alone
+waits 8 ms for its input every step (a slow loader on one node). --accumulate-syncing N: gradient accumulation over
+N micro-batches without no_sync (DDP all-reduces every micro-batch's gradients, the optimizer steps every N)."""
 import argparse, json, os, statistics, tempfile, time
 import torch, torch.distributed as dist, torch.nn as nn
 import torch.distributed.nn.functional as dnnf
 
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
-for flag in ("--two-views", "--clip-gather", "--moe", "--rank0-logging", "--barrier-each-step"):
+for flag in ("--two-views", "--clip-gather", "--moe", "--rank0-logging", "--barrier-each-step", "--straggler"):
     p.add_argument(flag, action="store_true")
+p.add_argument("--accumulate-syncing", type=int, default=1)
 a = p.parse_args()
 dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -69,9 +72,12 @@ for step in range(a.steps):
     if a.barrier_each_step:
         dist.barrier()
     t = time.perf_counter()
+    if a.straggler and rank == 1:
+        time.sleep(0.008)
     opt.zero_grad()
-    loss = loss_of_step()
-    loss.backward()
+    for _ in range(a.accumulate_syncing):
+        loss = loss_of_step() / a.accumulate_syncing
+        loss.backward()
     opt.step()
     if a.rank0_logging and rank == 0:
         with open(os.path.join(log_dir, "metrics.jsonl"), "a") as f:

@@ -63,6 +63,8 @@ class DDPTracker:
         self.hook_registered = False
         self.hook_decided = False
         self.prev_forward_synced = True
+        # the job's optimizer steps when this module's latest iteration began (RankSession.optimizer_steps)
+        self.steps_at_iteration = -1
         self.first_iteration = 0  # the first iteration counted on this module
         self.backend = _backend_name(ddp)  # now: at the job's end its process group may be gone ("unknown")
         self.group_ranks = _group_ranks(ddp)  # the global ranks DDP synchronises with (a subgroup: fewer)
@@ -87,6 +89,7 @@ class DDPTracker:
         self.ring = None
         if session.cfg.comm_detail == "ring":
             session.guard("setting up the ring comm detail", self._setup_ring)
+        session.guard("counting optimizer steps", session.count_optimizer_steps)
         ddp.register_forward_pre_hook(self._pre_forward)
         ddp.register_forward_hook(self._post_forward)
 
@@ -180,8 +183,9 @@ class DDPTracker:
         training = torch.is_grad_enabled() and (module.training or getattr(module, "module", module).training)
         if training and not self.primary and 0 < self.primary_forwards_at_init == session.primary_forwards:
             session.guard("counting iterations on the DDP model the script trains now", self._take_over)
-        if training and self.primary and self.prev_forward_synced:
+        if training and self.primary and self._starts_iteration():
             session.begin_iteration()
+            self.steps_at_iteration = session.optimizer_steps
         if not self.hook_decided and not self.user_hook and not self.builtin_hook and self._hook_due():
             session.guard("registering the DDP comm hook", self._register_default_hook)
         if self.update_meter is not None and self.update_meter.done:
@@ -207,6 +211,15 @@ class DDPTracker:
                 self.activation_meter = SavedTensorMeter.for_module(module)
                 session.guard("measuring activations", self.activation_meter.start)
         return None
+
+    def _starts_iteration(self) -> bool:
+        """Does this training forward of the primary module start an iteration? Once the job has stepped an
+        optimizer: where one stepped since the current iteration began (a module called twice a step, SimCLR's two
+        views, or micro-batches accumulated without no_sync: one iteration a step; the iterations were half steps,
+        or micro-batches). Before any step (or in a script updating by hand): where the previous forward
+        synchronised its gradients (no_sync's micro-batches belong to the synchronised one's iteration)."""
+        steps = self.session.optimizer_steps
+        return steps != self.steps_at_iteration if steps else self.prev_forward_synced
 
     def _post_forward(self, module, inputs, output):
         session = self.session

@@ -50,6 +50,11 @@ class RankRecords:
         if iteration >= 0:
             self.inference_passes[iteration] = self.inference_passes.get(iteration, 0) + 1
 
+    def keep_first_iteration(self) -> None:
+        """The iterations counted so far were one (runtime/session.count_optimizer_steps): only its start stays."""
+        del self.iteration_starts[1:], self.iteration_cpu_s[1:]
+        self.inference_passes = {i: n for i, n in self.inference_passes.items() if i <= 0}
+
     def add_iteration_start(self, now_us: float, cpu_s: float) -> None:
         if len(self.iteration_starts) < MAX_ITERATION_TIMESTAMPS:
             self.iteration_starts.append(now_us)

@@ -62,6 +62,8 @@ class RankSession:
         self.primary_forwards = 0  # training forwards of the primary DDP module (runtime/ddp.py)
         self.optimizers: list[weakref.ref] = []  # those stepped in the window, held weakly (a script frees them)
         self.script_use = ScriptUse()  # torch.distributed use outside the supported wrappers (runtime/watch.py)
+        self.optimizer_steps = 0  # torch optimizer steps the job took (count_optimizer_steps): DDP's iterations
+        self.optimizer_step_hook: Optional[Any] = None
         self.script_use.timed = self._script_collective
         self.profiler = None  # the profiler backend while it records, else None
         self.script_profiler = ScriptProfilerState()  # the script's own profiler (runtime/script_profiler.py)
@@ -330,6 +332,22 @@ class RankSession:
                 tracker.stop_param_hooks()
             self.profiler_waiting = True
             self.kineto_end_iteration = -1
+
+    def count_optimizer_steps(self) -> None:
+        """Count every torch optimizer step of the job from now on (a global post-hook, registered once). Before
+        the first step DDP's iterations begin at every synchronised forward (runtime/ddp.py); where the first step
+        had several (two views, micro-batches without no_sync), they were one iteration: still in the warm-up,
+        the count starts again from it."""
+        if self.optimizer_step_hook is None:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            def counted(optimizer, args, kwargs):
+                self.optimizer_steps += 1
+                if self.optimizer_steps == 1 and self.phase == "warmup" and self.iteration > 0:
+                    self.iteration = 0
+                    self.records.keep_first_iteration()
+
+            self.optimizer_step_hook = register_optimizer_step_post_hook(counted)
 
     def _register_optimizer_hooks(self) -> None:
         """The update span: optimizer.step's pre-hook to its post-hook. A step given a closure (Lightning's

@@ -98,15 +98,30 @@ def _extra_inference(events: dict) -> tuple[set[int], int]:
     return {i for i, n in passes.items() if n > usual and 0 <= i < iterations}, iterations
 
 
-def script_collectives(rows: list, iterations: list[int]) -> list[dict]:
-    """The collectives a torch script called itself beside DDP's buckets or Horovod's DistributedOptimizer
-    ([iteration, function, calls, µs] rows), as a TensorFlow worker's collectives outside its packs are kept: per
-    iteration given, the functions' names and the µs they took (0 where none ran)."""
-    names = sorted({str(row[1]) for row in rows if row[0] in iterations})
+EARLIER_ROUNDS = "the gradients' all-reduces of earlier micro-batches (accumulated without no_sync)"
+
+
+def collectives_outside_buckets(doc: dict, iterations: list[int]) -> list[dict]:
+    """What a torch job's iterations synchronise beside the one round of gradient buckets the replay models, kept
+    as a TensorFlow worker's collectives outside its packs are: the collectives the script called itself (the
+    events' `script_collectives`: [iteration, function, calls, µs]), and a bucket's earlier all-reduces in one
+    iteration (micro-batches accumulated without no_sync: every backward synchronises; the replay takes them for
+    compute inside the micro-batches). Per iteration given: the names and the µs they took (0 where none ran)."""
+    rows = [row for row in doc.get("script_collectives") or [] if row[0] in iterations]
+    names = sorted({str(row[1]) for row in rows})
     took = {i: 0.0 for i in iterations}
     for i, _, _, us in rows:
-        if i in took:
-            took[i] += float(us)
+        took[i] += float(us)
+    rounds: dict[tuple[int, int, int], list[float]] = {}
+    for record in map(CommRecord.from_row, doc.get("comm") or []):
+        if record.iteration in took and record.done_us is not None:
+            rounds.setdefault((record.iteration, record.ddp, record.bucket), []).append(
+                record.done_us - record.enqueue_us)
+    earlier = {key: sum(spans[:-1]) for key, spans in rounds.items() if len(spans) > 1}
+    if earlier:
+        names.append(EARLIER_ROUNDS)
+    for (i, _, _), us in earlier.items():
+        took[i] += us
     return [{"names": names, "us": round(took[i], 1)} for i in iterations] if names else []
 
 
@@ -149,9 +164,8 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         stream = "step" if name == "step" else "phase"  # a TensorFlow worker's whole step, not a compute phase
         trace.ops.append(Op(name=name, kind=kind, rank=rank, start_us=float(start), end_us=float(end),
                             iteration=iteration, stream=stream, host=trace.host, source="hooks"))
-    if doc.get("script_collectives") and not window.get("collectives_outside_packs"):
-        window["collectives_outside_packs"] = script_collectives(doc["script_collectives"],
-                                                                 trace.unprofiled_window_iterations())
+    if not window.get("collectives_outside_packs"):  # a TensorFlow worker's are read from its profile
+        window["collectives_outside_packs"] = collectives_outside_buckets(doc, trace.unprofiled_window_iterations())
     for entry in doc["buckets"]:
         trace.buckets.append(Bucket(index=int(entry["index"]), nbytes=int(entry["nbytes"]),
                                     params=list(entry.get("params", [])), dtype=str(entry.get("dtype", "")),
