@@ -919,3 +919,23 @@ def test_a_rank_that_raises_leaves_its_stack_in_torchelastics_error_file(tmp_pat
     message = json.loads(error_file.read_text())["message"]
     assert message["message"] == "ValueError: bad batch 17"
     assert "in load_batch" in message["extraInfo"]["py_callstack"]
+
+
+def test_a_ddp_iteration_begins_after_an_optimizer_step_or_as_before_without_steps():
+    """DDP's iteration boundary (runtime/ddp.DDPTracker._starts_iteration): once the job steps a torch optimizer,
+    the first training forward after a step (two views, micro-batches without no_sync: one iteration a step);
+    without steps, at a forward after a synchronised one; and after 64 synchronised forwards without a step (a
+    script that stepped an optimizer once, then updates by hand), again so: its iterations never stop."""
+    from types import SimpleNamespace
+
+    from dprorun.runtime.ddp import MAX_SYNCED_FORWARDS_A_STEP, DDPTracker
+
+    def starts(steps, at, synced, prev_synced=True):
+        tracker = SimpleNamespace(session=SimpleNamespace(optimizer_steps=steps), steps_at_iteration=at,
+                                  synced_forwards=synced, prev_forward_synced=prev_synced)
+        return DDPTracker._starts_iteration(tracker)
+
+    assert starts(0, -1, 3) and not starts(0, -1, 3, prev_synced=False)  # no step yet: as before
+    assert starts(5, 4, 1) and not starts(5, 5, 1)  # a step since the iteration began, or not
+    assert not starts(5, 5, 1, prev_synced=True)  # the second view / micro-batch: the same iteration
+    assert starts(5, 5, MAX_SYNCED_FORWARDS_A_STEP) and not starts(5, 5, MAX_SYNCED_FORWARDS_A_STEP, False)

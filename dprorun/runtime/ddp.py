@@ -25,6 +25,7 @@ COMPRESSING_HOOKS = {"fp16_compress_hook": ("float16", 2), "bf16_compress_hook":
 MAX_OUTPUT_TENSORS = 64
 
 
+MAX_SYNCED_FORWARDS_A_STEP = 64  # beyond these without an optimizer step, a synchronised forward begins an iteration
 STEADY_MEMORY_ITERATIONS = 3  # forward starts (after the first optimizer step) read for the steady memory
 
 
@@ -63,8 +64,10 @@ class DDPTracker:
         self.hook_registered = False
         self.hook_decided = False
         self.prev_forward_synced = True
-        # the job's optimizer steps when this module's latest iteration began (RankSession.optimizer_steps)
+        # the job's optimizer steps when this module's latest iteration began (RankSession.optimizer_steps), and the
+        # synchronised training forwards since then
         self.steps_at_iteration = -1
+        self.synced_forwards = 0
         self.first_iteration = 0  # the first iteration counted on this module
         self.backend = _backend_name(ddp)  # now: at the job's end its process group may be gone ("unknown")
         self.group_ranks = _group_ranks(ddp)  # the global ranks DDP synchronises with (a subgroup: fewer)
@@ -185,7 +188,7 @@ class DDPTracker:
             session.guard("counting iterations on the DDP model the script trains now", self._take_over)
         if training and self.primary and self._starts_iteration():
             session.begin_iteration()
-            self.steps_at_iteration = session.optimizer_steps
+            self.steps_at_iteration, self.synced_forwards = session.optimizer_steps, 0
         if not self.hook_decided and not self.user_hook and not self.builtin_hook and self._hook_due():
             session.guard("registering the DDP comm hook", self._register_default_hook)
         if self.update_meter is not None and self.update_meter.done:
@@ -199,6 +202,7 @@ class DDPTracker:
         if self.primary:
             session.primary_forwards += 1
             self.prev_forward_synced = bool(getattr(module, "require_backward_grad_sync", True))
+            self.synced_forwards += self.prev_forward_synced
             if 1 <= session.iteration - self.first_iteration <= STEADY_MEMORY_ITERATIONS and session.phase == "warmup":
                 session.guard("reading memory at forward start", self._memory_at_forward_start, module)
         if session.detail_active:
@@ -216,10 +220,14 @@ class DDPTracker:
         """Does this training forward of the primary module start an iteration? Once the job has stepped an
         optimizer: where one stepped since the current iteration began (a module called twice a step, SimCLR's two
         views, or micro-batches accumulated without no_sync: one iteration a step; the iterations were half steps,
-        or micro-batches). Before any step (or in a script updating by hand): where the previous forward
-        synchronised its gradients (no_sync's micro-batches belong to the synchronised one's iteration)."""
+        or micro-batches). Before any step, in a script updating by hand, or after MAX_SYNCED_FORWARDS_A_STEP
+        synchronised forwards without a step (a script that stepped an optimizer once, a learning-rate finder's, and
+        updates by hand since): where the previous forward synchronised its gradients (no_sync's micro-batches
+        belong to the synchronised one's iteration)."""
         steps = self.session.optimizer_steps
-        return steps != self.steps_at_iteration if steps else self.prev_forward_synced
+        if steps and self.synced_forwards < MAX_SYNCED_FORWARDS_A_STEP:
+            return steps != self.steps_at_iteration
+        return self.prev_forward_synced
 
     def _post_forward(self, module, inputs, output):
         session = self.session
