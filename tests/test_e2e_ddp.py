@@ -694,3 +694,40 @@ def test_an_iteration_is_an_optimizer_step_when_the_module_runs_more_than_once_a
     assert model.collectives_outside_packs[0] == [EARLIER_ROUNDS] and model.collectives_outside_packs[1] > 0
     assert any(n.startswith("caution: ") and EARLIER_ROUNDS in n
                for n in predict(model, WhatIf(bandwidth_gbit=1.0), detail="coarse").notes)
+
+
+def test_a_second_ddp_module_stepped_now_and_then_is_replayed_and_said(tmp_path):
+    """A WGAN-GP: the generator (the first DDP module built) steps every 3rd critic step, the critic (a second DDP
+    module) every step, its penalty's input gradient taken with torch.autograd.grad(create_graph=True). The model's
+    buckets were named by index alone (the generator's bucket0 and the critic's bucket0 one name) and the
+    generator's, absent from most iterations, had no ready point in them: no replay, no report (KeyError). Now the
+    critic's buckets carry their module's name, and the generator's are left out of the replay and said to be."""
+    script = tmp_path / "wgan.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, torch.nn as nn\n"
+        "dist.init_process_group('gloo'); torch.manual_seed(0); torch.set_num_threads(1)\n"
+        "DDP = nn.parallel.DistributedDataParallel\n"
+        "gen = DDP(nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 64)))\n"
+        "critic = DDP(nn.Sequential(nn.Linear(64, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1)))\n"
+        "g_opt = torch.optim.Adam(gen.parameters(), lr=1e-4)\n"
+        "c_opt = torch.optim.Adam(critic.parameters(), lr=1e-4)\n"
+        "real = torch.randn(32, 64)\n"
+        "for step in range(30):\n"
+        "    fake = gen(torch.randn(32, 16)).detach()\n"
+        "    mix = torch.rand(32, 1)\n"
+        "    blend = (mix * real + (1 - mix) * fake).requires_grad_(True)\n"
+        "    grad, = torch.autograd.grad(critic(blend).sum(), blend, create_graph=True)\n"
+        "    loss = critic(fake).mean() - critic(real).mean() + 10 * ((grad.norm(dim=1) - 1) ** 2).mean()\n"
+        "    c_opt.zero_grad(); loss.backward(); c_opt.step()\n"
+        "    if step % 3 == 2:\n"
+        "        g_opt.zero_grad(); (-critic(gen(torch.randn(32, 16))).mean()).backward(); g_opt.step()\n")
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "--kineto-iters", "2", "--clean", "7",
+                           "python", str(script)], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "self-check: the replay of the job as it ran" in proc.stdout and "KeyError" not in proc.stderr
+    from dprorun.replay.build import build_job_model
+
+    model = build_job_model(load_run(str(run_dir)))
+    assert [b.key for b in model.buckets] == ["ddp1.bucket0"]
+    assert any(n.startswith("bucket0 synchronised in only some of the window's iterations") for n in model.notes)

@@ -8,13 +8,16 @@ of DDP (`_set_params_and_buffers_to_ignore_for_model`) and the dense ones all-re
 alone writes a metrics line and a small state snapshot every step (the others wait for it in the next all-reduce).
 --barrier-each-step: dist.barrier() before each step's timer, as benchmarking loops do. --straggler: rank 1 alone
 waits 8 ms for its input every step (a slow loader on one node). --accumulate-syncing N: gradient accumulation over
-N micro-batches without no_sync (DDP all-reduces every micro-batch's gradients, the optimizer steps every N)."""
+N micro-batches without no_sync (DDP all-reduces every micro-batch's gradients, the optimizer steps every N).
+--gradient-penalty: a WGAN-GP critic step (DDP critic; the penalty's input gradient by torch.autograd.grad with
+create_graph=True, then one backward through it) and a generator step every 5 critic steps."""
 import argparse, json, os, statistics, tempfile, time
 import torch, torch.distributed as dist, torch.nn as nn
 import torch.distributed.nn.functional as dnnf
 
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
-for flag in ("--two-views", "--clip-gather", "--moe", "--rank0-logging", "--barrier-each-step", "--straggler"):
+for flag in ("--two-views", "--clip-gather", "--moe", "--rank0-logging", "--barrier-each-step", "--straggler",
+             "--gradient-penalty"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--accumulate-syncing", type=int, default=1)
 a = p.parse_args()
@@ -46,13 +49,29 @@ if a.moe:
     nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(net, ignored)
 else:
     net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 256))
+if a.gradient_penalty:  # the critic: 256 -> 1; the generator: 64 -> 256
+    net = nn.Sequential(nn.Linear(256, 1024), nn.LeakyReLU(0.2), nn.Linear(1024, 1024), nn.LeakyReLU(0.2),
+                        nn.Linear(1024, 1))
+    generator = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 256)))
+    g_opt = torch.optim.Adam(generator.parameters(), lr=1e-4, betas=(0.0, 0.9))
 model = nn.parallel.DistributedDataParallel(net)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 log_dir = tempfile.mkdtemp()
 
 
+def critic_loss():
+    fake = generator(torch.randn(len(x), 64)).detach()
+    mix = torch.rand(len(x), 1)
+    blend = (mix * x + (1 - mix) * fake).requires_grad_(True)
+    grad, = torch.autograd.grad(model(blend).sum(), blend, create_graph=True)
+    penalty = ((grad.norm(dim=1) - 1) ** 2).mean()
+    return model(fake).mean() - model(x).mean() + 10 * penalty
+
+
 def loss_of_step():
+    if a.gradient_penalty:
+        return critic_loss()
     if a.two_views:  # two noisy views of the batch, their embeddings pulled together (NT-Xent in short)
         z1 = nn.functional.normalize(model(x + 0.1 * torch.randn_like(x)), dim=1)
         z2 = nn.functional.normalize(model(x + 0.1 * torch.randn_like(x)), dim=1)
@@ -79,6 +98,10 @@ for step in range(a.steps):
         loss = loss_of_step() / a.accumulate_syncing
         loss.backward()
     opt.step()
+    if a.gradient_penalty and step % 5 == 4:
+        g_opt.zero_grad()
+        (-model(generator(torch.randn(len(x), 64))).mean()).backward()
+        g_opt.step()
     if a.rank0_logging and rank == 0:
         with open(os.path.join(log_dir, "metrics.jsonl"), "a") as f:
             f.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")

@@ -33,7 +33,7 @@ def bucket_ready_times(trace: RankTrace, iteration: int) -> dict[str, float]:
     ready = {name: t for i, name, t in trace.grad_ready if i == iteration}
     out: dict[str, float] = {}
     for bucket in trace.buckets:
-        key = f"bucket{bucket.index}"
+        key = bucket.key
         times = [ready[p] for p in bucket.params if p in ready]
         if times:
             out[key] = max(times)

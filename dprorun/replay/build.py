@@ -30,6 +30,22 @@ def _script_comm_hook(trace: RankTrace) -> tuple[str, str]:
     return name, ""
 
 
+def _synchronised(buckets: list[BucketInfo], templates: dict[int, RankTemplate]) -> tuple[list[BucketInfo],
+                                                                                               list[str]]:
+    """The buckets every rank's measured iteration synchronised (its template's ready order), and a note naming the
+    others: a second DDP module stepped now and then (a WGAN-GP's generator, every 5th critic step) all-reduces
+    in few iterations; its buckets, taken for the iteration's own, had no ready point in it (the replay failed:
+    KeyError). The iterations where they ran are replayed without their all-reduces (said)."""
+    seen = set.intersection(*(set(t.bucket_ready_order) for t in templates.values())) if templates else set()
+    kept = [b for b in buckets if b.key in seen] if seen else buckets
+    left = [b.key for b in buckets if b not in kept]
+    if not left:
+        return buckets, []
+    return kept, [f"{', '.join(left)} synchronised in only some of the window's iterations (a model stepped now "
+                  "and then, as a GAN's generator every few steps): not replayed, nor their all-reduces in the "
+                  "iterations where they ran"]
+
+
 def _ddp_groups_note(model: JobModel) -> str:
     return (f"the script's DDP all-reduces within process groups of its own ({model.ddp_groups_text()}), not "
             f"across the job's {model.world_size} ranks: each group's buckets are replayed as a ring of its own "
@@ -63,11 +79,10 @@ def build_job_model(run: RunTrace) -> JobModel:
     samples = [MeasuredIteration({r: per_rank_samples[r][i] for r in ranks},
                       {k: float(np.mean(v)) for k, v in per_iteration_tx.get(i, {}).items()}) for i in common]
     first = run.ranks[ranks[0]]
-    buckets = [BucketInfo(f"bucket{b.index}", b.nbytes, list(b.params), median(transmit.get(f"bucket{b.index}", []),
-                                                                                  0.0),
-                          sparse=b.sparse, wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0,
-                          hook_work=b.hook_work)
-               for b in first.buckets]
+    buckets, skipped = _synchronised(
+        [BucketInfo(b.key, b.nbytes, list(b.params), median(transmit.get(b.key, []), 0.0), sparse=b.sparse,
+                    wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0, hook_work=b.hook_work)
+         for b in first.buckets], templates)
     # ring all-reduces (not a hook's own work: PowerSGD's 128 KB took 10-25 ms of factorising on 2 CPU cores)
     points = [(b.nbytes, t) for b in buckets if not b.sparse and not b.hook_work for t in transmit.get(b.key, [])]
     calibration = [tuple(p) for p in first.meta.get("calibration", [])]
@@ -84,7 +99,7 @@ def build_job_model(run: RunTrace) -> JobModel:
                      transport=transport_on_compute_cores(run),
                      collectives_outside_packs=_collectives_outside_packs(run, ranks))  # TF's: read again below
     model.script_comm_hook, model.bucket_layout_fixed = _script_comm_hook(first)
-    model.notes += [_ddp_groups_note(model)] if model.ddp_groups else []
+    model.notes += ([_ddp_groups_note(model)] if model.ddp_groups else []) + skipped
     model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])
                                                           for r in ranks})
     model.window_iterations_us = _median_over_ranks(run, iterations)

@@ -98,6 +98,17 @@ class Bucket:
     # the script's comm hook works on the gradients beyond sending them (PowerSGD's factorisation: its bytes counted
     # by runtime/hook_bytes.py, no cast of torch's): its measured time is that work plus the transmission
     hook_work: bool = False
+    ddp: int = 0  # which DistributedDataParallel module of the script's (0: the first; Horovod, TF, BytePS: 0)
+
+    @property
+    def key(self) -> str:
+        """The name its synchronisation's ops carry (`Op.tensor`)."""
+        return bucket_key(self.ddp, self.index)
+
+
+def bucket_key(ddp: int, index: int) -> str:
+    """A bucket's name in the ops and the replay: "bucket3" of the first DDP module, "ddp1.bucket0" of another."""
+    return f"bucket{index}" if ddp == 0 else f"ddp{ddp}.bucket{index}"
 
 
 @dataclass

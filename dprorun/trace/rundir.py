@@ -20,7 +20,7 @@ from dprorun.graph.topology import transaction_id
 from dprorun.stats import ranges_text
 from dprorun.trace.horovod import HorovodTimeline, read_horovod_timeline
 from dprorun.trace.kineto import KinetoTrace, read_kineto
-from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample
+from dprorun.trace.model import Bucket, Op, OpKind, RankTrace, RunTrace, Sample, bucket_key
 from dprorun.trace.tf_records import add_tf_compute, add_tf_records, split_multi_step_calls
 from dprorun.trace.xplane import read_tf_profile
 
@@ -168,6 +168,7 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         window["collectives_outside_packs"] = collectives_outside_buckets(doc, trace.unprofiled_window_iterations())
     for entry in doc["buckets"]:
         trace.buckets.append(Bucket(index=int(entry["index"]), nbytes=int(entry["nbytes"]),
+                                    ddp=int(entry.get("ddp", 0)),
                                     params=list(entry.get("params", [])), dtype=str(entry.get("dtype", "")),
                                     numel=int(entry.get("numel", 0)), sparse=bool(entry.get("sparse", False)),
                                     buffer_nbytes=int(entry.get("buffer_nbytes", 0)),
@@ -203,10 +204,6 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     return trace
 
 
-def _bucket_key(ddp: int, index: int) -> str:
-    return f"bucket{index}" if ddp == 0 else f"ddp{ddp}.bucket{index}"
-
-
 def _add_p2p(trace: RankTrace, doc: dict, profiled: set) -> dict[tuple[int, str], float]:
     """Measured ring steps (`--comm-detail ring`) as SEND/RECV ops with transaction ids."""
     first_send: dict[tuple[int, str], float] = {}
@@ -217,7 +214,7 @@ def _add_p2p(trace: RankTrace, doc: dict, profiled: set) -> dict[tuple[int, str]
             raise TraceError(os.path.join(doc.get("_path", ""), "events.json"), "malformed p2p record") from None
         if record.iteration not in profiled:
             continue
-        key = _bucket_key(record.ddp, record.bucket)
+        key = bucket_key(record.ddp, record.bucket)
         txn = transaction_id(key, record.iteration, record.step, record.chunk, record.src, record.dst)
         sending = record.role == "send"
         trace.ops.append(Op(name=f"{record.role}.{key}.s{record.step}.c{record.chunk}", kind=OpKind.COMM,
@@ -246,7 +243,7 @@ def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profil
                      key=lambda r: r.enqueue_us)
     for record in records:
         iteration, enqueue, done = record.iteration, record.enqueue_us, record.done_us
-        key = _bucket_key(record.ddp, record.bucket)
+        key = bucket_key(record.ddp, record.bucket)
         nbytes = sizes.get((record.ddp, record.bucket), 0)
         common = dict(rank=trace.rank, iteration=iteration, tensor=key, nbytes=nbytes, host=trace.host,
                       source="hooks")
