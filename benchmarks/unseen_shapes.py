@@ -37,7 +37,8 @@ step (SimCLR's two views), CLIP's differentiable all_gather in the loss, a mixtu
 with all_to_all_single with its experts kept out of DDP, rank 0 alone logging and snapshotting every step, a barrier
 before every step, one rank waiting 8 ms for its input every step, accumulation over 2 micro-batches without
 no_sync (an all-reduce per micro-batch), a WGAN-GP (the penalty's input gradient by autograd.grad with
-create_graph, a generator DDP stepped every 5th critic step); tf-keras fit with synchronized BatchNormalization, a TF loop under the script's own
+create_graph, a generator DDP stepped every 5th critic step), DDP of a torch.compile'd module, Hugging Face Trainer with gradient checkpointing and the loss logged every 5
+steps; tf-keras fit with synchronized BatchNormalization, a TF loop under the script's own
 CommunicationOptions (256 KiB packs, RING), a TF loop all-reducing its gradients itself and applying them with
 experimental_aggregate_gradients=False; Horovod with hvd.allgather of the features in the loss, a sparse-gradient
 embedding (all-gathered, and sparse_as_dense), gradient_predivide_factor=2. Frameworks that are not installed are skipped with a line saying so.
@@ -148,6 +149,9 @@ JOBS = {
     "ddp-straggler-rank1-input": ([], "ddp_session38.py", ["--straggler"], "torch"),
     "ddp-accumulate-2-without-no-sync": ([], "ddp_session38.py", ["--accumulate-syncing", "2"], "torch"),
     "ddp-wgan-gp-generator-every-5": ([], "ddp_session38.py", ["--gradient-penalty"], "torch"),
+    "ddp-of-a-compiled-module": ([], "ddp_session38.py", ["--compile-inside"], "torch"),
+    "hf-trainer-gradient-checkpointing-log-every-5": ([], "examples/hf_trainer.py",
+                                                      ["--gradient-checkpointing", "--log-every", "5"], "transformers"),
     "tf-keras-fit-synchronized-batchnorm": (["--backend", "tf"], "tf_session38.py", ["--sync-bn"], "tensorflow"),
     "tf-loop-own-communication-options": (["--backend", "tf"], "tf_session38.py", ["--own-packs"], "tensorflow"),
     "tf-loop-gradients-all-reduced-by-hand": (["--backend", "tf"], "tf_session38.py", ["--aggregate-by-hand"],

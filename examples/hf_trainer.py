@@ -52,7 +52,13 @@ def main() -> None:
                                                                       "ddp_bucket_cap_mb; default DDP's own)")
     parser.add_argument("--accumulate", type=int, default=1, help="TrainingArguments.gradient_accumulation_steps")
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate on a held-out set every N steps (0: never)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="TrainingArguments.gradient_checkpointing: activations recomputed in backward")
+    parser.add_argument("--log-every", type=int, default=0, help="log the loss (gathered over ranks) every N steps")
     args = parser.parse_args()
+    # the argument's name in this transformers (`gradient_checkpointing` is deprecated in 5.x)
+    fields = getattr(TrainingArguments, "__dataclass_fields__", {})
+    checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     config = BertConfig(vocab_size=4000, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                         intermediate_size=512, max_position_embeddings=args.seq_len, num_labels=4)
     torch.manual_seed(0)
@@ -61,7 +67,10 @@ def main() -> None:
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as out:
         training = TrainingArguments(output_dir=out, per_device_train_batch_size=args.batch_size,
-                                     max_steps=args.steps, learning_rate=1e-4, logging_strategy="no",
+                                     max_steps=args.steps, learning_rate=1e-4,
+                                     logging_strategy="steps" if args.log_every else "no",
+                                     logging_steps=args.log_every or 500,
+                                     **{checkpointing: args.gradient_checkpointing},
                                      save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
                                      ddp_backend="gloo", disable_tqdm=True,
                                      gradient_accumulation_steps=args.accumulate,

@@ -10,14 +10,15 @@ alone writes a metrics line and a small state snapshot every step (the others wa
 waits 8 ms for its input every step (a slow loader on one node). --accumulate-syncing N: gradient accumulation over
 N micro-batches without no_sync (DDP all-reduces every micro-batch's gradients, the optimizer steps every N).
 --gradient-penalty: a WGAN-GP critic step (DDP critic; the penalty's input gradient by torch.autograd.grad with
-create_graph=True, then one backward through it) and a generator step every 5 critic steps."""
+create_graph=True, then one backward through it) and a generator step every 5 critic steps. --compile-inside: DDP
+of a torch.compile'd module (dynamo splits the graph at DDP's buckets)."""
 import argparse, json, os, statistics, tempfile, time
 import torch, torch.distributed as dist, torch.nn as nn
 import torch.distributed.nn.functional as dnnf
 
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
 for flag in ("--two-views", "--clip-gather", "--moe", "--rank0-logging", "--barrier-each-step", "--straggler",
-             "--gradient-penalty"):
+             "--gradient-penalty", "--compile-inside"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--accumulate-syncing", type=int, default=1)
 a = p.parse_args()
@@ -54,7 +55,7 @@ if a.gradient_penalty:  # the critic: 256 -> 1; the generator: 64 -> 256
                         nn.Linear(1024, 1))
     generator = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 256)))
     g_opt = torch.optim.Adam(generator.parameters(), lr=1e-4, betas=(0.0, 0.9))
-model = nn.parallel.DistributedDataParallel(net)
+model = nn.parallel.DistributedDataParallel(torch.compile(net) if a.compile_inside else net)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 log_dir = tempfile.mkdtemp()
