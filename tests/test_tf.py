@@ -288,7 +288,8 @@ def test_a_tf_keras_fit_job_runs_unchanged_and_a_worker_dying_in_the_profilers_s
     assert doc["predicted_iteration_time_ms"] > 0 and doc["buckets"] >= 1 and doc["world_size"] == 4
     # the embedding's sparse gradient is all-gathered and Keras reduces its metrics every step, outside the packs:
     # replayed as measured, and a what-if that re-prices communication says so (a third of this step, 2026-12-03)
-    caution = next(n for n in doc["notes"] if "collectives outside the gradient packs (CollectiveGatherV2" in n)
+    caution = next(n for n in doc["notes"]
+                   if "collectives outside the gradient packs or buckets (CollectiveGatherV2" in n)
     # and how far they could move it: a ring's steps at 4 ranks are 3 times those at 2
     assert "the step would take up to" in caution and "(x3 of them)" in caution, caution
 
