@@ -39,7 +39,7 @@ class ScriptUse:
     # told of each such call (name, args, kwargs) before it runs: runtime/hook_bytes.py counts a comm hook's bytes
     listeners: list[Callable[[str, tuple, dict], None]] = field(default_factory=list)
     # told when a collective called from outside dprorun returns ("torch.distributed.all_gather", µs the call took;
-    # an async_op call: its launch): the session keeps the window's (collectives beside the gradient buckets, runtime/session.py)
+    # an async_op call: its launch): the session keeps the window's (beside the gradient buckets, runtime/session.py)
     timed: Optional[Callable[[str, float], None]] = None
 
 
