@@ -40,7 +40,8 @@ no_sync (an all-reduce per micro-batch), a WGAN-GP (the penalty's input gradient
 create_graph, a generator DDP stepped every 5th critic step), DDP of a torch.compile'd module, Hugging Face
 Trainer with gradient checkpointing and the loss logged every 5 steps; tf-keras fit with synchronized
 BatchNormalization, a TF loop under the script's own CommunicationOptions (256 KiB packs, RING), a TF loop
-all-reducing its gradients itself and applying them with experimental_aggregate_gradients=False; Horovod with hvd.allgather of the features in the loss, a sparse-gradient
+all-reducing its gradients itself and applying them with experimental_aggregate_gradients=False; Horovod with
+hvd.allgather of the features in the loss, a sparse-gradient
 embedding (all-gathered, and sparse_as_dense), gradient_predivide_factor=2. Frameworks that are not installed
 are skipped with a line saying so.
 
