@@ -20,13 +20,16 @@ from dprorun.stats import median
 from dprorun.trace.model import RankTrace, RunTrace, ddp_groups, is_tf_tracker
 
 
-def _script_comm_hook(trace: RankTrace) -> tuple[str, str]:
-    """(the script's own DDP comm hook's name, "" if none; why its bucket layout must stay, "" if it may change)."""
+def _script_comm_hook(trace: RankTrace, buckets: list[BucketInfo]) -> tuple[str, str]:
+    """(the script's own DDP comm hook's name, "" if none; why its bucket layout must stay, "" if it may change:
+    PowerSGD on gloo, or buckets of a second DDP module, which whatif.plan_syncs does not re-bucket)."""
     hooked = [t for t in trace.meta.get("trackers", []) if t.get("user_comm_hook")]
     name = (hooked[0].get("user_comm_hook_name") or "a comm hook") if hooked else ""
     if any("powerSGD" in (t.get("user_comm_hook_name") or "") and t.get("backend") == "gloo" for t in hooked):
         return name, ("the script's PowerSGD hook on gloo: with more than one bucket its chained all-reduces "
                       "mismatch across ranks and gloo aborts the job (plain torchrun alike)")
+    if any(b.key.startswith("ddp") for b in buckets):
+        return name, "the buckets replayed are a second DDP module's"
     return name, ""
 
 
@@ -98,7 +101,7 @@ def build_job_model(run: RunTrace) -> JobModel:
                      compute_variants=dict(first.meta.get("compute_variants") or {}), ddp_groups=groups,
                      transport=transport_on_compute_cores(run),
                      collectives_outside_packs=_collectives_outside_packs(run, ranks))  # TF's: read again below
-    model.script_comm_hook, model.bucket_layout_fixed = _script_comm_hook(first)
+    model.script_comm_hook, model.bucket_layout_fixed = _script_comm_hook(first, model.buckets)
     model.notes += ([_ddp_groups_note(model)] if model.ddp_groups else []) + skipped
     model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])
                                                           for r in ranks})

@@ -148,6 +148,10 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
                       b.transmit_us, sparse=b.sparse) for b in model.buckets], True
     if not model.param_ready_fraction:
         raise UnanswerableError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
+    other = [b.key for b in model.buckets if b.key.startswith("ddp")]
+    if other:  # parameter sizes are recorded for the first module; names repeat across modules ("0.weight")
+        raise UnanswerableError(f"re-bucketing: the replayed buckets ({', '.join(other[:3])}) are a second DDP "
+                                "module's, whose parameters dprorun does not tell apart from the first one's")
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
     sparse, wire = model.sparse_gradients(), model.wire_ratio()
     if whatif.buckets is not None:
@@ -164,7 +168,7 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
                      "as DDP's reducer does")
     syncs = []
     for k, group in enumerate(groups):
-        missing = [p for p in group if p not in model.param_ready_fraction]
+        missing = [p for p in group if p not in model.param_ready_fraction or p not in model.param_bytes]
         if missing:
             raise UnanswerableError(f"bucket {k}: unknown parameters {missing[:3]}")
         alone = len(group) == 1 and group[0] in sparse
