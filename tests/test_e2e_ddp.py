@@ -615,16 +615,29 @@ def test_the_ranks_environment_is_torchruns(tmp_path):
                     for r in (0, 1)]
 
 
+DDP_PREAMBLE = ("import torch, torch.distributed as dist, torch.nn as nn\n"
+                "dist.init_process_group('gloo'); torch.manual_seed(0); torch.set_num_threads(1)\n")
+
+
+def _run_ddp_script(tmp_path, window: list[str], *lines: str):
+    """A 2-rank gloo script (DDP_PREAMBLE, then `lines`) under dprorun with the window options given; it must
+    succeed: (run directory, the finished process)."""
+    script = tmp_path / "script.py"
+    script.write_text(DDP_PREAMBLE + "".join(lines))
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", *window, "python", str(script)], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir, proc
+
+
 def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_it_keeps_them(tmp_path):
     """A CLIP-style loss gathers every rank's features with the differentiable all_gather (its backward: scatters),
     and a barrier opens every step: 9 % of a step on 2 ranks, in the forward and the backward, which a world-size or
     bandwidth what-if replayed as measured without a word. The hooks time the script's own torch.distributed calls
     in the window's iterations (not dprorun's calibration, probes or gather) and the what-ifs say they keep them."""
-    script = tmp_path / "clip.py"
-    script.write_text(
-        "import torch, torch.distributed as dist, torch.nn as nn\n"
+    run_dir, _ = _run_ddp_script(
+        tmp_path, ["-q", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3"],
         "import torch.distributed.nn.functional as F\n"
-        "dist.init_process_group('gloo'); torch.manual_seed(0); torch.set_num_threads(1)\n"
         "net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 32))\n"
         "model = nn.parallel.DistributedDataParallel(net)\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
@@ -635,10 +648,6 @@ def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_i
         "    logits = z @ torch.cat(F.all_gather(z), 0).t()\n"
         "    loss = nn.functional.cross_entropy(logits, torch.arange(32) + 32 * dist.get_rank())\n"
         "    opt.zero_grad(); loss.backward(); opt.step()\n")
-    run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3", "-q",
-                           "python", str(script)], run_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     with open(run_dir / "rank_0" / "events.json") as f:
         rows = json.load(f)["script_collectives"]
     assert {row[0] for row in rows} == set(range(3, 9))  # the window's iterations, nothing of dprorun's after it
@@ -664,10 +673,8 @@ def test_an_iteration_is_an_optimizer_step_when_the_module_runs_more_than_once_a
     iteration, so the job's iterations were a quarter of its steps (alternating 4.6 and 38 ms for the two views
     alone). Once the job has stepped an optimizer, an iteration begins at the first forward after a step; the
     earlier micro-batch's all-reduces are kept as measured, and a network what-if says so."""
-    script = tmp_path / "views.py"
-    script.write_text(
-        "import torch, torch.distributed as dist, torch.nn as nn\n"
-        "dist.init_process_group('gloo'); torch.manual_seed(0); torch.set_num_threads(1)\n"
+    run_dir, _ = _run_ddp_script(
+        tmp_path, ["-q", "--warmup", "5", "--active", "5", "--kineto-iters", "2", "--clean", "3"],
         "net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 32))\n"
         "model = nn.parallel.DistributedDataParallel(net)\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
@@ -679,10 +686,6 @@ def test_an_iteration_is_an_optimizer_step_when_the_module_runs_more_than_once_a
         "        loss = nn.functional.cross_entropy(z1 @ z2.t(), torch.arange(32)) / 2\n"
         "        loss.backward()\n"
         "    opt.step()\n")
-    run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "5", "--active", "5", "--kineto-iters", "2", "--clean", "3", "-q",
-                           "python", str(script)], run_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert len(events["iteration_starts_us"]) == 14  # one a step (56 before: one a forward)
     from dprorun.replay.build import build_job_model
@@ -702,10 +705,8 @@ def test_a_second_ddp_module_stepped_now_and_then_is_replayed_and_said(tmp_path)
     buckets were named by index alone (the generator's bucket0 and the critic's bucket0 one name) and the
     generator's, absent from most iterations, had no ready point in them: no replay, no report (KeyError). Now the
     critic's buckets carry their module's name, and the generator's are left out of the replay and said to be."""
-    script = tmp_path / "wgan.py"
-    script.write_text(
-        "import torch, torch.distributed as dist, torch.nn as nn\n"
-        "dist.init_process_group('gloo'); torch.manual_seed(0); torch.set_num_threads(1)\n"
+    run_dir, proc = _run_ddp_script(
+        tmp_path, ["--warmup", "3", "--active", "8", "--kineto-iters", "2", "--clean", "7"],
         "DDP = nn.parallel.DistributedDataParallel\n"
         "gen = DDP(nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 64)))\n"
         "critic = DDP(nn.Sequential(nn.Linear(64, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1)))\n"
@@ -721,10 +722,6 @@ def test_a_second_ddp_module_stepped_now_and_then_is_replayed_and_said(tmp_path)
         "    c_opt.zero_grad(); loss.backward(); c_opt.step()\n"
         "    if step % 3 == 2:\n"
         "        g_opt.zero_grad(); (-critic(gen(torch.randn(32, 16))).mean()).backward(); g_opt.step()\n")
-    run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "--kineto-iters", "2", "--clean", "7",
-                           "python", str(script)], run_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the replay of the job as it ran (" in proc.stdout and "KeyError" not in proc.stderr  # agrees or not
     from dprorun.replay.build import build_job_model
 

@@ -116,9 +116,10 @@ def rings(plan: CommPlan, built: int) -> list[tuple[Optional[list[int]], int]]:
         return [(None, len(groups[0]))]
     measured = sorted(plan.sample.templates if plan.sample is not None else plan.model.templates)
     position = {rank: b for b, rank in enumerate(measured)}
-    out = [([position[rank] for rank in group if rank in position], len(group)) for group in groups]
-    alone = sorted(set(range(built)) - {b for members, _ in out for b in members})  # in no group recorded
-    return [(members, size) for members, size in out if len(members) == size] + [([b], 1) for b in alone]
+    whole = [members for members in ([position[rank] for rank in group if rank in position] for group in groups)
+             if len(members) > 1]
+    joined = {b for members in whole for b in members}
+    return [(members, len(members)) for members in whole] + [([b], 1) for b in range(built) if b not in joined]
 
 
 def plan_of(graph: ReplayGraph) -> "CommPlan":
@@ -264,12 +265,11 @@ def _wire_share(n: int) -> float:
 
 def _ring_labels(built: int, world: int, members: Optional[list[int]]) -> tuple[list[int], list[int]]:
     """(each ring position's built rank, the built rank it sends to): positions 0..built-1 of a ring of `world`
-    (built < world: its repeating part, the last one sending on towards rank `built`), or the given members, the
-    last sending to the first where they are the whole ring."""
-    ranks = list(members) if members is not None else list(range(built))
-    if members is not None and built == world:
-        return ranks, ranks[1:] + ranks[:1]
-    return ranks, [(r + 1) % world if members is None else (r + 1) for r in ranks]
+    (built < world: its repeating part, the last one sending on towards rank `built`), or the given members, a
+    whole ring of their own (the last sending to the first)."""
+    if members is not None:
+        return list(members), list(members[1:]) + list(members[:1])
+    return list(range(built)), [(r + 1) % world for r in range(built)]
 
 
 def ring_allreduce(g: GraphBuilder, key: str, ins: list[int], outs: list[int], world: int, duration: float,

@@ -101,7 +101,7 @@ def _extra_inference(events: dict) -> tuple[set[int], int]:
 EARLIER_ROUNDS = "the gradients' all-reduces of earlier micro-batches (accumulated without no_sync)"
 
 
-def collectives_outside_buckets(doc: dict, iterations: list[int]) -> list[dict]:
+def collectives_outside_buckets(doc: dict, comm: list[CommRecord], iterations: list[int]) -> list[dict]:
     """What a torch job's iterations synchronise beside the one round of gradient buckets the replay models, kept
     as a TensorFlow worker's collectives outside its packs are: the collectives the script called itself (the
     events' `script_collectives`: [iteration, function, calls, µs]), and a bucket's earlier all-reduces in one
@@ -113,7 +113,7 @@ def collectives_outside_buckets(doc: dict, iterations: list[int]) -> list[dict]:
     for i, _, _, us in rows:
         took[i] += float(us)
     rounds: dict[tuple[int, int, int], list[float]] = {}
-    for record in map(CommRecord.from_row, doc.get("comm") or []):
+    for record in comm:
         if record.iteration in took and record.done_us is not None:
             rounds.setdefault((record.iteration, record.ddp, record.bucket), []).append(
                 record.done_us - record.enqueue_us)
@@ -164,8 +164,10 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         stream = "step" if name == "step" else "phase"  # a TensorFlow worker's whole step, not a compute phase
         trace.ops.append(Op(name=name, kind=kind, rank=rank, start_us=float(start), end_us=float(end),
                             iteration=iteration, stream=stream, host=trace.host, source="hooks"))
+    comm = [CommRecord.from_row(row) for row in doc["comm"]]
     if not window.get("collectives_outside_packs"):  # a TensorFlow worker's are read from its profile
-        window["collectives_outside_packs"] = collectives_outside_buckets(doc, trace.unprofiled_window_iterations())
+        window["collectives_outside_packs"] = collectives_outside_buckets(doc, comm,
+                                                                          trace.unprofiled_window_iterations())
     for entry in doc["buckets"]:
         trace.buckets.append(Bucket(index=int(entry["index"]), nbytes=int(entry["nbytes"]),
                                     ddp=int(entry.get("ddp", 0)),
@@ -189,7 +191,7 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         [int(row[0]), float(row[1])] for row in doc.get("calibration_under_compute", [])
         if isinstance(row, list) and len(row) >= 2 and all(isinstance(x, (int, float)) for x in row[:2])]
     first_send = _add_p2p(trace, doc, profiled)
-    _add_comm(trace, doc, kineto, profiled, first_send)
+    _add_comm(trace, doc, comm, kineto, profiled, first_send)
     if kineto is not None:
         _add_kineto_compute(trace, kineto, profiled, copy_ops=bool(kineto.gpu))
     if samples:
@@ -229,7 +231,7 @@ def _add_p2p(trace: RankTrace, doc: dict, profiled: set) -> dict[tuple[int, str]
     return first_send
 
 
-def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profiled: set,
+def _add_comm(trace: RankTrace, doc: dict, comm: list[CommRecord], kineto: Optional[KinetoTrace], profiled: set,
               first_send: dict[tuple[int, str], float]) -> None:
     sizes = {(int(b["ddp"]), int(b["index"])): int(b["nbytes"]) for b in doc["buckets"]}
     candidates: list[Op] = []
@@ -239,7 +241,7 @@ def _add_comm(trace: RankTrace, doc: dict, kineto: Optional[KinetoTrace], profil
         candidates.sort(key=lambda op: op.start_us)
     used = [False] * len(candidates)
     cand_starts = [op.start_us for op in candidates]
-    records = sorted((r for r in map(CommRecord.from_row, doc["comm"]) if r.iteration in profiled),
+    records = sorted((r for r in comm if r.iteration in profiled),
                      key=lambda r: r.enqueue_us)
     for record in records:
         iteration, enqueue, done = record.iteration, record.enqueue_us, record.done_us
