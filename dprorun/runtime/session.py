@@ -234,9 +234,9 @@ class RankSession:
     def _script_collective(self, name: str, us: float) -> None:
         """A collective the script called itself returned (runtime/watch.py): kept for the window's iterations,
         unless its own DDP comm hook made it (a bucket's all-reduce, in the buckets' records)."""
-        if self.hook_bytes is not None and self.hook_bytes.from_hook():
+        if self.phase != "active" or self.disabled:  # the common case outside the window: nothing to look up
             return
-        if self.phase == "active" and not self.disabled:
+        if self.hook_bytes is None or not self.hook_bytes.from_hook():
             self.records.add_script_collective(self.iteration, name, us)
 
     def mark(self, name: str, start_us: float, end_us: float, iteration: Optional[int] = None) -> None:
