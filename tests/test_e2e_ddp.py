@@ -723,6 +723,10 @@ def test_a_second_ddp_module_stepped_now_and_then_is_replayed_and_said(tmp_path)
         "    if step % 3 == 2:\n"
         "        g_opt.zero_grad(); (-critic(gen(torch.randn(32, 16))).mean()).backward(); g_opt.step()\n")
     assert "the replay of the job as it ran (" in proc.stdout and "KeyError" not in proc.stderr  # agrees or not
+    # one iteration a critic step (the most-stepped optimizer's, runtime/steps.py): the generator's steps were
+    # iterations of their own (40 for 30 critic steps)
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert len(events["iteration_starts_us"]) == 31
     from dprorun.replay.build import build_job_model
 
     model = build_job_model(load_run(str(run_dir)))

@@ -931,7 +931,8 @@ def test_a_ddp_iteration_begins_after_an_optimizer_step_or_as_before_without_ste
     from dprorun.runtime.ddp import MAX_SYNCED_FORWARDS_A_STEP, DDPTracker
 
     def starts(steps, at, synced, prev_synced=True):
-        tracker = SimpleNamespace(session=SimpleNamespace(optimizer_steps=steps), steps_at_iteration=at,
+        leading = SimpleNamespace(leading_steps=steps)
+        tracker = SimpleNamespace(session=SimpleNamespace(optimizer_steps=leading), steps_at_iteration=at,
                                   synced_forwards=synced, prev_forward_synced=prev_synced)
         return DDPTracker._starts_iteration(tracker)
 
@@ -939,3 +940,26 @@ def test_a_ddp_iteration_begins_after_an_optimizer_step_or_as_before_without_ste
     assert starts(5, 4, 1) and not starts(5, 5, 1)  # a step since the iteration began, or not
     assert not starts(5, 5, 1, prev_synced=True)  # the second view / micro-batch: the same iteration
     assert starts(5, 5, MAX_SYNCED_FORWARDS_A_STEP) and not starts(5, 5, MAX_SYNCED_FORWARDS_A_STEP, False)
+
+
+def test_the_iterations_are_the_steps_of_the_most_stepped_optimizer():
+    """runtime/steps.LeadingOptimizerSteps: a WGAN's critic stepped every loop and its generator every 5th (the
+    generator's steps were iterations of their own: 48 for 40 critic steps); two optimizers stepped once a loop
+    each (one iteration a loop); a rare optimizer stepped first; an optimizer replaced by a new one."""
+    from dprorun.runtime.steps import STALE_LEADER_STEPS, LeadingOptimizerSteps
+
+    def leading(pattern):
+        steps = LeadingOptimizerSteps()
+        return "".join("L" if steps.step(ord(name)) else "." for name in pattern), steps
+
+    gan = "D" * 4 + "DG" + ("D" * 4 + "DG") * 7
+    marks, steps = leading(gan)
+    assert marks.count("L") == 40 == gan.count("D") and all(m == "L" for m, n in zip(marks, gan) if n == "D")
+    assert steps.total == 48 and steps.leading_steps == 40
+    assert leading("ABCDE" * 10)[0] == "L...." * 10  # per-module optimizers, one step each a loop
+    assert leading("GD" + "D" * 4 + "GD" + "D" * 4)[0] == "L.LLLL.LLLLL"  # the rare one stepped first: one loop off
+    marks, steps = leading("A" * 20 + "B" * 10)  # A replaced by B: B leads from its STALE_LEADER_STEPS-th step
+    assert marks == "L" * 20 + "." * (STALE_LEADER_STEPS - 1) + "L" * (11 - STALE_LEADER_STEPS)
+    assert steps.leading_steps == 20 + 11 - STALE_LEADER_STEPS
+    steps.new_lead()  # the job trains another DDP model: its optimizer's first step leads
+    assert steps.step(ord("C")) and not steps.step(ord("B")) and steps.step(ord("C"))

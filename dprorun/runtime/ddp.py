@@ -154,6 +154,7 @@ class DDPTracker:
         old = next(t for t in session.trackers if getattr(t, "primary", False))
         old.primary, self.primary = False, True
         self.first_iteration = session.iteration + 1
+        session.optimizer_steps.new_lead()  # this model's optimizer, not the previous one's, marks the iterations
         if session.phase != "warmup":
             session.primary_replaced(session.iteration + 1, "DDP model")
             return
@@ -188,7 +189,7 @@ class DDPTracker:
             session.guard("counting iterations on the DDP model the script trains now", self._take_over)
         if training and self.primary and self._starts_iteration():
             session.begin_iteration()
-            self.steps_at_iteration, self.synced_forwards = session.optimizer_steps, 0
+            self.steps_at_iteration, self.synced_forwards = session.optimizer_steps.leading_steps, 0
         if not self.hook_decided and not self.user_hook and not self.builtin_hook and self._hook_due():
             session.guard("registering the DDP comm hook", self._register_default_hook)
         if self.update_meter is not None and self.update_meter.done:
@@ -218,13 +219,14 @@ class DDPTracker:
 
     def _starts_iteration(self) -> bool:
         """Does this training forward of the primary module start an iteration? Once the job has stepped an
-        optimizer: where one stepped since the current iteration began (a module called twice a step, SimCLR's two
-        views, or micro-batches accumulated without no_sync: one iteration a step; the iterations were half steps,
-        or micro-batches). Before any step, in a script updating by hand, or after MAX_SYNCED_FORWARDS_A_STEP
+        optimizer: where its leading optimizer (runtime/steps.py: a GAN's critic, not its generator stepped every
+        5th step) stepped since the current iteration began (a module called twice a step, SimCLR's two views, or
+        micro-batches accumulated without no_sync: one iteration a step; the iterations were half steps, or
+        micro-batches). Before any step, in a script updating by hand, or after MAX_SYNCED_FORWARDS_A_STEP
         synchronised forwards without a step (a script that stepped an optimizer once, a learning-rate finder's, and
         updates by hand since): where the previous forward synchronised its gradients (no_sync's micro-batches
         belong to the synchronised one's iteration)."""
-        steps = self.session.optimizer_steps
+        steps = self.session.optimizer_steps.leading_steps
         if steps and self.synced_forwards < MAX_SYNCED_FORWARDS_A_STEP:
             return steps != self.steps_at_iteration
         return self.prev_forward_synced

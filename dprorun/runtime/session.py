@@ -37,6 +37,7 @@ from dprorun.layout import CLEAN_FILE, PRIMARY_REPLACED, SCRIPT_RAISED, rank_dir
 from dprorun.runtime import rank_files
 from dprorun.runtime.cpubudget import cgroup_cpu_stat, process_cpu_s
 from dprorun.runtime.records import RankRecords
+from dprorun.runtime.steps import LeadingOptimizerSteps
 from dprorun.runtime.script_profiler import ProfilerBusy, ScriptProfilerState, busy_message
 from dprorun.runtime.log import warn
 from dprorun.runtime.watch import ScriptUse, nothing_to_profile
@@ -62,7 +63,7 @@ class RankSession:
         self.primary_forwards = 0  # training forwards of the primary DDP module (runtime/ddp.py)
         self.optimizers: list[weakref.ref] = []  # those stepped in the window, held weakly (a script frees them)
         self.script_use = ScriptUse()  # torch.distributed use outside the supported wrappers (runtime/watch.py)
-        self.optimizer_steps = 0  # torch optimizer steps the job took (count_optimizer_steps): DDP's iterations
+        self.optimizer_steps = LeadingOptimizerSteps()  # the job's torch optimizer steps: DDP's iterations
         self.optimizer_step_hook: Optional[Any] = None
         self.script_use.timed = self._script_collective
         self.profiler = None  # the profiler backend while it records, else None
@@ -334,16 +335,16 @@ class RankSession:
             self.kineto_end_iteration = -1
 
     def count_optimizer_steps(self) -> None:
-        """Count every torch optimizer step of the job from now on (a global post-hook, registered once). Before
-        the first step DDP's iterations begin at every synchronised forward (runtime/ddp.py); where the first step
-        had several (two views, micro-batches without no_sync), they were one iteration: still in the warm-up,
-        the count starts again from it."""
+        """Count every torch optimizer step of the job from now on (a global post-hook, registered once; the steps
+        of its most-stepped optimizer are the iterations': runtime/steps.py). Before the first step DDP's iterations
+        begin at every synchronised forward (runtime/ddp.py); where the first step had several (two views,
+        micro-batches without no_sync), they were one iteration: still in the warm-up, the count starts again."""
         if self.optimizer_step_hook is None:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
             def counted(optimizer, args, kwargs):
-                self.optimizer_steps += 1
-                if self.optimizer_steps == 1 and self.phase == "warmup" and self.iteration > 0:
+                self.optimizer_steps.step(id(optimizer))
+                if self.optimizer_steps.total == 1 and self.phase == "warmup" and self.iteration > 0:
                     self.iteration = 0
                     self.records.keep_first_iteration()
 
