@@ -963,3 +963,46 @@ def test_the_iterations_are_the_steps_of_the_most_stepped_optimizer():
     assert steps.leading_steps == 20 + 11 - STALE_LEADER_STEPS
     steps.new_lead()  # the job trains another DDP model: its optimizer's first step leads
     assert steps.step(ord("C")) and not steps.step(ord("B")) and steps.step(ord("C"))
+
+
+PENDING_SIGTERM_FORK_SCRIPT = """
+import os, signal, sys, threading, time
+from types import SimpleNamespace
+from dprorun.runtime import bootstrap
+
+marker = sys.argv[1]
+sess = SimpleNamespace(pid=os.getpid(), records=SimpleNamespace(warnings=[]),
+                       at_exit=lambda: open(marker + ".kept", "w").close())
+# every thread blocks SIGTERM: it stays pending in the kernel, as while the main thread sleeps in an fsync
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+signal.signal(signal.SIGTERM, lambda *args: None)
+bootstrap._sigterm_watcher(sess)
+
+
+def fork_in_a_thread():  # a DataLoader pool's handler thread replacing its processes, killed with the group
+    pid = os.fork()
+    if pid == 0:
+        open(marker + ".forked", "w").close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=fork_in_a_thread, daemon=True).start()
+time.sleep(0.5)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])  # the main thread takes the signal now
+time.sleep(10)
+sys.exit(3)
+"""
+
+
+def test_a_fork_waits_while_a_sigterm_is_pending_in_the_kernel(tmp_path):
+    """The MXNet worker's fork hook (runtime/bootstrap._sigterm_watcher): a SIGTERM no thread has taken yet (the
+    main thread in uninterruptible sleep, an fsync: the kernel gave it the signal) let a loader's thread fork into
+    MXNet's prepare-fork wait for a pull that never ends, with the GIL held: the worker was SIGKILLed 30 s later
+    and its last records lost. The fork now waits; the watcher keeps the records and the worker leaves (143)."""
+    marker = str(tmp_path / "marker")
+    proc = subprocess.run([sys.executable, "-c", PENDING_SIGTERM_FORK_SCRIPT, marker], cwd=REPO, timeout=60,
+                          capture_output=True, text=True)
+    assert proc.returncode == 128 + 15, proc.stderr
+    assert os.path.exists(marker + ".kept") and not os.path.exists(marker + ".forked")

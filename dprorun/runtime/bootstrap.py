@@ -355,14 +355,19 @@ def _sigterm_watcher(sess) -> None:
         that is gone never ends, while that thread holds the GIL: the watcher could not write the traces, and
         the worker was SIGKILLed 30 s later with its last records lost (1 failing job in 4 with such a loader).
         A SIGTERM whose wake-up byte the watcher has not read yet, or is reading (it waits for the GIL after its
-        read), counts too: the fork waits for the watcher to know (still 3 SIGKILLs in 20 launches without this)."""
+        read), counts too: the fork waits for the watcher to know (still 3 SIGKILLs in 20 launches without this).
+        So does one still pending in the kernel: the kernel hands a process's signal to one thread, the main one
+        if it can, and a main thread in uninterruptible sleep (an fsync of the window's files) takes it, and
+        writes the wake-up byte, only when its sleep ends, while the loader's threads, not chosen, run on and fork
+        (1 SIGKILL in 25 launches of the suite's job; gdb: the main thread in os.fsync, the pool's handler thread
+        in MXNet's prepare-fork wait)."""
         import select
 
         if os.getpid() != sess.pid:
             return
         while True:
             with reading:  # the watcher between its read and knowing what it read holds this
-                pending = bool(select.select([read_end], [], [], 0)[0])
+                pending = bool(select.select([read_end], [], [], 0)[0]) or _sigterm_pending_in_kernel()
             if stopping.is_set():
                 while True:
                     time.sleep(60)
@@ -372,6 +377,18 @@ def _sigterm_watcher(sess) -> None:
 
     threading.Thread(target=watch, name="dprorun-sigterm", daemon=True).start()
     os.register_at_fork(before=no_fork_while_stopping, after_in_child=_wakeup_fd_off)
+
+
+def _sigterm_pending_in_kernel() -> bool:
+    """Is a SIGTERM sent to this process still waiting for a thread to take it (/proc/self/status, ShdPnd)?"""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"ShdPnd:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _wakeup_fd_off() -> None:
