@@ -42,7 +42,10 @@ Trainer with gradient checkpointing and the loss logged every 5 steps; tf-keras 
 BatchNormalization, a TF loop under the script's own CommunicationOptions (256 KiB packs, RING), a TF loop
 all-reducing its gradients itself and applying them with experimental_aggregate_gradients=False; Horovod with
 hvd.allgather of the features in the loss, a sparse-gradient
-embedding (all-gathered, and sparse_as_dense), gradient_predivide_factor=2. Frameworks that are not installed
+embedding (all-gathered, and sparse_as_dense), gradient_predivide_factor=2; session 39: DDP of layers under
+weight_norm and spectral_norm parametrizations, a transformer block on scaled_dot_product_attention with fused
+AdamW and a warm-up LambdaLR, a model taking and returning dicts, zero_grad(set_to_none=False) with for-loop SGD,
+torch.distributed.checkpoint saves every 10 steps. Frameworks that are not installed
 are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -162,6 +165,11 @@ JOBS = {
     "horovod-sparse-embedding": (["--backend", "horovod"], "hvd_session38.py", ["--sparse-embedding"], "horovod"),
     "horovod-sparse-as-dense": (["--backend", "horovod"], "hvd_session38.py", ["--sparse-as-dense"], "horovod"),
     "horovod-predivide-factor-2": (["--backend", "horovod"], "hvd_session38.py", ["--predivide"], "horovod"),
+    "ddp-weight-and-spectral-norm": ([], "ddp_session39.py", ["--parametrized"], "torch"),
+    "ddp-sdpa-transformer-fused-adamw-warmup": ([], "ddp_session39.py", ["--attention"], "torch"),
+    "ddp-dict-in-dict-out": ([], "ddp_session39.py", ["--dict-batches"], "torch"),
+    "ddp-grads-kept-sgd-for-loop": ([], "ddp_session39.py", ["--set-to-none-false"], "torch"),
+    "ddp-distributed-checkpoint-every-10": ([], "ddp_session39.py", ["--dcp-every", "10"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -633,7 +633,8 @@ def _run_ddp_script(tmp_path, window: list[str], *lines: str):
 def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_it_keeps_them(tmp_path):
     """A CLIP-style loss gathers every rank's features with the differentiable all_gather (its backward: scatters),
     and a barrier opens every step: 9 % of a step on 2 ranks, in the forward and the backward, which a world-size or
-    bandwidth what-if replayed as measured without a word. The hooks time the script's own torch.distributed calls
+    bandwidth what-if replayed as measured without a word (gather_object, as torch.distributed.checkpoint's
+    planning calls it, was not timed). The hooks time the script's own torch.distributed calls
     in the window's iterations (not dprorun's calibration, probes or gather) and the what-ifs say they keep them."""
     run_dir, _ = _run_ddp_script(
         tmp_path, ["-q", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3"],
@@ -644,6 +645,7 @@ def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_i
         "x = torch.randn(32, 64)\n"
         "for step in range(14):\n"
         "    dist.barrier()\n"
+        "    dist.gather_object(step, [None, None] if dist.get_rank() == 0 else None)\n"
         "    z = nn.functional.normalize(model(x), dim=1)\n"
         "    logits = z @ torch.cat(F.all_gather(z), 0).t()\n"
         "    loss = nn.functional.cross_entropy(logits, torch.arange(32) + 32 * dist.get_rank())\n"
@@ -652,14 +654,16 @@ def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_i
         rows = json.load(f)["script_collectives"]
     assert {row[0] for row in rows} == set(range(3, 9))  # the window's iterations, nothing of dprorun's after it
     assert {(row[1], row[2]) for row in rows} == {("torch.distributed.barrier", 1), ("torch.distributed.all_gather", 1),
-                                                  ("torch.distributed.scatter", 2)}
+                                                  ("torch.distributed.scatter", 2),
+                                                  ("torch.distributed.gather_object", 1)}  # as checkpoint's planning
     from dprorun.replay.build import build_job_model
     from dprorun.replay.predict import predict
     from dprorun.replay.whatif import WhatIf
 
     model = build_job_model(load_run(str(run_dir)))
     names, outside_us = model.collectives_outside_packs
-    assert names == ["torch.distributed.all_gather", "torch.distributed.barrier", "torch.distributed.scatter"]
+    assert names == ["torch.distributed.all_gather", "torch.distributed.barrier", "torch.distributed.gather_object",
+                     "torch.distributed.scatter"]
     assert outside_us > 0
     for whatif in (WhatIf(world_size=4), WhatIf(bandwidth_gbit=1.0)):
         assert any(n.startswith("caution: ") and "torch.distributed.all_gather" in n

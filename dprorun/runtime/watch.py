@@ -20,9 +20,10 @@ SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or t
 SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                       "reduce", "broadcast")
 # other torch.distributed calls a script makes in its steps (an MoE layer's all_to_all, a barrier, metrics gathered
-# as objects): timed with the ones above (`ScriptUse.timed`), never taken for a way of sharing gradients
-TIMED_COLLECTIVES = ("all_to_all_single", "all_to_all", "barrier", "all_gather_object", "broadcast_object_list",
-                     "gather", "scatter")
+# as objects, torch.distributed.checkpoint's planning: gather_object, scatter_object_list): timed with the ones above
+# (`ScriptUse.timed`), never taken for a way of sharing gradients
+TIMED_COLLECTIVES = ("all_to_all_single", "all_to_all", "barrier", "monitored_barrier", "all_gather_object",
+                     "broadcast_object_list", "gather_object", "scatter_object_list", "gather", "scatter")
 # horovod.torch's, timed likewise (the loss averaged for logging, features gathered for a contrastive loss): the
 # DistributedOptimizer and broadcast_parameters call horovod.torch.mpi_ops directly, never these names
 HOROVOD_COLLECTIVES = ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "broadcast", "broadcast_",
