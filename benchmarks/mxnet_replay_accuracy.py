@@ -69,7 +69,9 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           # benchmarks/shapes/mx_session37.py: a model-zoo ResNet-18 (static_alloc), the dist_sync_device kvstore
           "resnet18-zoo": ["--zoo"], "device-kv": ["--device-kv"],
           # benchmarks/shapes/mx_session38.py: grad_req "add" over 2 micro-batches, deferred input sizes with Adam
-          "accumulate-2": ["--accumulate", "2"], "deferred-adam": ["--deferred"]}
+          "accumulate-2": ["--accumulate", "2"], "deferred-adam": ["--deferred"],
+          # benchmarks/shapes/mx_session39.py: static_alloc, NAG with multi_precision and a FactorScheduler
+          "static-nag": []}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
@@ -81,7 +83,8 @@ SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session37.py") for name in ("resnet18-zoo",
                                                                                             "device-kv")},
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session38.py") for name in ("accumulate-2",
-                                                                                            "deferred-adam")}}
+                                                                                            "deferred-adam")},
+           "static-nag": os.path.join(REPO, "benchmarks", "shapes", "mx_session39.py")}
 
 
 def example(model: str) -> str:
