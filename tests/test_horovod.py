@@ -237,8 +237,9 @@ def test_a_sparse_gradient_under_horovod_is_an_allgather_of_its_rows_timed_in_or
 def test_horovod_collectives_the_script_calls_itself_are_timed_not_the_optimizers(tmp_path):
     """A contrastive loss over every rank's features (hvd.allgather) and the loss averaged for logging
     (hvd.allreduce) each step: replayed as compute without a word under a network what-if. The script's calls
-    are timed in the window's iterations, once a step each; the DistributedOptimizer's all-reduces, which reach
-    horovod.torch.mpi_ops directly, are not among them."""
+    are timed in the window's iterations, once a step each, and so is the all-reduce autograd runs back through
+    hvd.allgather (it reaches horovod.torch.mpi_ops directly: untimed before); the DistributedOptimizer's
+    all-reduces, which reach horovod.torch.mpi_ops directly too, are not among them."""
     script = tmp_path / "gather.py"
     script.write_text(
         "import torch, torch.nn as nn, horovod.torch as hvd\n"
@@ -260,14 +261,16 @@ def test_horovod_collectives_the_script_calls_itself_are_timed_not_the_optimizer
                           env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((run_dir / "rank_0" / "events.json").read_text())["script_collectives"]
-    assert {(row[1], row[2]) for row in rows} == {("horovod.torch.allgather", 1), ("horovod.torch.allreduce", 1)}
+    assert {(row[1], row[2]) for row in rows} == {("horovod.torch.allgather", 1), ("horovod.torch.allreduce", 1),
+                                                  ("horovod.torch.allgather (backward)", 1)}
     assert {row[0] for row in rows} == set(range(2, 7))
     from dprorun.replay.build import build_job_model
     from dprorun.replay.predict import predict
     from dprorun.replay.whatif import WhatIf
 
     model = build_job_model(load_run(str(run_dir)))
-    assert model.collectives_outside_packs[0] == ["horovod.torch.allgather", "horovod.torch.allreduce"]
+    assert model.collectives_outside_packs[0] == ["horovod.torch.allgather", "horovod.torch.allgather (backward)",
+                                                  "horovod.torch.allreduce"]
     assert any(n.startswith("caution: ") and "horovod.torch.allgather" in n
                for n in predict(model, WhatIf(bandwidth_gbit=1.0), detail="coarse").notes)
 

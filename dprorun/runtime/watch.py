@@ -28,6 +28,12 @@ TIMED_COLLECTIVES = ("all_to_all_single", "all_to_all", "barrier", "monitored_ba
 # DistributedOptimizer and broadcast_parameters call horovod.torch.mpi_ops directly, never these names
 HOROVOD_COLLECTIVES = ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "broadcast", "broadcast_",
                        "alltoall", "reducescatter", "barrier", "join", "broadcast_object", "allgather_object")
+# horovod.torch.mpi_ops' autograd Functions behind those: their backward runs a collective of its own
+HOROVOD_AUTOGRAD_FUNCTIONS = {"HorovodAllgather": "allgather", "HorovodGroupedAllgather": "grouped_allgather",
+                              "HorovodAllreduce": "allreduce", "HorovodGroupedAllreduce": "grouped_allreduce",
+                              "HorovodAlltoall": "alltoall", "HorovodBroadcast": "broadcast",
+                              "HorovodReducescatter": "reducescatter",
+                              "HorovodGroupedReducescatter": "grouped_reducescatter"}
 
 
 @dataclass
@@ -118,11 +124,35 @@ def watch_torch_distributed(use: ScriptUse) -> None:
 
 
 def watch_horovod_torch(use: ScriptUse) -> None:
-    """horovod.torch's collectives called by the script (HOROVOD_COLLECTIVES): timed as torch.distributed's are."""
+    """horovod.torch's collectives called by the script (HOROVOD_COLLECTIVES): timed as torch.distributed's are;
+    and the backward of those autograd runs back through (hvd.allgather's is an all-reduce that reaches
+    horovod.torch.mpi_ops directly: it was replayed as compute without a word), named "<collective> (backward)"."""
     module = sys.modules["horovod.torch"]
     for name in HOROVOD_COLLECTIVES:
         if callable(getattr(module, name, None)):
             setattr(module, name, _counted_collective(module, name, use, counted=False))
+    mpi_ops = sys.modules.get("horovod.torch.mpi_ops")
+    for function_name, name in HOROVOD_AUTOGRAD_FUNCTIONS.items():
+        function = getattr(mpi_ops, function_name, None)
+        if function is not None and callable(getattr(function, "backward", None)):
+            function.backward = staticmethod(_timed_backward(function.backward, f"{module.__name__}.{name}", use))
+
+
+def _timed_backward(backward, name: str, use: ScriptUse):
+    """An autograd Function's backward (its collective) timed for `use.timed` as "<name> (backward)"."""
+    @functools.wraps(backward)
+    def timed(ctx, *grads):
+        start = time.perf_counter()
+        try:
+            return backward(ctx, *grads)
+        finally:
+            try:
+                if use.timed is not None:
+                    use.timed(f"{name} (backward)", (time.perf_counter() - start) * 1e6)
+            except Exception:  # the timing never reaches the script's backward
+                pass
+
+    return timed
 
 
 def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True):
