@@ -493,6 +493,12 @@ class ServerRecorder:
 
     def wrap(self, updater):
         def timed(key, recv, local):
+            if self.written and key < CALIBRATION_KEY_BASE:  # the window's updates are in: the job's own pace
+                # again (waiting for each update serialised the server's keys: the clean iterations of a 14 ms
+                # step ran 7 % slower than plain MXNet's)
+                updater(key, recv, local)
+                self._cpu_mark(time.time_ns() / 1000.0)
+                return
             recv.wait_to_read()  # the workers' pushes merged (the server's engine sums them as they arrive)
             start = time.time_ns() / 1000.0
             updater(key, recv, local)
@@ -502,8 +508,7 @@ class ServerRecorder:
                 self.records.append([int(key), start, end, _nbytes(local)])
             else:
                 self.dropped += 1
-            if end - self.cpu_marks[-1][0] >= CPU_MARK_US and len(self.cpu_marks) < MAX_SERVER_RECORDS:
-                self.cpu_marks.append([end, process_cpu_s()])  # the server's busy share, over the workers' window
+            self._cpu_mark(end)
             if self.probe(local) and self.written:  # a calibration size: written again, with it
                 self.write()
             if key >= CALIBRATION_KEY_BASE and not self.written:
@@ -514,6 +519,10 @@ class ServerRecorder:
                 self.write()
 
         return timed
+
+    def _cpu_mark(self, now_us: float) -> None:
+        if now_us - self.cpu_marks[-1][0] >= CPU_MARK_US and len(self.cpu_marks) < MAX_SERVER_RECORDS:
+            self.cpu_marks.append([now_us, process_cpu_s()])  # the server's busy share, over the workers' window
 
     def write(self, at_exit: bool = False) -> None:
         """server.json: the updates up to now and every CPU mark up to now. Written at the end of the window (and
