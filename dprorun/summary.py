@@ -202,20 +202,24 @@ def format_summary(summary: dict) -> str:
     with console.capture() as capture:
         console.print(table)
     lines = [capture.get().rstrip()]
+    check = summary.get("self_check")
+    changed = bool(check and check.get("speed_changed"))  # then no percentage is the hooks' cost
+
+    def pct(key: str) -> str:
+        return f" ({summary[key]:+.1f} %)" if summary[key] is not None and not changed else ""
+
     lines.append(f"iteration time (median): {cell(summary['iteration_time_ms'])} ms under the hooks, "
-                 f"{cell(summary['clean_iteration_time_ms'])} ms with no profiling"
-                 + (f" ({summary['profiler_overhead_pct']:+.1f} %)" if summary["profiler_overhead_pct"] is not None
-                    else "")
-                 + (f", {cell(summary['kineto_iteration_time_ms'])} ms with the profiler on "
-                    f"({summary['kineto_overhead_pct']:+.1f} %)" if summary["kineto_overhead_pct"] is not None
-                    else ""))
+                 f"{cell(summary['clean_iteration_time_ms'])} ms with no profiling" + pct("profiler_overhead_pct")
+                 + (f", {cell(summary['kineto_iteration_time_ms'])} ms with the profiler on" + pct("kineto_overhead_pct")
+                    if summary["kineto_overhead_pct"] is not None else "")
+                 + (" (no measure of the hooks' cost: the job's own speed changed after the window, below)"
+                    if changed else ""))
     for row in summary.get("memory", []):
         if row["estimated_peak_bytes"] and row["measured_peak_bytes"]:
             lines.append(f"rank {row['rank']} peak memory ({row['device']}): estimated "
                          f"{row['estimated_peak_bytes'] / 2 ** 20:.1f} MiB, measured "
                          f"{row['measured_peak_bytes'] / 2 ** 20:.1f} MiB ({row['error_pct']:+.1f} %)")
     lines += _alignment_lines(summary.get("alignment") or {})
-    check = summary.get("self_check")
     if check:
         lines.append(check["message"])
     if summary["missing_ranks"]:

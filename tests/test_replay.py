@@ -266,8 +266,21 @@ def test_a_job_whose_speed_changed_after_the_window_is_told_so_not_given_a_model
     assert check["status"] == "disagrees" and check["warmup_ms"] == 31.5
     assert "the job's own speed changed after the window" in check["message"] and "--warmup" in check["message"]
     assert "modelling error" not in check["message"]
+    # the job-end summary gave the window against the clean iterations as the hooks' cost (-37.1 % for a batch that
+    # grew after the window): no percentage then, and why
+    from dprorun.summary import format_summary
+
+    summary = {"job_id": "j", "world_size": 2, "ranks": [], "iteration_time_ms": 33.4, "clean_iteration_time_ms": 22.3,
+               "profiler_overhead_pct": 49.8, "kineto_iteration_time_ms": 36.0, "kineto_overhead_pct": 61.4,
+               "memory": [], "missing_ranks": [], "self_check": check}
+    line = next(x for x in format_summary(summary).splitlines() if x.startswith("iteration time (median)"))
+    assert "%" not in line and "no measure of the hooks' cost: the job's own speed changed" in line
     Model.warmup_iterations_us = [22_100, 22_300]  # the warm-up ran as the clean iterations: not the job's speed
-    assert "modelling error" in self_check(Model, [30_300] * 8)["message"]
+    other = self_check(Model, [30_300] * 8)
+    assert "modelling error" in other["message"] and not other.get("speed_changed")
+    line = next(x for x in format_summary(dict(summary, self_check=other)).splitlines()
+                if x.startswith("iteration time (median)"))
+    assert "(+49.8 %)" in line and "(+61.4 %)" in line
 
 
 def test_a_sparse_gradient_keeps_a_bucket_of_its_own_and_is_priced_as_a_gather():

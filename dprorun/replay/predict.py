@@ -121,6 +121,7 @@ def _why_disagrees(check: dict, replay_ms: float, tolerance_ms: float) -> str:
     window, warmup, clean = check.get("window_ms"), check.get("warmup_ms"), check.get("clean_ms")
     if warmup is not None and clean is not None and abs(warmup - clean) > tolerance_ms \
             and abs(warmup - replay_ms) < abs(warmup - clean):
+        check["speed_changed"] = True  # the window against the clean iterations is then no measure of the hooks' cost
         at_window = f", the window's at {window:.2f} ms" if window is not None else ""
         return (f"the job's own speed changed after the window: its warm-up iterations, before any profiling, ran at "
                 f"{warmup:.2f} ms{at_window}, its clean iterations at {clean:.2f} ms (a job still settling, or "
