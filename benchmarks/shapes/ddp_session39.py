@@ -6,7 +6,8 @@ buffers). --dcp-every N: torch.distributed.checkpoint.save of the model and opti
 gathers every rank's plan and ends in a barrier). --attention: a small transformer block built by hand on
 scaled_dot_product_attention with a causal mask, AdamW(fused=True) and a warm-up LambdaLR. --dict-batches: the
 model takes and returns dicts (a batch of named tensors; the loss from a dict entry), as Trainer-style models do.
---set-to-none-false: zero_grad(set_to_none=False) and SGD with foreach=False, gradients kept between steps."""
+--set-to-none-false: zero_grad(set_to_none=False) and SGD with foreach=False, gradients kept between steps.
+--grow-batch-at N: the batch grows from 64 to 256 at step N (progressive batch sizes: the job's speed changes)."""
 import argparse, statistics, tempfile, time
 import torch, torch.distributed as dist, torch.nn as nn
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
 for flag in ("--parametrized", "--attention", "--dict-batches", "--set-to-none-false"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--dcp-every", type=int, default=0)
+p.add_argument("--grow-batch-at", type=int, default=-1)
 a = p.parse_args()
 dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
 rank = dist.get_rank()
@@ -79,6 +81,8 @@ def loss_of_step():
 
 times = []
 for step in range(a.steps):
+    if step == a.grow_batch_at:
+        x, y = torch.randn(256, 256), torch.randint(0, 10, (256,))
     t = time.perf_counter()
     opt.zero_grad(set_to_none=not a.set_to_none_false)
     loss_of_step().backward()
