@@ -514,3 +514,26 @@ def test_a_rare_slow_clean_iteration_does_not_widen_the_self_checks_tolerance():
     assert self_check(Model, [29_500] * 8)["status"] == "agrees"
     Model.clean_iterations_us = [29_000] * 4 + [1_400_000] * 3  # too few regular ones: the band as it is
     assert self_check(Model, [45_000] * 8)["clean_left_out"] == 0
+
+
+def test_a_backward_run_inside_the_ddp_models_forward_is_named_when_nothing_can_be_replayed():
+    """Lightning's manual optimization (a GAN stepping two optimizers in training_step): the training step runs
+    inside the DDP wrapper's forward and returns no loss, so the hooks saw a forward span holding the backward and
+    the buckets' all-reduces, two update spans and no backward span: "no profiled iteration has forward, backward
+    and update spans", with no word of why. The cause is named now."""
+    from dprorun.fsutil import UnanswerableError
+    from dprorun.replay.template import measure_rank
+    from dprorun.trace.model import Op, OpKind, RankTrace
+
+    trace = RankTrace(rank=0, host="h", iterations=[(5, 0.0, 20_000.0)])
+    trace.ops = [Op("forward0", OpKind.FW, 0, 0.0, 19_000.0, iteration=5, stream="phase"),
+                 Op("update", OpKind.UPDATE, 0, 9_000.0, 10_000.0, iteration=5, stream="phase"),
+                 Op("update", OpKind.UPDATE, 0, 18_000.0, 19_000.0, iteration=5, stream="phase"),
+                 Op("allreduce.bucket0", OpKind.COMM, 0, 6_000.0, 8_000.0, iteration=5, stream="comm",
+                    tensor="bucket0", phase="queue+transmit")]
+    with pytest.raises(UnanswerableError, match="all-reduced inside the DDP model's forward.*manual optimization"):
+        measure_rank(trace, [5], {})
+    trace.ops[-1].start_us = 19_500.0  # handed over after the forward: no such cause to name
+    with pytest.raises(UnanswerableError) as raised:
+        measure_rank(trace, [5], {})
+    assert str(raised.value).endswith("no profiled iteration has forward, backward and update spans")

@@ -193,6 +193,22 @@ def _iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]
     return by_iter
 
 
+def _backward_inside_forward(slots: dict[int, dict]) -> str:
+    """Why an iteration has no backward span, where its buckets were handed over inside its DDP model's forward: the
+    model's forward runs the backward and the optimizer steps itself (Lightning's manual optimization, whose
+    training_step runs inside the DDP wrapper and returns no loss)."""
+    for slot in slots.values():
+        forwards = slot["spans"].get(OpKind.FW, [])
+        if slot["spans"].get(OpKind.BW) or not forwards or not slot["comm"]:
+            continue
+        if any(f.start_us <= c["enqueue"] <= f.end_us for f in forwards for c in slot["comm"].values()):
+            return (": the gradients were all-reduced inside the DDP model's forward, which runs the backward and "
+                    "the optimizer steps itself (Lightning's manual optimization: training_step runs inside the DDP "
+                    "wrapper and returns no loss), and the replay reads a forward, then a backward, then an update; "
+                    "the run's own iterations are measured (dpro summary), not replayed")
+    return ""
+
+
 def own_comm_hook(trace: RankTrace) -> bool:
     """The rank's DDP buckets were timed by the comm hook dprorun registered (no user hook, not Horovod)."""
     trackers = trace.meta.get("trackers", [])
@@ -215,7 +231,8 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
     hook_overhead = enqueue_cost if own_comm_hook(trace) else 0.0
     samples: dict[int, RankTemplate] = {}
     transmit: dict[int, dict[str, float]] = {}
-    for i, slot in _iteration_slots(trace, iterations).items():
+    slots = _iteration_slots(trace, iterations)
+    for i, slot in slots.items():
         spans = slot["spans"]
         if not all(k in spans for k in (OpKind.FW, OpKind.BW, OpKind.UPDATE)):
             continue
@@ -244,7 +261,8 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             transmit[i][key] = max(1.0, c["done"] - max(everyone, slots[k]))
             slots[k] = c["done"]
     if not samples:
-        raise UnanswerableError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans")
+        raise UnanswerableError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans"
+                                + _backward_inside_forward(slots))
     orders = [tuple(t.bucket_ready_order) for t in samples.values()]
     order = max(set(orders), key=orders.count)
     same = [t.backward_segments_us for t in samples.values() if tuple(t.bucket_ready_order) == order]
