@@ -178,7 +178,13 @@ class MeasuredIteration:
 
 
 def _iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]:
+    """Per iteration: its phase spans by kind, and each bucket's (last) round: {"enqueue", "done"}. A bucket
+    all-reduced more than once in an iteration (micro-batches accumulated without no_sync) is modelled by its
+    last round, the one the last backward hands over (the earlier ones are kept as measured:
+    trace/rundir.collectives_outside_buckets); the rounds were merged from the first's enqueue to the last's end,
+    which put a late bucket's all-reduce at the last backward's start."""
     by_iter: dict[int, dict] = {i: {"spans": {}, "comm": {}} for i in iterations}
+    comm_ops = []
     for op in trace.ops:
         slot = by_iter.get(op.iteration)
         if slot is None:
@@ -187,8 +193,13 @@ def _iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]
             slot["spans"].setdefault(op.kind, []).append(op)
         elif op.source == "hooks" and op.tensor and op.kind in (OpKind.COMM, OpKind.QUEUE) \
                 and op.phase in ("queue", "transmit", "queue+transmit"):
-            entry = slot["comm"].setdefault(op.tensor, {"enqueue": op.start_us, "done": op.end_us})
-            entry["enqueue"] = min(entry["enqueue"], op.start_us)
+            comm_ops.append(op)
+    for op in sorted(comm_ops, key=lambda o: o.start_us):
+        rounds = by_iter[op.iteration]["comm"]
+        entry = rounds.get(op.tensor)
+        if entry is None or op.start_us > entry["done"]:  # a new round (a queue op ends where its transmit starts)
+            rounds[op.tensor] = {"enqueue": op.start_us, "done": op.end_us}
+        else:
             entry["done"] = max(entry["done"], op.end_us)
     return by_iter
 
