@@ -1006,3 +1006,30 @@ def test_a_fork_waits_while_a_sigterm_is_pending_in_the_kernel(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 128 + 15, proc.stderr
     assert os.path.exists(marker + ".kept") and not os.path.exists(marker + ".forked")
+
+
+def test_torchscript_modules_take_no_hooks_and_lose_no_profile():
+    """A DDP (or Horovod) model built from torch.jit.script'ed layers: registering the module-scope hooks raised
+    "register_forward_pre_hook is not supported on ScriptModules" and disabled the whole profile (no replay); Horovod's
+    validation-pass hook on the trained model raised the same inside the step hook. Scripted modules are skipped."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.nn as nn
+
+    from dprorun.runtime.horovod import HorovodTracker
+    from dprorun.runtime.scopes import add_module_scopes
+
+    model = nn.Sequential(nn.Linear(4, 8), torch.jit.script(nn.Sequential(nn.Linear(8, 8), nn.ReLU())),
+                          nn.Linear(8, 2))
+    handles = add_module_scopes(model)
+    assert len(handles) == 2 * 2  # the two plain layers: a pre and a post hook each
+    model(torch.randn(3, 4))
+    for handle in handles:
+        handle.remove()
+    scripted = torch.jit.script(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    optimizer = torch.optim.SGD(scripted.parameters(), lr=0.1)
+    tracker = SimpleNamespace(watched_optimizers=set(), hooked_models=set(), _pre_forward=None,
+                              session=SimpleNamespace(records=SimpleNamespace(warnings=[])))
+    HorovodTracker.watch_inference(tracker, optimizer)
+    assert "takes no forward hook" in tracker.session.records.warnings[0]

@@ -7,13 +7,14 @@ gathers every rank's plan and ends in a barrier). --attention: a small transform
 scaled_dot_product_attention with a causal mask, AdamW(fused=True) and a warm-up LambdaLR. --dict-batches: the
 model takes and returns dicts (a batch of named tensors; the loss from a dict entry), as Trainer-style models do.
 --set-to-none-false: zero_grad(set_to_none=False) and SGD with foreach=False, gradients kept between steps.
---grow-batch-at N: the batch grows from 64 to 256 at step N (progressive batch sizes: the job's speed changes)."""
+--grow-batch-at N: the batch grows from 64 to 256 at step N (progressive batch sizes: the job's speed changes).
+--torchscript: DDP of a torch.jit.script'ed model (TorchScript modules take no forward hooks)."""
 import argparse, statistics, tempfile, time
 import torch, torch.distributed as dist, torch.nn as nn
 import torch.nn.functional as F
 
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
-for flag in ("--parametrized", "--attention", "--dict-batches", "--set-to-none-false"):
+for flag in ("--parametrized", "--attention", "--dict-batches", "--set-to-none-false", "--torchscript"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--dcp-every", type=int, default=0)
 p.add_argument("--grow-batch-at", type=int, default=-1)
@@ -60,7 +61,7 @@ else:
 if a.parametrized:
     from torch.nn.utils.parametrizations import spectral_norm, weight_norm
     net[0], net[2] = weight_norm(net[0]), spectral_norm(net[2])
-model = nn.parallel.DistributedDataParallel(net)
+model = nn.parallel.DistributedDataParallel(torch.jit.script(net) if a.torchscript else net)
 if a.attention:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))

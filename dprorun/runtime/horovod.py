@@ -122,7 +122,11 @@ class HorovodTracker:
         for root in roots:
             if id(root) not in self.hooked_models:
                 self.hooked_models.add(id(root))
-                root.register_forward_pre_hook(self._pre_forward)
+                try:
+                    root.register_forward_pre_hook(self._pre_forward)
+                except RuntimeError as exc:  # a TorchScript module takes no hooks
+                    self.session.records.warnings.append(f"validation passes not counted on a model that takes no "
+                                                         f"forward hook ({type(root).__name__}: {exc})")
 
     def _pre_forward(self, module, inputs) -> None:
         import torch

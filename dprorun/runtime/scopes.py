@@ -10,13 +10,16 @@ from dprorun.layout import SCOPE_PREFIX
 
 def add_module_scopes(root) -> list:
     """Forward pre/post hooks on every submodule of `root` (not `root` itself) that open and close a profiler
-    annotation named after the submodule; returns the handles (`handle.remove()`)."""
+    annotation named after the submodule; returns the handles (`handle.remove()`). TorchScript modules take no
+    hooks (torch.jit.script'ed layers: "register_forward_pre_hook is not supported on ScriptModules", which
+    disabled the whole profile): their ops keep the scope of the module around them, or none."""
+    import torch
     from torch.autograd.profiler import record_function
 
     open_scopes: list = []
     handles = []
     for name, module in root.named_modules():
-        if not name:
+        if not name or isinstance(module, torch.jit.ScriptModule):
             continue
 
         def enter(mod, inputs, name=name):
