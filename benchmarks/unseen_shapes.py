@@ -46,9 +46,9 @@ embedding (all-gathered, and sparse_as_dense), gradient_predivide_factor=2; sess
 weight_norm and spectral_norm parametrizations, a transformer block on scaled_dot_product_attention with fused
 AdamW and a warm-up LambdaLR, a model taking and returning dicts, zero_grad(set_to_none=False) with for-loop SGD,
 torch.distributed.checkpoint saves every 10 steps, a batch that grows 4x at step 24, a Lightning GAN with manual
-optimization, DDP and Horovod of a torch.jit.script'ed model; Horovod with one rank's shard 6 batches short
-(hvd.join), TF loops accumulating 2 micro-batches inside the step and stepping two optimizers. Frameworks that are
-not installed are skipped with a line saying so.
+optimization, DDP and Horovod of a torch.jit.script'ed model, a DDP model returning a dataclass; Horovod with one
+rank's shard 6 batches short (hvd.join), TF loops accumulating 2 micro-batches inside the step and stepping two
+optimizers. Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -175,6 +175,7 @@ JOBS = {
     "ddp-batch-grows-at-step-24": ([], "ddp_session39.py", ["--grow-batch-at", "24"], "torch"),
     "ddp-lightning-manual-optimization-gan": ([], "lightning_manual_gan.py", [], "lightning"),
     "ddp-torchscript-model": ([], "ddp_session39.py", ["--torchscript"], "torch"),
+    "ddp-dataclass-output": ([], "ddp_session39.py", ["--dataclass-output"], "torch"),
     "horovod-torchscript-model": (["--backend", "horovod"], "hvd_session39.py", ["--torchscript"], "horovod"),
     "horovod-join-uneven-last-shard": (["--backend", "horovod"], "hvd_session39.py", ["--join-uneven"], "horovod"),
     "tf-loop-accumulate-2-in-the-step": (["--backend", "tf"], "tf_session39.py", ["--accumulate-2"], "tensorflow"),

@@ -1033,3 +1033,27 @@ def test_torchscript_modules_take_no_hooks_and_lose_no_profile():
                               session=SimpleNamespace(records=SimpleNamespace(warnings=[])))
     HorovodTracker.watch_inference(tracker, optimizer)
     assert "takes no forward hook" in tracker.session.records.warnings[0]
+
+
+def test_a_forward_returning_a_dataclass_has_its_backward_seen():
+    """A DDP model returning a dataclass (Output(logits=..., features=...)), which DDP searches for tensors itself:
+    the hooks found no output tensor to time the backward from, and the job had no replay ("no profiled iteration
+    has forward, backward and update spans")."""
+    import dataclasses
+
+    import torch
+
+    from dprorun.runtime.ddp import _tensors_requiring_grad
+
+    @dataclasses.dataclass
+    class Output:
+        logits: torch.Tensor
+        extra: dict
+        step: int = 0
+
+    w = torch.ones(2, requires_grad=True)
+    found: list = []
+    _tensors_requiring_grad(Output(w * 2, {"aux": [w * 3, torch.zeros(1)]}), found)
+    assert len(found) == 2
+    _tensors_requiring_grad(Output, found)  # the class itself is no output
+    assert len(found) == 2

@@ -8,13 +8,15 @@ scaled_dot_product_attention with a causal mask, AdamW(fused=True) and a warm-up
 model takes and returns dicts (a batch of named tensors; the loss from a dict entry), as Trainer-style models do.
 --set-to-none-false: zero_grad(set_to_none=False) and SGD with foreach=False, gradients kept between steps.
 --grow-batch-at N: the batch grows from 64 to 256 at step N (progressive batch sizes: the job's speed changes).
---torchscript: DDP of a torch.jit.script'ed model (TorchScript modules take no forward hooks)."""
-import argparse, statistics, tempfile, time
+--torchscript: DDP of a torch.jit.script'ed model (TorchScript modules take no forward hooks). --dataclass-output:
+the model returns a dataclass of its logits and features."""
+import argparse, dataclasses, statistics, tempfile, time
 import torch, torch.distributed as dist, torch.nn as nn
 import torch.nn.functional as F
 
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
-for flag in ("--parametrized", "--attention", "--dict-batches", "--set-to-none-false", "--torchscript"):
+for flag in ("--parametrized", "--attention", "--dict-batches", "--set-to-none-false", "--torchscript",
+             "--dataclass-output"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--dcp-every", type=int, default=0)
 p.add_argument("--grow-batch-at", type=int, default=-1)
@@ -38,6 +40,23 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+    features: torch.Tensor
+
+
+class DataclassModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU())
+        self.head = nn.Linear(1024, 10)
+
+    def forward(self, x):
+        features = self.body(x)
+        return Output(self.head(features), features)
+
+
 class DictModel(nn.Module):
     def __init__(self):
         super().__init__()
@@ -52,8 +71,8 @@ class DictModel(nn.Module):
 if a.attention:
     net = nn.Sequential(nn.Embedding(1000, 128), Block(128, 4), Block(128, 4), nn.Linear(128, 1000))
     x, y = torch.randint(0, 1000, (16, 64)), torch.randint(0, 1000, (16, 64))
-elif a.dict_batches:
-    net = DictModel()
+elif a.dict_batches or a.dataclass_output:
+    net = DataclassModel() if a.dataclass_output else DictModel()
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 else:
     net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
@@ -77,6 +96,8 @@ def loss_of_step():
         return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
     if a.dict_batches:
         return model({"features": x, "labels": y})["loss"]
+    if a.dataclass_output:
+        return F.cross_entropy(model(x).logits, y)
     return F.cross_entropy(model(x), y)
 
 

@@ -30,6 +30,11 @@ STEADY_MEMORY_ITERATIONS = 3  # forward starts (after the first optimizer step) 
 
 
 def _tensors_requiring_grad(obj: Any, found: list, depth: int = 0) -> None:
+    """The tensors of a forward's output that autograd runs back through: in tensors, dicts (Hugging Face's
+    ModelOutput), lists, tuples and dataclasses (a model returning `Output(logits=..., features=...)`, which DDP
+    itself searches: its backward went unseen, and the job had no replay)."""
+    import dataclasses
+
     import torch
 
     if len(found) >= MAX_OUTPUT_TENSORS or depth > 6:
@@ -43,6 +48,9 @@ def _tensors_requiring_grad(obj: Any, found: list, depth: int = 0) -> None:
     elif isinstance(obj, (list, tuple)):
         for value in obj:
             _tensors_requiring_grad(value, found, depth + 1)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for item in dataclasses.fields(obj):
+            _tensors_requiring_grad(getattr(obj, item.name, None), found, depth + 1)
 
 
 class DDPTracker:
