@@ -45,15 +45,41 @@ def test_strategy_file_is_applied_by_the_hooks(mlp_run, tmp_path):
     assert {frozenset(b.params) for b in buckets} == {frozenset(g) for g in groups}
 
 
+KEYWORD_MODEL_SCRIPT = """
+import torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+
+
+class Net(nn.Module):  # called with keywords only, as Hugging Face models are
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+
+    def forward(self, *, features):
+        return self.body(features)
+
+
+model = nn.parallel.DistributedDataParallel(Net())
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randint(0, 4, (32,))
+for step in range(14):
+    opt.zero_grad(); nn.functional.cross_entropy(model(features=x), y).backward(); opt.step()
+print("trained", step + 1, "steps")
+"""
+
+
 def test_compute_variants_are_measured(tmp_path):
     """--measure-variants: rank 0 times the real model eager / torch.compile / bf16 after the window (training
-    then continues to the end with its state restored). (A strategy's compiled_modules and bf16 reach the model
-    through the hooks: test_strategy_file_is_applied_by_the_hooks.)"""
+    then continues to the end with its state restored), on the batch it was called with, keywords included (a
+    model called as model(features=x) was timed with no arguments: every variant a TypeError). (A strategy's
+    compiled_modules and bf16 reach the model through the hooks: test_strategy_file_is_applied_by_the_hooks.)"""
     run_dir = tmp_path / "measured"
-    proc, _ = run_dprorun(["-np", "2", "-q", "--measure-variants", *WINDOW, "python", MLP, "--steps", "14"],
+    script = tmp_path / "keywords.py"
+    script.write_text(KEYWORD_MODEL_SCRIPT)
+    proc, _ = run_dprorun(["-np", "2", "-q", "--measure-variants", *WINDOW, "python", str(script)],
                           run_dir, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "median iteration time" in proc.stdout
+    assert "trained 14 steps" in proc.stdout
     variants = json.load(open(run_dir / "rank_0" / "variants.json"))["variants"]
     assert variants["eager"]["forward_us"] > 0 and variants["eager"]["backward_us"] > 0
     for name in ("compiled", "bf16"):  # measured, or the reason it could not be (e.g. no C++ compiler)

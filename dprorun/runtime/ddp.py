@@ -101,7 +101,7 @@ class DDPTracker:
         if session.cfg.comm_detail == "ring":
             session.guard("setting up the ring comm detail", self._setup_ring)
         session.guard("counting optimizer steps", session.count_optimizer_steps)
-        ddp.register_forward_pre_hook(self._pre_forward)
+        ddp.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         ddp.register_forward_hook(self._post_forward)
 
     @property
@@ -185,7 +185,7 @@ class DDPTracker:
                 "backend": self.backend, "user_comm_hook_name": self.user_hook_name, "group_ranks": self.group_ranks}
 
     # ---- forward / backward ------------------------------------------------------------------------------
-    def _pre_forward(self, module, inputs):
+    def _pre_forward(self, module, inputs, kwargs=None):
         session = self.session
         import torch
 
@@ -216,7 +216,9 @@ class DDPTracker:
                 session.guard("reading memory at forward start", self._memory_at_forward_start, module)
         if session.detail_active:
             if self.primary and session.cfg.measure_variants and session.rank == 0:
-                self.last_inputs = (tuple(inputs), {})  # the batch the compute variants are timed on
+                # the batch the compute variants are timed on, keywords included (a model called as
+                # model(input_ids=..., labels=...), Hugging Face's way, was timed with none: TypeError)
+                self.last_inputs = (tuple(inputs), dict(kwargs or {}))
             session.open_mark(f"forward{self.index}")
             if self.primary and not self.activations_measured:
                 from dprorun.runtime.activations import SavedTensorMeter
