@@ -1057,3 +1057,12 @@ def test_a_forward_returning_a_dataclass_has_its_backward_seen():
     assert len(found) == 2
     _tensors_requiring_grad(Output, found)  # the class itself is no output
     assert len(found) == 2
+
+    class Plain:  # an output class of the script's own
+        def __init__(self, logits):
+            self.logits, self.name = logits, "out"
+
+    _tensors_requiring_grad(Plain(w * 4), found)
+    assert len(found) == 3
+    _tensors_requiring_grad(torch.nn.Linear(2, 2), found)  # a module's parameters are no output
+    assert len(found) == 3

@@ -31,8 +31,8 @@ STEADY_MEMORY_ITERATIONS = 3  # forward starts (after the first optimizer step) 
 
 def _tensors_requiring_grad(obj: Any, found: list, depth: int = 0) -> None:
     """The tensors of a forward's output that autograd runs back through: in tensors, dicts (Hugging Face's
-    ModelOutput), lists, tuples and dataclasses (a model returning `Output(logits=..., features=...)`, which DDP
-    itself searches: its backward went unseen, and the job had no replay)."""
+    ModelOutput), lists, tuples, dataclasses (a model returning `Output(logits=..., features=...)`, which DDP
+    itself searches: its backward went unseen, and the job had no replay) and other objects' attributes."""
     import dataclasses
 
     import torch
@@ -51,6 +51,9 @@ def _tensors_requiring_grad(obj: Any, found: list, depth: int = 0) -> None:
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for item in dataclasses.fields(obj):
             _tensors_requiring_grad(getattr(obj, item.name, None), found, depth + 1)
+    elif not isinstance(obj, (type, torch.nn.Module, str, bytes)) and isinstance(getattr(obj, "__dict__", None), dict):
+        for value in list(vars(obj).values())[:MAX_OUTPUT_TENSORS]:  # an output class of the script's own
+            _tensors_requiring_grad(value, found, depth + 1)
 
 
 class DDPTracker:
