@@ -537,6 +537,10 @@ def test_a_backward_run_inside_the_ddp_models_forward_is_named_when_nothing_can_
     with pytest.raises(UnanswerableError) as raised:
         measure_rank(trace, [5], {})
     assert str(raised.value).endswith("no profiled iteration has forward, backward and update spans")
+    # a TensorFlow worker whose steps ran eagerly (Keras's run_eagerly=True): its profile has no gradient scopes
+    trace.meta["trackers"] = [{"framework": "tf", "eager_steps": True}]
+    with pytest.raises(UnanswerableError, match="the TensorFlow steps ran eagerly .* compile the step"):
+        measure_rank(trace, [5], {})
 
 
 def test_a_bucket_all_reduced_twice_in_an_iteration_is_modelled_by_its_last_round():

@@ -204,6 +204,17 @@ def _iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]
     return by_iter
 
 
+def _eager_tf_steps(trace: RankTrace) -> str:
+    """Why a TensorFlow worker's steps have no phases: they ran eagerly (Keras's run_eagerly=True, strategy.run
+    outside any tf.function), and its profile names each op by its type alone, no gradient scope among them."""
+    if any(t.get("framework") == "tf" and t.get("eager_steps") for t in trace.meta.get("trackers", [])):
+        return (": the TensorFlow steps ran eagerly (run_eagerly=True, or strategy.run outside a tf.function), "
+                "whose profile names each op by its type alone, with no gradient scope to tell the backward by; the "
+                "run's own iterations are measured (dpro summary), not replayed: compile the step (tf.function, "
+                "Keras's default) for a replay")
+    return ""
+
+
 def _backward_inside_forward(slots: dict[int, dict]) -> str:
     """Why an iteration has no backward span, where its buckets were handed over inside its DDP model's forward: the
     model's forward runs the backward and the optimizer steps itself (Lightning's manual optimization, whose
@@ -273,7 +284,7 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             slots[k] = c["done"]
     if not samples:
         raise UnanswerableError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans"
-                                + _backward_inside_forward(slots))
+                                + (_eager_tf_steps(trace) or _backward_inside_forward(slots)))
     orders = [tuple(t.bucket_ready_order) for t in samples.values()]
     order = max(set(orders), key=orders.count)
     same = [t.backward_segments_us for t in samples.values() if tuple(t.bucket_ready_order) == order]
