@@ -1066,3 +1066,15 @@ def test_a_forward_returning_a_dataclass_has_its_backward_seen():
     assert len(found) == 3
     _tensors_requiring_grad(torch.nn.Linear(2, 2), found)  # a module's parameters are no output
     assert len(found) == 3
+
+
+def test_a_horovod_script_that_all_reduces_by_hand_is_told_why_nothing_was_profiled():
+    """horovod.torch initialised, gradients all-reduced in the loop (hvd.allreduce_async_ and synchronize) and no
+    hvd.DistributedOptimizer: the warning said "the training wrapper was built, but no step ran through it"."""
+    from types import SimpleNamespace
+
+    from dprorun.runtime.session import no_step_seen
+
+    message = no_step_seen([SimpleNamespace(optimizers_built=0)])
+    assert "no hvd.DistributedOptimizer was built" in message and "by hand" in message
+    assert "the training wrapper was built" in no_step_seen([SimpleNamespace(optimizers_built=1)])

@@ -40,6 +40,7 @@ class HorovodTracker:
         self.watched_optimizers: set[int] = set()  # ids of the optimizers whose models watch_inference hooked
         self.hooked_models: set[int] = set()
         self.turns = StepTurns()  # DistributedOptimizers stepped in turn within a step (a GAN's two models)
+        self.optimizers_built = 0  # hvd.DistributedOptimizers the script built
 
     # ---- what DDPTracker also offers the session --------------------------------------------------------
     def describe(self) -> dict:
@@ -228,6 +229,7 @@ def patch_horovod(session: RankSession) -> None:
 
     @functools.wraps(original_init)
     def __init__(self, params, named_parameters, compression, *args, **kwargs):
+        tracker.optimizers_built += 1
         if session.iteration >= 0 and session.phase in ("active", "clean"):  # after steps: another model's optimizer
             session.guard("ending the window at a new DistributedOptimizer", session.primary_replaced,
                           session.iteration, "model (a new hvd.DistributedOptimizer)", False)
