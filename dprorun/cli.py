@@ -36,16 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _job_arguments(job) -> None:
-    job.add_argument("-np", "--nproc-per-node", dest="nproc", type=int, default=1,
+    job.add_argument("-np", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int, default=1,
                      help="ranks on this node (default 1)")
+    # torchrun's spellings with underscores too (--nproc_per_node=8), and its --standalone (one node, a local
+    # rendezvous: dprorun's default), so a launch line written for torchrun runs as it is
+    job.add_argument("--standalone", action="store_true",
+                     help="as torchrun's: one node with a local rendezvous (the default here; --nnodes must be 1)")
+    job.add_argument("-m", "--module", action="store_true",
+                     help="as torchrun's: the command is a Python module to run (python -m MODULE ARGS)")
     # --nnodes, --node-rank, --master-addr, --master-port: None when left out, then SLURM's or a PyTorchJob's values
     job.add_argument("--nnodes", type=int, default=None,
                      help="number of nodes (torchrun-style multi-node; default 1, or SLURM's / a PyTorchJob's)")
-    job.add_argument("--node-rank", type=int, default=None,
+    job.add_argument("--node-rank", "--node_rank", type=int, default=None,
                      help="this node's index (0 owns the run directory; default 0, or the scheduler's)")
-    job.add_argument("--master-addr", default=None,
+    job.add_argument("--master-addr", "--master_addr", default=None,
                      help="address of node 0 (default 127.0.0.1, or the scheduler's)")
-    job.add_argument("--master-port", type=int, default=None,
+    job.add_argument("--master-port", "--master_port", type=int, default=None,
                      help="port on node 0 (default: a free port, or the scheduler's)")
     job.add_argument("--hosts", default="",
                      help="host1:slots,host2:slots; run the same command on every host and each finds its "
@@ -223,6 +229,12 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         command = command[1:]
     if not command:
         raise ValueError(f"no training command given; example: {USAGE_EXAMPLE}")
+    if getattr(args, "module", False):
+        command = [sys.executable, "-m", *command]
+    if getattr(args, "standalone", False):
+        if (args.nnodes or 1) > 1:
+            raise ValueError(f"--standalone runs one node, not --nnodes {args.nnodes} (as under torchrun)")
+        args.nnodes = 1  # explicit: a scheduler's node count (SLURM) does not replace it
     scheduler = apply_scheduler(args)
     predict_np = _local_np(args)
     job = JobConfig(command=command, launch=launch_config(args),

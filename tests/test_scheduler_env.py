@@ -278,3 +278,24 @@ def test_cli_horovod_under_slurm_uses_the_jobs_nodes_as_hosts(scheduler_env_vars
     scheduler_env_vars(slurm_step(0))
     with pytest.raises(ValueError, match="run dprorun once"):
         job_for("--backend", "horovod")
+
+
+def test_a_torchrun_launch_line_parses_as_it_is(monkeypatch):
+    """torchrun's spellings: --nproc_per_node=N with underscores (--node_rank, --master_addr, --master_port too),
+    --standalone, and -m for a module; each was "unrecognized arguments" before."""
+    import sys
+
+    from dprorun.cli import build_parser, job_from_args
+
+    for name in ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NODEID", "SLURM_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    parser = build_parser()
+    job = job_from_args(parser.parse_args(["--standalone", "--nproc_per_node=4", "-m", "pkg.train", "--lr", "1"]))
+    assert job.launch.nproc_per_node == 4 and job.launch.nnodes == 1
+    assert job.command == [sys.executable, "-m", "pkg.train", "--lr", "1"]
+    args = parser.parse_args(["--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29500",
+                              "--nproc_per_node", "2", "python", "-m", "pkg.train"])
+    assert (args.node_rank, args.master_addr, args.master_port, args.module) == (1, "10.0.0.1", 29500, False)
+    assert args.command == ["python", "-m", "pkg.train"]
+    with pytest.raises(ValueError, match="--standalone runs one node"):
+        job_from_args(parser.parse_args(["--standalone", "--nnodes", "2", "train.py"]))
