@@ -223,8 +223,7 @@ def patch_horovod(session: RankSession) -> None:
     session.trackers.append(tracker)
     original_async = cls._allreduce_grad_async
     original_grouped = getattr(cls, "_grouped_allreduce_grad_async", None)  # Horovod >= 0.22: groups=
-    original_step = cls.step
-    original_init = cls.__init__
+    original_step, original_init = cls.step, cls.__init__
     original_make_hook = cls._make_hook
 
     @functools.wraps(original_init)
