@@ -44,6 +44,12 @@ def _job_arguments(job) -> None:
                      help="as torchrun's: one node with a local rendezvous (the default here; --nnodes must be 1)")
     job.add_argument("-m", "--module", action="store_true",
                      help="as torchrun's: the command is a Python module to run (python -m MODULE ARGS)")
+    job.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, metavar="HOST[:PORT]",
+                     help="as torchrun's: read as --master-addr / --master-port (nodes are ranked by --node-rank)")
+    job.add_argument("--rdzv-backend", "--rdzv_backend", default=None, help="accepted as torchrun's (c10d)")
+    job.add_argument("--rdzv-id", "--rdzv_id", default=None, help="as torchrun's: the job id (--job-id)")
+    job.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                     help="as torchrun's; dprorun restarts no rank: 0 only")
     # --nnodes, --node-rank, --master-addr, --master-port: None when left out, then SLURM's or a PyTorchJob's values
     job.add_argument("--nnodes", type=int, default=None,
                      help="number of nodes (torchrun-style multi-node; default 1, or SLURM's / a PyTorchJob's)")
@@ -222,6 +228,26 @@ def apply_scheduler(args: argparse.Namespace) -> Optional[SchedulerEnv]:
     return scheduler
 
 
+def _torchrun_rendezvous(args: argparse.Namespace) -> bool:
+    """torchrun's rendezvous flags on a launch line: the endpoint read as the master's address and port (explicit
+    --master-* flags win), the id as the job id; True where nodes were left to the rendezvous to rank (no
+    --node-rank), which dprorun does not do across nodes."""
+    if getattr(args, "max_restarts", 0):
+        raise ValueError(f"--max-restarts {args.max_restarts}: dprorun restarts no rank (a profile of a job whose "
+                         "ranks restarted would mix attempts); run with 0, as a failed job stops with its rank named")
+    if getattr(args, "rdzv_id", None) and not args.job_id:
+        args.job_id = args.rdzv_id
+    endpoint = getattr(args, "rdzv_endpoint", None)
+    if not endpoint:
+        return False
+    host, _, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+    if args.master_addr is None:
+        args.master_addr = host
+    if port and args.master_port is None:
+        args.master_port = int(port)
+    return args.node_rank is None
+
+
 def job_from_args(args: argparse.Namespace) -> JobConfig:
     """argv (parsed) -> one JobConfig: a config per concern, each built and checked by its own function."""
     command = list(args.command)
@@ -235,7 +261,11 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         if (args.nnodes or 1) > 1:
             raise ValueError(f"--standalone runs one node, not --nnodes {args.nnodes} (as under torchrun)")
         args.nnodes = 1  # explicit: a scheduler's node count (SLURM) does not replace it
+    unranked = _torchrun_rendezvous(args)
     scheduler = apply_scheduler(args)
+    if unranked and scheduler is None and args.nnodes > 1:
+        raise ValueError(f"--rdzv-endpoint with --nnodes {args.nnodes}: dprorun ranks the nodes itself; give each "
+                         "node its --node-rank (0 on the node that keeps the run directory)")
     predict_np = _local_np(args)
     job = JobConfig(command=command, launch=launch_config(args),
                     output=OutputConfig(quiet=args.quiet, json_summary=args.json), horovod=horovod_config(args),

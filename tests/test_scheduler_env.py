@@ -282,7 +282,8 @@ def test_cli_horovod_under_slurm_uses_the_jobs_nodes_as_hosts(scheduler_env_vars
 
 def test_a_torchrun_launch_line_parses_as_it_is(monkeypatch):
     """torchrun's spellings: --nproc_per_node=N with underscores (--node_rank, --master_addr, --master_port too),
-    --standalone, and -m for a module; each was "unrecognized arguments" before."""
+    --standalone, -m for a module, the rendezvous flags (--rdzv_endpoint/_backend/_id) and --max_restarts; each was
+    "unrecognized arguments" before."""
     import sys
 
     from dprorun.cli import build_parser, job_from_args
@@ -299,3 +300,13 @@ def test_a_torchrun_launch_line_parses_as_it_is(monkeypatch):
     assert args.command == ["python", "-m", "pkg.train"]
     with pytest.raises(ValueError, match="--standalone runs one node"):
         job_from_args(parser.parse_args(["--standalone", "--nnodes", "2", "train.py"]))
+    # torchrun's elastic rendezvous flags: the endpoint as the master, the id as the job id
+    job = job_from_args(parser.parse_args(["--nnodes=1", "--nproc_per_node=2", "--rdzv_id=job7", "--rdzv_backend=c10d",
+                                           "--rdzv_endpoint=localhost:29400", "--max_restarts=0", "train.py"]))
+    assert (job.launch.master_addr, job.launch.master_port, job.profile.job_id) == ("localhost", 29400, "job7")
+    job = job_from_args(parser.parse_args(["--nnodes=2", "--node_rank=1", "--rdzv-endpoint=h0:29400", "train.py"]))
+    assert (job.launch.master_addr, job.launch.node_rank) == ("h0", 1)
+    with pytest.raises(ValueError, match="give each node its --node-rank"):  # never two nodes 0
+        job_from_args(parser.parse_args(["--nnodes=2", "--rdzv_endpoint=h0:29400", "train.py"]))
+    with pytest.raises(ValueError, match="dprorun restarts no rank"):
+        job_from_args(parser.parse_args(["--max_restarts=3", "train.py"]))
