@@ -323,7 +323,9 @@ def test_launcher_torchrun_and_the_torchrun_shim(tmp_path):
                           tmp_path / "a", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(load_run(str(tmp_path / "a")).ranks) == [0, 1]
-    shim = subprocess.run([sys.executable, os.path.join(REPO, "launchers", "torchrun"), "--nproc-per-node", "2",
+    # torchrun's own spellings, passed through to dprorun's parser (launchers/torchrun adds --no-python only)
+    shim = subprocess.run([sys.executable, os.path.join(REPO, "launchers", "torchrun"), "--standalone",
+                           "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
                            os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "6"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120,
                           env=dict(os.environ, DPRO_RUN_DIR=str(tmp_path / "b"), DPRO_WARMUP="1", DPRO_ACTIVE="2",
