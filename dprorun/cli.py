@@ -59,9 +59,9 @@ def _job_arguments(job) -> None:
                      help="address of node 0 (default 127.0.0.1, or the scheduler's)")
     job.add_argument("--master-port", "--master_port", type=int, default=None,
                      help="port on node 0 (default: a free port, or the scheduler's)")
-    job.add_argument("--hosts", default="",
-                     help="host1:slots,host2:slots; run the same command on every host and each finds its "
-                          "node rank here (sets --nnodes, --node-rank, --master-addr, -np)")
+    job.add_argument("-H", "--hosts", default="",
+                     help="host1:slots,host2:slots (horovodrun's -H); run the same command on every host and each "
+                          "finds its node rank here (sets --nnodes, --node-rank, --master-addr, -np)")
     job.add_argument("--launcher", choices=("elastic", "torchrun"), default="elastic",
                      help="elastic: torch.distributed.elastic in this process (default); torchrun: hand the "
                           "launch to the torchrun CLI")
