@@ -359,8 +359,8 @@ def _sigterm_watcher(sess) -> None:
         So does one still pending in the kernel: the kernel hands a process's signal to one thread, the main one
         if it can, and a main thread in uninterruptible sleep (an fsync of the window's files) takes it, and
         writes the wake-up byte, only when its sleep ends, while the loader's threads, not chosen, run on and fork
-        (1 SIGKILL in 25 launches of the suite's job; gdb: the main thread in os.fsync, the pool's handler thread
-        in MXNet's prepare-fork wait)."""
+        (2 SIGKILLs in 25 launches of the suite's job, 0 in 45 with this; gdb: the main thread in os.fsync or a
+        kvstore wait, the pool's handler thread in MXNet's prepare-fork wait)."""
         import select
 
         if os.getpid() != sess.pid:

@@ -494,8 +494,8 @@ class ServerRecorder:
     def wrap(self, updater):
         def timed(key, recv, local):
             if self.written and key < CALIBRATION_KEY_BASE:  # the window's updates are in: the job's own pace
-                # again (waiting for each update serialised the server's keys: the clean iterations of a 14 ms
-                # step ran 7 % slower than plain MXNet's)
+                # again (waiting for each update to time it serialises the server's keys; no difference in the
+                # job's speed could be measured on this 2-core host: benchmarks/RESULTS.md, session 39)
                 updater(key, recv, local)
                 self._cpu_mark(time.time_ns() / 1000.0)
                 return
