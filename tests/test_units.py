@@ -1078,3 +1078,24 @@ def test_a_horovod_script_that_all_reduces_by_hand_is_told_why_nothing_was_profi
     message = no_step_seen([SimpleNamespace(optimizers_built=0)])
     assert "no hvd.DistributedOptimizer was built" in message and "by hand" in message
     assert "the training wrapper was built" in no_step_seen([SimpleNamespace(optimizers_built=1)])
+
+
+def test_an_mxnet_job_on_a_local_kvstore_is_told_its_workers_trained_apart(tmp_path):
+    """A Gluon job under --backend mxnet whose Trainer used kvstore 'local': each worker trained on its own and
+    nothing reached the servers; the replay's refusal said only "this one made none on a dist kvstore"."""
+    from types import SimpleNamespace
+
+    from dprorun.fsutil import TraceError
+    from dprorun.replay.ps_model import build_ps_model
+    from dprorun.runtime.mxnet import MXTracker
+
+    tracker = SimpleNamespace(local_kvstores=[], _kvstore=None)
+    MXTracker.kvstore_created(tracker, SimpleNamespace(type="local"))
+    MXTracker.kvstore_created(tracker, SimpleNamespace(type="local"))
+    assert tracker.local_kvstores == ["local"] and tracker._kvstore is None
+    (tmp_path / "rank_0").mkdir()
+    (tmp_path / "rank_0" / "events.json").write_text(json.dumps({
+        "rank": 0, "iteration_starts_us": [0.0, 9_000.0, 18_000.0],
+        "trackers": [{"framework": "mxnet", "kvstore": "", "local_kvstores": ["local"], "keys": []}]}))
+    with pytest.raises(TraceError, match="its kvstore was 'local': each worker trained on its own"):
+        build_ps_model(str(tmp_path))

@@ -64,9 +64,12 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
     first = workers[0]
     tracker = next((t for t in first.get("trackers", []) if t.get("framework") == "mxnet"), None)
     if tracker is None or not tracker.get("keys") or not first.get("iteration_starts_us"):
+        local = [] if tracker is None or tracker.get("kvstore") else tracker.get("local_kvstores") or []
         raise TraceError(run_dir, "worker 0 recorded no iteration with kvstore keys: the hooks count "
                          "gluon.Trainer.step or Module.update calls on a dist kvstore, or else push/pull cycles of "
-                         "a script that pushes by hand; this one made none on a dist kvstore")
+                         "a script that pushes by hand; this one made none on a dist kvstore"
+                         + (f" (its kvstore was {', '.join(repr(k) for k in local)}: each worker trained on its own, "
+                            "nothing reached the servers; kvstore='dist_sync' shares the gradients)" if local else ""))
     notes: list[str] = _cut_notes(first) + _worker_warnings(workers)
     keys = _window_keys(tracker["keys"], int(tracker.get("window_iterations") or 0), notes)
     read_from = len(notes)

@@ -106,6 +106,7 @@ class MXTracker:
         self.session = session
         self._kvstore = None  # weakref: a kvstore kept alive past the script's own end aborts the process at exit
         self.kv_type = ""
+        self.local_kvstores: list[str] = []  # kvstores of other types the script made (local, device): no servers
         self.keys: dict[int, dict] = {}  # key -> {"bytes", "priority", "order", "calls"}
         self.profiling = False
         self.profile_path = os.path.join(session.rank_dir, MX_PROFILE_FILE)
@@ -123,7 +124,8 @@ class MXTracker:
 
     def describe(self) -> dict:
         return {"framework": "mxnet", "backend": "kvstore", "kvstore": self.kv_type,
-                "update_on_kvstore": self.update_on_kvstore, "optimizer_on_servers": self.optimizer_on_servers,
+                "local_kvstores": self.local_kvstores, "update_on_kvstore": self.update_on_kvstore,
+                "optimizer_on_servers": self.optimizer_on_servers,
                 "keys": [{"key": k, **v, "window_pushes": self.pushed.window_pushes.get(k, 0)}
                          for k, v in sorted(self.keys.items(), key=lambda kv: kv[1]["order"])],
                 "window_iterations": self.pushed.window_iterations,
@@ -145,7 +147,11 @@ class MXTracker:
     def kvstore_created(self, kv) -> None:
         import weakref
 
-        if self._kvstore is not None or not str(kv.type).startswith("dist"):
+        if not str(kv.type).startswith("dist"):
+            if str(kv.type) not in self.local_kvstores:
+                self.local_kvstores.append(str(kv.type))
+            return
+        if self._kvstore is not None:
             return
         self._kvstore = weakref.ref(kv)
         self.kv_type = str(kv.type)
