@@ -232,12 +232,12 @@ def _torchrun_rendezvous(args: argparse.Namespace) -> bool:
     """torchrun's rendezvous flags on a launch line: the endpoint read as the master's address and port (explicit
     --master-* flags win), the id as the job id; True where nodes were left to the rendezvous to rank (no
     --node-rank), which dprorun does not do across nodes."""
-    if getattr(args, "max_restarts", 0):
+    if args.max_restarts:
         raise ValueError(f"--max-restarts {args.max_restarts}: dprorun restarts no rank (a profile of a job whose "
                          "ranks restarted would mix attempts); run with 0, as a failed job stops with its rank named")
-    if getattr(args, "rdzv_id", None) and not args.job_id:
+    if args.rdzv_id and not args.job_id:
         args.job_id = args.rdzv_id
-    endpoint = getattr(args, "rdzv_endpoint", None)
+    endpoint = args.rdzv_endpoint
     if not endpoint:
         return False
     host, _, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
@@ -255,9 +255,9 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
         command = command[1:]
     if not command:
         raise ValueError(f"no training command given; example: {USAGE_EXAMPLE}")
-    if getattr(args, "module", False):
+    if args.module:
         command = [sys.executable, "-m", *command]
-    if getattr(args, "standalone", False):
+    if args.standalone:
         if (args.nnodes or 1) > 1:
             raise ValueError(f"--standalone runs one node, not --nnodes {args.nnodes} (as under torchrun)")
         args.nnodes = 1  # explicit: a scheduler's node count (SLURM) does not replace it

@@ -142,17 +142,24 @@ def _timed_backward(backward, name: str, use: ScriptUse):
     """An autograd Function's backward (its collective) timed for `use.timed` as "<name> (backward)"."""
     @functools.wraps(backward)
     def timed(ctx, *grads):
-        start = time.perf_counter()
-        try:
+        if use.timed is None:
             return backward(ctx, *grads)
-        finally:
-            try:
-                if use.timed is not None:
-                    use.timed(f"{name} (backward)", (time.perf_counter() - start) * 1e6)
-            except Exception:  # the timing never reaches the script's backward
-                pass
+        return _timed_call(use, f"{name} (backward)", backward, ctx, *grads)
 
     return timed
+
+
+def _timed_call(use: ScriptUse, label: str, call, /, *args, **kwargs):
+    """call(*args, **kwargs), its µs told to `use.timed` under `label` (a failing listener never reaches the call;
+    positional-only: the call's own keywords, as hvd.allgather's name=, pass through)."""
+    start = time.perf_counter()
+    try:
+        return call(*args, **kwargs)
+    finally:
+        try:
+            use.timed(label, (time.perf_counter() - start) * 1e6)
+        except Exception:
+            pass
 
 
 def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True):
@@ -174,14 +181,7 @@ def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True)
                 pass
         if use.timed is None or sys._getframe(1).f_globals.get("__name__", "").startswith("dprorun."):
             return collective(*args, **kwargs)
-        start = time.perf_counter()
-        try:
-            return collective(*args, **kwargs)
-        finally:
-            try:
-                use.timed(f"{module.__name__}.{name}", (time.perf_counter() - start) * 1e6)
-            except Exception:  # the timing never reaches the script's collective
-                pass
+        return _timed_call(use, f"{module.__name__}.{name}", collective, *args, **kwargs)
 
     return watched
 
