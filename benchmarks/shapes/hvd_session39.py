@@ -1,6 +1,7 @@
 """Horovod (horovod.torch) shapes of session 39: --join-uneven (rank 1 has 6 batches fewer, as an uneven last
 shard: it calls hvd.join() when its data ends and the others' all-reduces go on without it; every rank joins at
-the end), --torchscript (a torch.jit.script'ed model: no forward hook on it). (hvd.SyncBatchNorm was tried: it raises "expected input tensor to be on GPU" on CPU.)"""
+the end), --torchscript (a torch.jit.script'ed model: no forward hook on it). (hvd.SyncBatchNorm was tried: it
+raises "expected input tensor to be on GPU" on CPU.)"""
 import argparse, statistics, time
 import torch, torch.nn as nn
 import horovod.torch as hvd
