@@ -296,23 +296,42 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
             return LaunchResult(1, _launch_error(exc, job, port))
 
 
+# what a rank raises because another rank failed first: Horovod shut down, a gloo peer's connection closed,
+# a TensorFlow collective aborted
+CONSEQUENTIAL_ERRORS = ("HorovodInternalError", "Horovod has been shut down", "Connection closed by peer",
+                        "Connection reset by peer", "Collective ops is aborted by")
+
+
 def _root_failure(err) -> tuple[int, object]:
     """The failure that caused the stop. A rank killed by a signal (SIGKILL from the OOM killer, SIGSEGV) comes
     first: the others then fail because their peer vanished (gloo raises) or because the agent stopped them
     (SIGTERM), and either can be stamped earlier, as a killed rank leaves no error file. Then ranks that exited
-    with an error, then the rest; the earliest within a class."""
+    with an error of their own, then those whose error says a peer failed first (a TensorFlow collective aborted as
+    its peer's socket closed can be stamped before the peer's own error: seen in CI), then the rest; the earliest
+    within a class."""
     def rank_of(item) -> tuple:
         rank, failure = item
         code = failure.exitcode
         if code < 0 and code != -signal.SIGTERM:
             cls = 0
         elif code not in (-signal.SIGTERM, 128 + signal.SIGTERM):
-            cls = 1
+            cls = 2 if _failed_because_of_a_peer(failure) else 1
         else:
-            cls = 2
+            cls = 3
         return cls, failure.timestamp, rank
 
     return min(err.failures.items(), key=rank_of)
+
+
+def _failed_because_of_a_peer(failure) -> bool:
+    """Whether a rank's recorded error is what a rank raises because another one failed (CONSEQUENTIAL_ERRORS)."""
+    try:
+        message = failure.message
+    except Exception:
+        return False
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    return any(cause in str(message or "") for cause in CONSEQUENTIAL_ERRORS)
 
 
 def _launch_error(exc: Exception, job: JobConfig, port: int) -> str:
@@ -454,11 +473,6 @@ def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
         return LaunchResult(code if code > 0 else 128 - code, f"{engine} exited with code {code} " + (
             f"({named})" if named else "(its output above names the failing rank)"))
     return LaunchResult(0, "all ranks finished")
-
-
-# what a rank raises because another rank failed first: Horovod shut down, a gloo peer's connection closed
-CONSEQUENTIAL_ERRORS = ("HorovodInternalError", "Horovod has been shut down", "Connection closed by peer",
-                        "Connection reset by peer")
 
 
 def raised_in_ranks(run_dir: str, world_size: int) -> str:

@@ -163,6 +163,14 @@ def test_the_reported_failure_is_the_cause_not_a_rank_stopped_at_teardown():
     other = ProcessFailure(local_rank=2, pid=102, exitcode=1, error_file="")
     other.timestamp = 12
     assert _root_failure(ChildFailedError("train", {0: stopped, 1: raised, 2: other}))[0] == 1
+    # a TensorFlow collective that aborted as its peer's socket closed, stamped before the peer's own error (CI):
+    # the peer is the cause
+    aborted = ProcessFailure(local_rank=0, pid=100, exitcode=1, error_file="")
+    aborted.timestamp, aborted.message = 10, {"message": "UnavailableError: Graph execution error:\n\nCollective ops "
+                                                         "is aborted by: Socket closed"}
+    own = ProcessFailure(local_rank=1, pid=101, exitcode=1, error_file="")
+    own.timestamp, own.message = 11, {"message": "RuntimeError: injected failure at step 8"}
+    assert _root_failure(ChildFailedError("train", {0: aborted, 1: own}))[0] == 1
 
 
 def test_horovod_jobs_keep_their_thread_settings(monkeypatch):
