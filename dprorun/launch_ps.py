@@ -78,9 +78,8 @@ def launch_ps(job: JobConfig) -> LaunchResult:
             link = NodeLink.connect(job.launch.node_rank, job.launch.nnodes, job.launch.master_addr,
                                     int(job.launch.master_port), join_s)
             clock = link.probe_clock()
-        except Exception as exc:  # node 0's dprorun never came: nothing was started here
-            return LaunchResult(1, f"node {job.launch.node_rank} could not reach node 0's dprorun at "
-                                   f"{job.launch.master_addr} ({type(exc).__name__}: {exc})")
+        except Exception as exc:  # node 0's dprorun never came (or, on node 0, its port was taken): nothing started
+            return LaunchResult(1, _link_error(job, exc))
         missing = link.missing_nodes(join_s) if job.launch.node_rank == 0 else []
         if missing:  # the scheduler would wait for their roles forever: nothing was started
             link.release_responders(missing)
@@ -93,6 +92,19 @@ def launch_ps(job: JobConfig) -> LaunchResult:
     if link is not None:
         result = _exchange_with_nodes(job, link, result)
     return result
+
+
+def _link_error(job: JobConfig, exc: Exception) -> str:
+    """Why the nodes' link failed: on node 0 a taken port is its own (the link listens on --master-port + 1)."""
+    from dprorun.node_link import link_port
+
+    text = str(exc)
+    port = link_port(int(job.launch.master_port))
+    if job.launch.node_rank == 0 and ("address already in use" in text.lower() or "EADDRINUSE" in text):
+        return (f"port {port} on {job.launch.master_addr} is already in use: the nodes' link listens on "
+                f"--master-port + 1 (or $DPRO_AGENT_PORT); choose another --master-port")
+    return (f"node {job.launch.node_rank} could not reach node 0's dprorun at {job.launch.master_addr}:{port} "
+            f"({type(exc).__name__}: {text.splitlines()[0] if text else ''})")
 
 
 def _apply_server_count(job: JobConfig) -> None:

@@ -39,6 +39,11 @@ class NodeClock:
                 "uncertainty_us": round(self.rtt_us / 2, 1)}
 
 
+def link_port(master_port: int) -> int:
+    """The port node 0's link store listens on: $DPRO_AGENT_PORT, or the master port + 1."""
+    return int(os.environ.get(AGENT_PORT_ENV) or master_port + 1)
+
+
 @dataclass
 class NodeLink:
     node: int
@@ -54,7 +59,7 @@ class NodeLink:
 
         from torch.distributed import TCPStore
 
-        port = int(os.environ.get(AGENT_PORT_ENV) or master_port + 1)
+        port = link_port(master_port)
         store = TCPStore(master_addr, port, nnodes, node == 0, timedelta(seconds=timeout_s),
                          wait_for_workers=False)
         link = cls(node, nnodes, store, (master_addr, port, timeout_s))

@@ -4,6 +4,7 @@ split into executable and arguments, the --timeout watchdog, and the wording of 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -39,10 +40,39 @@ def hooks_dir() -> str:
                             + ", ".join(candidates) + ")")
 
 
-def free_port(addr: str = "127.0.0.1") -> int:
+def free_port(addr: str = "127.0.0.1", count: int = 1) -> int:
+    """A port free on addr now, with the count - 1 ports after it. Drawn below the kernel's ephemeral range: a port
+    from bind(addr, 0) comes from that range, which the kernel also hands to every outgoing connection and to the
+    next bind(0), so another process could take it before the job binds it (a suite run lost a test so, the nodes'
+    link on master port + 1 taken). Falls back to bind(0) when no port below the range is free."""
+    low = _ephemeral_ports()[0]
+    draw = random.SystemRandom()
+    first, last = max(1024, low - 20000), low - count
+    for _ in range(100 if last > first else 0):
+        port = draw.randrange(first, last)
+        if all(_bindable(addr, candidate) for candidate in range(port, port + count)):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((addr, 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as handle:
+            low, high = (int(value) for value in handle.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(addr: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((addr, port))
+        except OSError:
+            return False
+    return True
 
 
 def rank_environment(job: JobConfig) -> dict[str, str]:
@@ -79,7 +109,8 @@ def tf_worker_addresses(job: JobConfig) -> list[str]:
     """Every TF worker's host:port in rank order: free loopback ports on one host; across --hosts, port
     DPRO_TF_BASE_PORT (29600) + local rank on each host, so every node computes the same list."""
     if job.launch.nnodes == 1 and not job.launch.hosts:
-        return [f"127.0.0.1:{free_port()}" for _ in range(job.launch.nproc_per_node)]
+        base = free_port(count=job.launch.nproc_per_node)
+        return [f"127.0.0.1:{base + rank}" for rank in range(job.launch.nproc_per_node)]
     if not job.launch.hosts:
         raise ValueError("--backend tf across several nodes needs --hosts (each worker's address goes into every "
                          "worker's TF_CONFIG)")

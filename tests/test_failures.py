@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from conftest import EXAMPLES, run_dprorun
+from dprorun.procs import free_port
 
 HANG = """
 import time
@@ -169,9 +170,7 @@ def test_a_trace_that_would_fill_the_disk_is_dropped_and_training_continues(smal
 
 
 def test_a_node_that_never_joins_is_a_clear_error_in_bounded_time(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port(count=2)  # the master port and the nodes' link on the next
     proc, elapsed = run_dprorun(["--nnodes", "2", "--node-rank", "0", "--master-port", str(port), "--join-timeout",
                                  "5", "-np", "1", "python", os.path.join(EXAMPLES, "mlp_many_layers.py")],
                                 tmp_path / "run", timeout=120)
@@ -189,9 +188,7 @@ def test_node_0_claims_a_run_directory_its_other_node_shares_after_that_node_sta
 
     from conftest import REPO
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port(count=2)  # the master port and the nodes' link on the next
     run_dir = tmp_path / "shared"
     node = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--join-timeout", "60",
             "-np", "1", "-q", "--warmup", "2", "--active", "4", "--clean", "2", "python",

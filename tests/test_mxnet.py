@@ -15,6 +15,7 @@ import pytest
 
 from conftest import CHROMIUM, EXAMPLES, REPO, render_page, run_dprorun
 from dprorun.fsutil import UnanswerableError
+from dprorun.procs import free_port
 from dprorun.replay.engine import replay
 from dprorun.replay.ps import PSModel, PSWhatIf, WorkerOps, calibration_graph, predict_ps, ps_graph
 from dprorun.replay.ps_model import build_ps_model, fit_links
@@ -456,11 +457,7 @@ def test_a_script_that_pushes_and_pulls_by_hand_is_profiled_by_its_cycles(tmp_pa
 def test_a_node_that_never_joins_a_ps_job_is_a_clear_error_in_bounded_time(tmp_path):
     """--backend mxnet across nodes: node 0 waits --join-timeout for the others' dprorun before starting any role
     (its scheduler would otherwise wait for their roles forever)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port(count=2)  # the master port and the nodes' link on the next
     started = time.monotonic()
     proc, _ = run_dprorun(["--backend", "mxnet", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
                            "--master-port", str(port), "--join-timeout", "5", "-np", "1", "python",
@@ -469,17 +466,39 @@ def test_a_node_that_never_joins_a_ps_job_is_a_clear_error_in_bounded_time(tmp_p
     assert "not every node joined (2 expected): node(s) [1]" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_taken_link_port_on_node_0_is_named_as_node_0s_own(tmp_path):
+    """Node 0's link listens on --master-port + 1; that port taken was told "node 0 could not reach node 0's
+    dprorun" (a suite run, where another process took it). Now the port and the way out are named."""
+    import socket
+
+    port = free_port(count=2)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port + 1))
+        busy.listen()
+        proc, _ = run_dprorun(["--backend", "mxnet", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                               "--master-port", str(port), "--join-timeout", "5", "-np", "1", "python",
+                               os.path.join(EXAMPLES, "mxnet_gluon.py")], tmp_path / "run", timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"port {port + 1} on 127.0.0.1 is already in use" in proc.stderr and "--master-port + 1" in proc.stderr
+
+
+def test_free_ports_come_from_below_the_ephemeral_range():
+    """Ports the kernel gives outgoing connections and bind(0) cannot be taken between the draw and the job's bind."""
+    from dprorun.procs import _bindable, _ephemeral_ports
+
+    low = _ephemeral_ports()[0]
+    for _ in range(20):
+        port = free_port(count=3)
+        assert 1024 <= port and port + 2 < low and all(_bindable("127.0.0.1", p) for p in range(port, port + 3))
+
+
 def test_node_0_giving_up_on_a_node_lets_its_probe_responder_finish_before_exiting():
     """Node 0's responder thread for a node that never came waits in a store get as long as the join timeout; when
     node 0 gave up at that moment and exited, the get's timeout could fire during the interpreter's shutdown and
     abort dprorun (exit -6, once in the suite). release_responders lets the thread through and joins it."""
-    import socket
-
     from dprorun.node_link import NodeLink
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     link = NodeLink.connect(0, 2, "127.0.0.1", port - 1, timeout_s=30.0)  # the store listens on master port + 1
     assert link.missing_nodes(0.5) == [1] and all(thread.is_alive() for thread in link.responders)
     started = time.monotonic()
