@@ -180,6 +180,10 @@ JOBS = {
     "horovod-join-uneven-last-shard": (["--backend", "horovod"], "hvd_session39.py", ["--join-uneven"], "horovod"),
     "tf-loop-accumulate-2-in-the-step": (["--backend", "tf"], "tf_session39.py", ["--accumulate-2"], "tensorflow"),
     "tf-loop-two-optimizers": (["--backend", "tf"], "tf_session39.py", ["--two-optimizers"], "tensorflow"),
+    "ddp-sam-two-passes-a-step": ([], "ddp_session40.py", ["--sam"], "torch"),
+    "ddp-fp16-autocast-grad-scaler": ([], "ddp_session40.py", ["--fp16-scaler"], "torch"),
+    "tensor-parallel-no-ddp (named, not profiled)": ([], "ddp_session40.py", ["--tensor-parallel"], "torch"),
+    "pipeline-gpipe-no-ddp (named, not profiled)": ([], "ddp_session40.py", ["--pipeline"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

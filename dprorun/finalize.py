@@ -200,7 +200,8 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
             from dprorun.runtime.watch import SUPPORTED_WRAPPERS
 
             print(f"dprorun: nothing was profiled: no rank built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
-                  "FSDP, hand-written all-reduce loops and jobs without a distributed wrapper run unprofiled "
+                  "FSDP, tensor or pipeline parallelism, hand-written all-reduce loops and jobs without a "
+                  "distributed wrapper run unprofiled "
                   "(rank 0's log says what it saw)", file=sys.stderr)
         if result.exit_code == 0 and not job.output.quiet:
             print(f"dprorun: run directory {job.output.run_dir}")

@@ -372,6 +372,38 @@ def test_a_job_with_nothing_to_profile_says_so(tmp_path):
     assert "it saw 9 FSDP wrapper(s)" in proc.stderr, proc.stderr[-2000:]
 
 
+MODEL_SPLIT_SCRIPT = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+dist.init_process_group("gloo")
+mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+model = parallelize_module(mlp, init_device_mesh("cpu", (2,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(8, 64)).sum().backward()
+    opt.step()
+stage = PipelineStage(torch.nn.Linear(4, 4), dist.get_rank(), 2, torch.device("cpu"))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_model_split_across_ranks_is_named_as_such(tmp_path):
+    """Tensor parallelism (parallelize_module: DTensor weights, functional collectives) and pipeline stages: no
+    data-parallel wrapper, so nothing is profiled; rank 0 names the split it saw, not only "a gloo process group"
+    (benchmarks/shapes/ddp_session40.py --tensor-parallel / --pipeline ran so, unnamed, before)."""
+    script = tmp_path / "split.py"
+    script.write_text(MODEL_SPLIT_SCRIPT)
+    proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nothing was profiled" in proc.stderr and "tensor or pipeline parallelism" in proc.stderr
+    assert "it saw 1 tensor-parallel plan(s) (torch.distributed.tensor.parallel); 1 pipeline stage(s)" in proc.stderr
+    assert "a model split across the ranks (tensor or pipeline parallelism) is neither profiled" in proc.stderr
+
+
 HAND_AVERAGED_SCRIPT = """
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")

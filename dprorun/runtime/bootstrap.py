@@ -160,7 +160,9 @@ def _script_watches(sess) -> dict[str, Callable[[], None]]:
             "torch.autograd.profiler": lambda: sess.guard("watching the script's profiler", watch_torch, sess),
             "horovod.torch": lambda: sess.guard("watching horovod.torch", watch.watch_horovod_torch, use),
             **{name: functools.partial(sess.guard, "watching FSDP", watch.watch_fsdp, use, name)
-               for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")}}
+               for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")},
+            **{name: functools.partial(sess.guard, "watching model splits", watch.watch_model_splits, use, name)
+               for name in watch.MODEL_SPLITS}}
 
 
 def _install_mxnet_server(environ) -> Optional[object]:

@@ -41,6 +41,8 @@ class ScriptUse:
     """torch.distributed use seen in the script (counts of calls; the process group as it was made)."""
     spawned_processes: int = 0  # started by torch.multiprocessing.spawn: not ranks dprorun launched
     fsdp_wrappers: int = 0  # FullyShardedDataParallel / fully_shard calls
+    # a model split across ranks: what was built ("tensor-parallel plan(s) (...)", "pipeline stage(s) (...)") -> count
+    model_splits: dict[str, int] = field(default_factory=dict)
     collectives: dict[str, int] = field(default_factory=dict)  # torch.distributed.<name> calls the script made
     process_group: str = ""  # "a gloo process group of 2 ranks", once init_process_group returned
     # told of each such call (name, args, kwargs) before it runs: runtime/hook_bytes.py counts a comm hook's bytes
@@ -62,6 +64,7 @@ def nothing_to_profile(use: ScriptUse) -> str:
     seen = []
     if use.fsdp_wrappers:
         seen.append(f"{use.fsdp_wrappers} FSDP wrapper(s) (FullyShardedDataParallel / fully_shard)")
+    seen += [f"{count} {what}" for what, count in use.model_splits.items()]
     if use.collectives:
         calls = ", ".join(f"torch.distributed.{name} x{count}" for name, count in sorted(use.collectives.items()))
         seen.append(f"collectives called by the script itself ({calls})")
@@ -69,7 +72,10 @@ def nothing_to_profile(use: ScriptUse) -> str:
         seen.append(use.process_group)
     found = ("it saw " + "; ".join(seen)) if seen else "no distributed training was seen"
     advice = ""
-    if use.collectives and not use.fsdp_wrappers:
+    if use.model_splits:
+        advice = (" dprorun profiles and replays data parallelism (each rank a whole model): a model split across the "
+                  "ranks (tensor or pipeline parallelism) is neither profiled nor modelled.")
+    elif use.collectives and not use.fsdp_wrappers:
         advice = (" Gradients shared by hand-written collectives are not profiled: wrapping the model in "
                   "DistributedDataParallel (and dropping the loop's all-reduce) lets dprorun profile and replay it.")
     return (f"nothing to profile: the job never built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
@@ -197,6 +203,41 @@ def _warn_own_rendezvous(method) -> None:
                  f"this waits for a store at {address} that nobody serves until its timeout; use "
                  "init_method='env://' (or leave it out) and let the launcher set MASTER_ADDR, MASTER_PORT, RANK "
                  "and WORLD_SIZE")
+
+
+MODEL_SPLITS = {  # module -> (callable or class it builds a split with, what it is called in the message)
+    "torch.distributed.tensor.parallel": ("parallelize_module",
+                                          "tensor-parallel plan(s) (torch.distributed.tensor.parallel)"),
+    "torch.distributed.pipelining": ("PipelineStage", "pipeline stage(s) (torch.distributed.pipelining)"),
+}
+
+
+def watch_model_splits(use: ScriptUse, module_name: str) -> None:
+    """A model split across ranks, built through `module_name` (MODEL_SPLITS): counted, to be named when nothing
+    could be profiled (the job runs as under torchrun)."""
+    module = sys.modules[module_name]
+    name, what = MODEL_SPLITS[module_name]
+    original = getattr(module, name, None)
+    if original is None or hasattr(original, "__wrapped__"):
+        return
+    if isinstance(original, type):
+        original_init = original.__init__
+
+        @functools.wraps(original_init)
+        def init(self, *args, **kwargs):
+            use.model_splits[what] = use.model_splits.get(what, 0) + 1
+            return original_init(self, *args, **kwargs)
+
+        original.__init__ = init
+        original.__wrapped__ = original_init
+        return
+
+    @functools.wraps(original)
+    def counted(*args, **kwargs):
+        use.model_splits[what] = use.model_splits.get(what, 0) + 1
+        return original(*args, **kwargs)
+
+    setattr(module, name, counted)
 
 
 def watch_fsdp(use: ScriptUse, module_name: str) -> None:
