@@ -182,8 +182,13 @@ JOBS = {
     "tf-loop-two-optimizers": (["--backend", "tf"], "tf_session39.py", ["--two-optimizers"], "tensorflow"),
     "ddp-sam-two-passes-a-step": ([], "ddp_session40.py", ["--sam"], "torch"),
     "ddp-fp16-autocast-grad-scaler": ([], "ddp_session40.py", ["--fp16-scaler"], "torch"),
-    "tensor-parallel-no-ddp (named, not profiled)": ([], "ddp_session40.py", ["--tensor-parallel"], "torch"),
-    "pipeline-gpipe-no-ddp (named, not profiled)": ([], "ddp_session40.py", ["--pipeline"], "torch"),
+    "tensor-parallel-named-not-profiled": ([], "ddp_session40.py", ["--tensor-parallel"], "torch"),
+    "pipeline-gpipe-named-not-profiled": ([], "ddp_session40.py", ["--pipeline"], "torch"),
+    "ddp-spawn-loader-workers": ([], "ddp_spawn_loader.py", ["--context", "spawn"], "torch"),
+    "ddp-forkserver-loader-workers": ([], "ddp_spawn_loader.py", ["--context", "forkserver"], "torch"),
+    "ddp-hf-gpt2-loop": ([], "ddp_hf_loop.py", [], "transformers"),
+    "ddp-hf-gpt2-loop-checkpointing": ([], "ddp_hf_loop.py", ["--checkpointing"], "transformers"),
+    "ddp-hf-gpt2-loop-bf16": ([], "ddp_hf_loop.py", ["--bf16"], "transformers"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
