@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "communication, host/GPU samples) and gather every rank's trace into one run directory.",
         epilog=f"example: {USAGE_EXAMPLE}")
     _job_arguments(parser.add_argument_group("job"))
+    _torchrun_arguments(parser.add_argument_group("torchrun's other flags (a torchrun launch line runs as it is)"))
     _mxnet_arguments(parser.add_argument_group("mxnet (with --backend mxnet)"))
     _horovod_arguments(parser.add_argument_group("horovod (with --backend horovod)"))
     _profiling_arguments(parser.add_argument_group("profiling"))
@@ -35,9 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ranks_per_node(value: str) -> int:
+    """-np: a number, or torchrun's auto / cpu / gpu (xpu, ...), counted by torchrun's own rule (a GPU each where
+    one is asked or seen, else a core each)."""
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    from torch.distributed.run import determine_local_world_size
+
+    try:
+        return determine_local_world_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of ranks, or auto, cpu or gpu ({exc})") from None
+
+
 def _job_arguments(job) -> None:
-    job.add_argument("-np", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int, default=1,
-                     help="ranks on this node (default 1)")
+    job.add_argument("-np", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=_ranks_per_node, default=1,
+                     help="ranks on this node (default 1); as torchrun's, also auto, cpu or gpu (one a core or a GPU)")
     # torchrun's spellings with underscores too (--nproc_per_node=8), and its --standalone (one node, a local
     # rendezvous: dprorun's default), so a launch line written for torchrun runs as it is
     job.add_argument("--standalone", action="store_true",
@@ -51,8 +67,9 @@ def _job_arguments(job) -> None:
     job.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
                      help="as torchrun's; dprorun restarts no rank: 0 only")
     # --nnodes, --node-rank, --master-addr, --master-port: None when left out, then SLURM's or a PyTorchJob's values
-    job.add_argument("--nnodes", type=int, default=None,
-                     help="number of nodes (torchrun-style multi-node; default 1, or SLURM's / a PyTorchJob's)")
+    job.add_argument("--nnodes", type=_node_count, default=None,
+                     help="number of nodes (torchrun-style multi-node; default 1, or SLURM's / a PyTorchJob's); "
+                          "torchrun's MIN:MAX only as a fixed count (N:N)")
     job.add_argument("--node-rank", "--node_rank", type=int, default=None,
                      help="this node's index (0 owns the run directory; default 0, or the scheduler's)")
     job.add_argument("--master-addr", "--master_addr", default=None,
@@ -73,6 +90,53 @@ def _job_arguments(job) -> None:
     job.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
     job.add_argument("--join-timeout", type=float, default=None,
                      help="seconds to wait for every node to join (default 900 multi-node, 60 single-node)")
+
+
+def _node_count(value: str) -> int:
+    """--nnodes N, or torchrun's elastic MIN:MAX where both are N (dprorun profiles a fixed set of nodes)."""
+    low, _, high = value.partition(":")
+    try:
+        nodes = int(low)
+        if high and int(high) != nodes:
+            raise argparse.ArgumentTypeError(
+                f"{value}: torchrun's elastic node range; dprorun runs (and profiles) a fixed number of nodes: give "
+                f"--nnodes N (or N:N)")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of nodes (or N:N)") from None
+    return nodes
+
+
+def _torchrun_arguments(run) -> None:
+    """torchrun's flags for where output goes and how its agent runs: --local-ranks-filter and --role are honoured;
+    --rdzv-conf's join_timeout is read as --join-timeout; the rest are accepted and said to change nothing (dprorun
+    tees each rank's output, prefixed, and keeps it in RUN/logs)."""
+    run.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter", default=None,
+                     metavar="RANKS", help="as torchrun's: the console shows only these local ranks' output "
+                                           "(e.g. 0 or 0,1); every rank's is kept in RUN/logs")
+    run.add_argument("--role", default="default", help="as torchrun's: the ranks' role name (ROLE_NAME)")
+    run.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default="", metavar="KEY=VALUE,...",
+                     help="as torchrun's: join_timeout is read as --join-timeout; other keys change nothing")
+    for flags, dest in ((("--tee",), "tee"), (("--redirects", "-r"), "redirects"), (("--log-dir", "--log_dir"),
+                        "log_dir"), (("--monitor-interval", "--monitor_interval"), "monitor_interval"),
+                        (("--start-method", "--start_method"), "start_method"),
+                        (("--local-addr", "--local_addr"), "local_addr")):
+        run.add_argument(*flags, dest=dest, default=None, help="as torchrun's; accepted, changes nothing here")
+    run.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
+                     help="as torchrun's; accepted (the script runs with Python either way)")
+
+
+def torchrun_notes(args: argparse.Namespace) -> list[str]:
+    """What dprorun did with torchrun's flags that change nothing here, to say at launch."""
+    given = [f"--{dest.replace('_', '-')}" for dest in ("tee", "redirects", "log_dir", "monitor_interval",
+                                                         "start_method", "local_addr") if getattr(args, dest, None)]
+    given += ["--run-path"] if getattr(args, "run_path", False) else []
+    notes = [f"torchrun's {', '.join(given)} accepted, changing nothing here: dprorun tees each rank's output to the "
+             "console with a [rankN]: prefix and keeps it in the run directory's logs/"] if given else []
+    conf = {k for k, _, _ in (item.partition("=") for item in (args.rdzv_conf or "").split(",") if item)}
+    if conf - {"join_timeout"}:
+        notes.append(f"torchrun's --rdzv-conf {', '.join(sorted(conf - {'join_timeout'}))} accepted, changing "
+                     "nothing here: dprorun's rendezvous waits --join-timeout (or --rdzv-conf join_timeout)")
+    return notes
 
 
 def _mxnet_arguments(mxg) -> None:
@@ -306,11 +370,24 @@ def _local_np(args: argparse.Namespace) -> Optional[int]:
     return predict_np
 
 
+def _console_ranks(value: Optional[str]) -> Optional[list[int]]:
+    if not value:
+        return None
+    try:
+        return sorted({int(rank) for rank in value.split(",") if rank.strip()})
+    except ValueError:
+        raise ValueError(f"--local-ranks-filter {value!r}: local ranks separated by commas (e.g. 0 or 0,1)") from None
+
+
 def launch_config(args: argparse.Namespace) -> LaunchConfig:
     """Where the ranks start: the launch flags (after the scheduler's defaults), --hosts, the PS roles."""
     launch = LaunchConfig(nproc_per_node=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
                           master_addr=args.master_addr, master_port=args.master_port, launcher=args.launcher,
-                          backend=args.backend, timeout_s=args.timeout, join_timeout_s=args.join_timeout)
+                          backend=args.backend, timeout_s=args.timeout, join_timeout_s=args.join_timeout,
+                          role=args.role, console_ranks=_console_ranks(args.local_ranks_filter))
+    join = dict(item.partition("=")[::2] for item in args.rdzv_conf.split(",") if item).get("join_timeout")
+    if join and launch.join_timeout_s is None:
+        launch.join_timeout_s = float(join)
     if args.hosts:
         hosts = _parse_hosts(args.hosts)
         slots = {s for _, s in hosts}
@@ -410,6 +487,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TraceError as exc:
         print(f"dprorun: error: {exc}", file=sys.stderr)
         return 2
+    for note in torchrun_notes(args):
+        print(f"dprorun: {note}", file=sys.stderr)
     if job.launch.node_rank == 0:  # node 0 owns the run directory (others may share its filesystem)
         from dprorun.layout import claim_run_dir
 

@@ -134,6 +134,8 @@ class LaunchConfig:
     join_timeout_s: Optional[float] = None  # rendezvous: how long node 0 waits for the others (900 s multi-node)
     servers: int = 1  # --backend mxnet: parameter servers
     mxnet_python: str = ""  # --backend mxnet: the interpreter of the roles ("": found at launch)
+    role: str = "default"  # the ranks' ROLE_NAME (torchrun's --role)
+    console_ranks: Optional[list[int]] = None  # local ranks whose output the console shows (None: all)
 
     @property
     def world_size(self) -> int:

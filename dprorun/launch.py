@@ -247,7 +247,7 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
         max_nodes=job.launch.nnodes,
         nproc_per_node=job.launch.nproc_per_node,
         run_id=job.profile.job_id,
-        role="default",  # as torchrun names it (ROLE_NAME in the ranks' environment; torch's own default differs)
+        role=job.launch.role,  # "default" as torchrun names it (ROLE_NAME; torch's own default differs)
         rdzv_endpoint=f"{job.launch.master_addr}:{port}",
         rdzv_backend=backend,
         rdzv_configs={"rank": job.launch.node_rank,
@@ -255,7 +255,8 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
         max_restarts=0,
         monitor_interval=0.1,
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(job.output.run_dir, "logs"),
-                                    tee=Std.NONE if job.low_disk else Std.ALL),
+                                    tee=Std.NONE if job.low_disk else Std.ALL,
+                                    local_ranks_filter=set(job.launch.console_ranks or ()) or None),
         log_line_prefix_template="[rank${rank}]: ",
         shutdown_timeout=5,  # seconds between SIGTERM and SIGKILL at teardown (torch >= 2.12; 30 s before)
     )
@@ -356,7 +357,9 @@ def _launch_torchrun(job: JobConfig) -> LaunchResult:
            f"--nnodes={job.launch.nnodes}", f"--nproc-per-node={job.launch.nproc_per_node}",
            f"--node-rank={job.launch.node_rank}", f"--master-addr={job.launch.master_addr}",
            f"--master-port={job.launch.master_port or free_port(job.launch.master_addr)}",
-           f"--rdzv-id={job.profile.job_id}", "--max-restarts=0", "--tee=3",
+           f"--rdzv-id={job.profile.job_id}", "--max-restarts=0", "--tee=3", f"--role={job.launch.role}",
+           *([f"--local-ranks-filter={','.join(map(str, job.launch.console_ranks))}"] if job.launch.console_ranks
+             else []),
            f"--log-dir={os.path.join(job.output.run_dir, 'logs')}"]
     if entrypoint == sys.executable or os.path.basename(entrypoint).startswith("python"):
         cmd += [a for a in args if a != "-u"]

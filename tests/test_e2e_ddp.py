@@ -334,6 +334,27 @@ def test_launcher_torchrun_and_the_torchrun_shim(tmp_path):
     assert sorted(load_run(str(tmp_path / "b")).ranks) == [0, 1]
 
 
+def test_torchruns_output_and_agent_flags_run_as_they_are(tmp_path):
+    """A launch line as torchtitan's scripts write it (--local-ranks-filter, --role, --tee 3, --nnodes N:N,
+    --rdzv_conf) was "unrecognized arguments": the filter and the role are honoured, the rest said to change
+    nothing; every rank's output is still kept in the run directory's logs."""
+    import glob
+
+    script = tmp_path / "who.py"
+    script.write_text("import os\nprint(f\"rank {os.environ['RANK']} role {os.environ['ROLE_NAME']}\", "
+                      "flush=True)\n")
+    proc, _ = run_dprorun(["--nproc_per_node=2", "--nnodes=1:1", "--local-ranks-filter", "1", "--role", "trainer",
+                           "--tee", "3", "--rdzv_conf=join_timeout=30,read_timeout=60", "python", str(script)],
+                          tmp_path / "run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rank 1 role trainer" in proc.stdout and "rank 0 role" not in proc.stdout, proc.stdout
+    assert "--tee accepted, changing nothing here" in proc.stderr and "--rdzv-conf read_timeout" in proc.stderr
+    kept = glob.glob(str(tmp_path / "run" / "logs" / "*" / "attempt_0" / "0" / "stdout.log"))
+    assert kept and "rank 0 role trainer" in open(kept[0]).read()
+    elastic = run_dprorun(["--nnodes=1:2", "python", str(script)], tmp_path / "elastic", timeout=60)[0]
+    assert elastic.returncode == 2 and "dprorun runs (and profiles) a fixed number of nodes" in elastic.stderr
+
+
 # The script frees the sharded model and waits at a barrier before tearing its group down. Without that, torch 2.13's
 # gloo group outlives destroy_process_group (FSDP2's mesh holds it), and a worker thread of the group that drops its
 # last all-reduce's work late, after the interpreter began to finalize, needs the GIL for that work's Python state

@@ -310,5 +310,12 @@ def test_a_torchrun_launch_line_parses_as_it_is(monkeypatch):
         job_from_args(parser.parse_args(["--nnodes=2", "--rdzv_endpoint=h0:29400", "train.py"]))
     with pytest.raises(ValueError, match="dprorun restarts no rank"):
         job_from_args(parser.parse_args(["--max_restarts=3", "train.py"]))
+    assert job_from_args(parser.parse_args(["--nproc_per_node=cpu", "train.py"])).launch.nproc_per_node == \
+        os.cpu_count()
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):  # torchrun's "gpu" on a machine without one: its own error, named
+            parser.parse_args(["--nproc-per-node", "gpu", "train.py"])
     args = parser.parse_args(["--backend", "horovod", "-np", "2", "-H", "localhost:2", "python", "t.py", "-H", "x"])
     assert args.hosts == "localhost:2" and args.command == ["python", "t.py", "-H", "x"]  # horovodrun's -H
