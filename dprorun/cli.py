@@ -162,6 +162,9 @@ def _horovod_arguments(hvd) -> None:
                           "(the whole job), off, or auto (default: window for horovod.tensorflow scripts, whose "
                           "all-reduce spans come from it; off for horovod.torch, whose hooks time every all-reduce)")
     hvd.add_argument("--horovod-full-timeline", action="store_true", help="the same as --horovod-timeline job")
+    hvd.add_argument("--horovodrun-flag", dest="horovodrun_flags", action="append", default=[], metavar="FLAG[=V]",
+                     help="one more horovodrun flag, given as it is (e.g. --horovodrun-flag=--cache-capacity=1024); "
+                          "launchers/horovodrun passes Horovod's tuning and runner flags so")
 
 
 def _profiling_arguments(prof) -> None:
@@ -419,7 +422,7 @@ def horovod_config(args: argparse.Namespace) -> HorovodConfig:
         (["--ssh-port", str(args.ssh_port)] if args.ssh_port else []) + \
         (["--network-interfaces", args.network_interfaces] if args.network_interfaces else [])
     timeline = "job" if args.horovod_full_timeline else args.horovod_timeline
-    return HorovodConfig(args=horovod_arguments(args), timeline=timeline, ssh_args=ssh)
+    return HorovodConfig(args=horovod_arguments(args) + list(args.horovodrun_flags), timeline=timeline, ssh_args=ssh)
 
 
 def autotune_config(args: argparse.Namespace) -> AutotuneConfig:

@@ -173,10 +173,18 @@ def test_dprorun_backend_horovod_and_the_horovodrun_drop_in(tmp_path):
     assert doc["buckets"] < 52 and any("Horovod fusion at 128 MB" in note for note in doc["notes"])
     copy = tmp_path / "copy.json"
     env = dict(os.environ, DPRO_RUN_DIR=str(tmp_path / "run2"), OMP_NUM_THREADS="1")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# the one host\nlocalhost slots=2\n")
+    # horovodrun's tuning and runner flags go to the real horovodrun as given (each was "unrecognized" before)
     proc = subprocess.run([sys.executable, os.path.join(REPO, "launchers", "horovodrun"), "-np", "2", "--gloo",
-                           "--timeline-filename", str(copy), "--fusion-threshold-mb", "1", "python", EXAMPLE,
-                           "--steps", "6"], capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+                           "--hostfile", str(hostfile), "--timeline-filename", str(copy), "--fusion-threshold-mb", "1",
+                           "--cache-capacity", "0", "--start-timeout", "60", "--log-level", "WARNING",
+                           "--no-stall-check", "python", EXAMPLE, "--steps", "6"],
+                          capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    refused = subprocess.run([sys.executable, os.path.join(REPO, "launchers", "horovodrun"), "-np", "2", "--autotune",
+                              "python", EXAMPLE], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert refused.returncode == 2 and "a profile would mix settings" in refused.stderr
     # the user asked horovodrun for a timeline: the whole job's (the writer can still hold the last step's events
     # when the job exits, seen under load)
     assert read_horovod_timeline(str(copy)).steps in (5, 6)

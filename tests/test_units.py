@@ -1107,3 +1107,18 @@ def test_an_mxnet_job_on_a_local_kvstore_is_told_its_workers_trained_apart(tmp_p
         "trackers": [{"framework": "mxnet", "kvstore": "", "local_kvstores": ["local"], "keys": []}]}))
     with pytest.raises(TraceError, match="its kvstore was 'local': each worker trained on its own"):
         build_ps_model(str(tmp_path))
+
+
+def test_a_torchrun_script_under_horovodrun_is_told_the_launch_that_fits(monkeypatch, capsys):
+    """`dprorun --backend horovod` of a torchrun script: horovodrun sets HOROVOD_RANK, not RANK, and torch raised
+    "environment variable RANK expected" with no word of why; the hooks say it before the call."""
+    from dprorun.runtime.watch import _warn_torchrun_script_under_horovodrun
+
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    monkeypatch.delenv("RANK", raising=False)
+    _warn_torchrun_script_under_horovodrun(None, {"backend": "gloo"})
+    assert "run it as under torchrun, `dprorun -np N python <script>`" in capsys.readouterr().err
+    _warn_torchrun_script_under_horovodrun("tcp://10.0.0.1:1234", {"rank": 0, "world_size": 2})  # its own ranks
+    monkeypatch.setenv("RANK", "0")
+    _warn_torchrun_script_under_horovodrun(None, {})
+    assert capsys.readouterr().err == ""

@@ -115,7 +115,9 @@ def watch_torch_distributed(use: ScriptUse) -> None:
 
     @functools.wraps(init_process_group)  # its signature stays readable (inspect follows __wrapped__)
     def watched(*args, **kwargs):
-        _warn_own_rendezvous(kwargs.get("init_method") or (args[1] if len(args) > 1 else None))
+        method = kwargs.get("init_method") or (args[1] if len(args) > 1 else None)
+        _warn_own_rendezvous(method)
+        _warn_torchrun_script_under_horovodrun(method, kwargs)
         result = init_process_group(*args, **kwargs)
         try:
             use.process_group = f"a {module.get_backend()} process group of {module.get_world_size()} ranks"
@@ -190,6 +192,19 @@ def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True)
         return _timed_call(use, f"{module.__name__}.{name}", collective, *args, **kwargs)
 
     return watched
+
+
+def _warn_torchrun_script_under_horovodrun(method, kwargs: dict) -> None:
+    """A torchrun script (init_process_group from the environment: RANK, WORLD_SIZE, MASTER_ADDR) launched with
+    --backend horovod, where horovodrun gives its ranks HOROVOD_RANK and no RANK: torch raises "environment variable
+    RANK expected"; said first, with the launch that fits."""
+    if "HOROVOD_RANK" not in os.environ or "RANK" in os.environ or "rank" in kwargs or "store" in kwargs:
+        return
+    if method is None or (isinstance(method, str) and method.startswith("env://")):
+        warn("this script starts torch.distributed from the environment (init_process_group: RANK, WORLD_SIZE, "
+             "MASTER_ADDR, as torchrun sets them), but it runs under horovodrun (--backend horovod), which sets "
+             "HOROVOD_RANK instead: run it as under torchrun, `dprorun -np N python <script>` (without --backend "
+             "horovod)")
 
 
 def _warn_own_rendezvous(method) -> None:
