@@ -543,3 +543,14 @@ def test_a_tf_gradient_read_ready_after_its_horovod_operation_began_is_enqueued_
     comm = {row[2]: row for row in doc["comm"]}
     assert comm[0][3] == 3000.0 and comm[0][-1] == 5000.0  # ready when its gradient op ended
     assert comm[1][3] == 3300.0 and comm[1][-1] == 4000.0  # read ready at 6000: bounded by its operation's start
+
+
+def test_a_horovod_script_launched_without_horovodrun_is_told_its_ranks_ran_alone(tmp_path):
+    """`dprorun -np 2 python horovod_script.py` (no --backend horovod): torch elastic starts the ranks, hvd.init
+    finds no horovodrun and each rank trains alone (hvd.size() 1); that was profiled and summarised as a job with no
+    word. Now each rank says so at hvd.init and the summary keeps it."""
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "3", "--clean", "2", "python", EXAMPLE,
+                           "--steps", "10"], tmp_path / "run", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = "each of the 2 ranks runs Horovod alone (hvd.size() is 1)"
+    assert said in proc.stderr and said in proc.stdout and "dprorun --backend horovod -np 2" in proc.stdout

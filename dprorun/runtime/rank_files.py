@@ -66,7 +66,8 @@ def events_document(session: RankSession) -> dict:
         "memory": session.records.memory,
         "trackers": [t.describe() for t in session.trackers],
         "files": sorted(set(session.records.files_written)),
-        "warnings": session.records.warnings,
+        "warnings": session.records.warnings + [p for p in session.script_use.problems
+                                                if p not in session.records.warnings],
         "strategy": None if session.strategy is None else {"file": os.environ.get("DPRO_STRATEGY"),
                                                         "applied": session.strategy_applied},
         "versions": versions(),

@@ -41,6 +41,7 @@ class ScriptUse:
     """torch.distributed use seen in the script (counts of calls; the process group as it was made)."""
     spawned_processes: int = 0  # started by torch.multiprocessing.spawn: not ranks dprorun launched
     fsdp_wrappers: int = 0  # FullyShardedDataParallel / fully_shard calls
+    problems: list[str] = field(default_factory=list)  # what the rank's records keep as warnings (events.json)
     # a model split across ranks: what was built ("tensor-parallel plan(s) (...)", "pipeline stage(s) (...)") -> count
     model_splits: dict[str, int] = field(default_factory=dict)
     collectives: dict[str, int] = field(default_factory=dict)  # torch.distributed.<name> calls the script made
@@ -136,6 +137,9 @@ def watch_horovod_torch(use: ScriptUse) -> None:
     and the backward of those autograd runs back through (hvd.allgather's is an all-reduce that reaches
     horovod.torch.mpi_ops directly: it was replayed as compute without a word), named "<collective> (backward)"."""
     module = sys.modules["horovod.torch"]
+    init = getattr(module, "init", None)
+    if callable(init) and not hasattr(init, "__wrapped__"):
+        module.init = _lone_horovod_said(init, module, use)
     for name in HOROVOD_COLLECTIVES:
         if callable(getattr(module, name, None)):
             setattr(module, name, _counted_collective(module, name, use, counted=False))
@@ -144,6 +148,30 @@ def watch_horovod_torch(use: ScriptUse) -> None:
         function = getattr(mpi_ops, function_name, None)
         if function is not None and callable(getattr(function, "backward", None)):
             function.backward = staticmethod(_timed_backward(function.backward, f"{module.__name__}.{name}", use))
+
+
+def _lone_horovod_said(init, module, use: ScriptUse):
+    """hvd.init in a rank that torch elastic launched (dprorun's default backend: RANK and WORLD_SIZE, no
+    horovodrun): each rank runs Horovod alone (hvd.size() 1), training a model of its own; it ran so without a word
+    and was profiled as a job of one-rank trainings. Said at the call and kept in the rank's records."""
+    @functools.wraps(init)
+    def watched(*args, **kwargs):
+        result = init(*args, **kwargs)
+        launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        try:
+            alone = "HOROVOD_RANK" not in os.environ and launched > 1 and module.size() == 1
+        except Exception:
+            alone = False
+        if alone:
+            problem = (f"a Horovod script launched without horovodrun: each of the {launched} ranks runs Horovod "
+                       f"alone (hvd.size() is 1), training a model of its own with no all-reduce; launch it with "
+                       f"`dprorun --backend horovod -np {launched} ...` (horovodrun) to train them together")
+            warn(problem)
+            if problem not in use.problems:
+                use.problems.append(problem)
+        return result
+
+    return watched
 
 
 def _timed_backward(backward, name: str, use: ScriptUse):
