@@ -1122,3 +1122,22 @@ def test_a_torchrun_script_under_horovodrun_is_told_the_launch_that_fits(monkeyp
     monkeypatch.setenv("RANK", "0")
     _warn_torchrun_script_under_horovodrun(None, {})
     assert capsys.readouterr().err == ""
+
+
+def test_a_script_of_another_framework_under_the_default_backend_is_told_its_backend(monkeypatch):
+    """`dprorun -np 2 python tf_script.py` (no --backend tf): each worker ran MultiWorkerMirroredStrategy alone (no
+    TF_CONFIG) and was told only "no distributed training was seen"; now the launch that fits is named. A torch job
+    that also loaded TensorFlow (TensorBoard does) keeps the torch advice."""
+    import sys
+    import types
+
+    from dprorun.runtime.watch import ScriptUse, nothing_to_profile
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setitem(sys.modules, "tensorflow", types.ModuleType("tensorflow"))
+    assert "`dprorun --backend tf -np N ...`" in nothing_to_profile(ScriptUse())
+    torch_job = ScriptUse(collectives={"all_reduce": 4}, process_group="a gloo process group of 2 ranks")
+    assert "--backend tf" not in nothing_to_profile(torch_job)
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow", types.ModuleType("horovod.tensorflow"))
+    monkeypatch.delenv("HOROVOD_RANK", raising=False)
+    assert "`dprorun --backend horovod -np N ...`" in nothing_to_profile(ScriptUse())

@@ -73,7 +73,11 @@ def nothing_to_profile(use: ScriptUse) -> str:
         seen.append(use.process_group)
     found = ("it saw " + "; ".join(seen)) if seen else "no distributed training was seen"
     advice = ""
-    if use.model_splits:
+    torch_distributed = use.process_group or use.collectives or use.fsdp_wrappers or use.model_splits
+    backend = "" if torch_distributed else _backend_for_the_frameworks_loaded()  # (TensorBoard loads TensorFlow)
+    if backend:
+        advice = f" {backend}"
+    elif use.model_splits:
         advice = (" dprorun profiles and replays data parallelism (each rank a whole model): a model split across the "
                   "ranks (tensor or pipeline parallelism) is neither profiled nor modelled.")
     elif use.collectives and not use.fsdp_wrappers:
@@ -81,6 +85,23 @@ def nothing_to_profile(use: ScriptUse) -> str:
                   "DistributedDataParallel (and dropping the loop's all-reduce) lets dprorun profile and replay it.")
     return (f"nothing to profile: the job never built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
             f"{found}.{advice} The job ran unprofiled, as under torchrun")
+
+
+def _backend_for_the_frameworks_loaded() -> str:
+    """The launch that fits a script which loaded another framework's distributed API under torch elastic (dprorun's
+    default backend), where each rank ran it alone: TensorFlow without TF_CONFIG, horovod without horovodrun, MXNet
+    without its roles. "" where none applies."""
+    if "horovod.tensorflow" in sys.modules and "HOROVOD_RANK" not in os.environ:
+        return ("The script uses horovod.tensorflow, which needs horovodrun: each rank ran Horovod alone here; "
+                "launch it with `dprorun --backend horovod -np N ...`.")
+    if "tensorflow" in sys.modules and not os.environ.get("TF_CONFIG"):
+        return ("The script uses TensorFlow, whose MultiWorkerMirroredStrategy reads each worker's TF_CONFIG, "
+                "which only `--backend tf` sets: each rank trained alone here; launch it with "
+                "`dprorun --backend tf -np N ...`.")
+    if "mxnet" in sys.modules and not os.environ.get("DMLC_ROLE"):
+        return ("The script uses MXNet, whose kvstore needs a scheduler and servers: launch it with "
+                "`dprorun --backend mxnet -np N --servers S ...`.")
+    return ""
 
 
 def watch_spawns(use: ScriptUse) -> None:
