@@ -280,7 +280,7 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
             detail = error_message(failure)
             message = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}"
             if detail:
-                message += f": {detail}"
+                message += f": {detail}" + missing_module_hint(detail, job.launch.backend)
             others = sorted(r for r in err.failures if r != rank)
             if others:
                 message += f" (also failed: ranks {others})"
@@ -301,6 +301,23 @@ def _launch_elastic(job: JobConfig) -> LaunchResult:
 # a TensorFlow collective aborted
 CONSEQUENTIAL_ERRORS = ("HorovodInternalError", "Horovod has been shut down", "Connection closed by peer",
                         "Connection reset by peer", "Collective ops is aborted by")
+
+
+# a framework the ranks could not import -> what fits (its own environment, or its installer)
+MISSING_MODULE_HINTS = {
+    "mxnet": "MXNet jobs run with --backend mxnet, whose roles run in MXNet's own environment (scripts/install-mxnet "
+             "makes it, or --mxnet-python names one)",
+    "horovod": "Horovod is not installed in this Python: scripts/install-horovod builds it for this torch",
+    "tensorflow": "TensorFlow is not installed in this Python: scripts/install-tf installs it",
+}
+
+
+def missing_module_hint(detail: str, backend: str) -> str:
+    """"; <what fits>" for a rank that failed importing a framework (ModuleNotFoundError), else ""."""
+    for module, hint in MISSING_MODULE_HINTS.items():
+        if f"No module named '{module}" in detail and not (module == "mxnet" and backend == "mxnet"):
+            return f"; {hint}"
+    return ""
 
 
 def _root_failure(err) -> tuple[int, object]:

@@ -1141,3 +1141,14 @@ def test_a_script_of_another_framework_under_the_default_backend_is_told_its_bac
     monkeypatch.setitem(sys.modules, "horovod.tensorflow", types.ModuleType("horovod.tensorflow"))
     monkeypatch.delenv("HOROVOD_RANK", raising=False)
     assert "`dprorun --backend horovod -np N ...`" in nothing_to_profile(ScriptUse())
+
+
+def test_a_rank_that_cannot_import_its_framework_is_told_what_fits():
+    """An MXNet script under the default backend failed with "No module named 'mxnet'" alone (MXNet lives in an
+    environment of its own that --backend mxnet finds); a missing Horovod or TensorFlow names its installer."""
+    from dprorun.launch import missing_module_hint
+
+    assert "--backend mxnet" in missing_module_hint("ModuleNotFoundError: No module named 'mxnet'", "ddp")
+    assert "scripts/install-horovod" in missing_module_hint("ModuleNotFoundError: No module named 'horovod.torch'",
+                                                            "horovod")
+    assert missing_module_hint("ValueError: bad input", "ddp") == ""
