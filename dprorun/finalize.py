@@ -162,6 +162,20 @@ def _finalize_ps(job: JobConfig, result: LaunchResult, with_events: list[int]) -
     return result.exit_code
 
 
+def _ranks_that_left_files(job: JobConfig) -> list[int]:
+    """Ranks whose folder holds files of a started profile (Kineto's trace, samples) though no events.json."""
+    from dprorun.layout import rank_dir
+
+    ranks = []
+    for rank in range(job.launch.world_size):
+        try:
+            if os.listdir(rank_dir(job.output.run_dir, rank)):
+                ranks.append(rank)
+        except OSError:
+            continue
+    return ranks
+
+
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     status = "completed" if result.exit_code == 0 else "failed"
     folders = rank_folders(job.output.run_dir)
@@ -196,7 +210,13 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
                               {"backend": "horovod", "horovod": horovod}, indent=2)
             if not job.output.quiet:
                 print(_horovod_line(horovod))
-        if result.exit_code == 0 and not with_events and job.launch.node_rank == 0 and job.launch.backend != "byteps":
+        left = _ranks_that_left_files(job) if result.exit_code == 0 and not with_events else []
+        if left and job.launch.node_rank == 0:
+            print(f"dprorun: warning: ranks {left} left profiler files but no records (events.json): the job ended "
+                  "past Python's exit handlers (an exit from C code, or a signal) before they were written; what "
+                  f"they left is kept in {job.output.run_dir}", file=sys.stderr)
+        elif result.exit_code == 0 and not with_events and job.launch.node_rank == 0 and \
+                job.launch.backend != "byteps":
             from dprorun.runtime.watch import SUPPORTED_WRAPPERS
 
             print(f"dprorun: nothing was profiled: no rank built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "

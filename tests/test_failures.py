@@ -257,3 +257,32 @@ def test_a_completely_full_disk_loses_traces_not_the_training(full_disk):
                           full_disk / "run", env={"DPRO_MIN_FREE_MB": "0.3"}, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the run directory is incomplete" in proc.stderr or "no trace" in proc.stderr
+
+
+OS_EXIT_SCRIPT = """
+import ctypes, os, sys, torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(8):
+    opt.zero_grad(); model(torch.randn(16, 64)).sum().backward(); opt.step()
+if sys.argv[1] == "c":
+    ctypes.CDLL(None)._exit(0)  # past every handler, as an exit from C code
+os._exit(0)
+"""
+
+
+def test_a_script_ending_with_os_exit_inside_the_window_keeps_its_records(tmp_path):
+    """os._exit skips Python's exit handlers: a script ending so inside the window lost every record and was told
+    it built no supported wrapper. The hooks write the records first now; an exit from C code (nothing runs) is
+    said as such, the files it left kept."""
+    script = tmp_path / "ends.py"
+    script.write_text(OS_EXIT_SCRIPT)
+    window = ["--warmup", "2", "--active", "10", "-np", "2", "python", str(script)]
+    proc, _ = run_dprorun([*window, "os"], tmp_path / "os", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "os" / "rank_1" / "events.json").exists() and "nothing was profiled" not in proc.stderr
+    assert "the job ended at iteration 7 before the end of the profiling window" in proc.stdout
+    proc, _ = run_dprorun([*window, "c"], tmp_path / "c", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "left profiler files but no records (events.json)" in proc.stderr and "no rank built" not in proc.stderr

@@ -98,6 +98,7 @@ def install(environ=os.environ) -> Optional[object]:
         sess.records.warnings.append(f"sampler not started: {exc}")
 
     atexit.register(sess.at_exit)
+    _keep_records_at_os_exit(sess)
     _install_excepthook(sess)
     _install_sigterm(sess)
     _guard_output_files(sess)
@@ -163,6 +164,24 @@ def _script_watches(sess) -> dict[str, Callable[[], None]]:
                for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")},
             **{name: functools.partial(sess.guard, "watching model splits", watch.watch_model_splits, use, name)
                for name in watch.MODEL_SPLITS}}
+
+
+def _keep_records_at_os_exit(sess) -> None:
+    """os._exit skips the exit handlers: a script that ends so (some do, to avoid hanging threads at shutdown) lost
+    the window's records when it ended inside it, and was told it built no supported wrapper. The rank's records are
+    written first (at_exit; not in a process forked from the rank, as at a normal exit)."""
+    real_exit = os._exit
+
+    @functools.wraps(real_exit)
+    def exit_keeping_records(code):
+        if os.getpid() == sess.pid:
+            try:
+                sess.at_exit()
+            except BaseException:  # the exit goes ahead whatever happened to the records
+                pass
+        real_exit(code)
+
+    os._exit = exit_keeping_records
 
 
 def _install_mxnet_server(environ) -> Optional[object]:
