@@ -248,7 +248,8 @@ def test_what_a_powersgd_hook_sends_is_counted_from_its_collectives(tmp_path):
     slower = replay(synthesize(model, WhatIf(bandwidth_gbit=own / 3), [])).iteration_time_us
     # a third of the bandwidth costs the 128,632 bytes' transmission twice more, not the hook's work again
     extra_wire_us = 2 * 128_632 / (own / 3 * 1e3 / 8) - 2 * 128_632 / (own * 1e3 / 8)
-    assert at_own < slower <= at_own + 1.5 * extra_wire_us + 100
+    # (a slower link never speeds the step up; its extra can hide under the backward: equal in a suite run)
+    assert at_own <= slower <= at_own + 1.5 * extra_wire_us + 100
     # a second bucket would abort the job on gloo (plain torchrun too): the search leaves the layout, says why
     from dprorun.optimize import optimize
 

@@ -1134,6 +1134,7 @@ def test_a_script_of_another_framework_under_the_default_backend_is_told_its_bac
     from dprorun.runtime.watch import ScriptUse, nothing_to_profile
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delitem(sys.modules, "horovod.tensorflow", raising=False)  # earlier tests of the suite import it
     monkeypatch.setitem(sys.modules, "tensorflow", types.ModuleType("tensorflow"))
     assert "`dprorun --backend tf -np N ...`" in nothing_to_profile(ScriptUse())
     torch_job = ScriptUse(collectives={"all_reduce": 4}, process_group="a gloo process group of 2 ranks")
