@@ -1139,6 +1139,9 @@ def test_a_script_of_another_framework_under_the_default_backend_is_told_its_bac
     assert "`dprorun --backend tf -np N ...`" in nothing_to_profile(ScriptUse())
     torch_job = ScriptUse(collectives={"all_reduce": 4}, process_group="a gloo process group of 2 ranks")
     assert "--backend tf" not in nothing_to_profile(torch_job)
+    monkeypatch.setenv("DPRO_BACKEND", "tf")  # a DDP script launched with --backend tf: told "no wrapper" before
+    assert "trains with torch.distributed, which --backend tf does not profile" in nothing_to_profile(torch_job)
+    monkeypatch.setenv("DPRO_BACKEND", "ddp")
     monkeypatch.setitem(sys.modules, "horovod.tensorflow", types.ModuleType("horovod.tensorflow"))
     monkeypatch.delenv("HOROVOD_RANK", raising=False)
     assert "`dprorun --backend horovod -np N ...`" in nothing_to_profile(ScriptUse())

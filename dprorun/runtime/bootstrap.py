@@ -139,8 +139,9 @@ def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[st
 
         sess.guard("patching MXNet", patch_mxnet_worker, sess)
 
-    if backend == "tf":  # TensorFlow workers: steps found through tf.function calls
-        return {"tensorflow": patch_tf, "keras.src.backend.tensorflow.trainer": patch_keras3}
+    if backend == "tf":  # TensorFlow workers: steps found through tf.function calls (torch.distributed: named)
+        return {"tensorflow": patch_tf, "keras.src.backend.tensorflow.trainer": patch_keras3,
+                "torch.distributed": _script_watches(sess)["torch.distributed"]}
     if mxnet_role:  # MXNet workers: iterations are Trainer.step calls (patched once gluon's trainer exists)
         sess.framework = "mxnet"
         return {"mxnet.gluon.trainer": patch_mxnet}

@@ -75,7 +75,11 @@ def nothing_to_profile(use: ScriptUse) -> str:
     advice = ""
     torch_distributed = use.process_group or use.collectives or use.fsdp_wrappers or use.model_splits
     backend = "" if torch_distributed else _backend_for_the_frameworks_loaded()  # (TensorBoard loads TensorFlow)
-    if backend:
+    launched_as = os.environ.get("DPRO_BACKEND", "")
+    if use.process_group and launched_as == "tf":
+        advice = (" The script trains with torch.distributed, which --backend tf does not profile: launch it without "
+                  "--backend (dprorun's default profiles DistributedDataParallel).")
+    elif backend:
         advice = f" {backend}"
     elif use.model_splits:
         advice = (" dprorun profiles and replays data parallelism (each rank a whole model): a model split across the "
