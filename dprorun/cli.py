@@ -477,9 +477,59 @@ def run_byteps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return run(command, shim_dir=launchers, environ=environ)
 
 
+TORCHRUN_MODULES = ("torch.distributed.run",)
+OTHER_LAUNCHERS = {"horovodrun": "dprorun --backend horovod -np N python train.py (or launchers/horovodrun)",
+                   "mpirun": "dprorun --backend horovod -np N python train.py (Horovod), or dprorun -np N ...",
+                   "bpslaunch": "dprorun --backend byteps ... (or launchers/bpslaunch)",
+                   "torch.distributed.launch": "dprorun -np N python train.py (torchrun's successor flags)"}
+
+
+def torchrun_argv(argv: Sequence[str]) -> list[str]:
+    """A torchrun launch line (its flags, then the script and its arguments) as dprorun's argv: the flags as they
+    are (dprorun's parser reads torchrun's), then `--` and the command, a script run with this Python as torchrun
+    runs it (unless --no-python or -m)."""
+    parser = build_parser()
+    parser.prog = "torchrun (dprorun)"
+    parser.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                        help="as torchrun's: run the command itself, not with Python")
+    argv = list(argv)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.error("no training script given")
+    head = [a for a in argv[:len(argv) - len(args.command)] if a not in ("--no-python", "--no_python")]
+    command = list(args.command)
+    if not args.no_python and not args.module and command[0] != "--":
+        command = [sys.executable] + command  # torchrun runs the script with Python
+    return head + (command if command[0] == "--" else ["--"] + command)
+
+
+def _nested_launcher(command: Sequence[str]) -> tuple[str, list[str]]:
+    """(launcher, its arguments) where the command is itself a launcher (`dprorun torchrun ...`, `dprorun python -m
+    torch.distributed.run ...`, horovodrun, mpirun); ("", []) otherwise."""
+    words = [w for w in command if w != "--"][:3]
+    if not words:
+        return "", []
+    start = command.index(words[0])
+    name = os.path.basename(words[0])
+    if name in ("torchrun",) or name in OTHER_LAUNCHERS:
+        return name, list(command[start + 1:])
+    if name.startswith("python") and len(words) > 2 and words[1] == "-m" and \
+            (words[2] in TORCHRUN_MODULES or words[2] in OTHER_LAUNCHERS):
+        return ("torchrun" if words[2] in TORCHRUN_MODULES else words[2]), list(command[start + 3:])
+    return "", []
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    launcher, launcher_args = _nested_launcher(args.command)
+    if launcher == "torchrun":  # `dprorun [options] torchrun ...`: the launch line read as dprorun's own
+        own = [a for a in argv[:len(argv) - len(args.command)]]
+        args = parser.parse_args(own + torchrun_argv(launcher_args))
+    elif launcher:
+        parser.error(f"the command is a launcher ({launcher}): dprorun launches the ranks itself, and one launched "
+                     f"inside a rank would start ranks the hooks never see; run {OTHER_LAUNCHERS[launcher]}")
     if args.backend == "byteps":
         return run_byteps(args, parser)
     try:

@@ -354,6 +354,13 @@ def test_torchruns_output_and_agent_flags_run_as_they_are(tmp_path):
     assert kept and "rank 0 role trainer" in open(kept[0]).read()
     elastic = run_dprorun(["--nnodes=1:2", "python", str(script)], tmp_path / "elastic", timeout=60)[0]
     assert elastic.returncode == 2 and "dprorun runs (and profiles) a fixed number of nodes" in elastic.stderr
+    # the launch line behind dprorun as it is (`dprorun torchrun ...`): it ran as one rank whose torchrun started
+    # ranks no hook saw ("nothing was profiled: no rank built a wrapper"); now read as dprorun's own
+    nested = run_dprorun(["torchrun", "--nproc_per_node=2", "--local-ranks-filter", "1", "--role", "nested",
+                          str(script)], tmp_path / "nested", timeout=120)[0]
+    assert nested.returncode == 0 and "rank 1 role nested" in nested.stdout, nested.stderr[-2000:]
+    horovodrun = run_dprorun(["horovodrun", "-np", "2", "python", str(script)], tmp_path / "hvd", timeout=60)[0]
+    assert horovodrun.returncode == 2 and "dprorun --backend horovod -np N" in horovodrun.stderr
 
 
 # The script frees the sharded model and waits at a barrier before tearing its group down. Without that, torch 2.13's
