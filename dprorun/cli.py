@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import Optional, Sequence
 
+from dprorun.argtypes import non_negative_float, positive_float
 from dprorun.fsutil import TraceError
 from dprorun.config import AutotuneConfig, HorovodConfig, JobConfig, LaunchConfig, OutputConfig, PredictConfig, \
     TIMELINE_MODES, ProfileConfig, horovod_knob_args
@@ -87,8 +88,8 @@ def _job_arguments(job) -> None:
                           "byteps (run through bpslaunch, one per machine and role, with BytePS's tracing), tf "
                           "(TensorFlow MultiWorkerMirroredStrategy workers, TF_CONFIG set per worker) or mxnet "
                           "(MXNet kvstore parameter server: a scheduler, --servers servers and -np workers)")
-    job.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
-    job.add_argument("--join-timeout", type=float, default=None,
+    job.add_argument("--timeout", type=positive_float, default=None, help="stop the job after this many seconds")
+    job.add_argument("--join-timeout", type=positive_float, default=None,
                      help="seconds to wait for every node to join (default 900 multi-node, 60 single-node)")
 
 
@@ -149,8 +150,8 @@ def _mxnet_arguments(mxg) -> None:
 
 
 def _horovod_arguments(hvd) -> None:
-    hvd.add_argument("--fusion-threshold-mb", type=float, default=None, help="horovodrun --fusion-threshold-mb")
-    hvd.add_argument("--cycle-time-ms", type=float, default=None, help="horovodrun --cycle-time-ms")
+    hvd.add_argument("--fusion-threshold-mb", type=non_negative_float, default=None, help="horovodrun --fusion-threshold-mb")
+    hvd.add_argument("--cycle-time-ms", type=positive_float, default=None, help="horovodrun --cycle-time-ms")
     hvd.add_argument("--ssh-identity-file", default=None,
                      help="horovodrun --ssh-identity-file (multi-host: horovodrun reaches the other hosts by ssh)")
     hvd.add_argument("--ssh-port", type=int, default=None, help="horovodrun --ssh-port")
@@ -252,6 +253,7 @@ def profile_config_from_env_and_args(args: argparse.Namespace) -> ProfileConfig:
         cfg.comm_hook = False
     if args.measure_variants:
         cfg.measure_variants = True
+    cfg.check()
     return cfg
 
 

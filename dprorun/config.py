@@ -105,11 +105,17 @@ class ProfileConfig:
             except ValueError as exc:
                 raise ValueError(f"{ENV_PREFIX}{suffix}={raw!r}: {exc}") from None
             setattr(cfg, attr, value)
-        if cfg.warmup < 0 or cfg.active < 1 or cfg.clean < 0 or cfg.kineto_iters < 0:
-            raise ValueError("profiling window needs warmup >= 0, active >= 1, clean >= 0, kineto iters >= 0")
-        if cfg.comm_detail not in ("bucket", "ring"):
-            raise ValueError(f"comm detail must be 'bucket' or 'ring', not {cfg.comm_detail!r}")
+        cfg.check()
         return cfg
+
+    def check(self) -> None:
+        """ValueError naming what is wrong with the window (the CLI says it before launching; a rank given bad
+        DPRO_* variables runs unprofiled with it)."""
+        if self.warmup < 0 or self.active < 1 or self.clean < 0 or self.kineto_iters < 0:
+            raise ValueError(f"the profiling window needs --warmup >= 0, --active >= 1, --clean >= 0, --kineto-iters "
+                             f">= 0 (given {self.warmup}, {self.active}, {self.clean}, {self.kineto_iters})")
+        if self.comm_detail not in ("bucket", "ring"):
+            raise ValueError(f"comm detail must be 'bucket' or 'ring', not {self.comm_detail!r}")
 
     def skew_for(self, rank: int) -> float:
         return self.clock_skew_us[rank] if rank < len(self.clock_skew_us) else 0.0

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from dprorun.argtypes import non_negative_float, positive_float, positive_int
 from dprorun.analysis import RunAnalysis, optimize_run
 from dprorun.fsutil import TraceError, UnanswerableError
 from dprorun.import_cli import cmd_import_byteps, cmd_import_horovod, cmd_import_kineto, parse_stage_scale
@@ -141,6 +142,8 @@ def parse_bandwidth(text: str) -> float:
     if not match:
         raise argparse.ArgumentTypeError(f"bandwidth {text!r}: expected e.g. 10Gbit, 100Mbit")
     value = float(match.group(1))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"bandwidth {text!r}: must be above 0")
     unit = match.group(2) or "g"
     return value * {"k": 1e-6, "m": 1e-3, "g": 1.0}[unit]
 
@@ -359,12 +362,12 @@ def _replay_arguments(rp: argparse.ArgumentParser) -> None:
     """dpro replay's what-ifs: world size, links, buckets and partitions, op scales, Horovod knobs, compute
     variants, parameter-server layout; and its outputs."""
     rp.add_argument("run_dir")
-    rp.add_argument("--np", type=int, default=None, help="world size to predict")
+    rp.add_argument("--np", type=positive_int, default=None, help="world size to predict")
     rp.add_argument("--bandwidth", type=parse_bandwidth, default=None, help="link bandwidth, e.g. 10Gbit")
-    rp.add_argument("--bandwidth-scale", type=float, default=1.0, help="multiply the measured bandwidth")
-    rp.add_argument("--servers", type=int, default=None,
+    rp.add_argument("--bandwidth-scale", type=positive_float, default=1.0, help="multiply the measured bandwidth")
+    rp.add_argument("--servers", type=positive_int, default=None,
                     help="parameter-server runs: number of servers (keys placed as MXNet's kvstore does)")
-    rp.add_argument("--bigarray-bound", type=int, default=None,
+    rp.add_argument("--bigarray-bound", type=positive_int, default=None,
                     help="parameter-server runs: MXNET_KVSTORE_BIGARRAY_BOUND (elements from which a key is split "
                          "over every server)")
     rp.add_argument("--links", choices=("per-node", "shared", "hosts"), default=None,
@@ -373,17 +376,17 @@ def _replay_arguments(rp: argparse.ArgumentParser) -> None:
     rp.add_argument("--host-cores", type=parse_host_cores, default=None, metavar="N|auto",
                     help="parameter-server runs: model each host's cores as shared by its workers' compute, loopback "
                          "and servers (auto: the cores the hooks recorded), fitted and replayed so; off by default")
-    rp.add_argument("--latency-us", type=float, default=None, help="per ring step latency")
-    rp.add_argument("--bucket-mb", type=float, default=None, help="regroup gradients into buckets of this size")
-    rp.add_argument("--partitions", type=int, default=1, help="split each bucket's sync into k pieces")
+    rp.add_argument("--latency-us", type=non_negative_float, default=None, help="per ring step latency")
+    rp.add_argument("--bucket-mb", type=positive_float, default=None, help="regroup gradients into buckets of this size")
+    rp.add_argument("--partitions", type=positive_int, default=1, help="split each bucket's sync into k pieces")
     rp.add_argument("--op-scale", type=parse_op_scale, action="append", metavar="PATTERN=FACTOR",
                     help="scale the profiled ops whose name, module scope or name@scope matches the glob PATTERN "
                          "(e.g. 'aten::linear=0.5', 'encoder.layers.3*=0.8', '*Backward0@head=0'); repeatable")
     rp.add_argument("--coarse", action="store_true",
                     help="replay the coarsened view (one op per compute phase) instead of the op-level graph")
-    rp.add_argument("--horovod-fusion-mb", type=float, default=None,
+    rp.add_argument("--horovod-fusion-mb", type=non_negative_float, default=None,
                     help="Horovod runs: fusion threshold to predict for (0: no fusion)")
-    rp.add_argument("--horovod-cycle-ms", type=float, default=None, help="Horovod runs: cycle time to predict for")
+    rp.add_argument("--horovod-cycle-ms", type=positive_float, default=None, help="Horovod runs: cycle time to predict for")
     rp.add_argument("--compile", action="store_true",
                     help="torch.compile of the model, at the compiled/eager ratios measured by --measure-variants")
     rp.add_argument("--compile-blocks", action="store_true",

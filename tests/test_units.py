@@ -1156,3 +1156,24 @@ def test_a_rank_that_cannot_import_its_framework_is_told_what_fits():
     assert "scripts/install-horovod" in missing_module_hint("ModuleNotFoundError: No module named 'horovod.torch'",
                                                             "horovod")
     assert missing_module_hint("ValueError: bad input", "ddp") == ""
+
+
+def test_what_ifs_and_windows_out_of_range_are_refused_at_the_command_line(capsys):
+    """`dpro replay --np -2` printed "predicted iteration time: 0.000 ms (-2 ranks)", `--bucket-mb -3` built
+    "buckets of up to -3 MB", `--np 0` replayed the job as run; dprorun's `--active 0` launched the job and every rank
+    then ran unprofiled. Each is a usage error now, naming the flag."""
+    from dprorun import cli, offline_cli
+
+    replay = offline_cli.build_parser()
+    for flags, said in ((["--np", "-2"], "--np: -2: must be at least 1"), (["--np", "0"], "must be at least 1"),
+                        (["--bucket-mb", "-3"], "--bucket-mb: -3: must be above 0"),
+                        (["--bandwidth", "0Gbit"], "must be above 0"), (["--partitions", "0"], "--partitions")):
+        with pytest.raises(SystemExit):
+            replay.parse_args(["replay", "RUN", *flags])
+        assert said in capsys.readouterr().err
+    assert replay.parse_args(["replay", "RUN", "--np", "4", "--bucket-mb", "0.5"]).np == 4
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["--timeout", "-5", "train.py"])
+    assert "--timeout: -5: must be above 0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="the profiling window needs"):
+        cli.job_from_args(cli.build_parser().parse_args(["--active", "0", "train.py"]))
