@@ -170,12 +170,15 @@ def _script_watches(sess) -> dict[str, Callable[[], None]]:
 def _keep_records_at_os_exit(sess) -> None:
     """os._exit skips the exit handlers: a script that ends so (some do, to avoid hanging threads at shutdown) lost
     the window's records when it ended inside it, and was told it built no supported wrapper. The rank's records are
-    written first (at_exit; not in a process forked from the rank, as at a normal exit)."""
+    written first (at_exit; not in a process forked from the rank, as at a normal exit; only from the main thread: a
+    watchdog thread's os._exit may come while the main thread holds the session's lock or runs the profiler)."""
+    import threading
+
     real_exit = os._exit
 
     @functools.wraps(real_exit)
     def exit_keeping_records(code):
-        if os.getpid() == sess.pid:
+        if os.getpid() == sess.pid and threading.current_thread() is threading.main_thread():
             try:
                 sess.at_exit()
             except BaseException:  # the exit goes ahead whatever happened to the records
