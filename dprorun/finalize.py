@@ -70,6 +70,10 @@ def _print_prediction(job: JobConfig, summary: dict, analysis: RunAnalysis) -> i
         print(f"  {row['time_on_path_ms']:9.3f} ms  {row['kind']:7} rank {row['rank']:<4} {row['op']}")
     for note in prediction.notes:
         print(f"note: {note}")
+    from dprorun.summary import grouped_rank_warnings
+
+    for line in grouped_rank_warnings(summary):  # what the ranks saw (e.g. more threads than cores) counts here too
+        print(line)
     print(f"dprorun: run directory {job.output.run_dir}")
     return 0
 

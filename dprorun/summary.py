@@ -231,6 +231,16 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def grouped_rank_warnings(summary: dict) -> list[str]:
+    """The ranks' warnings, one line each, the ranks that share one named together ("ranks [0, 1]: ...")."""
+    by_text: dict[str, list[int]] = {}
+    for row in summary.get("ranks", []):
+        for warning in row.get("warnings", []):
+            by_text.setdefault(_warning_line(warning), []).append(row["rank"])
+    return [f"rank {ranks[0]}: {text}" if len(ranks) == 1 else f"ranks {ranks}: {text}"
+            for text, ranks in by_text.items()]
+
+
 def _warning_line(warning: str) -> str:
     """A rank's warning as one line: its first, or for the script's error the line that says what failed (a
     TensorFlow error's cause comes after a header and where: procs.error_line)."""
