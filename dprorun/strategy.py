@@ -109,7 +109,12 @@ class Strategy:
         if version != SCHEMA_VERSION:
             raise TraceError(path, f"strategy schema version {version!r}; this dprorun reads {SCHEMA_VERSION}")
         known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(doc) - known)
+        if unknown:  # a misspelt knob would otherwise be dropped without a word
+            raise TraceError(path, f"unknown setting(s) {', '.join(map(repr, unknown))}; a strategy has "
+                                   f"{', '.join(sorted(known - {'version', 'decisions', 'search', 'source_run'}))}")
         values = {k: v for k, v in doc.items() if k in known and k != "decisions"}
+        _check_ranges(values, path)
         buckets = values.get("buckets")
         if buckets is not None and not (isinstance(buckets, list) and
                                         all(isinstance(g, list) and all(isinstance(p, str) for p in g)
@@ -151,6 +156,22 @@ class Strategy:
         if self.is_default():
             lines.append("  the job's own settings are already the best found: nothing to change")
         return lines
+
+
+# knob -> (least value, whether the least is allowed): a hand-edited strategy out of range is refused, named
+KNOB_RANGES = {"bucket_cap_mb": (0, False), "recompute_segments": (0, True), "accumulation_steps": (1, True),
+               "horovod_fusion_threshold_mb": (0, True), "horovod_cycle_time_ms": (0, False),
+               "tf_bytes_per_pack_mb": (0, True), "mxnet_bigarray_bound": (1, True), "mxnet_servers": (1, True)}
+
+
+def _check_ranges(values: dict, path: str) -> None:
+    for knob, (least, allowed) in KNOB_RANGES.items():
+        value = values.get(knob)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < least or \
+                (value == least and not allowed):
+            raise TraceError(path, f"{knob} {value!r}: must be {'at least' if allowed else 'above'} {least}")
 
 
 def save_strategy(strategy: Strategy, path: str) -> None:

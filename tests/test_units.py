@@ -2,6 +2,7 @@
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -1188,3 +1189,21 @@ def test_a_dry_run_says_what_the_ranks_saw():
     threads = "torch computes with 2 threads on 1 core(s) per rank: set OMP_NUM_THREADS"
     summary = {"ranks": [{"rank": 0, "warnings": [threads, "only rank 0's"]}, {"rank": 1, "warnings": [threads]}]}
     assert grouped_rank_warnings(summary) == [f"ranks [0, 1]: {threads}", "rank 0: only rank 0's"]
+
+
+def test_a_hand_edited_strategy_out_of_range_or_misspelt_is_refused(tmp_path):
+    """`--strategy` with bucket_cap_mb -5 was applied to DDP as it was ("applied": {"bucket_cap_mb": -5}), and a
+    misspelt knob was dropped without a word; both are refused now, naming the knob."""
+    from dprorun.fsutil import TraceError
+    from dprorun.strategy import Strategy, load_strategy, save_strategy
+
+    path = tmp_path / "s.json"
+    save_strategy(Strategy(bucket_cap_mb=4.0, accumulation_steps=2), str(path))
+    assert load_strategy(str(path)).bucket_cap_mb == 4.0
+    doc = json.loads(path.read_text())
+    for change, said in (({"bucket_cap_mb": -5}, "bucket_cap_mb -5: must be above 0"),
+                         ({"accumulation_steps": 0}, "accumulation_steps 0: must be at least 1"),
+                         ({"bucket_cap": 8}, "unknown setting(s) 'bucket_cap'")):
+        path.write_text(json.dumps({**doc, **change}))
+        with pytest.raises(TraceError, match=re.escape(said)):
+            load_strategy(str(path))
