@@ -133,11 +133,16 @@ def torchrun_notes(args: argparse.Namespace) -> list[str]:
     given += ["--run-path"] if getattr(args, "run_path", False) else []
     notes = [f"torchrun's {', '.join(given)} accepted, changing nothing here: dprorun tees each rank's output to the "
              "console with a [rankN]: prefix and keeps it in the run directory's logs/"] if given else []
-    conf = {k for k, _, _ in (item.partition("=") for item in (args.rdzv_conf or "").split(",") if item)}
+    conf = set(rdzv_conf(args))
     if conf - {"join_timeout"}:
         notes.append(f"torchrun's --rdzv-conf {', '.join(sorted(conf - {'join_timeout'}))} accepted, changing "
                      "nothing here: dprorun's rendezvous waits --join-timeout (or --rdzv-conf join_timeout)")
     return notes
+
+
+def rdzv_conf(args: argparse.Namespace) -> dict[str, str]:
+    """torchrun's --rdzv-conf KEY=VALUE,... as a dict."""
+    return dict(item.partition("=")[::2] for item in (args.rdzv_conf or "").split(",") if item)
 
 
 def _mxnet_arguments(mxg) -> None:
@@ -150,7 +155,8 @@ def _mxnet_arguments(mxg) -> None:
 
 
 def _horovod_arguments(hvd) -> None:
-    hvd.add_argument("--fusion-threshold-mb", type=non_negative_float, default=None, help="horovodrun --fusion-threshold-mb")
+    hvd.add_argument("--fusion-threshold-mb", type=non_negative_float, default=None,
+                     help="horovodrun --fusion-threshold-mb")
     hvd.add_argument("--cycle-time-ms", type=positive_float, default=None, help="horovodrun --cycle-time-ms")
     hvd.add_argument("--ssh-identity-file", default=None,
                      help="horovodrun --ssh-identity-file (multi-host: horovodrun reaches the other hosts by ssh)")
@@ -390,7 +396,7 @@ def launch_config(args: argparse.Namespace) -> LaunchConfig:
                           master_addr=args.master_addr, master_port=args.master_port, launcher=args.launcher,
                           backend=args.backend, timeout_s=args.timeout, join_timeout_s=args.join_timeout,
                           role=args.role, console_ranks=_console_ranks(args.local_ranks_filter))
-    join = dict(item.partition("=")[::2] for item in args.rdzv_conf.split(",") if item).get("join_timeout")
+    join = rdzv_conf(args).get("join_timeout")
     if join and launch.join_timeout_s is None:
         launch.join_timeout_s = float(join)
     if args.hosts:
@@ -527,8 +533,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     launcher, launcher_args = _nested_launcher(args.command)
     if launcher == "torchrun":  # `dprorun [options] torchrun ...`: the launch line read as dprorun's own
-        own = [a for a in argv[:len(argv) - len(args.command)]]
-        args = parser.parse_args(own + torchrun_argv(launcher_args))
+        args = parser.parse_args(argv[:len(argv) - len(args.command)] + torchrun_argv(launcher_args))
     elif launcher:
         parser.error(f"the command is a launcher ({launcher}): dprorun launches the ranks itself, and one launched "
                      f"inside a rank would start ranks the hooks never see; run {OTHER_LAUNCHERS[launcher]}")

@@ -377,7 +377,8 @@ def _replay_arguments(rp: argparse.ArgumentParser) -> None:
                     help="parameter-server runs: model each host's cores as shared by its workers' compute, loopback "
                          "and servers (auto: the cores the hooks recorded), fitted and replayed so; off by default")
     rp.add_argument("--latency-us", type=non_negative_float, default=None, help="per ring step latency")
-    rp.add_argument("--bucket-mb", type=positive_float, default=None, help="regroup gradients into buckets of this size")
+    rp.add_argument("--bucket-mb", type=positive_float, default=None,
+                    help="regroup gradients into buckets of this size")
     rp.add_argument("--partitions", type=positive_int, default=1, help="split each bucket's sync into k pieces")
     rp.add_argument("--op-scale", type=parse_op_scale, action="append", metavar="PATTERN=FACTOR",
                     help="scale the profiled ops whose name, module scope or name@scope matches the glob PATTERN "
@@ -386,7 +387,8 @@ def _replay_arguments(rp: argparse.ArgumentParser) -> None:
                     help="replay the coarsened view (one op per compute phase) instead of the op-level graph")
     rp.add_argument("--horovod-fusion-mb", type=non_negative_float, default=None,
                     help="Horovod runs: fusion threshold to predict for (0: no fusion)")
-    rp.add_argument("--horovod-cycle-ms", type=positive_float, default=None, help="Horovod runs: cycle time to predict for")
+    rp.add_argument("--horovod-cycle-ms", type=positive_float, default=None,
+                    help="Horovod runs: cycle time to predict for")
     rp.add_argument("--compile", action="store_true",
                     help="torch.compile of the model, at the compiled/eager ratios measured by --measure-variants")
     rp.add_argument("--compile-blocks", action="store_true",
