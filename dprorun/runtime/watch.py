@@ -283,51 +283,50 @@ MODEL_SPLITS = {  # module -> (callable or class it builds a split with, what it
 def watch_model_splits(use: ScriptUse, module_name: str) -> None:
     """A model split across ranks, built through `module_name` (MODEL_SPLITS): counted, to be named when nothing
     could be profiled (the job runs as under torchrun)."""
-    module = sys.modules[module_name]
     name, what = MODEL_SPLITS[module_name]
+
+    def count() -> None:
+        use.model_splits[what] = use.model_splits.get(what, 0) + 1
+
+    _count_builds(sys.modules[module_name], name, count)
+
+
+COUNTED = "_dprorun_counted"  # on a wrapper of _count_builds
+
+
+def _count_builds(module, name: str, count: Callable[[], None]) -> None:
+    """`module.name` counted at each build: a class at each __init__, a function at each call (functools.wraps keeps
+    what callers read, as fully_shard.state); left alone where it is missing or already counted (marked by
+    COUNTED: fully_shard comes wrapped by torch already, so __wrapped__ cannot tell)."""
     original = getattr(module, name, None)
-    if original is None or hasattr(original, "__wrapped__"):
-        return
     if isinstance(original, type):
         original_init = original.__init__
+        if getattr(original_init, COUNTED, False):
+            return
 
         @functools.wraps(original_init)
         def init(self, *args, **kwargs):
-            use.model_splits[what] = use.model_splits.get(what, 0) + 1
+            count()
             return original_init(self, *args, **kwargs)
 
+        setattr(init, COUNTED, True)
         original.__init__ = init
-        original.__wrapped__ = original_init
-        return
+    elif callable(original) and not getattr(original, COUNTED, False):
+        @functools.wraps(original)
+        def counted(*args, **kwargs):
+            count()
+            return original(*args, **kwargs)
 
-    @functools.wraps(original)
-    def counted(*args, **kwargs):
-        use.model_splits[what] = use.model_splits.get(what, 0) + 1
-        return original(*args, **kwargs)
-
-    setattr(module, name, counted)
+        setattr(counted, COUNTED, True)
+        setattr(module, name, counted)
 
 
 def watch_fsdp(use: ScriptUse, module_name: str) -> None:
     """FSDP wrappers the script builds (FullyShardedDataParallel, fully_shard) through `module_name`
     (torch.distributed.fsdp, or the composable API's older home): counted. The package is imported by torch itself
     too (an optimizer's step imports parts of it), so its presence alone says nothing."""
-    module = sys.modules[module_name]
-    wrapper_class = getattr(module, "FullyShardedDataParallel", None)
-    if isinstance(wrapper_class, type) and not hasattr(wrapper_class.__init__, "__wrapped__"):
-        original_init = wrapper_class.__init__
+    def count() -> None:
+        use.fsdp_wrappers += 1
 
-        @functools.wraps(original_init)
-        def init(self, *args, **kwargs):
-            use.fsdp_wrappers += 1
-            return original_init(self, *args, **kwargs)
-
-        wrapper_class.__init__ = init
-    fully_shard = getattr(module, "fully_shard", None)
-    if callable(fully_shard):
-        @functools.wraps(fully_shard)  # keeps fully_shard.state, which the composable API reads
-        def counted(*args, **kwargs):
-            use.fsdp_wrappers += 1
-            return fully_shard(*args, **kwargs)
-
-        module.fully_shard = counted
+    for name in ("FullyShardedDataParallel", "fully_shard"):
+        _count_builds(sys.modules[module_name], name, count)
