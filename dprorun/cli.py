@@ -486,8 +486,7 @@ def run_byteps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 TORCHRUN_MODULES = ("torch.distributed.run",)
-OTHER_LAUNCHERS = {"horovodrun": "dprorun --backend horovod -np N python train.py (or launchers/horovodrun)",
-                   "mpirun": "dprorun --backend horovod -np N python train.py (Horovod), or dprorun -np N ...",
+OTHER_LAUNCHERS = {"mpirun": "dprorun --backend horovod -np N python train.py (Horovod), or dprorun -np N ...",
                    "bpslaunch": "dprorun --backend byteps ... (or launchers/bpslaunch)",
                    "torch.distributed.launch": "dprorun -np N python train.py (torchrun's successor flags)"}
 
@@ -519,7 +518,7 @@ def _nested_launcher(command: Sequence[str]) -> tuple[str, list[str]]:
         return "", []
     start = command.index(words[0])
     name = os.path.basename(words[0])
-    if name in ("torchrun",) or name in OTHER_LAUNCHERS:
+    if name in ("torchrun", "horovodrun") or name in OTHER_LAUNCHERS:
         return name, list(command[start + 1:])
     if name.startswith("python") and len(words) > 2 and words[1] == "-m" and \
             (words[2] in TORCHRUN_MODULES or words[2] in OTHER_LAUNCHERS):
@@ -532,8 +531,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     launcher, launcher_args = _nested_launcher(args.command)
+    own = argv[:len(argv) - len(args.command)]
     if launcher == "torchrun":  # `dprorun [options] torchrun ...`: the launch line read as dprorun's own
-        args = parser.parse_args(argv[:len(argv) - len(args.command)] + torchrun_argv(launcher_args))
+        args = parser.parse_args(own + torchrun_argv(launcher_args))
+    elif launcher == "horovodrun":  # as launchers/horovodrun reads it
+        from dprorun.launch_lines import horovodrun_argv
+
+        horovod_argv, env = horovodrun_argv(launcher_args)
+        os.environ.update(env)
+        args = parser.parse_args(own + horovod_argv)
     elif launcher:
         parser.error(f"the command is a launcher ({launcher}): dprorun launches the ranks itself, and one launched "
                      f"inside a rank would start ranks the hooks never see; run {OTHER_LAUNCHERS[launcher]}")

@@ -359,8 +359,12 @@ def test_torchruns_output_and_agent_flags_run_as_they_are(tmp_path):
     nested = run_dprorun(["torchrun", "--nproc_per_node=2", "--local-ranks-filter", "1", "--role", "nested",
                           str(script)], tmp_path / "nested", timeout=120)[0]
     assert nested.returncode == 0 and "rank 1 role nested" in nested.stdout, nested.stderr[-2000:]
-    horovodrun = run_dprorun(["horovodrun", "-np", "2", "python", str(script)], tmp_path / "hvd", timeout=60)[0]
-    assert horovodrun.returncode == 2 and "dprorun --backend horovod -np N" in horovodrun.stderr
+    mpirun = run_dprorun(["mpirun", "-np", "2", "python", str(script)], tmp_path / "mpi", timeout=60)[0]
+    assert mpirun.returncode == 2 and "dprorun --backend horovod -np N" in mpirun.stderr
+    # a horovodrun launch line behind dprorun is read as launchers/horovodrun reads it (its refusals included)
+    horovodrun = run_dprorun(["horovodrun", "-np", "2", "--autotune", "python", str(script)], tmp_path / "hvd",
+                             timeout=60)[0]
+    assert horovodrun.returncode == 2 and "a profile would mix settings" in horovodrun.stderr
 
 
 # The script frees the sharded model and waits at a barrier before tearing its group down. Without that, torch 2.13's
