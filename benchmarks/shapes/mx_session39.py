@@ -1,6 +1,7 @@
 """Gluon on MXNet's kvstore in a shape of session 39: an MLP hybridized with static_alloc and static_shape, NAG with
 multi_precision and a FactorScheduler on the servers (the Trainer's optimizer sent to them). Run with
-`dprorun --backend mxnet -np 2 --servers 2 python benchmarks/shapes/mx_session39.py`."""
+`dprorun --backend mxnet -np 2 --servers 2 python benchmarks/shapes/mx_session39.py`. --kvstore local: the same on a
+local kvstore, where each worker trains on its own (dprorun says why there is no replay)."""
 import argparse
 import os
 import statistics
@@ -11,9 +12,10 @@ from mxnet import autograd, gluon
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
+p.add_argument("--kvstore", default="dist_sync")
 a = p.parse_args()
 workers = int(os.environ.get("DMLC_NUM_WORKER", "1"))
-kv = mx.kv.create("dist_sync")
+kv = mx.kv.create(a.kvstore)
 net = gluon.nn.HybridSequential()
 for inputs, width in ((256, 512), (512, 512), (512, 256)):
     net.add(gluon.nn.Dense(width, activation="relu", in_units=inputs))
