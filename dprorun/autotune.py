@@ -7,7 +7,10 @@ Phases (each printed as it starts; every decision logged to RUN_DIR/autotune.jso
                  (not faster, and it holds op fusion / bf16 with other decisions: a second trial without
                  those, whose gain rests on a short timing of the model)      -> RUN_DIR/autotune/trial-without-compute
   4. deciding    never-regress: the strategy is kept only if the trial's measured iteration time beats the
-                 profile's by more than `min_gain` (launch-to-launch noise on a shared machine is several %)
+                 profile's by more than `min_gain`, and again in each of `rounds` - 1 more rounds (a window with the
+                 job's own settings, then one with the trial's, interleaved: launch-to-launch noise on a shared
+                 machine is several %, and the fastest of several candidates measured once is luckier still)
+                                                      -> RUN_DIR/autotune/own-settings-round2, trial-round2
   5. running     the whole job, with the strategy or with its own settings, profiled as usual -> RUN_DIR
 Horovod jobs (--backend horovod): the search ranks fusion threshold x cycle time by replay and the top two each
 get a trial window (RUN_DIR/autotune/trial, trial2); the fastest measured is judged. TensorFlow jobs: the same
@@ -23,6 +26,7 @@ import dataclasses
 import io
 import os
 import shutil
+import statistics
 import sys
 import time
 from typing import Callable, Optional
@@ -53,13 +57,26 @@ def _measured_ms(run_dir: str) -> Optional[float]:
     return summarize_run(run_dir).get("iteration_time_ms")
 
 
-def _sub_job(job: JobConfig, run_dir: str, dry_run: bool, strategy_file: Optional[str]) -> JobConfig:
+def _final_ms(run_dir: str) -> Optional[float]:
+    """The whole job's measured iteration time, for the check after it; None where its summary cannot say."""
+    from dprorun.fsutil import TraceError, UnanswerableError
+
+    try:
+        return _measured_ms(run_dir)
+    except (TraceError, UnanswerableError, ValueError, OSError):
+        return None
+
+
+def _sub_job(job: JobConfig, run_dir: str, dry_run: bool, strategy_file: Optional[str],
+             judged: bool = False) -> JobConfig:
+    """The job of one phase; `judged`: a window measured for its time alone, as a trial is (a confirmation round
+    of the job's own settings: no compute variants timed, TensorFlow's profiler off)."""
     sub = copy.deepcopy(job)
     sub.output.run_dir = run_dir
     sub.profile.run_dir = run_dir
     sub.profile.dry_run = dry_run
     # the profiling window also times the model eager / compiled / bf16 for the op-fusion and precision passes
-    sub.profile.measure_variants = dry_run and strategy_file is None and job.autotune.variants
+    sub.profile.measure_variants = dry_run and strategy_file is None and job.autotune.variants and not judged
     sub.profile.job_id = f"{job.profile.job_id}-{os.path.basename(run_dir)}" if dry_run else job.profile.job_id
     sub.strategy_file = strategy_file
     if job.launch.backend == "horovod" and strategy_file:  # Horovod's knobs go to horovodrun, the strategy's win
@@ -68,7 +85,7 @@ def _sub_job(job: JobConfig, run_dir: str, dry_run: bool, strategy_file: Optiona
 
         chosen = load_strategy(strategy_file)
         sub.horovod.args = horovod_knob_args(chosen.horovod_fusion_threshold_mb, chosen.horovod_cycle_time_ms)
-    if job.launch.backend == "tf" and strategy_file:
+    if job.launch.backend == "tf" and (strategy_file or judged):
         # a TensorFlow trial is judged by its measured iterations only, and TF's profiler can crash a worker at its
         # stop (RESULTS.md, TensorFlow): the trial runs without it
         sub.profile.kineto = False
@@ -113,6 +130,9 @@ def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:
     return tune.decide(keep, trial_ms, label, message, profiled)
 
 
+OWN = "the job's own settings"
+
+
 class _Autotune:
     """One --autotune: the run's log (autotune.json) and the phases, each a method."""
 
@@ -124,6 +144,8 @@ class _Autotune:
         self.log_path = os.path.join(job.output.run_dir, "autotune.json")
         self.strategy_path = os.path.join(job.output.run_dir, "strategy.json")
         self.started = time.monotonic()
+        self.rounds: list[tuple[float, float]] = []  # (own settings ms, kept trial ms) per judged round
+        self.unconfirmed = ""  # why a trial that beat the profile was not confirmed, where a window failed
 
     def record(self, name: str, **values) -> None:
         self.log["phases"].append({"phase": name, "time": round(time.time(), 3), **values})
@@ -135,7 +157,14 @@ class _Autotune:
         self.record("running", strategy=strategy_file, reason=why)
         sub = _sub_job(self.job, self.job.output.run_dir, False, strategy_file)
         code = self.finalize(sub, self.launch(_sub_job(self.job, self.job.output.run_dir, False, strategy_file)))
-        self.record("done", exit_code=code)
+        measured = _final_ms(self.job.output.run_dir) if code == 0 and strategy_file and self.rounds else None
+        own = statistics.median(b for b, _ in self.rounds) if measured is not None else None
+        if measured is not None and measured > own:  # the kept strategy's gain, checked once more by the job itself
+            print(f"dprorun: warning: autotune: the job's window with the strategy ran at {measured:.2f} ms per "
+                  f"iteration, slower than its own settings' {own:.2f} ms in the tuning windows: the gain measured "
+                  "there did not hold in this launch (launch-to-launch noise here is several %; compare the two in "
+                  "autotune.json)", file=sys.stderr)
+        self.record("done", exit_code=code, measured_ms=measured)
         return code
 
     def profile(self):
@@ -251,21 +280,69 @@ class _Autotune:
             keep = baseline_ms is not None and trial_ms < baseline_ms * (1 - min_gain)
             if keep and path != self.strategy_path:
                 shutil.copyfile(path, self.strategy_path)
+        if keep:
+            keep, trial_ms = self.confirm(self.strategy_path, label, baseline_ms, trial_ms)
         return keep, trial_ms, label, result.message if result is not None else ""
+
+    def confirm(self, path: str, label: str, baseline_ms: float, trial_ms: float) -> tuple[bool, Optional[float]]:
+        """Rounds 2..N of the judgement: the job's own settings, then the kept trial, each a window again
+        (interleaved with the first pair: profile, trial, own settings, trial, ...). One window of each is at the
+        mercy of this machine's launch-to-launch noise (3-13 % here), and the fastest of several candidates
+        measured once more so; kept only if the trial is faster by `min_gain` in every round. (keep, the trial's
+        median ms over the rounds); every round in self.rounds and autotune.json."""
+        job, min_gain = self.job, self.job.autotune.min_gain
+        self.rounds = [(baseline_ms, trial_ms)]
+        for number in range(2, job.autotune.rounds + 1):
+            pair = []
+            for folder, strategy_file, what in ((f"own-settings-round{number}", None, OWN),
+                                                (f"trial-round{number}", path, label)):
+                _phase(job, f"3/4 round {number} of {job.autotune.rounds}: a window with {what}")
+                sub = _sub_job(job, os.path.join(self.tune_dir, folder), True, strategy_file, judged=True)
+                result = self.launch(sub)
+                _quietly(self.finalize, sub, result)
+                ms = _measured_ms(sub.output.run_dir) if result.exit_code == 0 else None
+                self.record("confirming", round=number, run_dir=sub.output.run_dir, strategy=strategy_file,
+                            exit_code=result.exit_code, measured_ms=ms)
+                pair.append(ms)
+            if None in pair:
+                self.unconfirmed = (f"not confirmed: round {number}'s window with "
+                                    f"{OWN if pair[0] is None else label} failed")
+                return False, trial_ms
+            self.rounds.append((pair[0], pair[1]))
+            _phase(job, f"   round {number}: measured {pair[0]:.2f} -> {pair[1]:.2f} ms")
+        faster = [t < b * (1 - min_gain) for b, t in self.rounds]
+        return all(faster), statistics.median(t for _, t in self.rounds)
+
+    def _rounds_said(self) -> str:
+        """Each round's gain, as the reason says it: "(+18.2 %, +15.0 %)"."""
+        return ", ".join(f"{100 * (1 - t / b):+.1f} %" for b, t in self.rounds)
 
     def decide(self, keep: bool, trial_ms: Optional[float], label: str, message: str, profiled) -> int:
         """Phase 4 (never regress), then phase 5."""
         _, baseline_ms = profiled
         min_gain = self.job.autotune.min_gain
+        rounds = len(self.rounds)
+        if rounds > 1:  # the medians of the interleaved rounds, each round's gain said
+            baseline_ms = statistics.median(b for b, _ in self.rounds)
         if trial_ms is None:
             reason = f"the trial run failed ({message}): reverting to the job's own settings"
+        elif self.unconfirmed:
+            reason = f"{self.unconfirmed}: reverting to the job's own settings"
         elif keep:
             reason = (f"measured {baseline_ms:.2f} -> {trial_ms:.2f} ms per iteration "
-                      f"({100 * (1 - trial_ms / baseline_ms):.1f} % faster): keeping {label}")
+                      f"({100 * (1 - trial_ms / baseline_ms):.1f} % faster"
+                      + (f"; medians of {rounds} interleaved rounds: {self._rounds_said()}" if rounds > 1 else "")
+                      + f"): keeping {label}")
+        elif rounds > 1:
+            wins = sum(t < b * (1 - min_gain) for b, t in self.rounds)
+            reason = (f"not confirmed: {label} was faster by {100 * min_gain:.0f} % in {wins} of {rounds} "
+                      f"interleaved rounds ({self._rounds_said()}; medians {baseline_ms:.2f} -> {trial_ms:.2f} ms): "
+                      "within this machine's launch-to-launch noise, so reverting to the job's own settings")
         else:
             reason = (f"measured {baseline_ms:.2f} -> {trial_ms:.2f} ms per iteration, not better by "
                       f"{100 * min_gain:.0f} %: reverting to the job's own settings")
         self.record("deciding", keep=keep, reason=reason, baseline_ms=baseline_ms, trial_ms=trial_ms,
+                    rounds=[list(pair) for pair in self.rounds],
                     strategy=self.strategy_path if keep else None,
                     tuning_seconds=round(time.monotonic() - self.started, 2))
         _phase(self.job, f"4/4 {reason}")

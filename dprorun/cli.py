@@ -212,6 +212,10 @@ def _mode_arguments(modes) -> None:
     modes.add_argument("--autotune-trials", type=int, default=3, metavar="N",
                        help="with --autotune on Horovod, TensorFlow and MXNet jobs: at most N of the knob settings "
                             "the replay ranks best get a real trial window (default 3)")
+    modes.add_argument("--autotune-rounds", type=int, default=2, metavar="N",
+                       help="with --autotune: a trial that beats the profile is confirmed in N-1 more rounds (the "
+                            "job's own settings, then the trial's, each a window again); it is kept only if faster "
+                            "in every round (default 2; 1: one comparison, at the mercy of launch-to-launch noise)")
     modes.add_argument("--allow-bf16", action="store_true",
                        help="with --autotune: the search may choose bf16 autocast (it changes the training's "
                             "numerics; without this flag a bf16 gain is only reported)")
@@ -442,6 +446,8 @@ def autotune_config(args: argparse.Namespace) -> AutotuneConfig:
         raise ValueError("--autotune-min-gain is a fraction in [0, 1)")
     if args.autotune_trials < 1:
         raise ValueError("--autotune-trials is at least 1")
+    if args.autotune_rounds < 1:
+        raise ValueError("--autotune-rounds is at least 1")
     if args.allow_bf16 and not args.autotune:
         raise ValueError("--allow-bf16 goes with --autotune (dpro optimize has its own --allow-bf16)")
     budget = None
@@ -450,7 +456,8 @@ def autotune_config(args: argparse.Namespace) -> AutotuneConfig:
 
         budget = parse_bytes(args.memory_budget)
     return AutotuneConfig(enabled=args.autotune, min_gain=args.autotune_min_gain, variants=not args.no_compute_passes,
-                          allow_bf16=args.allow_bf16, memory_budget_bytes=budget, max_trials=args.autotune_trials)
+                          allow_bf16=args.allow_bf16, memory_budget_bytes=budget, max_trials=args.autotune_trials,
+                          rounds=args.autotune_rounds)
 
 
 def _strategy_file(args: argparse.Namespace) -> Optional[str]:

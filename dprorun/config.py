@@ -188,6 +188,9 @@ class AutotuneConfig:
     allow_bf16: bool = False  # bf16 autocast changes the numerics: searched only when the user says so
     memory_budget_bytes: Optional[int] = None
     max_trials: int = 3  # Horovod / TF / MXNet: the best-ranked knob settings that get a real trial window
+    # measured rounds before a strategy is kept: the winning trial and the job's own settings each measured again
+    # (rounds - 1 more windows each, interleaved), kept only if faster in every round (launch-to-launch noise)
+    rounds: int = 2
 
 
 @dataclass

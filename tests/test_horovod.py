@@ -380,9 +380,10 @@ def test_horovod_autotune_ranks_knobs_by_replay_and_trials_decide(tmp_path):
         for trial in trials:
             manifest = json.load(open(os.path.join(trial["run_dir"], "manifest.json")))
             assert "--fusion-threshold-mb" in manifest["horovod_args"] and trial["measured_ms"] > 0
-        if deciding["keep"]:
+        if deciding["keep"]:  # the fastest trial, then confirmed in a second round (own settings, then it)
             best = min(t["measured_ms"] for t in trials)
-            assert deciding["trial_ms"] == best
+            assert deciding["rounds"][0] == [deciding["rounds"][0][0], best] and len(deciding["rounds"]) == 2
+            assert all(trial < own for own, trial in deciding["rounds"])
             assert json.load(open(run_dir / "manifest.json"))["horovod_args"]
     else:
         assert deciding["keep"] is False
