@@ -99,16 +99,31 @@ def _quietly(finalize: Callable, job: JobConfig, result) -> int:
     """Finalize a profiling/trial window without printing its summary (errors still go to stderr). A window the
     replayer cannot model (a TensorFlow trial under XLA: its steps' ops are fused clusters, with no forward /
     backward / update to tell apart) still has its measured iteration time in summary.json: that is what a trial
-    is judged by, so a failed prediction is a warning here, not the end of the tuning."""
+    is judged by, so a failed prediction is a warning here, not the end of the tuning; a window run without the
+    profiler by design (a TensorFlow trial) has none to make, and nothing is said of it (it printed "error: no
+    prediction" for every TF trial of a healthy tuning)."""
     from dprorun.fsutil import TraceError, UnanswerableError
 
-    with contextlib.redirect_stdout(io.StringIO()):
+    said, code = io.StringIO(), None
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
         try:
-            return finalize(job, result)
+            code = finalize(job, result)
         except (UnanswerableError, TraceError, ValueError) as exc:
-            print(f"dprorun: warning: {os.path.basename(job.output.run_dir)}: no prediction ({exc}); judged by its "
-                  "measured iterations", file=sys.stderr)
-            return result.exit_code
+            print(f"dprorun: error: no prediction: {exc}", file=sys.stderr)
+            code = result.exit_code
+    printed = set()
+    for line in said.getvalue().splitlines():
+        unreplayed = line.startswith(("dprorun: error: no prediction: ", "dprorun: warning: no replay of the job"))
+        if unreplayed and not job.profile.kineto:
+            continue
+        if unreplayed:
+            detail = line.split(": ", 3)[-1].split("; the run directory is kept")[0]
+            line = (f"dprorun: warning: {os.path.basename(job.output.run_dir)}: no prediction ({detail}); judged by "
+                    "its measured iterations")
+        if line not in printed:
+            print(line, file=sys.stderr)
+            printed.add(line)
+    return code
 
 
 def run_autotune(job: JobConfig, launch: Callable, finalize: Callable) -> int:

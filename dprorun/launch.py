@@ -7,6 +7,7 @@ files, SIGINT/SIGTERM handling and group teardown. dprorun configures it and put
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -231,13 +232,31 @@ def _register_loopback_rendezvous() -> None:
 
 
 def _launch_elastic(job: JobConfig) -> LaunchResult:
+    with ranks_environment(rank_environment(job)):  # torch elastic's workers inherit this process's environment
+        return _launch_elastic_now(job)
+
+
+@contextlib.contextmanager
+def ranks_environment(env: dict[str, str]):
+    """This process's environment with `env` for one launch, restored after it: a launch's variables (a trial's
+    TF_XLA_FLAGS, its strategy file) must not reach the next launch of the same dprorun (autotune's rounds and
+    its final run; they once ran every TensorFlow job after an XLA trial with XLA on)."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _launch_elastic_now(job: JobConfig) -> LaunchResult:
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     port = job.launch.master_port or free_port(job.launch.master_addr if job.launch.nnodes == 1 else "0.0.0.0")
     entrypoint, args = split_command(job.command)
-    os.environ.update(rank_environment(job))
     backend = "static"
     if job.launch.nnodes == 1 and job.launch.master_addr in ("127.0.0.1", "localhost"):
         _register_loopback_rendezvous()
