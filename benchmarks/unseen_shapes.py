@@ -48,7 +48,10 @@ AdamW and a warm-up LambdaLR, a model taking and returning dicts, zero_grad(set_
 torch.distributed.checkpoint saves every 10 steps, a batch that grows 4x at step 24, a Lightning GAN with manual
 optimization, DDP and Horovod of a torch.jit.script'ed model, a DDP model returning a dataclass; Horovod with one
 rank's shard 6 batches short (hvd.join), TF loops accumulating 2 micro-batches inside the step and stepping two
-optimizers. Frameworks that are not installed are skipped with a line saying so.
+optimizers; session 40: SAM, fp16 autocast with a GradScaler, tensor and pipeline parallelism (named, not profiled),
+loader workers by spawn and forkserver, a transformers GPT-2 loop; session 41: the official tutorials' shapes (torch's
+ImageNet example with epochs, validation and a checkpoint; Horovod's pytorch_mnist; TensorFlow's multi-worker Keras
+fit). Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -189,6 +192,11 @@ JOBS = {
     "ddp-hf-gpt2-loop": ([], "ddp_hf_loop.py", [], "transformers"),
     "ddp-hf-gpt2-loop-checkpointing": ([], "ddp_hf_loop.py", ["--checkpointing"], "transformers"),
     "ddp-hf-gpt2-loop-bf16": ([], "ddp_hf_loop.py", ["--bf16"], "transformers"),
+    # session 41: the official tutorials' shapes (torch's ImageNet example, Horovod's pytorch_mnist, TensorFlow's
+    # multi-worker Keras tutorial; MXNet's Gluon example: tutorial_mx_gluon.py, by hand)
+    "ddp-tutorial-imagenet-shape-epochs-val-checkpoint": ([], "tutorial_ddp_cnn.py", [], "torch"),
+    "horovod-tutorial-pytorch-mnist-shape": (["--backend", "horovod"], "tutorial_hvd_mnist.py", [], "horovod"),
+    "tf-tutorial-multi-worker-keras-fit": (["--backend", "tf"], "tutorial_tf_mwms.py", [], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
