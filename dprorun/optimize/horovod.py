@@ -13,7 +13,7 @@ import time
 from dprorun.replay.template import JobModel
 from dprorun.replay.whatif import MB, WhatIf
 from dprorun.replay.predict import replay_once
-from dprorun.strategy import Decision, Strategy
+from dprorun.strategy import Decision, Strategy, transport_caution
 from dprorun.fsutil import UnanswerableError
 
 THRESHOLDS_MB = (0.0, 1.0, 4.0, 16.0, 64.0, 128.0)
@@ -51,5 +51,6 @@ def rank_horovod_knobs(model: JobModel, thresholds_mb=THRESHOLDS_MB, cycles_ms=C
                             baseline_ms=round(baseline_us / 1000, 4), predicted_ms=round(t / 1000, 4),
                             decisions=[decision],
                             search={"evaluations": len(scored) + 1, "seconds": seconds,
-                                    "world_size": model.world_size, "framework": "horovod"}))
+                                    "world_size": model.world_size, "framework": "horovod",
+                                    **transport_caution(model)}))
     return out

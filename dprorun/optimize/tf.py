@@ -16,7 +16,7 @@ from dprorun.layout import TF_XLA_AUTO_JIT
 from dprorun.replay.predict import replay_once
 from dprorun.replay.template import JobModel
 from dprorun.replay.whatif import MB, WhatIf, tf_packs
-from dprorun.strategy import Decision, Strategy
+from dprorun.strategy import Decision, Strategy, transport_caution
 
 PACKS_MB = (0.0, 0.25, 1.0, 4.0, 16.0, 64.0)
 
@@ -48,7 +48,7 @@ def rank_tf_packs(model: JobModel, packs_mb=PACKS_MB, top: int = 2) -> list[Stra
         out.append(Strategy(tf_bytes_per_pack_mb=pack_mb, baseline_ms=round(baseline_us / 1000, 4),
                             predicted_ms=round(t / 1000, 4), decisions=[decision],
                             search={"evaluations": len(scored) + 1, "seconds": round(time.monotonic() - started, 3),
-                                    "world_size": model.world_size, "framework": "tf"}))
+                                    "world_size": model.world_size, "framework": "tf", **transport_caution(model)}))
     return out
 
 
