@@ -168,10 +168,14 @@ def transport_caution(model) -> dict:
     transport = getattr(model, "transport", None) or {}
     if not transport.get("shares_cores"):
         return {}
-    return {"caution": f"the job's transport is CPU work on the cores its ranks compute on (its collectives kept it "
-                       f"busy {100 * transport.get('transport_cpu_share', 0):.0f} % of their time): more or smaller "
-                       "collectives cost more than the replay predicts, so these gains are optimistic; the trial "
-                       "windows decide"}
+    return {"caution": f"{shared_transport(transport)}: more or smaller collectives cost more than the replay "
+                       "predicts, so these gains are optimistic; the trial windows decide"}
+
+
+def shared_transport(transport: dict) -> str:
+    """How a search says that the job's transport ran on its ranks' compute cores (a JobModel's `transport`)."""
+    return (f"the job's transport is CPU work on the cores its ranks compute on (its all-reduces kept it busy "
+            f"{100 * transport.get('transport_cpu_share', 0):.0f} % of their time)")
 
 
 # knob -> (least value, whether the least is allowed): a hand-edited strategy out of range is refused, named

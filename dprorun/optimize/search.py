@@ -30,7 +30,7 @@ from dprorun.replay.template import JobModel, ddp_buckets
 from dprorun.memory import peak_from_parts
 from dprorun.replay.whatif import MB, WhatIf
 from dprorun.replay.predict import replay_once, representative
-from dprorun.strategy import Decision, Strategy
+from dprorun.strategy import Decision, Strategy, shared_transport
 from dprorun.fsutil import UnanswerableError
 
 DEFAULT_CAPS_MB = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
@@ -283,8 +283,7 @@ class _Search:
             current.search["recommendations"] = recommendations
         if not self.comm_passes:
             current.search["comm_passes"] = (
-                "off: the job's transport is CPU work on the cores its ranks compute on (its all-reduces kept it "
-                f"busy {100 * model.transport['transport_cpu_share']:.0f} % of their time), where more collectives "
+                f"off: {shared_transport(model.transport)}, where more collectives "
                 "cost more and overlap gains less than the replay predicts; bucket layout and partitions left as "
                 "they are (`dpro optimize --comm-passes on` forces them)" if self.shares_cores and
                 not model.bucket_layout_fixed else f"off: {model.bucket_layout_fixed}" if model.bucket_layout_fixed
