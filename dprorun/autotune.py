@@ -102,6 +102,7 @@ def _quietly(finalize: Callable, job: JobConfig, result) -> int:
     is judged by, so a failed prediction is a warning here, not the end of the tuning; a window run without the
     profiler by design (a TensorFlow trial) has none to make, and nothing is said of it (it printed "error: no
     prediction" for every TF trial of a healthy tuning)."""
+    from dprorun.finalize import NO_PREDICTION, NO_REPLAY
     from dprorun.fsutil import TraceError, UnanswerableError
 
     said, code = io.StringIO(), None
@@ -109,15 +110,16 @@ def _quietly(finalize: Callable, job: JobConfig, result) -> int:
         try:
             code = finalize(job, result)
         except (UnanswerableError, TraceError, ValueError) as exc:
-            print(f"dprorun: error: no prediction: {exc}", file=sys.stderr)
+            print(f"{NO_PREDICTION}{exc}", file=sys.stderr)
             code = result.exit_code
     printed = set()
     for line in said.getvalue().splitlines():
-        unreplayed = line.startswith(("dprorun: error: no prediction: ", "dprorun: warning: no replay of the job"))
+        unreplayed = line.startswith((NO_PREDICTION, NO_REPLAY))
         if unreplayed and not job.profile.kineto:
             continue
         if unreplayed:
-            detail = line.split(": ", 3)[-1].split("; the run directory is kept")[0]
+            detail = line[len(NO_PREDICTION if line.startswith(NO_PREDICTION) else NO_REPLAY):]
+            detail = detail.split("; the run directory is kept")[0]
             line = (f"dprorun: warning: {os.path.basename(job.output.run_dir)}: no prediction ({detail}); judged by "
                     "its measured iterations")
         if line not in printed:

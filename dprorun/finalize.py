@@ -22,12 +22,17 @@ def _align_at_job_end(analysis: RunAnalysis) -> dict:
         return {"error": str(exc)}
 
 
+# how a window that replays nothing is said (autotune's windows read these: autotune._quietly)
+NO_REPLAY = "dprorun: warning: no replay of the job as it ran: "
+NO_PREDICTION = "dprorun: error: no prediction: "
+
+
 def _self_check_at_job_end(analysis: RunAnalysis) -> Optional[dict]:
     """The replay of the job as it ran against the run's clean iterations (None where nothing replays)."""
     try:
         return analysis.prediction.self_check
     except Exception as exc:  # nothing replayable: the report says why
-        print(f"dprorun: warning: no replay of the job as it ran: {exc}", file=sys.stderr)
+        print(f"{NO_REPLAY}{exc}", file=sys.stderr)
         return None
 
 
@@ -42,8 +47,7 @@ def _print_prediction(job: JobConfig, summary: dict, analysis: RunAnalysis) -> i
         model = analysis.model
         prediction = analysis.prediction if whatif.is_identity() else predict(model, whatif)
     except ValueError as exc:  # nothing replayable (e.g. a TF job whose last launch ran without the profiler)
-        print(f"dprorun: error: no prediction: {exc}; the run directory is kept: {job.output.run_dir}",
-              file=sys.stderr)
+        print(f"{NO_PREDICTION}{exc}; the run directory is kept: {job.output.run_dir}", file=sys.stderr)
         return 1
     if prediction.self_check is None:  # a what-if: the check of the job as it ran comes with it
         prediction.self_check = analysis.prediction.self_check
