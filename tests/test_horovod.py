@@ -497,9 +497,33 @@ def test_a_horovod_tensorflow_job_is_profiled_and_replayed(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)
     assert doc["predicted_iteration_time_ms"] > 0 and "horovod" in doc["comm_model"]["source"]
+    if "latency-bound" in doc["comm_model"]["source"]:  # eager calls on 2 cores: 12-23 ms each whatever their bytes
+        assert any("did not grow with their bytes" in note for note in doc["notes"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["backend"] == "horovod" and summary["horovod"]["steps"] >= 2
     assert summary["self_check"]["replay_ms"] > 0
+
+
+def test_a_horovod_calibration_whose_scatter_hides_its_bytes_is_priced_as_latency_and_says_so():
+    """Calibrations recorded by horovod.tensorflow's eager calls on this 2-core host: 12-23 ms a call from 4 KiB to
+    4 MiB in no order of size. A CI host fitted a slope <= 0 from such calls and the model fell back, silently, to
+    the trace's one size with no latency; a slope fitted from the scatter priced bytes at 12 Gbit/s as a measure.
+    Both are latency-bound now, by name; a calibration that grows with its bytes keeps its line."""
+    from dprorun.replay.template import LATENCY_BOUND, horovod_comm_model
+
+    falling = [[4096, 16514.7], [65536, 15054.5], [1048576, 12697.2], [4194304, 13233.1]]
+    scattered = [[4096, 14775.5], [65536, 12153.1], [1048576, 22972.9], [4194304, 17055.8]]
+    for calibration in (falling, scattered):
+        model, negotiation_us = horovod_comm_model(calibration, [], 2, 1000.0)
+        assert model.source == LATENCY_BOUND and negotiation_us > 5000
+        median_call = sorted(t for _, t in calibration)[1:3]
+        assert 2 * negotiation_us + 500 == pytest.approx(sum(median_call) / 2)  # the median call, less half a cycle
+        byte_time_4mib = 4194304 / model.bandwidth_bytes_per_us  # 2 ranks: one ring step's bytes, twice over 2
+        assert byte_time_4mib >= max(t for _, t in calibration) - min(t for _, t in calibration) - 1
+    growing = [[4096, 900.0], [65536, 1300.0], [1048576, 9000.0], [4194304, 35000.0]]
+    model, _ = horovod_comm_model(growing, [], 2, 1000.0)
+    assert model.source == "horovod calibration (one response per call)"
+    assert 4194304 / model.bandwidth_bytes_per_us == pytest.approx(34100, rel=0.05)
 
 
 def test_a_job_whose_hooks_saw_no_step_says_what_they_need():

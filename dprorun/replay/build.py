@@ -12,9 +12,9 @@ import numpy as np
 from dprorun.graph.local import op_profile
 from dprorun.replay.engine import replay
 from dprorun.replay.synthesize import synthesize
-from dprorun.replay.template import BucketInfo, JobModel, MeasuredIteration, RankTemplate, _horovod_timeline_points, \
-    _ready_fractions, comm_channels, fit_comm_model, horovod_comm_model, horovod_knobs_as_run, measure_rank, \
-    message_latency_us, ring_size, transport_on_compute_cores
+from dprorun.replay.template import LATENCY_BOUND, BucketInfo, JobModel, MeasuredIteration, RankTemplate, \
+    _horovod_timeline_points, _ready_fractions, comm_channels, fit_comm_model, horovod_comm_model, horovod_knobs_as_run, \
+    measure_rank, message_latency_us, ring_size, transport_on_compute_cores
 from dprorun.replay.whatif import WhatIf
 from dprorun.stats import median
 from dprorun.trace.model import RankTrace, RunTrace, ddp_groups, is_tf_tracker
@@ -113,6 +113,11 @@ def build_job_model(run: RunTrace) -> JobModel:
         fitted = horovod_comm_model(calibration, _horovod_timeline_points(run), world, model.horovod_knobs[1])
         if fitted is not None:
             model.comm, model.horovod_negotiation_us = fitted
+        if model.comm.source == LATENCY_BOUND:
+            model.notes.append("warning: Horovod's calibration calls did not grow with their bytes beyond their scatter ("
+                               + ", ".join(f"{int(p[0])} B {p[1] / 1e3:.1f} ms" for p in calibration)
+                               + "): each response is priced at their median, and the bandwidth is a bound from "
+                               "their spread, not a measure (expect what-ifs on bandwidth or bytes to be rough)")
         if len(calibration) >= 2 and model.comm.source.startswith("horovod timeline"):
             model.notes.append("warning: Horovod's calibration did not fit a line growing with size ("
                                + ", ".join(f"{int(p[0])} B {p[1] / 1e3:.1f} ms" for p in calibration)
