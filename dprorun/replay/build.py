@@ -55,6 +55,26 @@ def _ddp_groups_note(model: JobModel) -> str:
             "ranks; a world-size what-if is not answered (the script forms the groups)")
 
 
+def _horovod_costs(model: JobModel, run: RunTrace, calibration: list) -> None:
+    """A Horovod job's knobs as run and its communication costs (template.horovod_comm_model), with a warning
+    where the calibration could not price the bytes."""
+    model.framework = "horovod"
+    model.horovod_knobs = horovod_knobs_as_run(run.manifest.get("horovod_args") or [])
+    fitted = horovod_comm_model(calibration, _horovod_timeline_points(run), model.world_size,
+                                model.horovod_knobs[1])
+    if fitted is not None:
+        model.comm, model.horovod_negotiation_us = fitted
+    calls = ", ".join(f"{int(p[0])} B {p[1] / 1e3:.1f} ms" for p in calibration)
+    if model.comm.source == LATENCY_BOUND:
+        model.notes.append(f"warning: Horovod's calibration calls did not grow with their bytes beyond their scatter "
+                           f"({calls}): each response is priced at their median, and the bandwidth is a bound from "
+                           "their spread, not a measure (expect what-ifs on bandwidth or bytes to be rough)")
+    if len(calibration) >= 2 and model.comm.source.startswith("horovod timeline"):
+        model.notes.append(f"warning: Horovod's calibration did not fit a line growing with size ({calls}): "
+                           "communication is priced from the timeline's fused responses, which include waiting for "
+                           "the other ranks (expect modelled what-ifs to overrate communication)")
+
+
 def build_job_model(run: RunTrace) -> JobModel:
     """Measure templates, buckets and the comm model from an aligned RunTrace."""
     ranks = sorted(run.ranks)
@@ -108,21 +128,7 @@ def build_job_model(run: RunTrace) -> JobModel:
     model.window_iterations_us = _median_over_ranks(run, iterations)
     model.warmup_iterations_us = _median_over_ranks(run, {r: _warmup_iterations(run.ranks[r]) for r in ranks})
     if any(t.get("framework") == "horovod" for t in first.meta.get("trackers", [])):
-        model.framework = "horovod"
-        model.horovod_knobs = horovod_knobs_as_run(run.manifest.get("horovod_args") or [])
-        fitted = horovod_comm_model(calibration, _horovod_timeline_points(run), world, model.horovod_knobs[1])
-        if fitted is not None:
-            model.comm, model.horovod_negotiation_us = fitted
-        if model.comm.source == LATENCY_BOUND:
-            model.notes.append("warning: Horovod's calibration calls did not grow with their bytes beyond their scatter ("
-                               + ", ".join(f"{int(p[0])} B {p[1] / 1e3:.1f} ms" for p in calibration)
-                               + "): each response is priced at their median, and the bandwidth is a bound from "
-                               "their spread, not a measure (expect what-ifs on bandwidth or bytes to be rough)")
-        if len(calibration) >= 2 and model.comm.source.startswith("horovod timeline"):
-            model.notes.append("warning: Horovod's calibration did not fit a line growing with size ("
-                               + ", ".join(f"{int(p[0])} B {p[1] / 1e3:.1f} ms" for p in calibration)
-                               + "): communication is priced from the timeline's fused responses, which include "
-                               "waiting for the other ranks (expect modelled what-ifs to overrate communication)")
+        _horovod_costs(model, run, calibration)
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
     if tf_job and model.framework == "horovod":
