@@ -632,6 +632,44 @@ def test_a_trainer_framework_job_is_profiled(tmp_path):
     assert json.loads(out.stdout)["predicted_iteration_time_ms"] > 0
 
 
+REPLICATE_IN_A_THREAD = """
+import threading, torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+from torch.distributed._composable.replicate import replicate
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+model = replicate(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+def train():
+    for _ in range(18):
+        opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
+worker = threading.Thread(target=train, name="trainer"); worker.start(); worker.join()
+dist.destroy_process_group()
+"""
+
+
+def test_a_replicated_model_trained_in_a_thread_of_the_scripts_is_profiled(tmp_path):
+    """torch's composable `replicate(model)` builds a DDP over a ParameterList and runs DDP's forward steps from
+    the model's own hooks, so the DDP is never called: the job ran unprofiled ("no step ran through it"). Its
+    iterations are now counted on the model, its parameters under the model's names; the loop runs in a thread
+    of the script's, where torch prints a kineto ERROR line of its own that rank 0 says is harmless."""
+    script = tmp_path / "replicated.py"
+    script.write_text(REPLICATE_IN_A_THREAD)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "--kineto-iters", "2", "--clean", "5",
+                           "python", str(script)], run_dir, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing to profile" not in proc.stderr and "not the main thread" in proc.stderr
+    run = load_run(str(run_dir))
+    for trace in run.ranks.values():
+        assert len(trace.profiled_iterations) >= 6 and any(op.kind is OpKind.BW for op in trace.ops)
+        assert sorted(trace.param_bytes) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+        assert {name for bucket in trace.buckets for name in bucket.params} == set(trace.param_bytes)
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["predicted_iteration_time_ms"] > 0
+
+
 def test_a_script_that_runs_its_own_profiler_keeps_its_profile_and_dprorun_profiles_after_it(tmp_path):
     """examples --own-profiler: rank 0's script profiles steps 6-8 with torch.profiler (a schedule: prepared at
     step 4's end) over the window's start (iteration 5). Before, dprorun's profiler took the script's session: the

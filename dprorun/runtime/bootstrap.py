@@ -114,6 +114,11 @@ def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[st
 
         sess.guard("patching DistributedDataParallel", patch_ddp_class, sess)
 
+    def patch_replicate():
+        from dprorun.runtime.ddp import patch_replicate
+
+        sess.guard("patching replicate()", patch_replicate, sess)
+
     def patch_hvd():
         from dprorun.runtime.horovod import patch_horovod
 
@@ -145,7 +150,8 @@ def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[st
     if mxnet_role:  # MXNet workers: iterations are Trainer.step calls (patched once gluon's trainer exists)
         sess.framework = "mxnet"
         return {"mxnet.gluon.trainer": patch_mxnet}
-    return {"torch.nn.parallel.distributed": patch_ddp, "horovod.torch.optimizer": patch_hvd,
+    return {"torch.nn.parallel.distributed": patch_ddp, "torch.distributed._composable.replicate": patch_replicate,
+            "horovod.torch.optimizer": patch_hvd,
             "horovod.tensorflow": patch_hvd_tf,
             **_script_watches(sess)}
 

@@ -104,6 +104,7 @@ class DDPTracker:
         if session.cfg.comm_detail == "ring":
             session.guard("setting up the ring comm detail", self._setup_ring)
         session.guard("counting optimizer steps", session.count_optimizer_steps)
+        self._replicated = None  # replicate()'s module (weakly), where the script calls that and not DDP
         ddp.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         ddp.register_forward_hook(self._post_forward)
 
@@ -111,6 +112,29 @@ class DDPTracker:
     def ddp(self) -> Optional[Any]:
         """The DistributedDataParallel module, None once the script dropped it."""
         return self._ddp()
+
+    @property
+    def model(self) -> Optional[Any]:
+        """The module the script trains: DDP's wrapped module, or the module `replicate()` gave a DDP; None once
+        the script dropped it."""
+        if self._replicated is not None:
+            return self._replicated()
+        ddp = self.ddp
+        return None if ddp is None else ddp.module
+
+    def attach_to_replicated(self, module, names: list[str]) -> None:
+        """torch.distributed._composable.replicate(module): DDP is built over a ParameterList of the module's
+        parameters (named "0", "1", ...) and never called; the module's own forward hooks run DDP's forward steps.
+        The iterations are counted on that module's forwards (our hooks after replicate()'s), its parameters named
+        as the module names them (replicate's list, in the ParameterList's order)."""
+        self._replicated = weakref.ref(module)
+        renamed = dict(zip([str(k) for k in range(len(names))], names))
+        self.param_names = {pid: renamed.get(name, name) for pid, name in self.param_names.items()}
+        record = self.session.records.params[self.index]
+        record["order"] = [renamed.get(name, name) for name in record["order"]]
+        record["bytes"] = {renamed.get(name, name): nbytes for name, nbytes in record["bytes"].items()}
+        module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+        module.register_forward_hook(self._post_forward)
 
     def _memory_at_init(self) -> None:
         import psutil
@@ -213,7 +237,8 @@ class DDPTracker:
             return None
         if self.primary:
             session.primary_forwards += 1
-            self.prev_forward_synced = bool(getattr(module, "require_backward_grad_sync", True))
+            # DDP's flag (no_sync clears it; replicate() sets it on its DDP before our hook runs)
+            self.prev_forward_synced = bool(getattr(self.ddp or module, "require_backward_grad_sync", True))
             self.synced_forwards += self.prev_forward_synced
             if 1 <= session.iteration - self.first_iteration <= STEADY_MEMORY_ITERATIONS and session.phase == "warmup":
                 session.guard("reading memory at forward start", self._memory_at_forward_start, module)
@@ -287,16 +312,16 @@ class DDPTracker:
 
     # ---- window ------------------------------------------------------------------------------------------
     def detail_tier_started(self) -> None:
-        session, ddp = self.session, self.ddp
-        if ddp is None:
+        session, model = self.session, self.model
+        if model is None:
             return  # a module the script no longer holds
         if session.cfg.kineto and session.cfg.kineto_iters > 0:
             from dprorun.runtime.scopes import add_module_scopes
 
-            self.param_handles.extend(session.guard("naming module scopes", add_module_scopes, ddp.module) or [])
+            self.param_handles.extend(session.guard("naming module scopes", add_module_scopes, model) or [])
         if not session.cfg.param_hooks:
             return
-        for param in ddp.module.parameters():
+        for param in model.parameters():
             name = self.param_names.get(id(param))
             if name is None:
                 continue
@@ -556,3 +581,26 @@ def _patch_group_teardown(session: RankSession) -> None:
     distributed = sys.modules.get("torch.distributed")
     if distributed is not None and getattr(distributed, "destroy_process_group", None) is original:
         distributed.destroy_process_group = destroy_process_group
+
+
+def patch_replicate(session: RankSession) -> None:
+    """torch.distributed._composable.replicate: once its state has built the DDP (lazily, in the module's first
+    forward), that DDP's tracker moves its hooks to the module the script calls (`DDPTracker.attach_to_replicated`)."""
+    import sys
+
+    state_class = getattr(sys.modules["torch.distributed._composable.replicate"], "_ReplicateState", None)
+    if state_class is None or getattr(state_class, "_dpro_patched", False):
+        return
+    state_class._dpro_patched = True
+    original = state_class.init
+
+    @functools.wraps(original)
+    def init(self, module, *args, **kwargs):
+        first = not getattr(self, "has_initialized", True)
+        original(self, module, *args, **kwargs)
+        tracker = getattr(getattr(self, "_ddp", None), "_dpro_tracker", None)
+        if first and tracker is not None:
+            session.guard("attaching to replicate()", tracker.attach_to_replicated, module,
+                          list(getattr(self, "_param_names", [])))
+
+    state_class.init = init

@@ -430,7 +430,7 @@ class RankSession:
         finish_job_window(self)
         if self.cfg.measure_variants and self.rank == 0:
             tracker = next((t for t in self.trackers if hasattr(t, "ddp") and t.primary), None)
-            if tracker is not None and tracker.ddp is not None:
+            if tracker is not None and tracker.model is not None:
                 from dprorun.runtime.variants import measure_and_write
 
                 self.guard("measuring compute variants", measure_and_write, self, tracker)

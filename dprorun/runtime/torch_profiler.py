@@ -18,6 +18,21 @@ if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
 
 
+def _say_why_torch_errs_off_the_main_thread(rank: int) -> None:
+    """torch's first profiler started off the main thread (a script training in a thread of its own, as Ray
+    Train's wrappers do) makes kineto print `ERROR: External init callback must run in same thread as
+    registerClient` on every rank, under torchrun as under dprorun; the profile is recorded all the same. Rank 0
+    says so once, before the line."""
+    import sys
+    import threading
+
+    thread = threading.current_thread()
+    if rank == 0 and thread is not threading.main_thread():
+        print(f"[dprorun] torch.profiler starts in the script's thread {thread.name!r}, not the main thread: the "
+              "'ERROR: External init callback must run in same thread as registerClient' lines that follow are "
+              "torch's own for that, and harmless (the profile is recorded)", file=sys.stderr, flush=True)
+
+
 class TorchProfiler:
     def __init__(self, session: "RankSession"):
         self.session = session
@@ -35,6 +50,7 @@ class TorchProfiler:
             raise RuntimeError("injected profiler failure (DPRO_TEST_FAULT=profiler)")
         if torch_busy(session.script_profiler):
             raise ProfilerBusy(session.script_profiler.name)
+        _say_why_torch_errs_off_the_main_thread(session.rank)
         self.profile = profile(activities=activities, record_shapes=session.cfg.record_shapes, profile_memory=False,
                                with_stack=False, schedule=lambda step: ProfilerAction.RECORD)
         self.profile.step_num = session.iteration

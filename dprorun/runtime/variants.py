@@ -199,6 +199,10 @@ def measure_and_write(session, tracker, reps: int = 10) -> Optional[str]:
 
     from dprorun.fsutil import atomic_write_json
 
+    if getattr(tracker, "_replicated", None) is not None:  # its forward runs DDP's steps: rank 0 alone would hang
+        session.records.warnings.append("compute variants not measured: the model is replicate()'d (its own forward "
+                                        "runs DDP's synchronisation, which rank 0 cannot run alone)")
+        return None
     batch = getattr(tracker, "last_inputs", None)
     if batch is None:
         session.records.warnings.append("compute variants not measured: no training batch was seen in the window")
@@ -208,9 +212,9 @@ def measure_and_write(session, tracker, reps: int = 10) -> Optional[str]:
           flush=True)
     started = time.perf_counter()
     args, kwargs = batch
-    results = measure_compute_variants(tracker.ddp.module, args, kwargs, reps)
+    results = measure_compute_variants(tracker.model, args, kwargs, reps)
     try:
-        device = next(tracker.ddp.module.parameters()).device.type
+        device = next(tracker.model.parameters()).device.type
     except StopIteration:
         device = "cpu"
     path = os.path.join(session.rank_dir, VARIANTS_FILE)
