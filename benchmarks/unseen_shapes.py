@@ -51,7 +51,8 @@ rank's shard 6 batches short (hvd.join), TF loops accumulating 2 micro-batches i
 optimizers; session 40: SAM, fp16 autocast with a GradScaler, tensor and pipeline parallelism (named, not profiled),
 loader workers by spawn and forkserver, a transformers GPT-2 loop; session 41: the official tutorials' shapes (torch's
 ImageNet example with epochs, validation and a checkpoint; Horovod's pytorch_mnist; TensorFlow's multi-worker Keras
-fit). Frameworks that are not installed are skipped with a line saying so.
+fit); session 42: a float64 model, bfloat16 parameters, a loop in a thread of the script's, torch's composable
+replicate(). Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -197,6 +198,11 @@ JOBS = {
     "ddp-tutorial-imagenet-shape-epochs-val-checkpoint": ([], "tutorial_ddp_cnn.py", [], "torch"),
     "horovod-tutorial-pytorch-mnist-shape": (["--backend", "horovod"], "tutorial_hvd_mnist.py", [], "horovod"),
     "tf-tutorial-multi-worker-keras-fit": (["--backend", "tf"], "tutorial_tf_mwms.py", [], "tensorflow"),
+    # session 42: 8- and 2-byte gradients, a loop in a thread of the script's, torch's composable replicate()
+    "ddp-float64-model": ([], "ddp_session42.py", ["--float64"], "torch"),
+    "ddp-bfloat16-parameters": ([], "ddp_session42.py", ["--bf16-params"], "torch"),
+    "ddp-loop-in-a-thread": ([], "ddp_session42.py", ["--thread"], "torch"),
+    "ddp-composable-replicate": ([], "ddp_session42.py", ["--replicate"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -286,3 +286,39 @@ def test_a_script_ending_with_os_exit_inside_the_window_keeps_its_records(tmp_pa
     proc, _ = run_dprorun([*window, "c"], tmp_path / "c", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "left profiler files but no records (events.json)" in proc.stderr and "no rank built" not in proc.stderr
+
+
+THREAD_RAISES_SCRIPT = """
+import threading, torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+def train():
+    for step in range(40):
+        if step == 8 and dist.get_rank() == 0:
+            raise RuntimeError("bad batch at step 8")
+        opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
+worker = threading.Thread(target=train); worker.start(); worker.join()
+dist.destroy_process_group()
+"""
+
+
+def test_a_teardown_while_a_rank_waits_in_a_collective_ends_in_bounded_time(tmp_path):
+    """Rank 0's training thread raises inside the window, its main thread tears the group down while rank 1
+    waits in the step's all-reduce (the teardown is what fails it). torchrun ends such a job in 6 s with exit 0;
+    dprorun ran its end-of-window collectives at rank 0's teardown first, waiting for rank 1 (over 5 minutes). Now
+    a rank tearing down waits DPRO_TEARDOWN_WAIT_S for the others in the store, then goes on alone: exit 0 as
+    torchrun, each rank's records kept, the reason said."""
+    script = tmp_path / "thread_raises.py"
+    script.write_text(THREAD_RAISES_SCRIPT)
+    proc, elapsed = run_dprorun(["--warmup", "2", "--active", "12", "-np", "2", "python", str(script)],
+                                tmp_path / "run", timeout=150, env={"DPRO_TEARDOWN_WAIT_S": "8"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert elapsed < 60, elapsed
+    assert "rank(s) [1] did not reach the process group's teardown within 8 s of rank 0" in proc.stderr
+    assert "rank 0 stopped waiting for the others at the process group's teardown before rank 1 came" in proc.stderr
+    for rank in (0, 1):
+        events = json.loads((tmp_path / "run" / f"rank_{rank}" / "events.json").read_text())
+        assert len(events["iteration_starts_us"]) >= 8
+    assert "without tearing its process group down" not in proc.stdout

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from dprorun.fsutil import atomic_write_bytes, atomic_write_json, make_private_dir
 from dprorun.runtime.cpubudget import cpu_budget, oversubscription_warning
@@ -96,6 +96,41 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     _write_events_keeping_step(session)
     gather_to_rank0(session, group)
     session.window_group = group  # released after the clean iterations (exchange_clean_starts)
+
+
+TEARDOWN_WAIT_S = 60.0  # how long a rank tearing its group down waits for the others before going on alone
+
+
+def ranks_meet_at_teardown(session: RankSession) -> Optional[str]:
+    """The script is tearing its default group down while end-of-window work (collectives) is still due: do all
+    ranks get there? Each rank says so in the launcher's rendezvous store (not over the group, which a rank may be
+    blocked in) and waits up to DPRO_TEARDOWN_WAIT_S seconds (60) for the others. A rank missing then (a rank
+    still inside one of the script's collectives, after an error in another's training thread: the script's
+    teardown is what lets its collective fail; before, this rank waited in the gather's group set-up meanwhile and a
+    job torchrun ended in 6 s ran over 5 minutes), or one that gave up before this rank came: the reason, and the
+    work is skipped on every rank. None: every rank came, the work runs (as where there is no store to ask)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    store = dist.distributed_c10d._get_default_store()
+    world, wait_s = dist.get_world_size(), float(os.environ.get("DPRO_TEARDOWN_WAIT_S", TEARDOWN_WAIT_S))
+    prefix = f"dprorun/{session.cfg.job_id}/{session.cfg.launch_attempt}/teardown"
+    store.set(f"{prefix}/{session.rank}", str(session.iteration))
+    skipped = ("the end-of-window work that needs every rank (clock probes, calibration, gather, the clean "
+               "iterations' exchange) was skipped; each rank keeps its own files")
+    try:
+        store.wait([f"{prefix}/{rank}" for rank in range(world)], timedelta(seconds=wait_s))
+    except Exception:  # the store's timeout
+        store.set(f"{prefix}/gave-up", str(session.rank))
+        missing = [rank for rank in range(world) if not store.check([f"{prefix}/{rank}"])]
+        return (f"rank(s) {missing} did not reach the process group's teardown within {wait_s:.0f} s of rank "
+                f"{session.rank} (at iteration {session.iteration}): a rank failed or is still inside a collective; "
+                f"{skipped} (DPRO_TEARDOWN_WAIT_S: seconds to wait)")
+    if store.check([f"{prefix}/gave-up"]):
+        return (f"rank {store.get(f'{prefix}/gave-up').decode()} stopped waiting for the others at the process "
+                f"group's teardown before rank {session.rank} came; {skipped}")
+    return None
 
 
 def _record_cpu_budget(session: RankSession) -> None:

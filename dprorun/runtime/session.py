@@ -89,6 +89,7 @@ class RankSession:
         self.window_group = None  # the gloo group of the end-of-window work, kept for the clean exchange
         self.remote_ranks: list[int] = []  # rank 0: ranks whose files came over the network (other disks)
         self.window_work_done = False  # probes, calibration and gather ran (or were attempted)
+        self.teardown_alone = False  # the group's teardown came with ranks missing: its collectives were skipped
         from dprorun.runtime import apply
 
         self.strategy, problem = apply.load()  # the optimizer's strategy this job runs with, if any
@@ -195,6 +196,14 @@ class RankSession:
         work is still due runs now, while the ranks can still talk (they all call this at the same point)."""
         if self.disabled or self.phase in ("warmup", "done"):
             return  # profiling off, the window never started, or everything already ran
+        from dprorun.runtime.gather import ranks_meet_at_teardown
+
+        alone = self.guard("meeting the other ranks at the group's teardown", ranks_meet_at_teardown, self)
+        if alone:  # at_exit keeps what was recorded, with no collective
+            self.teardown_alone = True
+            self.records.warnings.append(alone)
+            warn(alone, self.rank)
+            return
         if self.phase == "active":
             self.records.warnings.append(f"the script tore its process group down at iteration {self.iteration}, "
                                          f"inside the profiling window (iterations {self.cfg.warmup}-"
@@ -464,7 +473,8 @@ class RankSession:
         if self.phase == "active" or (self.disabled and self.profiler is not None):
             self._stop_window(write=True)
             self.phase = "clean"
-        if not self.window_work_done and self.iteration >= self.cfg.warmup and not self.disabled:
+        if not (self.window_work_done or self.teardown_alone) and self.iteration >= self.cfg.warmup and \
+                not self.disabled:
             self.records.warnings.append(
                 f"the job ended at iteration {self.iteration} before the end of the profiling window "
                 f"(iteration {self.cfg.warmup + self.cfg.active})" + (
