@@ -52,7 +52,7 @@ optimizers; session 40: SAM, fp16 autocast with a GradScaler, tensor and pipelin
 loader workers by spawn and forkserver, a transformers GPT-2 loop; session 41: the official tutorials' shapes (torch's
 ImageNet example with epochs, validation and a checkpoint; Horovod's pytorch_mnist; TensorFlow's multi-worker Keras
 fit); session 42: a float64 model, bfloat16 parameters, a loop in a thread of the script's, torch's composable
-replicate(), Horovod in a thread and in float64. Frameworks that are not installed are skipped with a line saying so.
+replicate(), Horovod in a thread and in float64, a TF loop and a Keras fit in a thread. Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -205,6 +205,8 @@ JOBS = {
     "ddp-composable-replicate": ([], "ddp_session42.py", ["--replicate"], "torch"),
     "horovod-loop-in-a-thread": (["--backend", "horovod"], "hvd_session42.py", ["--thread"], "horovod"),
     "horovod-float64-model": (["--backend", "horovod"], "hvd_session42.py", ["--float64"], "horovod"),
+    "tf-loop-in-a-thread": (["--backend", "tf"], "tf_session42.py", ["--thread"], "tensorflow"),
+    "tf-keras-fit-in-a-thread": (["--backend", "tf"], "tf_session42.py", ["--fit-thread"], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
