@@ -37,6 +37,7 @@ class TorchProfiler:
     def __init__(self, session: "RankSession"):
         self.session = session
         self.profile = None
+        self.thread = None  # the thread that started the profile: torch keeps a profile per thread
 
     def start_profiler(self) -> None:
         import torch
@@ -55,16 +56,30 @@ class TorchProfiler:
                                with_stack=False, schedule=lambda step: ProfilerAction.RECORD)
         self.profile.step_num = session.iteration
         self.profile.start()
+        import threading
+
+        self.thread = threading.current_thread()
 
     def step(self) -> None:
         if self.profile is not None:
             self.profile.step()
 
     def stop_profiler(self, write: bool) -> None:
+        import threading
+
         profile, self.profile = self.profile, None
         if profile is None:
             return
-        profile.stop()
+        profile.stop()  # from another thread too: a profile left running ended the process in SIGSEGV at its exit
+        started = self.thread
+        if started is not None and started is not threading.current_thread():
+            # torch's profile lives in the thread that started it: stopped from another (the script's training
+            # thread raised inside the profiled iterations, the job ended from the main thread) it holds nothing,
+            # and exporting it ended the rank in SIGSEGV where torchrun's job exited 0
+            self._dropped(f"torch.profiler was started in the script's thread {started.name!r}, which "
+                          f"{'ended' if not started.is_alive() else 'was elsewhere'} inside the profiled iterations: "
+                          "torch keeps the profile in that thread, so the op-level profile of the window is lost")
+            return
         if write:
             self._export(profile)
 
