@@ -24,7 +24,7 @@ from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 from dprorun.layout import rank_folders
 # the shared process helpers, importable from here as before
 from dprorun.procs import LaunchResult, Watchdog, error_line, error_message, exit_abort_hint, free_port, \
-    rank_environment, signal_name, split_command
+    rank_environment, signal_name, split_command, stop_process_tree
 
 
 def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) -> str:
@@ -485,17 +485,39 @@ def call_forwarding_signals(cmd: list[str], env: dict[str, str],
     forwarded = {}
 
     def forward(signum, frame):
-        forwarded["signal"] = signum
+        forwarded.setdefault("signal", signum)
+        forwarded.setdefault("at", time.monotonic())
         proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with Watchdog(timeout_s) as watchdog:
-            code = proc.wait()
+            code = _wait_stopping_a_deaf_engine(proc, forwarded, os.path.basename(cmd[0]))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return code, forwarded.get("signal"), watchdog.fired
+
+
+ENGINE_STOP_GRACE_S = 15.0  # an engine that has not stopped this long after a forwarded signal: its tree stopped
+
+
+def _wait_stopping_a_deaf_engine(proc: subprocess.Popen, forwarded: dict, name: str) -> int:
+    """The engine's exit code. horovodrun takes neither SIGTERM nor SIGINT while its ranks run (a rank stuck in an
+    all-reduce kept dprorun, its --timeout included, waiting for good): ENGINE_STOP_GRACE_S after the first
+    forwarded signal, the engine and every process under it are stopped (SIGTERM, then SIGKILL)."""
+    stopped = False
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            at = forwarded.get("at")
+            if stopped or at is None or time.monotonic() - at < ENGINE_STOP_GRACE_S:
+                continue
+            stopped = True
+            print(f"dprorun: {name} had not stopped {ENGINE_STOP_GRACE_S:.0f} s after "
+                  f"{signal.Signals(forwarded['signal']).name}: stopping it and its ranks", file=sys.stderr, flush=True)
+            stop_process_tree(proc.pid)
 
 
 def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:

@@ -3,6 +3,7 @@ launch's result, the ranks' environment (hooks on PYTHONPATH, DPRO_* settings), 
 split into executable and arguments, the --timeout watchdog, and the wording of signals and error files."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -131,6 +132,24 @@ def split_command(command: list[str]) -> tuple[str, list[str]]:
     if os.path.basename(head).startswith("python"):
         return exe, ["-u"] + command[1:]
     return exe, command[1:]
+
+
+def stop_process_tree(pid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM to a process and every process under it, SIGKILL to those still there after grace_s."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for process in tree:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 class Watchdog:

@@ -332,6 +332,40 @@ def test_a_strategy_reaches_horovod_through_its_own_knobs_and_a_failing_rank_fai
     assert "(rank 1 raised RuntimeError: rank 1 fails on purpose)" in proc.stderr, proc.stderr[-2000:]
 
 
+HOROVOD_THREAD_RAISES = """
+import threading, torch, torch.nn as nn, torch.nn.functional as F
+import horovod.torch as hvd
+hvd.init(); torch.manual_seed(0); torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+def train():
+    for step in range(40):
+        if step == 8 and hvd.rank() == 0:
+            raise RuntimeError("bad batch at step 8")
+        opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
+worker = threading.Thread(target=train); worker.start(); worker.join()
+print("done", flush=True)
+hvd.shutdown()
+"""
+
+
+def test_a_shutdown_while_a_rank_waits_in_an_allreduce_ends_in_bounded_time(tmp_path):
+    """Rank 0's training thread raises inside the window and its main thread calls hvd.shutdown() while rank 1
+    waits in the step's all-reduce, which only that shutdown fails. Plain horovodrun: exit 0 in 11 s. dprorun ran
+    the window's calibration first, its first all-reduce waiting for rank 1 (Horovod's have no timeout) for good,
+    and horovodrun took no SIGTERM then. Now the ranks meet through an all-reduce polled for DPRO_TEARDOWN_WAIT_S
+    seconds first, else the work is skipped: exit 0, the reasons said."""
+    script = tmp_path / "thread_raises.py"
+    script.write_text(HOROVOD_THREAD_RAISES)
+    proc, elapsed = run_dprorun(["--backend", "horovod", "-np", "2", "python", str(script)], tmp_path / "run",
+                                timeout=150, env={"OMP_NUM_THREADS": "1", "DPRO_TEARDOWN_WAIT_S": "6"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert elapsed < 60, elapsed
+    assert "another rank did not reach Horovod's shutdown within 6 s of rank 0" in proc.stderr, proc.stderr[-2000:]
+    assert "[0]<stdout>:done" in proc.stdout and "[1]<stdout>:done" in proc.stdout
+
+
 def test_an_engines_failure_names_the_rank_whose_error_is_its_own(tmp_path):
     """horovodrun (or torchrun as --launcher) says only that a rank failed: the hooks' records name the rank whose
     script raised first-hand; ranks that failed because of it (Horovod shut down, a gloo peer gone) come after."""

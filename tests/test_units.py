@@ -1207,3 +1207,22 @@ def test_a_hand_edited_strategy_out_of_range_or_misspelt_is_refused(tmp_path):
         path.write_text(json.dumps({**doc, **change}))
         with pytest.raises(TraceError, match=re.escape(said)):
             load_strategy(str(path))
+
+
+def test_an_engine_deaf_to_the_forwarded_signal_is_stopped_with_everything_under_it(monkeypatch):
+    """horovodrun took neither SIGTERM nor SIGINT while a rank sat in Horovod's shutdown (a dprorun job under
+    `timeout 200` ran past 10 minutes). An engine still there ENGINE_STOP_GRACE_S after the forwarded signal is
+    stopped with every process under it: here a shell ignoring both (its child inherits that) under --timeout 1."""
+    import time
+
+    import psutil
+
+    from dprorun import launch
+
+    monkeypatch.setattr(launch, "ENGINE_STOP_GRACE_S", 1.0)
+    started = time.monotonic()
+    code, signum, timed_out = launch.call_forwarding_signals(
+        ["bash", "-c", "trap '' TERM INT; sleep 120 & wait; sleep 120"], dict(os.environ), timeout_s=1.0)
+    assert timed_out and signum is not None and code != 0
+    assert time.monotonic() - started < 20
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "120"]]

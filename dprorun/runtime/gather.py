@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Optional
 
@@ -112,7 +113,7 @@ def ranks_meet_at_teardown(session: RankSession) -> Optional[str]:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
+        return _horovod_ranks_meet(session) if horovod_running() else None
     store = dist.distributed_c10d._get_default_store()
     world, wait_s = dist.get_world_size(), float(os.environ.get("DPRO_TEARDOWN_WAIT_S", TEARDOWN_WAIT_S))
     prefix = f"dprorun/{session.cfg.job_id}/{session.cfg.launch_attempt}/teardown"
@@ -130,6 +131,33 @@ def ranks_meet_at_teardown(session: RankSession) -> Optional[str]:
     if store.check([f"{prefix}/gave-up"]):
         return (f"rank {store.get(f'{prefix}/gave-up').decode()} stopped waiting for the others at the process "
                 f"group's teardown before rank {session.rank} came; {skipped}")
+    return None
+
+
+def _horovod_ranks_meet(session: RankSession) -> Optional[str]:
+    """Horovod's shutdown with end-of-window work due: a one-float all-reduce started asynchronously and polled
+    for DPRO_TEARDOWN_WAIT_S seconds (Horovod's collectives have no timeout: a rank stuck in one of the step's
+    all-reduces, whose peer's training thread raised, waits for the peer's shutdown, which waited in the
+    calibration's first all-reduce for it, for good). Not done then (or Horovod already shut down by a peer): the
+    reason, and the work is skipped; the peer's pending all-reduce fails at this rank's shutdown."""
+    import torch
+
+    hvd = sys.modules["horovod.torch"]
+    wait_s = float(os.environ.get("DPRO_TEARDOWN_WAIT_S", TEARDOWN_WAIT_S))
+    skipped = ("the end-of-window work that needs every rank (calibration, gather, the clean iterations' exchange) "
+               "was skipped; each rank keeps its own files")
+    try:
+        handle = hvd.allreduce_async(torch.zeros(1), name="dprorun.teardown.meet")
+        deadline = time.monotonic() + wait_s
+        while not hvd.poll(handle):
+            if time.monotonic() > deadline:
+                return (f"another rank did not reach Horovod's shutdown within {wait_s:.0f} s of rank {session.rank} "
+                        f"(at iteration {session.iteration}): a rank failed or is still inside a collective; "
+                        f"{skipped} (DPRO_TEARDOWN_WAIT_S: seconds to wait)")
+            time.sleep(0.05)
+        hvd.synchronize(handle)
+    except Exception as exc:  # Horovod shut down by a peer that stopped waiting
+        return f"Horovod's ranks could not meet at its shutdown ({type(exc).__name__}: {str(exc)[:120]}); {skipped}"
     return None
 
 
