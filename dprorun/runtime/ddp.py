@@ -238,7 +238,8 @@ class DDPTracker:
         if self.primary:
             session.primary_forwards += 1
             # DDP's flag (no_sync clears it; replicate() sets it on its DDP before our hook runs)
-            self.prev_forward_synced = bool(getattr(self.ddp or module, "require_backward_grad_sync", True))
+            ddp = self.ddp
+            self.prev_forward_synced = bool(getattr(module if ddp is None else ddp, "require_backward_grad_sync", True))
             self.synced_forwards += self.prev_forward_synced
             if 1 <= session.iteration - self.first_iteration <= STEADY_MEMORY_ITERATIONS and session.phase == "warmup":
                 session.guard("reading memory at forward start", self._memory_at_forward_start, module)
