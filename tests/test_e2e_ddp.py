@@ -574,6 +574,10 @@ def test_a_script_that_spawns_its_own_ranks_is_told_how_to_run_under_dprorun(tmp
     script = tmp_path / "spawned.py"
     script.write_text(SPAWN_SCRIPT)
     proc, _ = run_dprorun(["-np", "1", "python", str(script)], tmp_path / "run", timeout=120)
+    if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
+        # torch 2.13's gloo teardown race in the script's own spawned processes, which carry no hooks (one clean-
+        # clone run in about 40 of this test; 2 of 10 plain torchrun launches in benchmarks/abort_rate.py): once more
+        proc, _ = run_dprorun(["-np", "1", "python", str(script)], tmp_path / "run2", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "is starting 2 process(es) of its own" in proc.stderr  # when they start, not only at the end
     assert "started 2 process(es) of its own (torch.multiprocessing.spawn)" in proc.stderr
