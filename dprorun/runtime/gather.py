@@ -102,6 +102,14 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
 TEARDOWN_WAIT_S = 60.0  # how long a rank tearing its group down waits for the others before going on alone
 
 
+def _teardown_wait_s() -> float:
+    return float(os.environ.get("DPRO_TEARDOWN_WAIT_S", TEARDOWN_WAIT_S))
+
+
+def _skipped(work: str) -> str:
+    return f"the end-of-window work that needs every rank ({work}) was skipped; each rank keeps its own files"
+
+
 def ranks_meet_at_teardown(session: RankSession) -> Optional[str]:
     """The script is tearing its default group down while end-of-window work (collectives) is still due: do all
     ranks get there? Each rank says so in the launcher's rendezvous store (not over the group, which a rank may be
@@ -115,11 +123,10 @@ def ranks_meet_at_teardown(session: RankSession) -> Optional[str]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return _horovod_ranks_meet(session) if horovod_running() else None
     store = dist.distributed_c10d._get_default_store()
-    world, wait_s = dist.get_world_size(), float(os.environ.get("DPRO_TEARDOWN_WAIT_S", TEARDOWN_WAIT_S))
+    world, wait_s = dist.get_world_size(), _teardown_wait_s()
     prefix = f"dprorun/{session.cfg.job_id}/{session.cfg.launch_attempt}/teardown"
     store.set(f"{prefix}/{session.rank}", str(session.iteration))
-    skipped = ("the end-of-window work that needs every rank (clock probes, calibration, gather, the clean "
-               "iterations' exchange) was skipped; each rank keeps its own files")
+    skipped = _skipped("clock probes, calibration, gather, the clean iterations' exchange")
     try:
         store.wait([f"{prefix}/{rank}" for rank in range(world)], timedelta(seconds=wait_s))
     except Exception:  # the store's timeout
@@ -143,9 +150,8 @@ def _horovod_ranks_meet(session: RankSession) -> Optional[str]:
     import torch
 
     hvd = sys.modules["horovod.torch"]
-    wait_s = float(os.environ.get("DPRO_TEARDOWN_WAIT_S", TEARDOWN_WAIT_S))
-    skipped = ("the end-of-window work that needs every rank (calibration, gather, the clean iterations' exchange) "
-               "was skipped; each rank keeps its own files")
+    wait_s = _teardown_wait_s()
+    skipped = _skipped("calibration, gather, the clean iterations' exchange")
     try:
         handle = hvd.allreduce_async(torch.zeros(1), name="dprorun.teardown.meet")
         deadline = time.monotonic() + wait_s

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from typing import TYPE_CHECKING
 
 from dprorun.fsutil import free_mb, make_private_dir
@@ -24,7 +25,6 @@ def _say_why_torch_errs_off_the_main_thread(rank: int) -> None:
     registerClient` on every rank, under torchrun as under dprorun; the profile is recorded all the same. Rank 0
     says so once, before the line."""
     import sys
-    import threading
 
     thread = threading.current_thread()
     if rank == 0 and thread is not threading.main_thread():
@@ -56,8 +56,6 @@ class TorchProfiler:
                                with_stack=False, schedule=lambda step: ProfilerAction.RECORD)
         self.profile.step_num = session.iteration
         self.profile.start()
-        import threading
-
         self.thread = threading.current_thread()
 
     def step(self) -> None:
@@ -65,8 +63,6 @@ class TorchProfiler:
             self.profile.step()
 
     def stop_profiler(self, write: bool) -> None:
-        import threading
-
         profile, self.profile = self.profile, None
         if profile is None:
             return
