@@ -252,6 +252,22 @@ def test_self_check_does_not_widen_its_tolerance_by_the_replays_own_spread():
     assert off["status"] == "disagrees" and "window's own iterations ran at 125.00 ms" in off["message"]
 
 
+def test_a_replay_far_from_the_clean_median_is_not_said_to_agree_however_wide_their_spread():
+    """A DDP script that skips its optimizer step every 4th step (session 43): an iteration (an optimizer step) holds
+    one forward-backward or two, and its clean iterations spread 12.6-32.3 ms around 13.5 ms. The replay, 40.6 %
+    off, was within half that band and printed "agrees"; beyond AGREEMENT_LIMIT it is "uncertain", warned with the
+    run's spread."""
+    class Model:
+        clean_iterations_us = [13_480, 12_580, 32_270, 13_100, 26_900, 12_900, 13_700, 30_100, 13_300]
+        window_iterations_us = [19_000] * 5
+        warmup_iterations_us = []
+
+    check = self_check(Model, [18_960] * 8)
+    assert check["status"] == "uncertain" and check["wide_clean_spread"] and check["message"].startswith("warning:")
+    assert "+40.7 %" in check["message"] and "within the run's own spread only" in check["message"]
+    assert self_check(Model, [14_000] * 8)["status"] == "agrees"  # +3.9 %: the same band, a close replay
+
+
 def test_a_job_whose_speed_changed_after_the_window_is_told_so_not_given_a_modelling_error():
     """A TensorFlow fit still speeding up (this VM: warm-up iterations 29-35 ms, window 27-33, clean 20-24): the
     replay follows the window and misses the clean iterations. The warm-up iterations ran before any profiling,

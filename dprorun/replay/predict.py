@@ -48,6 +48,7 @@ def _band_ms(values_us) -> tuple[float, float, float]:
     return float(np.median(values)), float(np.percentile(values, 10)), float(np.percentile(values, 90))
 
 
+AGREEMENT_LIMIT = 0.10  # a replay further than this from the clean iterations' median is never said to agree
 RARE_ITERATION_FACTOR = 3.0  # a clean iteration this many times their median is a rare event's, not the spread
 
 
@@ -65,7 +66,8 @@ def regular_iterations(values_us: list[float]) -> tuple[list[float], int]:
 
 def self_check(model: JobModel, as_run_replays_us) -> dict:
     """Compare the replay of the job as it ran with the run's clean iterations (no profiling, nothing of
-    dprorun's running): agree when the medians differ by no more than half the run's own p10-p90 band or 2 %.
+    dprorun's running): agree when the medians differ by no more than half the run's own p10-p90 band or 2 %, and
+    by no more than AGREEMENT_LIMIT: a wider band (iterations of unequal work) makes the figure "uncertain", warned.
     A difference within the replay's own band only (the profiled iterations ran unevenly, e.g. a job still
     settling) is "uncertain", warned with the difference: a wide replay band widens no tolerance. Where they
     disagree, say which one the prediction follows (the profiled window: it is what the replay is built from)
@@ -93,7 +95,13 @@ def self_check(model: JobModel, as_run_replays_us) -> dict:
     measured = (f"the run's {len(regular)} clean iterations ({clean:.2f} ms, p10-p90 {clean_lo:.2f}-{clean_hi:.2f}"
                 + (f"; {rare} more, over {RARE_ITERATION_FACTOR:g} times their median, left out: an epoch's start, "
                    "a checkpoint, something the job does now and then" if rare else "") + ")")
-    if abs(difference) <= tolerance:
+    if abs(difference) <= tolerance and abs(difference) > AGREEMENT_LIMIT * clean:
+        check.update(status="uncertain", wide_clean_spread=True, message=(
+            f"warning: the replay of the job as it ran ({replay:.2f} ms) differs from {measured} by "
+            f"{100 * difference / clean:+.1f} %, within the run's own spread only (±{100 * tolerance / clean:.0f} %): "
+            "its iterations without profiling vary that much (steps of unequal work, e.g. an optimizer step skipped "
+            "or a second forward now and then, or other load then), so its figures are uncertain by about that much"))
+    elif abs(difference) <= tolerance:
         check.update(status="agrees", message=(
             f"self-check: the replay of the job as it ran ({replay:.2f} ms) agrees with {measured}: "
             f"{100 * difference / clean:+.1f} %"))
