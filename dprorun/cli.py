@@ -371,6 +371,27 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
     return job
 
 
+PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def _check_script_exists(command: list[str]) -> None:
+    """`python SCRIPT ...` run here with a SCRIPT that is not there: said before any rank starts (each rank's python
+    would say "can't open file", exit 2, and dprorun could name no cause); -m, -c and other programs are left to run."""
+    if not os.path.basename(command[0]).startswith("python"):
+        return
+    words = iter(command[1:])
+    for word in words:
+        if word in PYTHON_OPTIONS_WITH_VALUE:
+            next(words, None)
+        elif word in ("-m", "-c", "-") or word.startswith(("-m", "-c")):
+            return
+        elif not word.startswith("-"):
+            if not os.path.exists(word):
+                raise FileNotFoundError(f"the training script {word!r} does not exist (in {os.getcwd()}): {command[0]} "
+                                 "would fail to open it on every rank")
+            return
+
+
 def _local_np(args: argparse.Namespace) -> Optional[int]:
     """--dry-run --local-np L: L ranks run here, the prediction is for -np x --nnodes (returned; else None)."""
     if args.nproc < 1 or args.nnodes < 1:
@@ -554,10 +575,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run_byteps(args, parser)
     try:
         job = job_from_args(args)
+        if not job.launch.hosts:
+            _check_script_exists(job.command)
     except (ValueError, argparse.ArgumentTypeError) as exc:
         parser.error(str(exc))
         return 2
-    except TraceError as exc:
+    except (TraceError, FileNotFoundError) as exc:
         print(f"dprorun: error: {exc}", file=sys.stderr)
         return 2
     for note in torchrun_notes(args):

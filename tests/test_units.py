@@ -1226,3 +1226,19 @@ def test_an_engine_deaf_to_the_forwarded_signal_is_stopped_with_everything_under
     assert timed_out and signum is not None and code != 0
     assert time.monotonic() - started < 20
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "120"]]
+
+
+def test_a_missing_training_script_is_said_before_any_rank_starts(tmp_path, capsys, monkeypatch):
+    """`dprorun -np 2 python missing.py`: each rank's python said "can't open file" and exited 2, each rank's hooks
+    "nothing to profile", and dprorun's own line named no cause; now one line before the launch, exit 2, no run
+    directory. Interpreter options are stepped over; -m, -c and other programs are left to run."""
+    from dprorun import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["-np", "2", "python", "-u", "-X", "dev", "missing.py", "--lr", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "the training script 'missing.py' does not exist" in err and not (tmp_path / "dpro_runs").exists()
+    (tmp_path / "train.py").write_text("")
+    for command in (["python", "train.py"], ["python", "-m", "pkg.train"], ["python", "-c", "pass"],
+                    ["./run.sh"], ["python3.11", "-W", "ignore", "train.py"]):
+        cli._check_script_exists(command)  # no error
