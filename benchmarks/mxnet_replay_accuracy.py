@@ -15,7 +15,7 @@ usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,mo
        conv-async (dist_async), conv-validate-10 (a validation pass every 10 steps); workers-update, frozen,
        embedding, frozen-later (the first layer frozen after 5 steps): examples/mxnet_variants.py;
        deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py; lstm-clip-adam:
-       benchmarks/shapes/mx_session36.py)
+       benchmarks/shapes/mx_session36.py; mobilenet-zoo, pushpull-hand: benchmarks/shapes/mx_session43.py)
        [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
 With --keep DIR the profiles' run directories and the plain launches' figures are kept (DIR/rounds.json); --from DIR
 (or DIR1,DIR2: several runs' rounds together) replays those profiles again with this code (no launch): a model change
@@ -71,7 +71,10 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           # benchmarks/shapes/mx_session38.py: grad_req "add" over 2 micro-batches, deferred input sizes with Adam
           "accumulate-2": ["--accumulate", "2"], "deferred-adam": ["--deferred"],
           # benchmarks/shapes/mx_session39.py: static_alloc, NAG with multi_precision and a FactorScheduler
-          "static-nag": []}
+          "static-nag": [],
+          # benchmarks/shapes/mx_session43.py: a model-zoo MobileNet (83 small keys), gradients averaged with
+          # kv.pushpull by hand and an updater on the workers
+          "mobilenet-zoo": [], "pushpull-hand": ["--pushpull"]}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
@@ -84,7 +87,9 @@ SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
                                                                                             "device-kv")},
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session38.py") for name in ("accumulate-2",
                                                                                             "deferred-adam")},
-           "static-nag": os.path.join(REPO, "benchmarks", "shapes", "mx_session39.py")}
+           "static-nag": os.path.join(REPO, "benchmarks", "shapes", "mx_session39.py"),
+           **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session43.py") for name in ("mobilenet-zoo",
+                                                                                            "pushpull-hand")}}
 
 
 def example(model: str) -> str:

@@ -52,7 +52,10 @@ optimizers; session 40: SAM, fp16 autocast with a GradScaler, tensor and pipelin
 loader workers by spawn and forkserver, a transformers GPT-2 loop; session 41: the official tutorials' shapes (torch's
 ImageNet example with epochs, validation and a checkpoint; Horovod's pytorch_mnist; TensorFlow's multi-worker Keras
 fit); session 42: a float64 model, bfloat16 parameters, a loop in a thread of the script's, torch's composable
-replicate(), Horovod in a thread and in float64, a TF loop and a Keras fit in a thread. Frameworks that are not installed are skipped with a line saying so.
+replicate(), Horovod in a thread and in float64, a TF loop and a Keras fit in a thread; session 43: DDP's buffer
+broadcast of a BatchNorm net, an optimizer step skipped every 4th step, a loop trained for 6 s (its stop all-reduced),
+Adafactor on a token model, bf16_compress_hook, Horovod of a torch.compile'd model and with hvd.broadcast_object
+every step, Keras fit over a Python generator and of MobileNetV2. Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -207,6 +210,17 @@ JOBS = {
     "horovod-float64-model": (["--backend", "horovod"], "hvd_session42.py", ["--float64"], "horovod"),
     "tf-loop-in-a-thread": (["--backend", "tf"], "tf_session42.py", ["--thread"], "tensorflow"),
     "tf-keras-fit-in-a-thread": (["--backend", "tf"], "tf_session42.py", ["--fit-thread"], "tensorflow"),
+    # session 43: DDP's buffer broadcast, skipped optimizer steps, a time budget, Adafactor, bf16 compression;
+    # Horovod of a compiled model and with broadcast_object; Keras fit over a generator and of MobileNetV2
+    "ddp-batchnorm-broadcast-buffers": ([], "ddp_session43.py", ["--bn-buffers"], "torch"),
+    "ddp-skipped-optimizer-steps": ([], "ddp_session43.py", ["--skip-steps"], "torch"),
+    "ddp-time-budget": ([], "ddp_session43.py", ["--time-budget"], "torch"),
+    "ddp-adafactor-tokens": ([], "ddp_session43.py", ["--adafactor"], "torch"),
+    "ddp-bf16-compress-hook": ([], "ddp_session43.py", ["--bf16-hook"], "torch"),
+    "horovod-compiled-model": (["--backend", "horovod"], "hvd_session43.py", ["--compiled"], "horovod"),
+    "horovod-broadcast-object": (["--backend", "horovod"], "hvd_session43.py", ["--broadcast-object"], "horovod"),
+    "tf-keras-fit-generator": (["--backend", "tf"], "tf_session43.py", ["--generator"], "tensorflow"),
+    "tf-keras-mobilenetv2": (["--backend", "tf"], "tf_session43.py", ["--mobilenet"], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
