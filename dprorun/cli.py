@@ -548,6 +548,8 @@ def _nested_launcher(command: Sequence[str]) -> tuple[str, list[str]]:
     name = os.path.basename(words[0])
     if name in ("torchrun", "horovodrun") or name in OTHER_LAUNCHERS:
         return name, list(command[start + 1:])
+    if name == "accelerate-launch" or (name == "accelerate" and len(words) > 1 and words[1] == "launch"):
+        return "accelerate", list(command[start + (1 if name == "accelerate-launch" else 2):])
     if name.startswith("python") and len(words) > 2 and words[1] == "-m" and \
             (words[2] in TORCHRUN_MODULES or words[2] in OTHER_LAUNCHERS):
         return ("torchrun" if words[2] in TORCHRUN_MODULES else words[2]), list(command[start + 3:])
@@ -568,6 +570,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         horovod_argv, env = horovodrun_argv(launcher_args)
         os.environ.update(env)
         args = parser.parse_args(own + horovod_argv)
+    elif launcher == "accelerate":  # accelerate's launcher would run the script in a child of the rank's process
+        from dprorun.launch_lines import accelerate_launch_argv
+
+        accelerate_argv, env = accelerate_launch_argv(launcher_args)
+        os.environ.update(env)
+        args = parser.parse_args(own + accelerate_argv)
     elif launcher:
         parser.error(f"the command is a launcher ({launcher}): dprorun launches the ranks itself, and one launched "
                      f"inside a rank would start ranks the hooks never see; run {OTHER_LAUNCHERS[launcher]}")

@@ -1,5 +1,6 @@
-"""horovodrun's launch line read as dprorun's (`dprorun --backend horovod ...`): what launchers/horovodrun runs, and
-what `dprorun horovodrun ...` runs (the launch line behind dprorun, as torchrun's: cli.torchrun_argv).
+"""Launch lines of other launchers read as dprorun's: horovodrun's (`dprorun --backend horovod ...`: what
+launchers/horovodrun runs, and what `dprorun horovodrun ...` runs, as torchrun's: cli.torchrun_argv), and Hugging Face
+Accelerate's `accelerate launch` (`dprorun accelerate launch ...`: accelerate_launch_argv, below).
 
 Accepted: -np, -H/--hosts, -hostfile/--hostfile (read into -H), --gloo (the only controller used),
 --timeline-filename (the whole job's timeline, copied there: HOROVOD_TIMELINE), --fusion-threshold-mb,
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Sequence
+import sys
+from typing import Optional, Sequence
 
 PASSED_WITH_VALUE = ("--start-timeout", "--output-filename", "--config-file", "--cache-capacity",
                      "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds", "--num-nccl-streams",
@@ -100,3 +102,128 @@ def horovodrun_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         out += ["--horovod-full-timeline"]
         env["HOROVOD_TIMELINE"] = os.path.abspath(args.timeline_filename)
     return out + ["--"] + list(args.command), env
+
+
+ACCELERATE_REFUSED_SWITCHES = ("--use_fsdp", "--use_deepspeed", "--use_megatron_lm", "--use_xpu", "--tpu",
+                               "--tpu_use_cluster", "--same_network", "--enable_cpu_affinity")
+ACCELERATE_REFUSED_WITH_VALUE = ("--mpirun_hostfile", "--rdzv_backend", "--max_restarts", "--monitor_interval")
+ACCELERATE_REFUSED = ACCELERATE_REFUSED_SWITCHES + ACCELERATE_REFUSED_WITH_VALUE
+ACCELERATE_REFUSED_TYPES = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA", "TPU")
+
+
+def _accelerate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dprorun accelerate launch", allow_abbrev=False,
+                                     description="accelerate launch's line, as dprorun runs it")
+
+    def both(*names: str) -> list[str]:  # accelerate takes --num_processes and --num-processes alike
+        return [n for name in names for n in dict.fromkeys((name, name.replace("_", "-")))]
+    parser.add_argument(*both("--config_file"), default=None)
+    parser.add_argument(*both("--num_processes"), type=int, default=None)
+    parser.add_argument(*both("--num_machines"), type=int, default=None)
+    parser.add_argument(*both("--machine_rank"), type=int, default=None)
+    parser.add_argument(*both("--main_process_ip"), default=None)
+    parser.add_argument(*both("--main_process_port"), type=int, default=None)
+    parser.add_argument(*both("--mixed_precision"), choices=("no", "fp16", "bf16", "fp8"), default=None)
+    parser.add_argument(*both("--dynamo_backend"), default=None)
+    parser.add_argument(*both("--dynamo_mode"), default=None)
+    parser.add_argument(*both("--dynamo_use_fullgraph"), action="store_true")
+    parser.add_argument(*both("--dynamo_use_dynamic"), action="store_true")
+    parser.add_argument(*both("--gpu_ids"), default=None)
+    parser.add_argument("--cpu", action="store_true")
+    for switch in ("--multi_gpu", "--debug", "--quiet", "-q"):  # dprorun launches the ranks; the rest is output
+        parser.add_argument(*both(switch), action="store_true")
+    parser.add_argument("-m", "--module", action="store_true")
+    parser.add_argument(*both("--no_python"), action="store_true")
+    for flag in ACCELERATE_REFUSED:
+        parser.add_argument(*both(flag), dest=f"refused_{flag.strip('-')}", default=None,
+                            **({"action": "store_true"} if flag in ACCELERATE_REFUSED_SWITCHES else {}))
+    parser.add_argument("training_script")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def accelerate_config(path: Optional[str]) -> dict:
+    """accelerate's config file (YAML; or JSON): the one given, else its default one where it exists
+    ($HF_HOME/accelerate/default_config.yaml, HF_HOME defaulting to $XDG_CACHE_HOME/huggingface)."""
+    if path is None:
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "huggingface")
+        path = os.path.join(home, "accelerate", "default_config.yaml")
+        if not os.path.exists(path):
+            return {}
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise ValueError(f"accelerate's config file {path}: {exc.strerror}") from exc
+    if path.endswith(".json"):
+        import json
+
+        config = json.loads(text)
+    else:
+        try:
+            import yaml
+        except ImportError as exc:
+            raise ValueError(f"reading accelerate's config file {path} needs PyYAML (pip install pyyaml)") from exc
+        config = yaml.safe_load(text)
+    if not isinstance(config, dict):
+        raise ValueError(f"accelerate's config file {path}: not a mapping of settings")
+    return config
+
+
+def accelerate_launch_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """`accelerate launch [flags] script [args]` -> (dprorun's argv, the environment accelerate's launcher gives the
+    script: ACCELERATE_MIXED_PRECISION, ACCELERATE_USE_CPU, ACCELERATE_DYNAMO_*). The flags override the config
+    file's settings, as in accelerate; --num_processes is the job's total, over --num_machines. FSDP, DeepSpeed,
+    Megatron-LM and TPU launches are refused (dprorun profiles DDP); so are accelerate's own multi-node launchers'
+    flags. Usage errors exit as argparse's."""
+    parser = _accelerate_parser()
+    args = parser.parse_args(list(argv))
+    refused = [f for f in ACCELERATE_REFUSED if getattr(args, f"refused_{f.strip('-')}") not in (None, False)]
+    if refused:
+        parser.error(f"{', '.join(refused)}: not under dprorun, which launches and profiles DDP ranks itself; "
+                     "drop them (FSDP and DeepSpeed are not profiled)")
+    try:
+        config = accelerate_config(args.config_file)
+    except ValueError as exc:
+        parser.error(str(exc))
+    kind = str(config.get("distributed_type", "") or "").upper()
+    if kind in ACCELERATE_REFUSED_TYPES:
+        parser.error(f"accelerate's config asks for distributed_type {kind}: dprorun profiles DDP ranks, not {kind}; "
+                     "give a config (--config_file) for MULTI_CPU / MULTI_GPU or none")
+
+    def setting(name: str, default=None):
+        value = getattr(args, name)
+        return value if value is not None and value is not False else config.get(name, default)
+    machines = int(setting("num_machines", 1) or 1)
+    out: list[str] = []
+    processes = setting("num_processes")
+    if processes is not None:
+        if int(processes) < 1 or int(processes) % machines:
+            parser.error(f"--num_processes {processes} over --num_machines {machines}: a whole number of processes "
+                         "a machine is needed")
+        out += ["--nproc-per-node", str(int(processes) // machines)]
+    if machines > 1:
+        out += ["--nnodes", str(machines), "--node-rank", str(setting("machine_rank", 0) or 0)]
+    if setting("main_process_ip"):
+        out += ["--master-addr", str(setting("main_process_ip"))]
+    if setting("main_process_port"):
+        out += ["--master-port", str(setting("main_process_port"))]
+    dynamo = config.get("dynamo_config") or {}
+    env = {"ACCELERATE_MIXED_PRECISION": str(setting("mixed_precision", "no") or "no").lower(),
+           "ACCELERATE_USE_CPU": str(bool(args.cpu or config.get("use_cpu", False))),
+           "ACCELERATE_DYNAMO_BACKEND": str(args.dynamo_backend or dynamo.get("dynamo_backend", "no")).upper()}
+    for name in ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic"):
+        flag = getattr(args, name) or dynamo.get(name)
+        key = "ACCELERATE_" + name.upper()
+        if flag:
+            env[key] = "True" if flag is True else str(flag)
+    if args.debug or config.get("debug"):
+        env["ACCELERATE_DEBUG_MODE"] = "true"
+    gpu_ids = setting("gpu_ids")
+    if gpu_ids not in (None, "all"):
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids)
+    if args.module and args.no_python:
+        parser.error("--module and --no_python cannot be used together (as in accelerate)")
+    command = ([] if args.no_python else [sys.executable] + (["-m"] if args.module else []))
+    return out + ["--"] + command + [args.training_script] + list(args.training_script_args), env

@@ -367,6 +367,32 @@ def test_torchruns_output_and_agent_flags_run_as_they_are(tmp_path):
     assert horovodrun.returncode == 2 and "a profile would mix settings" in horovodrun.stderr
 
 
+def test_an_accelerate_launch_line_runs_as_dprorun_reads_it(tmp_path):
+    """`dprorun accelerate launch --num_processes 2 ...` ran accelerate's launcher in each rank, which ran the script
+    in a child process the hooks leave alone: "nothing was profiled". The line is now read as dprorun's own: 2 ranks,
+    the script with this Python, accelerate's settings in the variables its launcher sets (mixed precision here);
+    FSDP and DeepSpeed launches are refused with why."""
+    import json
+
+    script = tmp_path / "acc.py"
+    script.write_text(
+        "import torch\nfrom accelerate import Accelerator\nacc = Accelerator(cpu=True)\n"
+        "print(f'rank {acc.process_index} of {acc.num_processes} precision {acc.mixed_precision}', flush=True)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\nmodel, opt = acc.prepare(model, opt)\n"
+        "x = torch.randn(16, 64)\nfor _ in range(12):\n"
+        "    opt.zero_grad(); acc.backward(model(x).float().pow(2).mean()); opt.step()\n")
+    proc, _ = run_dprorun(["--warmup", "2", "--active", "3", "--clean", "2", "accelerate", "launch",
+                           "--num_processes", "2", "--mixed_precision", "bf16", str(script)], tmp_path / "run",
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rank 1 of 2 precision bf16" in proc.stdout, proc.stdout[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["ranks_recorded"] == [0, 1] and summary["iteration_time_ms"] > 0, summary
+    refused = run_dprorun(["accelerate", "launch", "--use_fsdp", str(script)], tmp_path / "fsdp", timeout=60)[0]
+    assert refused.returncode == 2 and "--use_fsdp" in refused.stderr and "FSDP and DeepSpeed" in refused.stderr
+
+
 # The script frees the sharded model and waits at a barrier before tearing its group down. Without that, torch 2.13's
 # gloo group outlives destroy_process_group (FSDP2's mesh holds it), and a worker thread of the group that drops its
 # last all-reduce's work late, after the interpreter began to finalize, needs the GIL for that work's Python state

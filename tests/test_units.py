@@ -1242,3 +1242,41 @@ def test_a_missing_training_script_is_said_before_any_rank_starts(tmp_path, caps
     for command in (["python", "train.py"], ["python", "-m", "pkg.train"], ["python", "-c", "pass"],
                     ["./run.sh"], ["python3.11", "-W", "ignore", "train.py"]):
         cli._check_script_exists(command)  # no error
+
+
+def test_accelerate_launch_lines_and_configs_read_as_dprorun_s(tmp_path, monkeypatch, capsys):
+    """accelerate launch's flags over its config file's settings, as accelerate reads them: --num_processes is the
+    job's total over --num_machines; mixed precision and dynamo reach the script in its launcher's variables; FSDP /
+    DeepSpeed configs and uneven process counts are refused with why."""
+    import sys as system
+
+    from dprorun.cli import _nested_launcher
+    from dprorun.launch_lines import accelerate_launch_argv
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no default config here
+    assert _nested_launcher(["accelerate", "launch", "t.py"]) == ("accelerate", ["t.py"])
+    assert _nested_launcher(["accelerate-launch", "--cpu", "t.py"]) == ("accelerate", ["--cpu", "t.py"])
+    assert _nested_launcher(["accelerate", "env"]) == ("", [])
+    argv, env = accelerate_launch_argv(["--num-processes", "4", "--num_machines", "2", "--machine_rank", "1",
+                                        "--main_process_ip", "10.0.0.1", "--main_process_port", "29501",
+                                        "--mixed_precision", "bf16", "--multi_gpu", "t.py", "--lr", "1"])
+    assert argv == ["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                    "--master-port", "29501", "--", system.executable, "t.py", "--lr", "1"]
+    assert env == {"ACCELERATE_MIXED_PRECISION": "bf16", "ACCELERATE_USE_CPU": "False",
+                   "ACCELERATE_DYNAMO_BACKEND": "NO"}
+    config = tmp_path / "c.yaml"
+    config.write_text("distributed_type: MULTI_CPU\nnum_processes: 3\nmixed_precision: fp16\nuse_cpu: true\n"
+                      "dynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: max-autotune\n")
+    argv, env = accelerate_launch_argv(["--config_file", str(config), "--mixed_precision", "no", "-m", "pkg.t"])
+    assert argv == ["--nproc-per-node", "3", "--", system.executable, "-m", "pkg.t"]
+    assert env["ACCELERATE_MIXED_PRECISION"] == "no" and env["ACCELERATE_USE_CPU"] == "True"
+    assert env["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR" and env["ACCELERATE_DYNAMO_MODE"] == "max-autotune"
+    (tmp_path / "hf" / "accelerate").mkdir(parents=True)
+    (tmp_path / "hf" / "accelerate" / "default_config.yaml").write_text("distributed_type: DEEPSPEED\n")
+    for line, said in ((["t.py"], "distributed_type DEEPSPEED"), (["--config_file", str(config), "--num_processes",
+                                                                   "3", "--num_machines", "2", "t.py"],
+                                                                  "a whole number of processes a machine"),
+                       (["--config_file", str(config), "--rdzv_backend", "c10d", "t.py"], "--rdzv_backend")):
+        with pytest.raises(SystemExit):
+            accelerate_launch_argv(line)
+        assert said in capsys.readouterr().err
