@@ -392,7 +392,8 @@ def _compress(path: list[str]) -> list[str]:
 
 
 def format_ps_prediction(model: PSModel, prediction: PSPrediction) -> str:
-    lines = [f"parameter server: {model.workers} workers, {model.servers} servers, {len(model.keys)} keys "
+    lines = [f"parameter server: {model.workers} worker{'s' * (model.workers != 1)}, {model.servers} "
+             f"server{'s' * (model.servers != 1)}, {len(model.keys)} keys "
              f"({sum(k.nbytes for k in model.keys) / 1e6:.2f} MB), big-array bound {model.bigarray_bound}",
              f"links: alpha {model.alpha_us:.0f} us, {model.bytes_per_us * 8e-3:.2f} Gbit/s (fitted to "
              f"{len(model.calibration)} calibration sizes); server update {model.update_us[0]:.0f} us + "
