@@ -172,16 +172,34 @@ def _finalize_ps(job: JobConfig, result: LaunchResult, with_events: list[int]) -
 
 def _ranks_that_left_files(job: JobConfig) -> list[int]:
     """Ranks whose folder holds files of a started profile (Kineto's trace, samples) though no events.json."""
-    from dprorun.layout import rank_dir
+    from dprorun.layout import SUBPROCESS_SCRIPTS_FILE, rank_dir
 
     ranks = []
     for rank in range(job.launch.world_size):
         try:
-            if os.listdir(rank_dir(job.output.run_dir, rank)):
+            if set(os.listdir(rank_dir(job.output.run_dir, rank))) - {SUBPROCESS_SCRIPTS_FILE}:
                 ranks.append(rank)
         except OSError:
             continue
     return ranks
+
+
+def _say_nothing_was_profiled(job: JobConfig) -> None:
+    """A job that ran to its end with no rank's records: why, from what rank 0 saw (a script run in a child process
+    of its own, or no supported wrapper)."""
+    from dprorun.layout import rank_dir
+    from dprorun.runtime.watch import SUPPORTED_WRAPPERS, read_subprocess_scripts
+
+    scripts = read_subprocess_scripts(rank_dir(job.output.run_dir, 0))
+    if scripts:
+        print(f"dprorun: nothing was profiled: rank 0's process ran `python {scripts[0]}` in a process of its "
+              "own, which dprorun does not profile (it profiles the processes it launches); run the training "
+              f"script itself: `dprorun -np {job.launch.world_size} python {scripts[0]}`", file=sys.stderr)
+    else:
+        print(f"dprorun: nothing was profiled: no rank built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
+              "FSDP, tensor or pipeline parallelism, hand-written all-reduce loops and jobs without a "
+              "distributed wrapper run unprofiled "
+              "(rank 0's log says what it saw)", file=sys.stderr)
 
 
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
@@ -225,12 +243,7 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
                   f"they left is kept in {job.output.run_dir}", file=sys.stderr)
         elif result.exit_code == 0 and not with_events and job.launch.node_rank == 0 and \
                 job.launch.backend != "byteps":
-            from dprorun.runtime.watch import SUPPORTED_WRAPPERS
-
-            print(f"dprorun: nothing was profiled: no rank built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
-                  "FSDP, tensor or pipeline parallelism, hand-written all-reduce loops and jobs without a "
-                  "distributed wrapper run unprofiled "
-                  "(rank 0's log says what it saw)", file=sys.stderr)
+            _say_nothing_was_profiled(job)
         if result.exit_code == 0 and not job.output.quiet:
             print(f"dprorun: run directory {job.output.run_dir}")
         return result.exit_code

@@ -19,6 +19,7 @@ SAMPLES_FILE = "samples.json"
 ALIGNMENT_FILE = "alignment.json"
 # a rank's warning, in events.json, for the exception its script raised (the hooks' excepthook; the launcher names it)
 SCRIPT_RAISED = "training script raised "
+SUBPROCESS_SCRIPTS_FILE = "subprocess_scripts.txt"  # in a rank's folder: scripts it ran in child interpreters
 # the hooks' warning where a script went on to train another model or set of parameters (runtime/session.py
 # writes it, replay/ps_model.py repeats it in the PS model's notes)
 PRIMARY_REPLACED = "the script went on to train another "

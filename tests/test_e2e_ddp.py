@@ -393,6 +393,23 @@ def test_an_accelerate_launch_line_runs_as_dprorun_reads_it(tmp_path):
     assert refused.returncode == 2 and "--use_fsdp" in refused.stderr and "FSDP and DeepSpeed" in refused.stderr
 
 
+def test_a_wrapper_that_runs_the_training_in_a_subprocess_is_told_where_its_training_went(tmp_path):
+    """`dprorun -np 2 python wrapper.py`, the wrapper running `python train.py` with subprocess: the rank's own
+    process holds the hooks, its child is left alone (as a rank's data-loader workers are), and the job ended with
+    "no rank built a wrapper" and, from the folders the children made, "ranks [0, 1] left profiler files but no
+    records". The child now notes its command line and both messages name it with the launch that profiles it."""
+    child = tmp_path / "train.py"
+    child.write_text("import os\nprint(f\"child of rank {os.environ['RANK']}\", flush=True)\n")
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(f"import subprocess, sys\nsys.exit(subprocess.run([sys.executable, {str(child)!r}, '--lr', "
+                       f"'1']).returncode)\n")
+    proc, _ = run_dprorun(["-np", "2", "python", str(wrapper)], tmp_path / "run", timeout=120)
+    assert proc.returncode == 0 and "child of rank 1" in proc.stdout, proc.stderr[-2000:]
+    said = f"ran `python {child} --lr 1` in a process of its own"
+    assert said in proc.stderr and f"`dprorun -np 2 python {child} --lr 1`" in proc.stderr, proc.stderr[-2000:]
+    assert "left profiler files" not in proc.stderr
+
+
 # The script frees the sharded model and waits at a barrier before tearing its group down. Without that, torch 2.13's
 # gloo group outlives destroy_process_group (FSDP2's mesh holds it), and a worker thread of the group that drops its
 # last all-reduce's work late, after the interpreter began to finalize, needs the GIL for that work's Python state

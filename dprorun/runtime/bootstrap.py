@@ -50,6 +50,28 @@ def session():
     return _SESSION
 
 
+def _note_a_script_run_in_a_subprocess(owner: str, environ) -> None:
+    """A new interpreter started by the rank's process to run a script (a wrapper's `subprocess.run([sys.executable,
+    "train.py"])`, accelerate's launcher), not a multiprocessing child: its command line kept in the rank's folder, so
+    that a rank that trained nothing itself can say where its training went (runtime/watch.nothing_to_profile)."""
+    argv = list(getattr(sys, "orig_argv", []) or [])
+    if str(os.getppid()) != owner or len(argv) < 2 or argv[1] == "-c" or "multiprocessing" in " ".join(argv) \
+            or not environ.get("DPRO_RUN_DIR"):
+        return
+    script = argv[2] if argv[1] == "-m" and len(argv) > 2 else os.path.abspath(argv[1])
+    if script.startswith(("torch.", "concurrent.", sys.prefix, sys.base_prefix)):
+        return  # a library's helper process (torch.compile's workers), not a training script
+    from dprorun.layout import SUBPROCESS_SCRIPTS_FILE, rank_dir
+
+    try:
+        folder = rank_dir(environ["DPRO_RUN_DIR"], int(environ.get("RANK", "0")))
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        with open(os.path.join(folder, SUBPROCESS_SCRIPTS_FILE), "a") as f:
+            f.write(" ".join(argv[1:]) + "\n")
+    except (OSError, ValueError):
+        pass
+
+
 def install(environ=os.environ) -> Optional[object]:
     global _SESSION
     horovod = "RANK" not in environ and "HOROVOD_RANK" in environ  # a horovodrun rank
@@ -61,6 +83,7 @@ def install(environ=os.environ) -> Optional[object]:
         return _SESSION
     owner = environ.get("DPRO_HOOKED_PID")
     if owner and owner != str(os.getpid()):
+        _note_a_script_run_in_a_subprocess(owner, environ)
         return None  # a subprocess of a rank (data loader worker, ...): not profiled
     os.environ["DPRO_HOOKED_PID"] = str(os.getpid())
 

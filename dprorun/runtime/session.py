@@ -40,7 +40,7 @@ from dprorun.runtime.records import RankRecords
 from dprorun.runtime.steps import LeadingOptimizerSteps
 from dprorun.runtime.script_profiler import ProfilerBusy, ScriptProfilerState, busy_message
 from dprorun.runtime.log import warn
-from dprorun.runtime.watch import ScriptUse, nothing_to_profile
+from dprorun.runtime.watch import ScriptUse, nothing_to_profile, read_subprocess_scripts
 
 
 class RankSession:
@@ -467,6 +467,7 @@ class RankSession:
         # a script that raised before its first step: its error says why nothing was profiled
         raised = any(isinstance(w, str) and w.startswith(SCRIPT_RAISED) for w in self.records.warnings)
         if not self.trackers and self.rank == 0 and not self.disabled and not raised:
+            self.script_use.subprocess_scripts = read_subprocess_scripts(self.rank_dir)
             warn(nothing_to_profile(self.script_use), self.rank)
         elif self.iteration < 0 and self.rank == 0 and not self.disabled and not raised:
             warn(no_step_seen(self.trackers), self.rank)

@@ -40,6 +40,7 @@ HOROVOD_AUTOGRAD_FUNCTIONS = {"HorovodAllgather": "allgather", "HorovodGroupedAl
 class ScriptUse:
     """torch.distributed use seen in the script (counts of calls; the process group as it was made)."""
     spawned_processes: int = 0  # started by torch.multiprocessing.spawn: not ranks dprorun launched
+    subprocess_scripts: list[str] = field(default_factory=list)  # scripts run in child interpreters (bootstrap)
     fsdp_wrappers: int = 0  # FullyShardedDataParallel / fully_shard calls
     problems: list[str] = field(default_factory=list)  # what the rank's records keep as warnings (events.json)
     # a model split across ranks: what was built ("tensor-parallel plan(s) (...)", "pipeline stage(s) (...)") -> count
@@ -53,6 +54,17 @@ class ScriptUse:
     timed: Optional[Callable[[str, float], None]] = None
 
 
+def read_subprocess_scripts(folder: str) -> list[str]:
+    """The command lines of scripts the rank ran in child interpreters (runtime/bootstrap notes them there)."""
+    from dprorun.layout import SUBPROCESS_SCRIPTS_FILE
+
+    try:
+        with open(os.path.join(folder, SUBPROCESS_SCRIPTS_FILE)) as f:
+            return [line.strip() for line in f if line.strip()]
+    except OSError:
+        return []
+
+
 def nothing_to_profile(use: ScriptUse) -> str:
     """What a rank that never met a supported wrapper saw instead: processes the script spawned as its ranks,
     FSDP, collectives called by hand (gradients averaged in the script), a bare process group, or nothing."""
@@ -62,6 +74,11 @@ def nothing_to_profile(use: ScriptUse) -> str:
                 f"Let the script take its rank and world size from RANK, WORLD_SIZE and LOCAL_RANK (as under "
                 f"torchrun: init_process_group() without rank= and world_size=) instead of spawning them, and run "
                 f"it as `dprorun -np {use.spawned_processes} python <script>`. The job ran unprofiled")
+    if use.subprocess_scripts:
+        return (f"nothing to profile: this rank's process started `python {use.subprocess_scripts[0]}` in a process "
+                f"of its own (a wrapper's subprocess, or a launcher's), which dprorun does not profile: it profiles "
+                f"the processes it launches. Run the training script itself: `dprorun -np N python "
+                f"{use.subprocess_scripts[0]}`. The job ran unprofiled")
     seen = []
     if use.fsdp_wrappers:
         seen.append(f"{use.fsdp_wrappers} FSDP wrapper(s) (FullyShardedDataParallel / fully_shard)")
