@@ -55,7 +55,8 @@ fit); session 42: a float64 model, bfloat16 parameters, a loop in a thread of th
 replicate(), Horovod in a thread and in float64, a TF loop and a Keras fit in a thread; session 43: DDP's buffer
 broadcast of a BatchNorm net, an optimizer step skipped every 4th step, a loop trained for 6 s (its stop all-reduced),
 Adafactor on a token model, bf16_compress_hook, Horovod of a torch.compile'd model and with hvd.broadcast_object
-every step, Keras fit over a Python generator and of MobileNetV2. Frameworks that are not installed are skipped with a line saying so.
+every step, Keras fit over a Python generator and of MobileNetV2, Lightning's DDPStrategy with static_graph and
+gradient_as_bucket_view, Lightning clipping by norm, Hugging Face Trainer with torch_compile and Adafactor. Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 
@@ -221,6 +222,10 @@ JOBS = {
     "horovod-broadcast-object": (["--backend", "horovod"], "hvd_session43.py", ["--broadcast-object"], "horovod"),
     "tf-keras-fit-generator": (["--backend", "tf"], "tf_session43.py", ["--generator"], "tensorflow"),
     "tf-keras-mobilenetv2": (["--backend", "tf"], "tf_session43.py", ["--mobilenet"], "tensorflow"),
+    "ddp-lightning-static-graph": ([], "ddp_trainers.py", ["--framework", "lightning", "--static-graph"], "lightning"),
+    "ddp-lightning-clip-norm": ([], "ddp_trainers.py", ["--framework", "lightning", "--clip"], "lightning"),
+    "hf-trainer-torch-compile-adafactor": ([], "examples/hf_trainer.py", ["--torch-compile", "--optim", "adafactor"],
+                                           "transformers"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="TrainingArguments.gradient_checkpointing: activations recomputed in backward")
     parser.add_argument("--log-every", type=int, default=0, help="log the loss (gathered over ranks) every N steps")
+    parser.add_argument("--torch-compile", action="store_true", help="TrainingArguments.torch_compile")
+    parser.add_argument("--optim", default="adamw_torch", help="TrainingArguments.optim (adafactor, sgd, ...)")
     args = parser.parse_args()
     # the argument's name in this transformers (`gradient_checkpointing` is deprecated in 5.x)
     fields = getattr(TrainingArguments, "__dataclass_fields__", {})
@@ -76,7 +78,8 @@ def main() -> None:
                                      gradient_accumulation_steps=args.accumulate,
                                      eval_strategy="steps" if args.eval_every else "no",
                                      eval_steps=args.eval_every or None, per_device_eval_batch_size=args.batch_size,
-                                     ddp_bucket_cap_mb=int(args.bucket_mb) if args.bucket_mb else None)
+                                     ddp_bucket_cap_mb=int(args.bucket_mb) if args.bucket_mb else None,
+                                     torch_compile=args.torch_compile, optim=args.optim)
         held_out = Tokens(4 * args.batch_size, args.seq_len, config.vocab_size, config.num_labels, seed=1)
         trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[timer],
                           eval_dataset=held_out if args.eval_every else None)

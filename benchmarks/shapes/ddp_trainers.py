@@ -12,6 +12,9 @@ p.add_argument("--steps", type=int, default=40); p.add_argument("--framework", d
 p.add_argument("--accum", type=int, default=1)
 p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (Accelerate's, Lightning's own)")
 p.add_argument("--val", action="store_true", help="lightning: a validation pass every 10 steps")
+p.add_argument("--static-graph", action="store_true", help="lightning: DDPStrategy(static_graph=True, "
+               "gradient_as_bucket_view=True)")
+p.add_argument("--clip", action="store_true", help="lightning: gradients clipped by norm (gradient_clip_val=1.0)")
 a = p.parse_args()
 torch.manual_seed(0); torch.set_num_threads(1)
 
@@ -93,7 +96,11 @@ def with_lightning() -> None:
     import os
     world = int(os.environ.get("WORLD_SIZE", "1"))
     module = Module()
-    trainer = L.Trainer(accelerator="cpu", devices=world, strategy="ddp", max_steps=a.steps, logger=False,
+    from lightning.pytorch.strategies import DDPStrategy
+
+    strategy = DDPStrategy(static_graph=True, gradient_as_bucket_view=True) if a.static_graph else "ddp"
+    trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=a.steps, logger=False,
+                        gradient_clip_val=1.0 if a.clip else None,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         accumulate_grad_batches=a.accum, precision="bf16-mixed" if a.bf16 else "32-true",
                         val_check_interval=10 if a.val else None, limit_val_batches=4 if a.val else 0,
