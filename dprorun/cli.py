@@ -556,6 +556,14 @@ def _nested_launcher(command: Sequence[str]) -> tuple[str, list[str]]:
     return "", []
 
 
+def _own_flags_last(own: list[str], launch_line: list[str]) -> list[str]:
+    """A launch line read as dprorun's argv (its flags, `--`, the command) with dprorun's own flags after its flags:
+    where both set one (`dprorun --dry-run -np 8 --local-np 2 accelerate launch --num_processes 2 ...`), dprorun's
+    own, the more explicit, wins (the launch line's count had made that a prediction for 2)."""
+    split = launch_line.index("--") if "--" in launch_line else len(launch_line)
+    return launch_line[:split] + own + launch_line[split:]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -563,19 +571,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     launcher, launcher_args = _nested_launcher(args.command)
     own = argv[:len(argv) - len(args.command)]
     if launcher == "torchrun":  # `dprorun [options] torchrun ...`: the launch line read as dprorun's own
-        args = parser.parse_args(own + torchrun_argv(launcher_args))
+        args = parser.parse_args(_own_flags_last(own, torchrun_argv(launcher_args)))
     elif launcher == "horovodrun":  # as launchers/horovodrun reads it
         from dprorun.launch_lines import horovodrun_argv
 
         horovod_argv, env = horovodrun_argv(launcher_args)
         os.environ.update(env)
-        args = parser.parse_args(own + horovod_argv)
+        args = parser.parse_args(_own_flags_last(own, horovod_argv))
     elif launcher == "accelerate":  # accelerate's launcher would run the script in a child of the rank's process
         from dprorun.launch_lines import accelerate_launch_argv
 
         accelerate_argv, env = accelerate_launch_argv(launcher_args)
         os.environ.update(env)
-        args = parser.parse_args(own + accelerate_argv)
+        args = parser.parse_args(_own_flags_last(own, accelerate_argv))
     elif launcher:
         parser.error(f"the command is a launcher ({launcher}): dprorun launches the ranks itself, and one launched "
                      f"inside a rank would start ranks the hooks never see; run {OTHER_LAUNCHERS[launcher]}")

@@ -1280,3 +1280,17 @@ def test_accelerate_launch_lines_and_configs_read_as_dprorun_s(tmp_path, monkeyp
         with pytest.raises(SystemExit):
             accelerate_launch_argv(line)
         assert said in capsys.readouterr().err
+
+
+def test_dprorun_s_own_flags_win_over_a_nested_launch_line_s():
+    """`dprorun --dry-run -np 4 --local-np 2 accelerate launch --num_processes 2 train.py` predicted for 2 ranks: the
+    launch line's count, read after dprorun's own flags, replaced -np. dprorun's own flags now come last."""
+    from dprorun.cli import _own_flags_last, build_parser, job_from_args, torchrun_argv
+    from dprorun.launch_lines import accelerate_launch_argv
+
+    line = accelerate_launch_argv(["--num_processes", "2", "train.py", "--lr", "1"])[0]
+    job = job_from_args(build_parser().parse_args(_own_flags_last(["--dry-run", "-np", "4", "--local-np", "2"], line)))
+    assert (job.launch.world_size, job.predict.np, job.command[1:]) == (2, 4, ["train.py", "--lr", "1"])
+    line = torchrun_argv(["--nproc_per_node=2", "train.py"])
+    job = job_from_args(build_parser().parse_args(_own_flags_last(["-np", "3"], line)))
+    assert job.launch.world_size == 3 and job.command[1:] == ["train.py"]
