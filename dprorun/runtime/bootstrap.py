@@ -64,7 +64,7 @@ def _note_a_script_run_in_a_subprocess(owner: str, environ) -> None:
     from dprorun.layout import SUBPROCESS_SCRIPTS_FILE, rank_dir
 
     try:
-        folder = rank_dir(environ["DPRO_RUN_DIR"], int(environ.get("RANK", "0")))
+        folder = rank_dir(environ["DPRO_RUN_DIR"], int(environ.get("RANK", environ.get("HOROVOD_RANK", "0"))))
         os.makedirs(folder, mode=0o700, exist_ok=True)
         with open(os.path.join(folder, SUBPROCESS_SCRIPTS_FILE), "a") as f:
             f.write(" ".join(argv[1:]) + "\n")
