@@ -1308,3 +1308,15 @@ def test_push_pulls_that_overlap_the_next_forward_are_warned_of():
     [warning] = irregular_phases(0, overlapped, keys)
     assert warning.startswith("warning: worker 0's profile: its 12 push/pulls fall into groups of") and \
         "where an iteration has 2" in warning
+
+
+def test_a_link_level_without_a_calibration_says_what_it_is_a_factor_of():
+    """A PS job that ended inside its window has no kvstore calibration: links are priced at an assumed 1 Gbit/s,
+    and the fitted level was told as "x5.25 of the calibration's bandwidth" (session 43); it names the assumption."""
+    from dprorun.replay.ps_model import link_level_notes
+
+    assert link_level_notes(5.25) == ["the job's own transfers ran at x5.25 of the calibration's bandwidth (transfers "
+                                      "of every key at once, against one key at a time with nothing else running)"]
+    assumed = link_level_notes(5.25, "the 1 Gbit/s assumed without a calibration")
+    assert assumed == ["the job's own transfers ran at x5.25 of the 1 Gbit/s assumed without a calibration"]
+    assert "x20 of the 1 Gbit/s assumed" in link_level_notes(20.0, "the 1 Gbit/s assumed without a calibration")[0]

@@ -111,7 +111,8 @@ def build_ps_model(run_dir: str, host_cores: Optional[int] = None) -> PSModel:
     model.profiled_iteration_us = median(w.period_us for w in ops.values())
     if model.profiled_iteration_us:
         model.link_level = fit_link_level(model, model.profiled_iteration_us)
-        notes += link_level_notes(model.link_level)
+        notes += link_level_notes(model.link_level, "the calibration's bandwidth" if calibration
+                                  else "the 1 Gbit/s assumed without a calibration")
     # the reference the compute is scaled to: the clean iterations (no profiler, no hooks' work) when there are
     # enough of them, else the window's iterations without the profiler
     model.reference = "clean" if len(clean) >= 5 else "window"
@@ -493,22 +494,23 @@ def fit_links(model: PSModel) -> tuple[float, float]:
 LINK_LEVELS = (0.05, 20.0)  # the factors on the calibrated bandwidth the link level is fitted between
 
 
-def link_level_notes(level: float) -> list[str]:
-    """What the fitted link level says: a factor far from the calibration's, or one at the end of its range (the
-    profile then does not say how fast the job's transfers ran)."""
+def link_level_notes(level: float, reference: str = "the calibration's bandwidth") -> list[str]:
+    """What the fitted link level says: a factor far from the calibration's (`reference`: what the level is a factor
+    of), or one at the end of its range (the profile then does not say how fast the job's transfers ran)."""
     if level >= LINK_LEVELS[1]:
         return [f"warning: the profiled iterations replay as long as they ran even with the transfers at x{level:g} "
-                "of the calibration's bandwidth: the compute, as profiled, fills them (the transfers hidden behind "
+                f"of {reference}: the compute, as profiled, fills them (the transfers hidden behind "
                 "it), so the profile does not say how fast the job's transfers ran; they are priced at that level, "
                 "and a what-if that moves transfers (servers, workers, big-array bound, a bandwidth ratio) shows the "
                 "compute's side only (an absolute --bandwidth does not use the level)"]
     if level <= LINK_LEVELS[0]:
         return [f"warning: the profiled iterations replay shorter than they ran even with the transfers at x{level:g} "
-                "of the calibration's bandwidth: something the graph does not hold waited in them (a loaded host, "
+                f"of {reference}: something the graph does not hold waited in them (a loaded host, "
                 "a worker's own waits); what-ifs that move transfers price them at that level"]
     if not 0.5 <= level <= 2.0:
-        return [f"the job's own transfers ran at x{level:.2f} of the calibration's bandwidth (transfers of every key "
-                "at once, against one key at a time with nothing else running)"]
+        return [f"the job's own transfers ran at x{level:.2f} of {reference}" + (
+            " (transfers of every key at once, against one key at a time with nothing else running)"
+            if reference == "the calibration's bandwidth" else "")]
     return []
 
 

@@ -479,7 +479,8 @@ class RankSession:
             self.records.warnings.append(
                 f"the job ended at iteration {self.iteration} before the end of the profiling window "
                 f"(iteration {self.cfg.warmup + self.cfg.active})" + (
-                    ": no all-reduce calibration ran" if self.framework != "torch" else
+                    f": no {'kvstore' if self.framework == 'mxnet' else 'all-reduce'} calibration ran"
+                    if self.framework != "torch" else
                     " without tearing its process group down: no clock probes, calibration or gather ran "
                     "(offsets rest on the traces alone; ranks on other hosts kept their files)"))
         try:
