@@ -56,7 +56,8 @@ replicate(), Horovod in a thread and in float64, a TF loop and a Keras fit in a 
 broadcast of a BatchNorm net, an optimizer step skipped every 4th step, a loop trained for 6 s (its stop all-reduced),
 Adafactor on a token model, bf16_compress_hook, Horovod of a torch.compile'd model and with hvd.broadcast_object
 every step, Keras fit over a Python generator and of MobileNetV2, Lightning's DDPStrategy with static_graph and
-gradient_as_bucket_view, Lightning clipping by norm, Hugging Face Trainer with torch_compile and Adafactor. Frameworks that are not installed are skipped with a line saying so.
+gradient_as_bucket_view, Lightning clipping by norm, Hugging Face Trainer with torch_compile and Adafactor.
+Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
 

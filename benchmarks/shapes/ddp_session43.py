@@ -1,11 +1,13 @@
-"""PyTorch scripts of shapes not tuned for (session 43), one flag each; run with `dprorun -np 2 python ddp_session43.py`.
+"""PyTorch scripts of shapes not tuned for (session 43), one flag each; run with `dprorun -np 2 python
+ddp_session43.py`.
 
 --bn-buffers: a BatchNorm conv net under DDP's default broadcast_buffers=True (rank 0's running statistics broadcast
-at every forward, a collective outside the buckets). --skip-steps: the optimizer step skipped every 4th step when the
-gradients' norm is over a bound (forward, backward and all-reduce ran; the gradients are zeroed). --time-budget: the
-loop trains until 6 s have passed, not for a number of steps (each step all-reduces the stop flag, MAX, so that every
-rank stops at the same step: the ranks' clocks read 6 s at different steps otherwise). --adafactor: a token model (embedding with padding_idx,
-multi-head attention, label smoothing) stepped by torch.optim.Adafactor. --bf16-hook: DDP's bf16_compress_hook.
+at every forward, a collective outside the buckets). --skip-steps: the optimizer step skipped every 4th step when
+the gradients' norm is over a bound (forward, backward and all-reduce ran; the gradients are zeroed). --time-budget:
+the loop trains until 6 s have passed, not for a number of steps (each step all-reduces the stop flag, MAX, so that
+every rank stops at the same step: the ranks' clocks read 6 s at different steps otherwise). --adafactor: a token
+model (embedding with padding_idx, multi-head attention, label smoothing) stepped by torch.optim.Adafactor.
+--bf16-hook: DDP's bf16_compress_hook.
 """
 import argparse, statistics, time
 import torch, torch.distributed as dist, torch.nn as nn
