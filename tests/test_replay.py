@@ -584,3 +584,17 @@ def test_a_bucket_all_reduced_twice_in_an_iteration_is_modelled_by_its_last_roun
     # the last backward cut where its round handed each bucket over: 2 ms, then 7 ms, then 1 ms
     assert template.backward_segments_us == [2_000.0, 7_000.0, 1_000.0]
     assert transmit[5] == {"bucket0": 2_000.0, "bucket1": 6_000.0}
+
+
+def test_ddp_s_buffer_broadcast_is_named_in_the_what_ifs_it_is_not_priced_for():
+    """DDP broadcasts its modules' buffers (BatchNorm's running statistics: 1,304 bytes for session 43's three-layer
+    conv net) from its first rank before every training forward: a collective outside the buckets that the replay
+    holds inside the forward as measured. A world-size or bandwidth what-if says so; the job as it ran does not."""
+    model = _toy_model()
+    model.ddp_buffer_bytes = 1304
+    said = "DDP broadcasts its modules' buffers (1.3 KB"
+    assert any(said in n for n in predict(model, WhatIf(world_size=4), detail="coarse").notes)
+    assert any(said in n for n in predict(model, WhatIf(bandwidth_gbit=1.0), detail="coarse").notes)
+    assert not any(said in n for n in predict(model, WhatIf(), detail="coarse").notes)
+    model.ddp_buffer_bytes = 0
+    assert not any(said in n for n in predict(model, WhatIf(world_size=4), detail="coarse").notes)

@@ -207,6 +207,11 @@ class CommPricing:
             notes.append(f"{world} ranks: each collective as measured at {model.world_size} ranks plus the longer "
                          f"ring's messages ({comm.alpha_us:.0f} µs each) and bytes at the calibrated "
                          f"{model.network.bandwidth_bytes_per_us * 8e-3:.3g} Gbit/s")
+        if model.ddp_buffer_bytes and (world != model.world_size or not network_same):
+            notes.append(f"DDP broadcasts its modules' buffers ({model.ddp_buffer_bytes / 1024:.1f} KB: BatchNorm's "
+                         "running statistics) from its first rank before every training forward: replayed inside "
+                         f"the forward as measured at {model.world_size} ranks on this network, not priced again for "
+                         "this what-if (broadcast_buffers=False leaves it out)")
         names, outside_us = model.collectives_outside_packs
         if outside_us > 0 and (world != model.world_size or not network_same):
             notes.append(f"caution: {outside_us / 1000:.1f} ms a step of collectives outside the gradient packs "

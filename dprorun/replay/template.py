@@ -167,6 +167,9 @@ class JobModel:
     # TensorFlow: collectives in a step that all-reduce no gradient pack (a sparse gradient's all-gathers, Keras's
     # metric reductions), replayed inside the update as measured: (their names, median µs a step)
     collectives_outside_packs: tuple[list[str], float] = ([], 0.0)
+    # DDP's buffer broadcast from its first rank before every training forward (broadcast_buffers): bytes, replayed
+    # inside the forward as measured
+    ddp_buffer_bytes: int = 0
 
 
 @dataclass
