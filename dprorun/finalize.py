@@ -188,13 +188,12 @@ def _say_nothing_was_profiled(job: JobConfig) -> None:
     """A job that ran to its end with no rank's records: why, from what rank 0 saw (a script run in a child process
     of its own, or no supported wrapper)."""
     from dprorun.layout import rank_dir
-    from dprorun.runtime.watch import SUPPORTED_WRAPPERS, read_subprocess_scripts
+    from dprorun.runtime.watch import SUPPORTED_WRAPPERS, read_subprocess_scripts, subprocess_script_advice
 
     scripts = read_subprocess_scripts(rank_dir(job.output.run_dir, 0))
     if scripts:
-        print(f"dprorun: nothing was profiled: rank 0's process ran `python {scripts[0]}` in a process of its "
-              "own, which dprorun does not profile (it profiles the processes it launches); run the training "
-              f"script itself: `dprorun -np {job.launch.world_size} python {scripts[0]}`", file=sys.stderr)
+        advice = subprocess_script_advice(scripts[0], str(job.launch.world_size))
+        print(f"dprorun: nothing was profiled: rank 0: {advice}", file=sys.stderr)
     else:
         print(f"dprorun: nothing was profiled: no rank built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
               "FSDP, tensor or pipeline parallelism, hand-written all-reduce loops and jobs without a "

@@ -65,6 +65,14 @@ def read_subprocess_scripts(folder: str) -> list[str]:
         return []
 
 
+def subprocess_script_advice(script: str, np: str) -> str:
+    """Where a rank's training went when its process ran it in a child interpreter (runtime/bootstrap notes them),
+    and the launch that profiles it: the rank's warning and the launcher's last line say the same."""
+    return (f"the rank's process ran `python {script}` in a process of its own (a wrapper's subprocess, or a "
+            f"launcher's), which dprorun does not profile: it profiles the processes it launches; run the training "
+            f"script itself: `dprorun -np {np} python {script}`")
+
+
 def nothing_to_profile(use: ScriptUse) -> str:
     """What a rank that never met a supported wrapper saw instead: processes the script spawned as its ranks,
     FSDP, collectives called by hand (gradients averaged in the script), a bare process group, or nothing."""
@@ -75,10 +83,7 @@ def nothing_to_profile(use: ScriptUse) -> str:
                 f"torchrun: init_process_group() without rank= and world_size=) instead of spawning them, and run "
                 f"it as `dprorun -np {use.spawned_processes} python <script>`. The job ran unprofiled")
     if use.subprocess_scripts:
-        return (f"nothing to profile: this rank's process started `python {use.subprocess_scripts[0]}` in a process "
-                f"of its own (a wrapper's subprocess, or a launcher's), which dprorun does not profile: it profiles "
-                f"the processes it launches. Run the training script itself: `dprorun -np N python "
-                f"{use.subprocess_scripts[0]}`. The job ran unprofiled")
+        return f"nothing to profile: {subprocess_script_advice(use.subprocess_scripts[0], 'N')}. The job ran unprofiled"
     seen = []
     if use.fsdp_wrappers:
         seen.append(f"{use.fsdp_wrappers} FSDP wrapper(s) (FullyShardedDataParallel / fully_shard)")
