@@ -514,9 +514,10 @@ def run_byteps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 TORCHRUN_MODULES = ("torch.distributed.run",)
+TORCH_LAUNCH_MODULE = "torch.distributed.launch"  # torchrun's deprecated predecessor: `--local-rank=N` to the script
 OTHER_LAUNCHERS = {"mpirun": "dprorun --backend horovod -np N python train.py (Horovod), or dprorun -np N ...",
-                   "bpslaunch": "dprorun --backend byteps ... (or launchers/bpslaunch)",
-                   "torch.distributed.launch": "dprorun -np N python train.py (torchrun's successor flags)"}
+                   "bpslaunch": "dprorun --backend byteps ... (or launchers/bpslaunch)"}
+LOCAL_RANK_MACRO = "${local_rank}"  # torch elastic's agent puts each rank's local rank in its arguments
 
 
 def torchrun_argv(argv: Sequence[str]) -> list[str]:
@@ -538,6 +539,25 @@ def torchrun_argv(argv: Sequence[str]) -> list[str]:
     return head + (command if command[0] == "--" else ["--"] + command)
 
 
+def torch_launch_argv(argv: Sequence[str]) -> list[str]:
+    """A `python -m torch.distributed.launch` line as dprorun's argv: torchrun's flags, and, as that launcher does
+    unless --use-env is given, `--local-rank=<the rank's local rank>` right after the script (scripts written for it
+    parse that argument; torch elastic's agent fills it in per rank)."""
+    argv = list(argv)
+    use_env = any(a in ("--use-env", "--use_env") for a in argv)
+    line = torchrun_argv([a for a in argv if a not in ("--use-env", "--use_env")])
+    if use_env:
+        return line
+    split = line.index("--")
+    command = line[split + 1:]
+    module = any(a in ("-m", "--module") for a in line[:split])
+    if command[0] != sys.executable and not module:
+        raise ValueError("torch.distributed.launch with --no-python needs --use-env, as the launcher itself says: "
+                         "the rank's local rank is then in LOCAL_RANK")
+    script_end = 1 if module else 2  # the module's name (run as python -m), or the interpreter and the script
+    return line[:split + 1] + command[:script_end] + [f"--local-rank={LOCAL_RANK_MACRO}"] + command[script_end:]
+
+
 def _nested_launcher(command: Sequence[str]) -> tuple[str, list[str]]:
     """(launcher, its arguments) where the command is itself a launcher (`dprorun torchrun ...`, `dprorun python -m
     torch.distributed.run ...`, horovodrun, mpirun); ("", []) otherwise."""
@@ -551,7 +571,7 @@ def _nested_launcher(command: Sequence[str]) -> tuple[str, list[str]]:
     if name == "accelerate-launch" or (name == "accelerate" and len(words) > 1 and words[1] == "launch"):
         return "accelerate", list(command[start + (1 if name == "accelerate-launch" else 2):])
     if name.startswith("python") and len(words) > 2 and words[1] == "-m" and \
-            (words[2] in TORCHRUN_MODULES or words[2] in OTHER_LAUNCHERS):
+            (words[2] in TORCHRUN_MODULES or words[2] in OTHER_LAUNCHERS or words[2] == TORCH_LAUNCH_MODULE):
         return ("torchrun" if words[2] in TORCHRUN_MODULES else words[2]), list(command[start + 3:])
     return "", []
 
@@ -572,6 +592,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     own = argv[:len(argv) - len(args.command)]
     if launcher == "torchrun":  # `dprorun [options] torchrun ...`: the launch line read as dprorun's own
         args = parser.parse_args(_own_flags_last(own, torchrun_argv(launcher_args)))
+    elif launcher == TORCH_LAUNCH_MODULE:
+        try:
+            args = parser.parse_args(_own_flags_last(own, torch_launch_argv(launcher_args)))
+        except ValueError as exc:
+            parser.error(str(exc))
     elif launcher == "horovodrun":  # as launchers/horovodrun reads it
         from dprorun.launch_lines import horovodrun_argv
 

@@ -367,6 +367,26 @@ def test_torchruns_output_and_agent_flags_run_as_they_are(tmp_path):
     assert horovodrun.returncode == 2 and "a profile would mix settings" in horovodrun.stderr
 
 
+def test_a_legacy_torch_distributed_launch_line_passes_the_local_rank_argument(tmp_path):
+    """`dprorun python -m torch.distributed.launch --nproc_per_node 2 train.py` was refused ("run dprorun -np N"),
+    and `dprorun -np 2 python train.py` fails a script written for that launcher: it parses a required --local-rank.
+    The line is read as dprorun's own and each rank gets `--local-rank=<its local rank>` after the script, as that
+    launcher passes it (not with --use-env)."""
+    script = tmp_path / "legacy.py"
+    script.write_text("import argparse, os\np = argparse.ArgumentParser()\n"
+                      "p.add_argument('--local-rank', '--local_rank', type=int, required=True)\n"
+                      "p.add_argument('--lr', type=float)\na = p.parse_args()\n"
+                      "assert a.local_rank == int(os.environ['LOCAL_RANK'])\n"
+                      "print(f'local rank {a.local_rank} lr {a.lr}', flush=True)\n")
+    proc, _ = run_dprorun(["python", "-m", "torch.distributed.launch", "--nproc_per_node", "2", str(script),
+                           "--lr", "0.5"], tmp_path / "run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "local rank 0 lr 0.5" in proc.stdout and "local rank 1 lr 0.5" in proc.stdout, proc.stdout[-2000:]
+    env_line = run_dprorun(["python", "-m", "torch.distributed.launch", "--use-env", "--nproc_per_node", "2",
+                            str(script)], tmp_path / "env", timeout=120)[0]
+    assert env_line.returncode != 0 and "required: --local-rank" in env_line.stdout + env_line.stderr
+
+
 def test_an_accelerate_launch_line_runs_as_dprorun_reads_it(tmp_path):
     """`dprorun accelerate launch --num_processes 2 ...` ran accelerate's launcher in each rank, which ran the script
     in a child process the hooks leave alone: "nothing was profiled". The line is now read as dprorun's own: 2 ranks,

@@ -1244,6 +1244,25 @@ def test_a_missing_training_script_is_said_before_any_rank_starts(tmp_path, caps
         cli._check_script_exists(command)  # no error
 
 
+def test_a_torch_distributed_launch_line_reads_as_torchruns_with_the_local_rank_argument():
+    """torch.distributed.launch: torchrun's flags, and `--local-rank=${local_rank}` (torch elastic's macro, filled in
+    per rank) after the script or the module unless --use-env; --no-python needs --use-env, as the launcher says."""
+    import sys as system
+
+    from dprorun.cli import _nested_launcher, torch_launch_argv
+
+    assert _nested_launcher(["python", "-m", "torch.distributed.launch", "t.py"]) == \
+        ("torch.distributed.launch", ["t.py"])
+    assert torch_launch_argv(["--nproc_per_node=2", "t.py", "--lr", "1"]) == \
+        ["--nproc_per_node=2", "--", system.executable, "t.py", "--local-rank=${local_rank}", "--lr", "1"]
+    assert torch_launch_argv(["--nproc_per_node=2", "--use_env", "t.py", "--lr", "1"]) == \
+        ["--nproc_per_node=2", "--", system.executable, "t.py", "--lr", "1"]
+    assert torch_launch_argv(["-m", "pkg.t", "--x"]) == ["-m", "--", "pkg.t", "--local-rank=${local_rank}", "--x"]
+    with pytest.raises(ValueError, match="--no-python needs --use-env"):
+        torch_launch_argv(["--no-python", "./run.sh"])
+    assert torch_launch_argv(["--no_python", "--use-env", "./run.sh"]) == ["--", "./run.sh"]
+
+
 def test_accelerate_launch_lines_and_configs_read_as_dprorun_s(tmp_path, monkeypatch, capsys):
     """accelerate launch's flags over its config file's settings, as accelerate reads them: --num_processes is the
     job's total over --num_machines; mixed precision and dynamo reach the script in its launcher's variables; FSDP /
