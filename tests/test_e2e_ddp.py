@@ -158,6 +158,8 @@ def test_gradient_accumulation_with_no_sync_is_replayed_with_its_micro_batches(t
     model = build_job_model(load_run(str(run_dir)))
     for template in model.templates.values():
         assert template.accumulate_us > 0.5 * (template.forward_us + template.backward_us), template
+    # DDP broadcasts the BatchNorm layers' buffers: their bytes and the classes holding them, for the what-ifs' note
+    assert model.ddp_buffer_owners == ["BatchNorm2d"] and model.ddp_buffer_bytes > 0, model.ddp_buffer_owners
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

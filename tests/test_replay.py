@@ -594,6 +594,11 @@ def test_ddp_s_buffer_broadcast_is_named_in_the_what_ifs_it_is_not_priced_for():
     model.ddp_buffer_bytes = 1304
     said = "DDP broadcasts its modules' buffers (1.3 KB"
     assert any(said in n for n in predict(model, WhatIf(world_size=4), detail="coarse").notes)
+    # the modules holding them named as recorded (a quantization-aware net's are its quantizers' observers too: the
+    # note said "BatchNorm's running statistics" of every buffer)
+    model.ddp_buffer_owners = ["ConvBnReLU2d", "FusedMovingAvgObsFakeQuantize"]
+    [note] = [n for n in predict(model, WhatIf(world_size=4), detail="coarse").notes if said in n]
+    assert "(1.3 KB of ConvBnReLU2d, FusedMovingAvgObsFakeQuantize)" in note and "BatchNorm's" not in note
     assert any(said in n for n in predict(model, WhatIf(bandwidth_gbit=1.0), detail="coarse").notes)
     assert not any(said in n for n in predict(model, WhatIf(), detail="coarse").notes)
     model.ddp_buffer_bytes = 0

@@ -123,8 +123,9 @@ def build_job_model(run: RunTrace) -> JobModel:
                      transport=transport_on_compute_cores(run),
                      collectives_outside_packs=_collectives_outside_packs(run, ranks))  # TF's: read again below
     model.script_comm_hook, model.bucket_layout_fixed = _script_comm_hook(first, model.buckets)
-    model.ddp_buffer_bytes = max((int(t.get("broadcast_buffer_bytes") or 0) for t in first.meta.get("trackers", [])
-                                  if "ddp" in t), default=0)
+    ddp_trackers = [t for t in first.meta.get("trackers", []) if "ddp" in t]
+    model.ddp_buffer_bytes = max((int(t.get("broadcast_buffer_bytes") or 0) for t in ddp_trackers), default=0)
+    model.ddp_buffer_owners = sorted({name for t in ddp_trackers for name in t.get("broadcast_buffer_owners") or []})
     model.notes += ([_ddp_groups_note(model)] if model.ddp_groups else []) + skipped
     model.clean_iterations_us = _median_over_ranks(run, {r: run.ranks[r].meta.get("clean_iterations", [])
                                                           for r in ranks})

@@ -208,8 +208,11 @@ class CommPricing:
                          f"ring's messages ({comm.alpha_us:.0f} µs each) and bytes at the calibrated "
                          f"{model.network.bandwidth_bytes_per_us * 8e-3:.3g} Gbit/s")
         if model.ddp_buffer_bytes and (world != model.world_size or not network_same):
-            notes.append(f"DDP broadcasts its modules' buffers ({model.ddp_buffer_bytes / 1024:.1f} KB: BatchNorm's "
-                         "running statistics) from its first rank before every training forward: replayed inside "
+            owners = model.ddp_buffer_owners
+            held = (f" of {', '.join(owners[:4])}{', ...' if len(owners) > 4 else ''}" if owners
+                    else ": BatchNorm's running statistics, a quantizer's observers, ...")
+            notes.append(f"DDP broadcasts its modules' buffers ({model.ddp_buffer_bytes / 1024:.1f} KB{held}) from its "
+                         "first rank before every training forward: replayed inside "
                          f"the forward as measured at {model.world_size} ranks on this network, not priced again for "
                          "this what-if (broadcast_buffers=False leaves it out)")
         names, outside_us = model.collectives_outside_packs

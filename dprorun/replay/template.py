@@ -170,6 +170,7 @@ class JobModel:
     # DDP's buffer broadcast from its first rank before every training forward (broadcast_buffers): bytes, replayed
     # inside the forward as measured
     ddp_buffer_bytes: int = 0
+    ddp_buffer_owners: list[str] = field(default_factory=list)  # the classes of the modules holding those buffers
 
 
 @dataclass

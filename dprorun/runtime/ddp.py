@@ -83,9 +83,13 @@ class DDPTracker:
         self.backend = _backend_name(ddp)  # now: at the job's end its process group may be gone ("unknown")
         self.group_ranks = _group_ranks(ddp)  # the global ranks DDP synchronises with (a subgroup: fewer)
         # what DDP broadcasts from its first rank before every training forward (broadcast_buffers: BatchNorm's
-        # running statistics): a collective in the forward, outside the buckets
+        # running statistics, a quantizer's observers): a collective in the forward, outside the buckets; the classes
+        # of the modules that hold them, to name them
+        broadcast = getattr(ddp, "broadcast_buffers", False)
         self.broadcast_buffer_bytes = (sum(b.numel() * b.element_size() for b in ddp.module.buffers())
-                                       if getattr(ddp, "broadcast_buffers", False) else 0)
+                                       if broadcast else 0)
+        self.broadcast_buffer_owners = sorted({type(m).__name__ for m in ddp.module.modules() if broadcast
+                                               and next(m.buffers(recurse=False), None) is not None})
         self.param_names: dict[int, str] = {}
         order, nbytes = [], {}
         for name, param in ddp.module.named_parameters():
@@ -214,7 +218,8 @@ class DDPTracker:
         return {"ddp": self.index, "user_comm_hook": self.user_hook, "builtin_comm_hook": self.builtin_hook,
                 "timed_buckets": self.hook_registered or self.user_hook,
                 "backend": self.backend, "user_comm_hook_name": self.user_hook_name, "group_ranks": self.group_ranks,
-                "broadcast_buffer_bytes": self.broadcast_buffer_bytes}
+                "broadcast_buffer_bytes": self.broadcast_buffer_bytes,
+                "broadcast_buffer_owners": self.broadcast_buffer_owners}
 
     # ---- forward / backward ------------------------------------------------------------------------------
     def _pre_forward(self, module, inputs, kwargs=None):
