@@ -701,6 +701,57 @@ def test_a_trainer_framework_job_is_profiled(tmp_path):
     assert json.loads(out.stdout)["predicted_iteration_time_ms"] > 0
 
 
+LIGHTNING_MANUAL_GAN = """
+import torch, torch.nn as nn, lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+class GAN(L.LightningModule):
+    def __init__(s):
+        super().__init__()
+        s.automatic_optimization = False
+        s.G = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 128))
+        s.D = nn.Sequential(nn.Linear(128, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1))
+    def training_step(s, batch, k):
+        (real,) = batch
+        g_opt, d_opt = s.optimizers()
+        fake = s.G(torch.randn(len(real), 32))
+        d_loss = nn.functional.softplus(s.D(fake.detach())).mean() + nn.functional.softplus(-s.D(real)).mean()
+        d_opt.zero_grad(); s.manual_backward(d_loss); d_opt.step()
+        g_opt.zero_grad(); s.manual_backward(nn.functional.softplus(-s.D(fake)).mean()); g_opt.step()
+    def configure_optimizers(s):
+        return torch.optim.Adam(s.G.parameters(), 2e-4), torch.optim.Adam(s.D.parameters(), 2e-4)
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_find_unused_parameters_true", max_steps=36,
+                    logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(GAN(), DataLoader(TensorDataset(torch.randn(2048, 128)), batch_size=32))
+"""
+
+
+def test_a_lightning_manual_optimization_step_is_replayed(tmp_path):
+    """Lightning's manual optimization: training_step runs inside the DDP wrapper's forward, backward and optimizer
+    steps included, so the hooks saw one forward span holding everything and no backward span: "no replay" (named
+    since session 39). The reader now cuts that forward at the steps' updates (per step a forward, a backward to
+    its last gradient ready and the update): the replay of the job as it ran follows its window."""
+    pytest.importorskip("lightning", reason="lightning is not installed (pip install -e '.[test]')")
+    script = tmp_path / "gan.py"
+    script.write_text(LIGHTNING_MANUAL_GAN)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "--kineto-iters", "2", "--clean", "5",
+                           "python", str(script)], run_dir, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no replay" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    run = load_run(str(run_dir))
+    for trace in run.ranks.values():
+        for i in trace.profiled_iterations:
+            kinds = [op.kind for op in sorted(trace.ops, key=lambda o: o.start_us)
+                     if op.stream == "phase" and op.iteration == i]
+            assert kinds == [OpKind.FW, OpKind.BW, OpKind.UPDATE] * 2, (i, kinds)
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)  # the window it is built from, as run (the clean iterations may differ: warned)
+    assert abs(doc["predicted_iteration_time_ms"] / doc["measured_iteration_time_ms"] - 1) < 0.25, doc
+
+
 REPLICATE_IN_A_THREAD = """
 import threading, torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
 from torch.distributed._composable.replicate import replicate

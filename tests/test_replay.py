@@ -532,11 +532,34 @@ def test_a_rare_slow_clean_iteration_does_not_widen_the_self_checks_tolerance():
     assert self_check(Model, [45_000] * 8)["clean_left_out"] == 0
 
 
+def test_a_forward_that_runs_the_backward_and_steps_is_cut_at_its_steps():
+    """trace/rundir.split_forwards_that_step: one forward span holding two optimizer steps (Lightning's manual
+    optimization) becomes per step a forward to its first gradient ready, a backward to its last gradient ready or
+    bucket handed over, and the step's update; iterations with a backward span, an update outside the forward, or a
+    step with nothing ready before it stay as they are."""
+    from dprorun.layout import CommRecord
+    from dprorun.trace.rundir import split_forwards_that_step
+
+    spans = [[5, "forward0", 0.0, 19_000.0], [5, "update", 9_000.0, 10_000.0], [5, "update", 18_000.0, 19_000.0]]
+    ready = [[5, "D.2.bias", 4_000.0], [5, "D.0.weight", 6_000.0], [5, "G.0.weight", 14_000.0]]
+    comm = [CommRecord(5, 0, 0, 7_000.0, 7_100.0, 8_500.0), CommRecord(5, 0, 0, 16_000.0, 16_100.0, 17_500.0)]
+    cut = split_forwards_that_step(spans, ready, comm)
+    assert cut == [[5, "forward0", 0.0, 4_000.0], [5, "backward0", 4_000.0, 7_000.0], [5, "update", 9_000.0, 10_000.0],
+                   [5, "forward0", 10_000.0, 14_000.0], [5, "backward0", 14_000.0, 16_000.0],
+                   [5, "update", 18_000.0, 19_000.0]]
+    as_usual = [[6, "forward0", 0.0, 5_000.0], [6, "backward0", 5_000.0, 9_000.0], [6, "update", 9_500.0, 10_000.0]]
+    assert split_forwards_that_step(as_usual, [[6, "w", 6_000.0]], []) == as_usual
+    outside = [[7, "forward0", 0.0, 5_000.0], [7, "update", 6_000.0, 7_000.0]]  # no backward span, step after it
+    assert split_forwards_that_step(outside, [[7, "w", 3_000.0]], []) == outside
+    assert split_forwards_that_step(spans, [[5, "w", 4_000.0]], []) == spans  # the second step: nothing ready
+
+
 def test_a_backward_run_inside_the_ddp_models_forward_is_named_when_nothing_can_be_replayed():
     """Lightning's manual optimization (a GAN stepping two optimizers in training_step): the training step runs
     inside the DDP wrapper's forward and returns no loss, so the hooks saw a forward span holding the backward and
     the buckets' all-reduces, two update spans and no backward span: "no profiled iteration has forward, backward
-    and update spans", with no word of why. The cause is named now."""
+    and update spans", with no word of why. The cause is named now (where the reader cannot cut that forward at its
+    steps: test_a_forward_that_runs_the_backward_and_steps_is_cut_at_its_steps)."""
     from dprorun.fsutil import UnanswerableError
     from dprorun.replay.template import measure_rank
     from dprorun.trace.model import Op, OpKind, RankTrace

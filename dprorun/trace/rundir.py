@@ -125,6 +125,48 @@ def collectives_outside_buckets(doc: dict, comm: list[CommRecord], iterations: l
     return [{"names": names, "us": round(took[i], 1)} for i in iterations] if names else []
 
 
+def split_forwards_that_step(spans: list, grad_ready: list, comm: list[CommRecord]) -> list:
+    """The hooks' span rows with each DDP forward that ran the backward and stepped the optimizers itself (Lightning's
+    manual optimization: training_step inside the DDP wrapper calls manual_backward and opt.step) cut into what ran in
+    it: per optimizer step, a forward (to the first gradient ready), a backward (to the last gradient ready or
+    bucket handed over) and the step's update span. Such an iteration had one forward span holding everything and no
+    backward span: no replay. The steps before the last read as the template's accumulate phase, their all-reduces
+    as measured (collectives_outside_buckets' earlier rounds), as gradients accumulated without no_sync are."""
+    by_iteration: dict[int, list] = {}
+    for row in spans:
+        by_iteration.setdefault(int(row[0]), []).append(row)
+    ready: dict[int, list[float]] = {}
+    for i, _, t in grad_ready:
+        ready.setdefault(int(i), []).append(float(t))
+    for record in comm:
+        ready.setdefault(record.iteration, []).append(record.enqueue_us)  # a bucket handed over: the backward ran
+    out = []
+    for i, rows in by_iteration.items():
+        forwards = [r for r in rows if str(r[1]).startswith("forward")]
+        updates = sorted((r for r in rows if str(r[1]).startswith("update")), key=lambda r: r[2])
+        cut = _cut_forward(forwards[0], updates, sorted(ready.get(i, []))) if len(forwards) == 1 and updates and \
+            not any(str(r[1]).startswith("backward") for r in rows) else None
+        out += rows if cut is None else [r for r in rows if r is not forwards[0] and r not in updates] + cut
+    return out
+
+
+def _cut_forward(forward: list, updates: list, ready_us: list[float]) -> Optional[list]:
+    """One forward span's rows cut at the updates inside it (split_forwards_that_step); None where an update is
+    outside it or a step had no gradient ready before it (nothing to tell its backward by)."""
+    i, name, start, end = forward[0], forward[1], float(forward[2]), float(forward[3])
+    if not all(start <= u[2] and u[3] <= end for u in updates):
+        return None
+    rows, begin = [], start
+    for update in updates:
+        inside = [t for t in ready_us if begin <= t <= update[2]]
+        if not inside:
+            return None
+        rows += [[i, name, begin, inside[0]], [i, name.replace("forward", "backward", 1), inside[0], inside[-1]],
+                 list(update)]
+        begin = float(update[3])
+    return rows
+
+
 def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional[dict]) -> RankTrace:
     rank = doc["rank"]
     trace = RankTrace(rank=rank, host=str(doc.get("host", "")), local_rank=int(doc.get("local_rank", 0)))
@@ -157,14 +199,14 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         trace.warnings.append(cadence)
     profiled = set(trace.profiled_iterations)
 
-    for iteration, name, start, end in doc["spans"]:
+    comm = [CommRecord.from_row(row) for row in doc["comm"]]
+    for iteration, name, start, end in split_forwards_that_step(doc["spans"], doc["grad_ready"], comm):
         if iteration not in profiled:
             continue
         kind = next((k for prefix, k in SPAN_KINDS if name.startswith(prefix)), OpKind.OTHER)
         stream = "step" if name == "step" else "phase"  # a TensorFlow worker's whole step, not a compute phase
         trace.ops.append(Op(name=name, kind=kind, rank=rank, start_us=float(start), end_us=float(end),
                             iteration=iteration, stream=stream, host=trace.host, source="hooks"))
-    comm = [CommRecord.from_row(row) for row in doc["comm"]]
     if not window.get("collectives_outside_packs"):  # a TensorFlow worker's are read from its profile
         window["collectives_outside_packs"] = collectives_outside_buckets(doc, comm,
                                                                           trace.unprofiled_window_iterations())
