@@ -98,7 +98,8 @@ def _extra_inference(events: dict) -> tuple[set[int], int]:
     return {i for i, n in passes.items() if n > usual and 0 <= i < iterations}, iterations
 
 
-EARLIER_ROUNDS = "the gradients' all-reduces of earlier micro-batches (accumulated without no_sync)"
+EARLIER_ROUNDS = ("the gradients' earlier all-reduces in the step (micro-batches accumulated without no_sync, or "
+                  "optimizer steps inside one training step)")
 
 
 def collectives_outside_buckets(doc: dict, comm: list[CommRecord], iterations: list[int]) -> list[dict]:
