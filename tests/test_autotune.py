@@ -46,8 +46,9 @@ def test_strategy_file_is_applied_by_the_hooks(mlp_run, tmp_path):
 
 
 KEYWORD_MODEL_SCRIPT = """
-import torch, torch.distributed as dist, torch.nn as nn
-dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+import datetime, torch, torch.distributed as dist, torch.nn as nn
+# a short process-group timeout, as scripts that want a hung peer to fail fast set it
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2)); torch.manual_seed(0); torch.set_num_threads(1)
 
 
 class Net(nn.Module):  # called with keywords only, as Hugging Face models are
@@ -71,13 +72,16 @@ print("trained", step + 1, "steps")
 def test_compute_variants_are_measured(tmp_path):
     """--measure-variants: rank 0 times the real model eager / torch.compile / bf16 after the window (training
     then continues to the end with its state restored), on the batch it was called with, keywords included (a
-    model called as model(features=x) was timed with no arguments: every variant a TypeError). (A strategy's
-    compiled_modules and bf16 reach the model through the hooks: test_strategy_file_is_applied_by_the_hooks.)"""
+    model called as model(features=x) was timed with no arguments: every variant a TypeError). The script gives
+    its process group a 2 s timeout: the other ranks wait for rank 0's variants (3-6 s of compiling here) at a
+    barrier of dprorun's own; they went on to the script's next all-reduce and timed out there ("Timed out waiting
+    2000ms"), failing a job torchrun runs. (A strategy's compiled_modules and bf16 reach the model through the
+    hooks: test_strategy_file_is_applied_by_the_hooks.)"""
     run_dir = tmp_path / "measured"
     script = tmp_path / "keywords.py"
     script.write_text(KEYWORD_MODEL_SCRIPT)
     proc, _ = run_dprorun(["-np", "2", "-q", "--measure-variants", *WINDOW, "python", str(script)],
-                          run_dir, timeout=400)
+                          run_dir, timeout=400, env={"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "trained 14 steps" in proc.stdout
     variants = json.load(open(run_dir / "rank_0" / "variants.json"))["variants"]

@@ -99,6 +99,25 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     session.window_group = group  # released after the clean iterations (exchange_clean_starts)
 
 
+VARIANTS_WAIT_S = 1800.0  # rank 0 timing compute variants (torch.compile of the model and of each block): minutes
+
+
+def hold_ranks_while_rank0_measures(session: RankSession):
+    """A barrier, on a group of dprorun's own made now while the ranks are lined up, that the ranks meet at once rank 0
+    has timed the compute variants (--measure-variants, --autotune); None where there is no torch group to hold.
+    Without it the other ranks went on to the script's next collective and waited there for rank 0 (2-6 s on the
+    suite's models), past a short timeout the script gave its process group (3 s: a job torchrun runs failed under
+    --autotune, "Timed out waiting 3000ms")."""
+    if session.framework != "torch" or horovod_running():
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=VARIANTS_WAIT_S))
+    return lambda: dist.barrier(group=group)
+
+
 TEARDOWN_WAIT_S = 60.0  # how long a rank tearing its group down waits for the others before going on alone
 
 

@@ -437,12 +437,19 @@ class RankSession:
         if self.sampler is not None:
             self.sampler.stop()
         finish_job_window(self)
-        if self.cfg.measure_variants and self.rank == 0:
+        if not self.cfg.measure_variants:
+            return
+        from dprorun.runtime.gather import hold_ranks_while_rank0_measures
+
+        meet = self.guard("lining the ranks up for rank 0's compute variants", hold_ranks_while_rank0_measures, self)
+        if self.rank == 0:
             tracker = next((t for t in self.trackers if hasattr(t, "ddp") and t.primary), None)
             if tracker is not None and tracker.model is not None:
                 from dprorun.runtime.variants import measure_and_write
 
                 self.guard("measuring compute variants", measure_and_write, self, tracker)
+        if meet is not None:
+            self.guard("waiting for rank 0's compute variants", meet)
 
     def _finish_clean(self, exchange: bool) -> None:
         """After the clean iterations: write their start times, and (exchange) send them to rank 0 for the
