@@ -229,7 +229,7 @@ JOBS = {
                                            "transformers"),
     # session 44: per-sample gradients by torch.func (no backward call, no DDP), quantization-aware training,
     # anomaly mode, a ZeRO-2 shape by hand (reduce-scatter, all-gather), packed sequences of lengths per step;
-    # Lightning Fabric's loop, manual optimization with one optimizer, a loss logged with sync_dist
+    # Lightning Fabric's loop, manual optimization with one optimizer, a loss logged with sync_dist; PyTorch-Ignite
     "ddp-per-sample-grads-dp-sgd": ([], "ddp_session44.py", ["--per-sample"], "torch"),
     "ddp-quantization-aware-training": ([], "ddp_session44.py", ["--qat"], "torch"),
     "ddp-detect-anomaly": ([], "ddp_session44.py", ["--anomaly"], "torch"),
@@ -238,6 +238,8 @@ JOBS = {
     "lightning-fabric-loop": ([], "lightning_session44.py", ["--fabric"], "lightning"),
     "lightning-manual-one-optimizer-clip-scheduler": ([], "lightning_session44.py", ["--manual-one"], "lightning"),
     "lightning-log-sync-dist": ([], "lightning_session44.py", ["--sync-log"], "lightning"),
+    "ignite-supervised-trainer": ([], "ignite_trainer.py", [], "ignite"),
+    "ignite-parallel-context": ([], "ignite_trainer.py", ["--parallel"], "ignite"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -613,3 +613,34 @@ def test_a_horovod_script_launched_without_horovodrun_is_told_its_ranks_ran_alon
     assert proc.returncode == 0, proc.stderr[-2000:]
     said = "each of the 2 ranks runs Horovod alone (hvd.size() is 1)"
     assert said in proc.stderr and said in proc.stdout and "dprorun --backend horovod -np 2" in proc.stdout
+
+
+DDP_IMPORTING_HOROVOD = """
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+import horovod.torch  # imported, never used: as PyTorch-Ignite's idist imports it where Horovod is installed
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+for step in range(20):
+    opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
+dist.destroy_process_group()
+"""
+
+
+@needs_horovod
+def test_a_ddp_job_that_imports_horovod_torch_is_profiled_as_ddp(tmp_path):
+    """A DDP script that imports horovod.torch and never uses it (PyTorch-Ignite's trainer does, where Horovod is
+    installed): the Horovod tracker was the session's first, the DDP module not its primary, and the job said
+    "horovod.torch was initialised, but no hvd.DistributedOptimizer was built" and replayed nothing. The Horovod
+    tracker joins the session at the first DistributedOptimizer now."""
+    script = tmp_path / "ddp_hvd_import.py"
+    script.write_text(DDP_IMPORTING_HOROVOD)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "2", "--clean", "6",
+                           "python", str(script)], run_dir, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = proc.stdout + proc.stderr
+    assert "hvd.DistributedOptimizer" not in said and "the replay of the job as it ran (" in said, said[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert [t.get("framework", "ddp") for t in events["trackers"]] == ["ddp"]

@@ -42,6 +42,14 @@ class HorovodTracker:
         self.turns = StepTurns()  # DistributedOptimizers stepped in turn within a step (a GAN's two models)
         self.optimizers_built = 0  # hvd.DistributedOptimizers the script built
 
+    def optimizer_built(self) -> None:
+        """The script built an hvd.DistributedOptimizer: the tracker joins the session's then, not when horovod.torch
+        is imported (libraries import it and never use it: PyTorch-Ignite's idist, where Horovod is installed; an idle
+        Horovod tracker took a DDP module's place as the primary, and no iteration was counted)."""
+        self.optimizers_built += 1
+        if self not in self.session.trackers:
+            self.session.trackers.append(self)
+
     # ---- what DDPTracker also offers the session --------------------------------------------------------
     def describe(self) -> dict:
         return {"ddp": 0, "framework": "horovod", "user_comm_hook": False, "builtin_comm_hook": False,
@@ -213,14 +221,14 @@ def _with_groups(strategy, named_parameters, args: tuple, kwargs: dict, session:
 
 
 def patch_horovod(session: RankSession) -> None:
-    """Patch horovod.torch.optimizer once per process."""
+    """Patch horovod.torch.optimizer once per process (its tracker joins the session at the first
+    DistributedOptimizer: HorovodTracker.optimizer_built)."""
     module = sys.modules["horovod.torch.optimizer"]
     cls = module._DistributedOptimizer
     if getattr(cls, "_dpro_patched", False):
         return
     cls._dpro_patched = True
     tracker = HorovodTracker(session)
-    session.trackers.append(tracker)
     original_async = cls._allreduce_grad_async
     original_grouped = getattr(cls, "_grouped_allreduce_grad_async", None)  # Horovod >= 0.22: groups=
     original_step, original_init = cls.step, cls.__init__
@@ -228,7 +236,7 @@ def patch_horovod(session: RankSession) -> None:
 
     @functools.wraps(original_init)
     def __init__(self, params, named_parameters, compression, *args, **kwargs):
-        tracker.optimizers_built += 1
+        tracker.optimizer_built()
         if session.iteration >= 0 and session.phase in ("active", "clean"):  # after steps: another model's optimizer
             session.guard("ending the window at a new DistributedOptimizer", session.primary_replaced,
                           session.iteration, "model (a new hvd.DistributedOptimizer)", False)

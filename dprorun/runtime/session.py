@@ -491,7 +491,8 @@ class RankSession:
                     " without tearing its process group down: no clock probes, calibration or gather ran "
                     "(offsets rest on the traces alone; ranks on other hosts kept their files)"))
         try:
-            if self.iteration >= 0 or self.trackers:
+            # a Horovod rank's records name its failure to the launcher (horovodrun's own words do not)
+            if self.iteration >= 0 or self.trackers or self.script_use.horovod_initialised:
                 self.write_events()
             if self.phase == "clean":
                 self._finish_clean(exchange=False)
@@ -517,10 +518,6 @@ def no_step_seen(trackers: list) -> str:
                "profiled; decorate the training step with @tf.function")
     elif any(getattr(t, "framework", "") == "tf" for t in trackers):
         how = "no tf.function step called strategy.run, and no strategy.run was called eagerly"
-    elif any(getattr(t, "optimizers_built", 1) == 0 for t in trackers):  # horovod.torch's tracker
-        how = ("horovod.torch was initialised, but no hvd.DistributedOptimizer was built: gradients all-reduced by "
-               "hand (hvd.allreduce_async_ and synchronize in the loop) are not profiled; wrapping the optimizer in "
-               "hvd.DistributedOptimizer, and dropping the loop's all-reduces, lets dprorun profile and replay it")
     else:
         how = "the training wrapper was built, but no step ran through it"
     return f"nothing to profile: the hooks saw no training step ({how}). The job ran unprofiled"

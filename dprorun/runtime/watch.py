@@ -47,6 +47,7 @@ class ScriptUse:
     model_splits: dict[str, int] = field(default_factory=dict)
     collectives: dict[str, int] = field(default_factory=dict)  # torch.distributed.<name> calls the script made
     process_group: str = ""  # "a gloo process group of 2 ranks", once init_process_group returned
+    horovod_initialised: bool = False  # hvd.init (horovod.torch) returned
     # told of each such call (name, args, kwargs) before it runs: runtime/hook_bytes.py counts a comm hook's bytes
     listeners: list[Callable[[str, tuple, dict], None]] = field(default_factory=list)
     # told when a collective called from outside dprorun returns ("torch.distributed.all_gather", µs the call took;
@@ -84,6 +85,11 @@ def nothing_to_profile(use: ScriptUse) -> str:
                 f"it as `dprorun -np {use.spawned_processes} python <script>`. The job ran unprofiled")
     if use.subprocess_scripts:
         return f"nothing to profile: {subprocess_script_advice(use.subprocess_scripts[0], 'N')}. The job ran unprofiled"
+    if use.horovod_initialised and not (use.process_group or use.collectives):
+        return ("nothing to profile: horovod.torch was initialised, but no hvd.DistributedOptimizer was built: "
+                "gradients all-reduced by hand (hvd.allreduce_async_ and synchronize in the loop) are not profiled; "
+                "wrapping the optimizer in hvd.DistributedOptimizer, and dropping the loop's all-reduces, lets dprorun "
+                "profile and replay it. The job ran unprofiled")
     seen = []
     if use.fsdp_wrappers:
         seen.append(f"{use.fsdp_wrappers} FSDP wrapper(s) (FullyShardedDataParallel / fully_shard)")
@@ -109,6 +115,7 @@ def nothing_to_profile(use: ScriptUse) -> str:
     elif use.collectives and not use.fsdp_wrappers:
         advice = (" Gradients shared by hand-written collectives are not profiled: wrapping the model in "
                   "DistributedDataParallel (and dropping the loop's all-reduce) lets dprorun profile and replay it.")
+
     return (f"nothing to profile: the job never built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
             f"{found}.{advice} The job ran unprofiled, as under torchrun")
 
@@ -204,6 +211,7 @@ def _lone_horovod_said(init, module, use: ScriptUse):
     @functools.wraps(init)
     def watched(*args, **kwargs):
         result = init(*args, **kwargs)
+        use.horovod_initialised = True
         launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
         try:
             alone = "HOROVOD_RANK" not in os.environ and launched > 1 and module.size() == 1
