@@ -229,7 +229,8 @@ JOBS = {
                                            "transformers"),
     # session 44: per-sample gradients by torch.func (no backward call, no DDP), quantization-aware training,
     # anomaly mode, a ZeRO-2 shape by hand (reduce-scatter, all-gather), packed sequences of lengths per step;
-    # Lightning Fabric's loop, manual optimization with one optimizer, a loss logged with sync_dist; PyTorch-Ignite
+    # Lightning Fabric's loop, manual optimization with one optimizer, a loss logged with sync_dist; PyTorch-Ignite;
+    # Keras fit with global_clipnorm, with sample weights, of a two-input functional model
     "ddp-per-sample-grads-dp-sgd": ([], "ddp_session44.py", ["--per-sample"], "torch"),
     "ddp-quantization-aware-training": ([], "ddp_session44.py", ["--qat"], "torch"),
     "ddp-detect-anomaly": ([], "ddp_session44.py", ["--anomaly"], "torch"),
@@ -240,6 +241,10 @@ JOBS = {
     "lightning-log-sync-dist": ([], "lightning_session44.py", ["--sync-log"], "lightning"),
     "ignite-supervised-trainer": ([], "ignite_trainer.py", [], "ignite"),
     "ignite-parallel-context": ([], "ignite_trainer.py", ["--parallel"], "ignite"),
+    "tf-keras-fit-global-clipnorm": (["--backend", "tf"], "tf_session44.py", ["--global-clipnorm"], "tensorflow"),
+    "tf-keras-fit-sample-weight": (["--backend", "tf"], "tf_session44.py", ["--sample-weight"], "tensorflow"),
+    "tf-keras-functional-two-inputs": (["--backend", "tf"], "tf_session44.py", ["--functional-two-inputs"],
+                                       "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
