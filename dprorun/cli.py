@@ -570,6 +570,10 @@ def _nested_launcher(command: Sequence[str]) -> tuple[str, list[str]]:
         return name, list(command[start + 1:])
     if name == "accelerate-launch" or (name == "accelerate" and len(words) > 1 and words[1] == "launch"):
         return "accelerate", list(command[start + (1 if name == "accelerate-launch" else 2):])
+    if name == "fabric" and words[1:2] == ["run"]:  # Lightning Fabric's CLI (`lightning run model` before it)
+        return "fabric", list(command[start + 2:])
+    if name == "lightning" and words[1:3] == ["run", "model"]:
+        return "fabric", list(command[start + 3:])
     if name.startswith("python") and len(words) > 2 and words[1] == "-m" and \
             (words[2] in TORCHRUN_MODULES or words[2] in OTHER_LAUNCHERS or words[2] == TORCH_LAUNCH_MODULE):
         return ("torchrun" if words[2] in TORCHRUN_MODULES else words[2]), list(command[start + 3:])
@@ -603,12 +607,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         horovod_argv, env = horovodrun_argv(launcher_args)
         os.environ.update(env)
         args = parser.parse_args(_own_flags_last(own, horovod_argv))
-    elif launcher == "accelerate":  # accelerate's launcher would run the script in a child of the rank's process
-        from dprorun.launch_lines import accelerate_launch_argv
+    elif launcher in ("accelerate", "fabric"):  # their launchers would start ranks of their own inside a rank
+        from dprorun.launch_lines import accelerate_launch_argv, fabric_run_argv
 
-        accelerate_argv, env = accelerate_launch_argv(launcher_args)
+        line_argv, env = (accelerate_launch_argv if launcher == "accelerate" else fabric_run_argv)(launcher_args)
         os.environ.update(env)
-        args = parser.parse_args(_own_flags_last(own, accelerate_argv))
+        args = parser.parse_args(_own_flags_last(own, line_argv))
     elif launcher:
         parser.error(f"the command is a launcher ({launcher}): dprorun launches the ranks itself, and one launched "
                      f"inside a rank would start ranks the hooks never see; run {OTHER_LAUNCHERS[launcher]}")

@@ -227,3 +227,79 @@ def accelerate_launch_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, st
         parser.error("--module and --no_python cannot be used together (as in accelerate)")
     command = ([] if args.no_python else [sys.executable] + (["-m"] if args.module else []))
     return out + ["--"] + command + [args.training_script] + list(args.training_script_args), env
+
+
+FABRIC_REFUSED_STRATEGIES = ("dp", "deepspeed", "fsdp")  # prefixes: deepspeed_stage_1, ... too
+
+
+def _fabric_run_parser() -> argparse.ArgumentParser:
+    """Lightning Fabric's `fabric run` (and `lightning run model`) options, as its CLI takes them."""
+    parser = argparse.ArgumentParser(prog="fabric run (dprorun)", allow_abbrev=False)
+    parser.add_argument("--accelerator", default=None)
+    parser.add_argument("--strategy", default=None)
+    parser.add_argument("--devices", default="1")
+    parser.add_argument("--num-nodes", "--num_nodes", dest="num_nodes", type=int, default=1)
+    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0)
+    parser.add_argument("--main-address", "--main_address", dest="main_address", default=None)
+    parser.add_argument("--main-port", "--main_port", dest="main_port", type=int, default=None)
+    parser.add_argument("--precision", default=None)
+    parser.add_argument("script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _fabric_processes(accelerator: Optional[str], devices: str, parser: argparse.ArgumentParser) -> int:
+    """The processes `fabric run` starts on this machine for --devices: a count, a list of device ids, or auto (one
+    on CPU; every GPU this machine has otherwise)."""
+    text = str(devices).strip()
+    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not _has_cuda())
+    if text == "auto":
+        return 1 if on_cpu else max(1, _cuda_count())
+    if text.lstrip("-").isdigit():
+        count = int(text)
+        return _cuda_count() if count == -1 and not on_cpu else count
+    ids = [part for part in text.strip("[]").split(",") if part.strip()]
+    if ids and all(part.strip().isdigit() for part in ids) and not on_cpu:
+        return len(ids)
+    parser.error(f"--devices {devices}: give a number of processes (or a list of GPU ids on a GPU machine)")
+    return 0
+
+
+def _has_cuda() -> bool:
+    return _cuda_count() > 0
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+def fabric_run_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """`fabric run [options] script [args]` (Lightning Fabric's CLI, `lightning run model` before it) -> (dprorun's
+    argv, the LT_* variables its launcher gives the script, which Fabric() reads). Under dprorun as it is, the CLI's
+    own torchrun started ranks no hook saw, inside a rank of dprorun's. --devices is per node, as in Fabric; DataParallel
+    ("dp"), DeepSpeed and FSDP strategies are refused (dprorun profiles DDP)."""
+    parser = _fabric_run_parser()
+    args = parser.parse_args(list(argv))
+    strategy = str(args.strategy or "")
+    if any(strategy.startswith(name) for name in FABRIC_REFUSED_STRATEGIES):
+        parser.error(f"--strategy {strategy}: dprorun launches and profiles DDP ranks, not {strategy}; use ddp (or "
+                     "ddp_find_unused_parameters_true)")
+    if args.num_nodes < 1 or not 0 <= args.node_rank < args.num_nodes:
+        parser.error(f"--node-rank {args.node_rank} of --num-nodes {args.num_nodes}: out of range")
+    out = ["--nproc-per-node", str(_fabric_processes(args.accelerator, args.devices, parser))]
+    if args.num_nodes > 1:
+        out += ["--nnodes", str(args.num_nodes), "--node-rank", str(args.node_rank),
+                "--master-addr", args.main_address or "127.0.0.1", "--master-port", str(args.main_port or 29400)]
+    else:
+        out += (["--master-addr", args.main_address] if args.main_address else []) + (
+            ["--master-port", str(args.main_port)] if args.main_port else [])
+    env = {"LT_CLI_USED": "1", "LT_DEVICES": str(args.devices), "LT_NUM_NODES": str(args.num_nodes)}
+    for name in ("accelerator", "strategy", "precision"):
+        if getattr(args, name) is not None:
+            env[f"LT_{name.upper()}"] = str(getattr(args, name))
+    return out + ["--", sys.executable, args.script] + list(args.script_args), env

@@ -389,6 +389,22 @@ def test_a_legacy_torch_distributed_launch_line_passes_the_local_rank_argument(t
     assert env_line.returncode != 0 and "required: --local-rank" in env_line.stdout + env_line.stderr
 
 
+def test_a_fabric_run_line_runs_as_dprorun_reads_it(tmp_path):
+    """`dprorun fabric run --devices 2 train.py` ran Fabric's CLI in one rank, whose own torchrun started ranks no hook
+    saw (ChildFailedError, nothing recorded). The line is read as dprorun's own: 2 ranks, Fabric's settings in the
+    LT_* variables its CLI sets, which Fabric() reads."""
+    pytest.importorskip("lightning", reason="lightning is not installed (pip install -e '.[test]')")
+    script = tmp_path / "fab.py"
+    script.write_text("import lightning as L\nfabric = L.Fabric()\n"
+                      "print(f'rank {fabric.global_rank} of {fabric.world_size} on {fabric.device.type}', flush=True)\n")
+    proc, _ = run_dprorun(["fabric", "run", "--accelerator", "cpu", "--devices", "2", str(script)], tmp_path / "run",
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rank 0 of 2 on cpu" in proc.stdout and "rank 1 of 2 on cpu" in proc.stdout, proc.stdout[-2000:]
+    refused = run_dprorun(["fabric", "run", "--strategy", "fsdp", str(script)], tmp_path / "fsdp", timeout=60)[0]
+    assert refused.returncode == 2 and "dprorun launches and profiles DDP ranks, not fsdp" in refused.stderr
+
+
 def test_an_accelerate_launch_line_runs_as_dprorun_reads_it(tmp_path):
     """`dprorun accelerate launch --num_processes 2 ...` ran accelerate's launcher in each rank, which ran the script
     in a child process the hooks leave alone: "nothing was profiled". The line is now read as dprorun's own: 2 ranks,

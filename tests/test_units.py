@@ -1263,6 +1263,34 @@ def test_a_torch_distributed_launch_line_reads_as_torchruns_with_the_local_rank_
     assert torch_launch_argv(["--no_python", "--use-env", "./run.sh"]) == ["--", "./run.sh"]
 
 
+def test_a_fabric_run_line_reads_as_dprorun_s():
+    """Lightning Fabric's `fabric run` (and `lightning run model`): --devices per node into -np (a count, or auto:
+    one on CPU), nodes and the main address only across nodes, the LT_* variables Fabric() reads; DataParallel,
+    DeepSpeed and FSDP strategies refused."""
+    import sys as system
+
+    from dprorun.cli import _nested_launcher
+    from dprorun.launch_lines import fabric_run_argv
+
+    assert _nested_launcher(["fabric", "run", "--devices", "2", "t.py"]) == ("fabric", ["--devices", "2", "t.py"])
+    assert _nested_launcher(["lightning", "run", "model", "t.py"]) == ("fabric", ["t.py"])
+    assert _nested_launcher(["fabric", "consolidate", "ckpt"]) == ("", [])
+    argv, env = fabric_run_argv(["--accelerator", "cpu", "--devices", "2", "--precision", "bf16-mixed", "t.py",
+                                 "--lr", "1"])
+    assert argv == ["--nproc-per-node", "2", "--", system.executable, "t.py", "--lr", "1"]
+    assert env == {"LT_CLI_USED": "1", "LT_DEVICES": "2", "LT_NUM_NODES": "1", "LT_ACCELERATOR": "cpu",
+                   "LT_PRECISION": "bf16-mixed"}
+    argv, _ = fabric_run_argv(["--accelerator", "cpu", "--devices", "auto", "--num_nodes", "2", "--node_rank", "1",
+                               "--main-address", "10.0.0.1", "t.py"])
+    assert argv == ["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                    "--master-port", "29400", "--", system.executable, "t.py"]
+    for strategy in ("dp", "deepspeed_stage_2", "fsdp"):
+        with pytest.raises(SystemExit):
+            fabric_run_argv(["--strategy", strategy, "t.py"])
+    assert fabric_run_argv(["--strategy", "ddp_find_unused_parameters_true", "t.py"])[1]["LT_STRATEGY"] == \
+        "ddp_find_unused_parameters_true"
+
+
 def test_accelerate_launch_lines_and_configs_read_as_dprorun_s(tmp_path, monkeypatch, capsys):
     """accelerate launch's flags over its config file's settings, as accelerate reads them: --num_processes is the
     job's total over --num_machines; mixed precision and dynamo reach the script in its launcher's variables; FSDP /

@@ -1,6 +1,6 @@
 """Lightning shapes not tuned for (session 44), one flag each; run with `dprorun -np 2 python
 lightning_session44.py`. --fabric: Lightning Fabric's own loop (fabric.setup, fabric.backward; the script writes the
-loop, Fabric builds DDP). --manual-one: manual optimization with one optimizer, a scheduler stepped by hand and
+loop, Fabric builds DDP; also as `dprorun fabric run --accelerator cpu --devices 2 lightning_session44.py --fabric`). --manual-one: manual optimization with one optimizer, a scheduler stepped by hand and
 gradients clipped by Lightning's clip_gradients. --sync-log: automatic optimization logging its loss with
 sync_dist=True (an all-reduce of the script's inside every training step)."""
 import argparse, os, statistics, time
@@ -62,8 +62,11 @@ class Module(L.LightningModule):
 
 
 def with_fabric() -> None:
-    fabric = L.Fabric(accelerator="cpu", devices=int(os.environ.get("WORLD_SIZE", "1")), strategy="ddp")
-    fabric.launch()
+    if os.environ.get("LT_CLI_USED"):  # `fabric run ...` made the processes and set the Fabric's settings
+        fabric = L.Fabric()
+    else:
+        fabric = L.Fabric(accelerator="cpu", devices=int(os.environ.get("WORLD_SIZE", "1")), strategy="ddp")
+        fabric.launch()
     model, opt = net(), None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, opt = fabric.setup(model, opt)
