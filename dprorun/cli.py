@@ -516,7 +516,9 @@ def run_byteps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 TORCHRUN_MODULES = ("torch.distributed.run",)
 TORCH_LAUNCH_MODULE = "torch.distributed.launch"  # torchrun's deprecated predecessor: `--local-rank=N` to the script
 OTHER_LAUNCHERS = {"mpirun": "dprorun --backend horovod -np N python train.py (Horovod), or dprorun -np N ...",
-                   "bpslaunch": "dprorun --backend byteps ... (or launchers/bpslaunch)"}
+                   "mpiexec": "dprorun --backend horovod -np N python train.py (Horovod), or dprorun -np N ...",
+                   "bpslaunch": "dprorun --backend byteps ... (or launchers/bpslaunch)",
+                   "deepspeed": "dprorun -np N python train.py for a DDP script (DeepSpeed's engine is not profiled)"}
 LOCAL_RANK_MACRO = "${local_rank}"  # torch elastic's agent puts each rank's local rank in its arguments
 
 

@@ -1275,6 +1275,8 @@ def test_a_fabric_run_line_reads_as_dprorun_s():
     assert _nested_launcher(["fabric", "run", "--devices", "2", "t.py"]) == ("fabric", ["--devices", "2", "t.py"])
     assert _nested_launcher(["lightning", "run", "model", "t.py"]) == ("fabric", ["t.py"])
     assert _nested_launcher(["fabric", "consolidate", "ckpt"]) == ("", [])
+    assert _nested_launcher(["deepspeed", "--num_gpus", "2", "t.py"])[0] == "deepspeed"  # refused with the launch
+    assert _nested_launcher(["mpiexec", "-n", "2", "python", "t.py"])[0] == "mpiexec"  # that fits (cli.main)
     argv, env = fabric_run_argv(["--accelerator", "cpu", "--devices", "2", "--precision", "bf16-mixed", "t.py",
                                  "--lr", "1"])
     assert argv == ["--nproc-per-node", "2", "--", system.executable, "t.py", "--lr", "1"]
