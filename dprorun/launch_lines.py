@@ -252,7 +252,7 @@ def _fabric_processes(accelerator: Optional[str], devices: str, parser: argparse
     """The processes `fabric run` starts on this machine for --devices: a count, a list of device ids, or auto (one
     on CPU; every GPU this machine has otherwise)."""
     text = str(devices).strip()
-    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not _has_cuda())
+    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not _cuda_count())
     if text == "auto":
         return 1 if on_cpu else max(1, _cuda_count())
     if text.lstrip("-").isdigit():
@@ -263,10 +263,6 @@ def _fabric_processes(accelerator: Optional[str], devices: str, parser: argparse
         return len(ids)
     parser.error(f"--devices {devices}: give a number of processes (or a list of GPU ids on a GPU machine)")
     return 0
-
-
-def _has_cuda() -> bool:
-    return _cuda_count() > 0
 
 
 def _cuda_count() -> int:
