@@ -622,6 +622,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run_byteps(args, parser)
     try:
         job = job_from_args(args)
+        if launcher == "fabric":  # Fabric() checks its devices and nodes against the ranks' world: dprorun's own
+            os.environ.update(LT_DEVICES=str(job.launch.nproc_per_node), LT_NUM_NODES=str(job.launch.nnodes))
         if not job.launch.hosts:
             _check_script_exists(job.command)
     except (ValueError, argparse.ArgumentTypeError) as exc:

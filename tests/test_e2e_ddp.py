@@ -401,6 +401,11 @@ def test_a_fabric_run_line_runs_as_dprorun_reads_it(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rank 0 of 2 on cpu" in proc.stdout and "rank 1 of 2 on cpu" in proc.stdout, proc.stdout[-2000:]
+    # dprorun's own count wins over the line's (a --dry-run for more ranks), and Fabric is told it: its devices and
+    # nodes must match the ranks' world (ranks 2 and 3 of a 4-rank dry run raised IndexError in Fabric())
+    more = run_dprorun(["-np", "3", "fabric", "run", "--accelerator", "cpu", "--devices", "2", str(script)],
+                       tmp_path / "three", timeout=120)[0]
+    assert more.returncode == 0 and "rank 2 of 3 on cpu" in more.stdout, more.stderr[-2000:]
     refused = run_dprorun(["fabric", "run", "--strategy", "fsdp", str(script)], tmp_path / "fsdp", timeout=60)[0]
     assert refused.returncode == 2 and "dprorun launches and profiles DDP ranks, not fsdp" in refused.stderr
 
