@@ -722,6 +722,34 @@ def test_a_trainer_framework_job_is_profiled(tmp_path):
     assert json.loads(out.stdout)["predicted_iteration_time_ms"] > 0
 
 
+COMPILED_DDP = """
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
+model = torch.compile(ddp)  # the wrapper compiled: dynamo meets the hooks on it
+opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+for step in range(24):
+    opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
+print("trained", step + 1, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_compiled_ddp_wrapper_runs_the_hooks_eagerly(tmp_path):
+    """torch.compile(DDP(model)): dynamo traced into the hooks on the wrapper and warned of every builtin it could
+    not trace (time.time_ns, os.getpid, sys._getframe) on every rank, lines a plain launch does not print. The hooks
+    on modules run outside the compiled graph now (torch.compiler.disable); the job is profiled as before."""
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED_DDP)
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "5", "--kineto-iters", "2", "--clean", "7",
+                           "python", str(script)], tmp_path / "run", timeout=300)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "trained 24" in said, said[-3000:]
+    assert "Dynamo does not know how to trace" not in said, said[-3000:]
+    assert "the replay of the job as it ran (" in said, said[-3000:]
+
+
 LIGHTNING_MANUAL_GAN = """
 import torch, torch.nn as nn, lightning as L
 from torch.utils.data import DataLoader, TensorDataset

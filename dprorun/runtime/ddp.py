@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from dprorun.layout import CommRecord, sparse_bucket_fields
 from dprorun.runtime.apply import resolve_group
+from dprorun.runtime.scopes import outside_compiled
 from dprorun.runtime.session import RankSession
 
 # torch's own compressing comm hooks (ddp_comm_hooks.default_hooks): what they send, per element
@@ -113,8 +114,8 @@ class DDPTracker:
             session.guard("setting up the ring comm detail", self._setup_ring)
         session.guard("counting optimizer steps", session.count_optimizer_steps)
         self._replicated = None  # replicate()'s module (weakly), where the script calls that and not DDP
-        ddp.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
-        ddp.register_forward_hook(self._post_forward)
+        ddp.register_forward_pre_hook(outside_compiled(self._pre_forward), with_kwargs=True)
+        ddp.register_forward_hook(outside_compiled(self._post_forward))
 
     @property
     def ddp(self) -> Optional[Any]:
@@ -141,8 +142,8 @@ class DDPTracker:
         record = self.session.records.params[self.index]
         record["order"] = [renamed.get(name, name) for name in record["order"]]
         record["bytes"] = {renamed.get(name, name): nbytes for name, nbytes in record["bytes"].items()}
-        module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
-        module.register_forward_hook(self._post_forward)
+        module.register_forward_pre_hook(outside_compiled(self._pre_forward), with_kwargs=True)
+        module.register_forward_hook(outside_compiled(self._post_forward))
 
     def _memory_at_init(self) -> None:
         import psutil

@@ -8,6 +8,19 @@ from __future__ import annotations
 from dprorun.layout import SCOPE_PREFIX
 
 
+def outside_compiled(hook):
+    """A hook the hooks register on a module, run eagerly where the module is compiled (torch.compile of the DDP
+    wrapper, or of a model under it): dynamo traced into it, warned of each builtin it could not trace
+    (time.time_ns, os.getpid, sys._getframe: lines on every rank a plain launch does not print) and broke the graph
+    there anyway. torch.compiler.disable skips it cleanly."""
+    try:
+        import torch.compiler
+
+        return torch.compiler.disable(hook, recursive=True)
+    except (ImportError, AttributeError):  # a torch without torch.compiler: nothing compiles the module either
+        return hook
+
+
 def add_module_scopes(root) -> list:
     """Forward pre/post hooks on every submodule of `root` (not `root` itself) that open and close a profiler
     annotation named after the submodule; returns the handles (`handle.remove()`). TorchScript modules take no
@@ -31,6 +44,6 @@ def add_module_scopes(root) -> list:
             if open_scopes:
                 open_scopes.pop().__exit__(None, None, None)
 
-        handles.append(module.register_forward_pre_hook(enter))
-        handles.append(module.register_forward_hook(leave, always_call=True))
+        handles.append(module.register_forward_pre_hook(outside_compiled(enter)))
+        handles.append(module.register_forward_hook(outside_compiled(leave), always_call=True))
     return handles
