@@ -9,10 +9,10 @@ from dprorun.layout import SCOPE_PREFIX
 
 
 def outside_compiled(hook):
-    """A hook the hooks register on a module, run eagerly where the module is compiled (torch.compile of the DDP
-    wrapper, or of a model under it): dynamo traced into it, warned of each builtin it could not trace
-    (time.time_ns, os.getpid, sys._getframe: lines on every rank a plain launch does not print) and broke the graph
-    there anyway. torch.compiler.disable skips it cleanly."""
+    """A hook of the hooks' on a wrapper, run eagerly where the wrapper is compiled (torch.compile of the DDP
+    wrapper): dynamo traced into it, warned of each builtin it could not trace (time.time_ns, os.getpid,
+    sys._getframe: lines on every rank a plain launch does not print) and broke the graph there anyway.
+    torch.compiler.disable skips it cleanly (a break at the graph's start and end, as before)."""
     try:
         import torch.compiler
 
@@ -44,6 +44,8 @@ def add_module_scopes(root) -> list:
             if open_scopes:
                 open_scopes.pop().__exit__(None, None, None)
 
-        handles.append(module.register_forward_pre_hook(outside_compiled(enter)))
-        handles.append(module.register_forward_hook(outside_compiled(leave), always_call=True))
+        # traced where the model is compiled (dynamo ignores record_function there, the graph unbroken): run
+        # eagerly, they broke it at every module boundary of the iterations profiled
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave, always_call=True))
     return handles
