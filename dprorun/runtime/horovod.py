@@ -40,13 +40,11 @@ class HorovodTracker:
         self.watched_optimizers: set[int] = set()  # ids of the optimizers whose models watch_inference hooked
         self.hooked_models: set[int] = set()
         self.turns = StepTurns()  # DistributedOptimizers stepped in turn within a step (a GAN's two models)
-        self.optimizers_built = 0  # hvd.DistributedOptimizers the script built
 
     def optimizer_built(self) -> None:
         """The script built an hvd.DistributedOptimizer: the tracker joins the session's then, not when horovod.torch
         is imported (libraries import it and never use it: PyTorch-Ignite's idist, where Horovod is installed; an idle
         Horovod tracker took a DDP module's place as the primary, and no iteration was counted)."""
-        self.optimizers_built += 1
         if self not in self.session.trackers:
             self.session.trackers.append(self)
 
