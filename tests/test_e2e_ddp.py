@@ -524,33 +524,103 @@ def test_a_model_split_across_ranks_is_named_as_such(tmp_path):
 
 
 HAND_AVERAGED_SCRIPT = """
-import torch, torch.distributed as dist
+import sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
-model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for _ in range(5):
+style = sys.argv[1]
+for _ in range(30):
     opt.zero_grad()
-    model(torch.randn(8, 64)).sum().backward()
-    for p in model.parameters():
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-        p.grad /= dist.get_world_size()
+    loss = model(torch.randn(16, 64)).pow(2).mean()
+    if style == "grad":  # gradients by torch.autograd.grad: no backward() call
+        for p, g in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters()))):
+            p.grad = g
+    else:
+        loss.backward()
+    if style == "async":
+        works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]
+        for work in works:
+            work.wait()
+    elif style == "flat":  # the hidden layer's weight and bias in one buffer, the head's in another
+        params = list(model.parameters())
+        for group in (params[:2], params[2:]):
+            flat = torch.cat([p.grad.flatten() for p in group])
+            dist.all_reduce(flat)
+            offset = 0
+            for p in group:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p)); offset += p.numel()
+    else:
+        for p in model.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= dist.get_world_size()
     opt.step()
 dist.destroy_process_group()
 """
 
 
-def test_a_job_averaging_gradients_by_hand_is_told_what_was_seen(tmp_path):
-    """The PyTorch tutorial's shape (no wrapper, dist.all_reduce per gradient): runs as under torchrun; rank 0 says
-    it saw the script's own collectives and the group, not FSDP (an optimizer's step imports parts of
-    torch.distributed.fsdp: the package's presence was read as FSDP before)."""
+def _rank0_events(run_dir) -> dict:
+    with open(os.path.join(run_dir, "rank_0", "events.json")) as f:
+        return json.load(f)
+
+
+def test_gradients_the_script_all_reduces_itself_are_profiled_and_replayed(tmp_path):
+    """The PyTorch tutorial's average_gradients (no wrapper: one dist.all_reduce per gradient after backward()) ran
+    unprofiled; each call is now a bucket of its own, named after its parameter, ready at the backward's end, the
+    calls replayed one at a time; the optimizer cannot change them and says what fusing them or DDP would give."""
     script = tmp_path / "by_hand.py"
     script.write_text(HAND_AVERAGED_SCRIPT)
-    proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "python", str(script), "loop"], run_dir,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nothing was profiled" not in proc.stderr, proc.stderr[-2000:]
+    assert "the replay of the job as it ran (" in proc.stdout + proc.stderr, proc.stdout[-2000:]
+    events = _rank0_events(run_dir)
+    assert [t["framework"] for t in events["trackers"]] == ["collectives"] and events["trackers"][0]["serial"]
+    assert [b["params"] for b in events["buckets"]] == [["0.weight"], ["0.bias"], ["2.weight"], ["2.bias"]]
+    ready = {name for _, name, _ in events["grad_ready"]}
+    assert ready == {"0.weight", "0.bias", "2.weight", "2.bias"}  # the parameter hooks' times in the backward
+    optimize = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "optimize", str(run_dir)],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert optimize.returncode == 0, optimize.stderr[-2000:]
+    assert "communication passes off: the script's own torch.distributed.all_reduce calls (4 a step)" \
+        in optimize.stdout, optimize.stdout
+    run = load_run(str(run_dir))
+    assert run.world_size == 2 and any(op.kind is OpKind.BW for op in run.ranks[1].ops)
+
+
+@pytest.mark.parametrize("style", ["async", "flat"])
+def test_gradients_all_reduced_async_or_flat_by_the_script_are_profiled(tmp_path, style):
+    """async_op=True: a record ends when its Work completes, and the calls may overlap (not serial); a flat buffer
+    by hand: its bucket names the run of parameters whose bytes it carries."""
+    script = tmp_path / "by_hand.py"
+    script.write_text(HAND_AVERAGED_SCRIPT)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "python", str(script), style], run_dir,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the replay of the job as it ran (" in proc.stdout + proc.stderr, proc.stdout[-2000:]
+    events = _rank0_events(run_dir)
+    tracker = events["trackers"][0]
+    if style == "async":
+        assert tracker["asynchronous"] and not tracker["serial"]
+        assert all(row[5] > row[3] for row in events["comm"])  # done when the Work completed, after the call
+    else:
+        assert [b["params"] for b in events["buckets"]] == [["0.weight", "0.bias"], ["2.weight", "2.bias"]]
+
+
+def test_a_job_sharing_gradients_without_a_backward_call_is_told_what_was_seen(tmp_path):
+    """Gradients from torch.autograd.grad (no backward() call), all-reduced by hand: runs as under torchrun; rank 0
+    says it saw the script's own collectives and the group, not FSDP (an optimizer's step imports parts of
+    torch.distributed.fsdp: the package's presence was read as FSDP before), and what dprorun profiles."""
+    script = tmp_path / "by_hand.py"
+    script.write_text(HAND_AVERAGED_SCRIPT)
+    proc, _ = run_dprorun(["-np", "2", "python", str(script), "grad"], tmp_path / "run", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "nothing was profiled" in proc.stderr and "FSDP wrapper" not in proc.stderr, proc.stderr[-2000:]
-    assert "collectives called by the script itself (torch.distributed.all_reduce x20)" in proc.stderr
-    assert "a gloo process group of 2 ranks" in proc.stderr and "wrapping the model in DistributedDataParallel" \
-        in proc.stderr
+    assert "collectives called by the script itself (torch.distributed.all_reduce x120)" in proc.stderr
+    assert "a gloo process group of 2 ranks" in proc.stderr and "no backward() call" in proc.stderr
 
 
 EVAL_WRAPPER_SCRIPT = """

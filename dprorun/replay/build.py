@@ -76,6 +76,18 @@ def _horovod_costs(model: JobModel, run: RunTrace, calibration: list) -> None:
                            "the other ranks (expect modelled what-ifs to overrate communication)")
 
 
+def _script_all_reduces(model: JobModel) -> None:
+    """Gradients all-reduced by the script's own calls (runtime/collectives.py): its buckets are its calls, which
+    dprorun cannot change (the optimizer leaves them; re-bucketing what-ifs answer what fusing them, or a
+    DistributedDataParallel of the model, would give)."""
+    model.framework = "collectives"
+    calls = len(model.buckets)
+    model.bucket_layout_fixed = (f"the script's own torch.distributed.all_reduce calls ({calls} a step) send the "
+                                 "gradients, after the backward: dprorun cannot change them")
+    model.notes.append(f"the gradients are all-reduced by the script's own calls ({calls} a step, after the "
+                       "backward), each replayed as one bucket")
+
+
 def build_job_model(run: RunTrace) -> JobModel:
     """Measure templates, buckets and the comm model from an aligned RunTrace."""
     ranks = sorted(run.ranks)
@@ -133,6 +145,8 @@ def build_job_model(run: RunTrace) -> JobModel:
     model.warmup_iterations_us = _median_over_ranks(run, {r: _warmup_iterations(run.ranks[r]) for r in ranks})
     if any(t.get("framework") == "horovod" for t in first.meta.get("trackers", [])):
         _horovod_costs(model, run, calibration)
+    if any(t.get("framework") == "collectives" for t in first.meta.get("trackers", [])):
+        _script_all_reduces(model)
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
     if tf_job and model.framework == "horovod":

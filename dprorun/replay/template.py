@@ -502,6 +502,8 @@ def comm_channels(run: RunTrace) -> int:
         for tracker in trace.meta.get("trackers", []):
             if tracker.get("framework") == "tf":
                 return 1
+            if tracker.get("framework") == "collectives" and tracker.get("serial"):
+                return 1  # the script's own all-reduces, each waited for before the next call (runtime/collectives.py)
             if tracker.get("backend") == "gloo":
                 return 2
             if tracker.get("backend") in ("nccl", "horovod"):  # Horovod runs one response at a time

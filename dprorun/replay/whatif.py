@@ -165,7 +165,9 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
         cap = int(whatif.bucket_mb * MB)
         groups = ddp_buckets(order, model.param_bytes, cap, sparse=sparse)
         notes.append(f"{len(groups)} buckets of up to {whatif.bucket_mb:g} MB, grouped in gradient-ready order "
-                     "as DDP's reducer does")
+                     "as DDP's reducer does" + (" (each all-reduced as soon as its last gradient is ready, inside "
+                                                "the backward: the model wrapped in DistributedDataParallel)"
+                                                if model.framework == "collectives" else ""))
     syncs = []
     for k, group in enumerate(groups):
         missing = [p for p in group if p not in model.param_ready_fraction or p not in model.param_bytes]

@@ -187,13 +187,30 @@ def _script_watches(sess) -> dict[str, Callable[[], None]]:
     use = sess.script_use
     return {"torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn",
                                                               watch.watch_spawns, use),
-            "torch.distributed": lambda: sess.guard("watching torch.distributed", watch.watch_torch_distributed, use),
+            "torch.distributed": lambda: _watch_torch_distributed(sess),
+            "torch.autograd": lambda: _watch_gradient_collectives(sess),
             "torch.autograd.profiler": lambda: sess.guard("watching the script's profiler", watch_torch, sess),
             "horovod.torch": lambda: sess.guard("watching horovod.torch", watch.watch_horovod_torch, use),
             **{name: functools.partial(sess.guard, "watching FSDP", watch.watch_fsdp, use, name)
                for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")},
             **{name: functools.partial(sess.guard, "watching model splits", watch.watch_model_splits, use, name)
                for name in watch.MODEL_SPLITS}}
+
+
+def _watch_torch_distributed(sess) -> None:
+    from dprorun.runtime import watch
+
+    sess.guard("watching torch.distributed", watch.watch_torch_distributed, sess.script_use)
+    _watch_gradient_collectives(sess)
+
+
+def _watch_gradient_collectives(sess) -> None:
+    """Gradients the script all-reduces itself, profiled where no wrapper does (runtime/collectives.py): once both
+    torch.distributed and torch.autograd are imported (torch imports the first one first)."""
+    if "torch.distributed" in sys.modules and "torch.autograd" in sys.modules:
+        from dprorun.runtime.collectives import watch_gradient_collectives
+
+        sess.guard("watching the script's own gradient all-reduces", watch_gradient_collectives, sess)
 
 
 def _keep_records_at_os_exit(sess) -> None:

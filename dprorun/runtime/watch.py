@@ -14,8 +14,10 @@ from typing import Callable, Optional
 from dprorun.runtime.log import warn
 
 SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or through Lightning, Hugging Face "
-                      "Trainer or Accelerate), horovod.torch.DistributedOptimizer and horovod.tensorflow's all-reduce "
-                      "inside a tf.function step (DistributedGradientTape, DistributedOptimizer)")
+                      "Trainer or Accelerate), gradients the script all-reduces itself (torch.distributed.all_reduce "
+                      "between loss.backward() and the optimizer's step), horovod.torch.DistributedOptimizer and "
+                      "horovod.tensorflow's all-reduce inside a tf.function step (DistributedGradientTape, "
+                      "DistributedOptimizer)")
 # the torch.distributed calls a script makes itself when it shares gradients without a wrapper
 SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                       "reduce", "broadcast")
@@ -53,6 +55,9 @@ class ScriptUse:
     # told when a collective called from outside dprorun returns ("torch.distributed.all_gather", µs the call took;
     # an async_op call: its launch): the session keeps the window's (beside the gradient buckets, runtime/session.py)
     timed: Optional[Callable[[str, float], None]] = None
+    # told when a torch.distributed call of the script's returned (name, args, kwargs, its result, µs): True where it
+    # was one of the gradients' buckets (runtime/collectives.py), which is then not timed as the script's own
+    returned: Optional[Callable[[str, tuple, dict, object, float], bool]] = None
 
 
 def read_subprocess_scripts(folder: str) -> list[str]:
@@ -113,8 +118,11 @@ def nothing_to_profile(use: ScriptUse) -> str:
         advice = (" dprorun profiles and replays data parallelism (each rank a whole model): a model split across the "
                   "ranks (tensor or pipeline parallelism) is neither profiled nor modelled.")
     elif use.collectives and not use.fsdp_wrappers:
-        advice = (" Gradients shared by hand-written collectives are not profiled: wrapping the model in "
-                  "DistributedDataParallel (and dropping the loop's all-reduce) lets dprorun profile and replay it.")
+        advice = (" dprorun profiles gradients the script all-reduces itself between loss.backward() and the "
+                  "optimizer's step (torch.distributed.all_reduce); these collectives were not that (other "
+                  "collectives, gradients from torch.func or autograd.grad with no backward() call, or no optimizer "
+                  "step after them). Wrapping the model in DistributedDataParallel lets dprorun profile and replay "
+                  "it.")
 
     return (f"nothing to profile: the job never built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
             f"{found}.{advice} The job ran unprofiled, as under torchrun")
@@ -253,6 +261,13 @@ def _timed_call(use: ScriptUse, label: str, call, /, *args, **kwargs):
             pass
 
 
+def _tell_timed(use: ScriptUse, label: str, us: float) -> None:
+    try:
+        use.timed(label, us)
+    except Exception:
+        pass
+
+
 def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True):
     """`module.name` counted (`counted`: as a way of sharing gradients) and told to the listeners before it runs,
     and timed for `use.timed` where the caller is no module of dprorun's (its calibration, probes and gather)."""
@@ -272,7 +287,23 @@ def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True)
                 pass
         if use.timed is None or sys._getframe(1).f_globals.get("__name__", "").startswith("dprorun."):
             return collective(*args, **kwargs)
-        return _timed_call(use, f"{module.__name__}.{name}", collective, *args, **kwargs)
+        label = f"{module.__name__}.{name}"
+        if use.returned is None:
+            return _timed_call(use, label, collective, *args, **kwargs)
+        start = time.perf_counter()
+        try:
+            result = collective(*args, **kwargs)
+        except BaseException:
+            _tell_timed(use, label, (time.perf_counter() - start) * 1e6)
+            raise
+        us = (time.perf_counter() - start) * 1e6
+        try:
+            bucket = use.returned(name, args, kwargs, result, us)
+        except Exception:  # a listener never reaches the script's collective
+            bucket = False
+        if not bucket:
+            _tell_timed(use, label, us)
+        return result
 
     return watched
 

@@ -1,0 +1,296 @@
+"""Gradients shared by the script's own torch.distributed.all_reduce calls (no wrapper): the PyTorch tutorial's
+`average_gradients` (one all-reduce per parameter after the backward), a flat buffer all-reduced by hand, DP-SGD's
+noised sum. Nothing in the script changes.
+
+The tracker watches from the moment torch.distributed is imported, and takes part in the job only where no
+supported wrapper does (no DDP module, no hvd.DistributedOptimizer) and an optimizer step followed all-reduces
+called after a backward pass: it joins the session then (`ScriptCollectivesTracker.step_done`), and the job's
+iterations are counted from there, one per step of its most-stepped optimizer (runtime/steps.py), as for Horovod:
+iteration k runs from the end of step k-1 to the end of step k.
+  - `torch.autograd.backward` (loss.backward()) is timed: the last call before the step's first all-reduce is
+    the iteration's backward0; forward0 runs from the iteration's start to it (data, forward, loss);
+  - each all_reduce after that backward and before the step is one bucket of its own, in call order (bucket k is
+    the step's k-th call), named after the parameter whose gradient it sends (or `all_reduce<k>`: a flat buffer);
+    every gradient is ready when the backward ends (the script sends nothing before), so each bucket's ready point
+    is then; a call made without async_op returns when its all-reduce is done, and the next one cannot start
+    before: its record starts where the previous call returned (the script's own work between two calls, the
+    division of a per-parameter loop, is part of the call it delays), and the job's collectives are replayed one at
+    a time (`describe()["serial"]`);
+  - an async_op call's record ends when its Work completes (the future's callback).
+The update is the optimizer step's span (the session's hooks). The bucket layout is the script's: what-ifs that
+re-cut the buckets are not offered (replay/build.py)."""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Optional
+
+from dprorun.layout import CommRecord
+from dprorun.runtime.session import RankSession
+from dprorun.runtime.steps import LeadingOptimizerSteps
+
+GRADIENT_COLLECTIVES = ("all_reduce",)  # the torch.distributed calls taken for the gradients' buckets
+
+
+class ScriptCollectivesTracker:
+    """One per process: the script's own gradient all-reduces, once it is seen to train so."""
+
+    framework = "collectives"
+
+    def __init__(self, session: RankSession):
+        self.session = session
+        self.joined = False
+        self.primary = False
+        self.steps = LeadingOptimizerSteps()
+        self.step_hook: Optional[Any] = None
+        self.backward: Optional[tuple[float, float]] = None  # the latest backward call since the step (start, end)
+        self.step_backward: Optional[tuple[float, float]] = None  # the backward before the step's first all-reduce
+        self.calls_in_step = 0  # gradient all-reduces since the last step
+        self.next_ready_us = 0.0  # where the step's next call could have started (the previous one's return)
+        self.iteration_start = 0.0
+        self.serial = False  # a call waited for its all-reduce (no async_op): the calls ran one at a time
+        self.asynchronous = False  # a call returned a Work (async_op=True)
+        self.grad_names: dict[int, str] = {}  # data_ptr of a parameter's gradient -> the parameter's name (the step's)
+        self.param_bytes: dict[str, int] = {}  # the trained parameters' gradient bytes, in model order
+        self.roots: list = []  # the trained model(s): the outermost modules holding the optimizer's parameters
+        self.scope_handles: list = []  # module scopes and gradient-ready hooks, while the detailed tier lasts
+        self.ready_in_step: list[tuple[str, float]] = []  # (parameter, when its gradient was ready) since the step
+        self.unnamed: list[str] = []  # the trained parameters (model order) not yet named by a bucket of the step
+        self.backend = ""
+
+    # ---- what DDPTracker also offers the session --------------------------------------------------------
+    def describe(self) -> dict:
+        return {"ddp": 0, "framework": self.framework, "user_comm_hook": False, "builtin_comm_hook": False,
+                "timed_buckets": True, "backend": self.backend or "unknown", "serial": self.serial,
+                "asynchronous": self.asynchronous, "calls": "torch.distributed.all_reduce"}
+
+    def detail_tier_started(self) -> None:
+        """Module scopes for the profiler's op names, and each parameter's gradient-ready time in the backward (what
+        a DDP of the model would overlap its buckets with: the re-bucketing what-ifs), as DDPTracker has them."""
+        session = self.session
+        if session.cfg.kineto and session.cfg.kineto_iters > 0:
+            from dprorun.runtime.scopes import add_module_scopes
+
+            for root in self.roots:
+                self.scope_handles.extend(session.guard("naming module scopes", add_module_scopes, root) or [])
+        if not session.cfg.param_hooks:
+            return
+        for root in self.roots:
+            for name, param in root.named_parameters():
+                if not param.requires_grad:
+                    continue
+
+                def ready(p, name=name):
+                    self.ready_in_step.append((name, session.now_us()))
+
+                self.scope_handles.append(param.register_post_accumulate_grad_hook(ready))
+
+    def window_stopped(self) -> None:
+        self.stop_param_hooks()
+
+    def stop_param_hooks(self) -> None:
+        for handle in self.scope_handles:
+            handle.remove()
+        self.scope_handles.clear()
+
+    # ---- what the patches tell ----------------------------------------------------------------------------
+    def watching(self) -> bool:
+        """Is anyone else profiling the job? (a DDP module or a Horovod optimizer: then this tracker stays out)"""
+        return self.joined or not self.session.trackers
+
+    def backward_called(self, start_us: float, end_us: float) -> None:
+        self.backward = (start_us, end_us)
+        self.next_ready_us = end_us
+
+    def collective_returned(self, name: str, args: tuple, kwargs: dict, result: Any, us: float) -> bool:
+        """A torch.distributed call of the script's returned after `us` µs: True where it is one of the step's
+        gradient buckets (recorded here, not among the script's other collectives)."""
+        if name not in GRADIENT_COLLECTIVES or self.backward is None or not self.watching():
+            return False
+        if self.calls_in_step == 0:
+            self.step_backward = self.backward
+        self.calls_in_step += 1
+        if not self.joined:
+            if self.step_hook is None:  # registered here, not inside an optimizer hook (torch iterates over them)
+                from torch.optim.optimizer import register_optimizer_step_post_hook
+
+                self.step_hook = register_optimizer_step_post_hook(self._step_done_hook)
+            return False
+        session = self.session
+        if session.detail_active:
+            tensor = args[0] if args else kwargs.get("tensor")
+            session.guard("recording a gradient all-reduce", self._record, tensor, result, us)
+        return True
+
+    def _record(self, tensor, result, us: float) -> None:
+        session = self.session
+        now = session.now_us()
+        index = self.calls_in_step - 1
+        if index == 0:
+            self._step_started_sharing()
+        key = (0, index)
+        if key not in session.records.buckets:
+            nbytes = tensor.numel() * tensor.element_size()
+            names = self._names_sent(tensor, nbytes) or [f"all_reduce{index}"]
+            session.records.buckets[key] = {"nbytes": nbytes, "numel": tensor.numel(),
+                                            "dtype": str(tensor.dtype).replace("torch.", ""), "params": names}
+            params = session.records.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
+            sizes = self.param_bytes if names[0] in self.param_bytes else {names[0]: nbytes}
+            for name in names:
+                if name not in params["bytes"]:
+                    params["order"].append(name)
+                    params["bytes"][name] = sizes[name]
+        for name in session.records.buckets[key]["params"]:
+            if name not in self.param_bytes or not session.cfg.param_hooks:  # no hook times it: ready at the end
+                session.records.grad_ready.append((session.iteration, name, self.step_backward[1]))
+        work = result if hasattr(result, "get_future") else None
+        start = max(self.next_ready_us, now - us) if work is not None else self.next_ready_us
+        record = CommRecord(session.iteration, 0, index, start, start, now)
+        session.records.comm.append(record)
+        if work is None:
+            self.serial = True
+            self.next_ready_us = now
+            return
+        self.asynchronous = True
+
+        def done(_future, record=record):
+            record.done_us = session.now_us()
+
+        work.get_future().add_done_callback(done)
+
+    def _step_started_sharing(self) -> None:
+        """The step's first gradient all-reduce (in the window): its gradients' owners by address, and their ready
+        times in the step's last backward (an accumulated micro-batch's are earlier: left out)."""
+        session = self.session
+        self.grad_names, self.param_bytes = {}, {}
+        for root in self.roots:
+            for name, param in root.named_parameters():
+                if param.grad is not None:
+                    self.grad_names[param.grad.data_ptr()] = name
+                    self.param_bytes[name] = param.grad.numel() * param.grad.element_size()
+        self.unnamed = list(self.param_bytes)
+        start = self.step_backward[0]
+        ready = [(name, t) for name, t in self.ready_in_step if t >= start]
+        self.ready_in_step.clear()
+        session.records.grad_ready.extend((session.iteration, name, t) for name, t in ready)
+
+    def _names_sent(self, tensor, nbytes: int) -> list[str]:
+        """The parameters whose gradients `tensor` carries: the one it is (by address), or, for a flat buffer, the
+        run of the step's not yet named parameters (model order) whose bytes add up to its own (the whole model;
+        a chunk of it). [] where neither fits."""
+        name = self.grad_names.get(tensor.data_ptr())
+        if name is not None:
+            if name in self.unnamed:
+                self.unnamed.remove(name)
+            return [name]
+        run, total = [], 0
+        for name in self.unnamed:
+            if total >= nbytes:
+                break
+            run.append(name)
+            total += self.param_bytes[name]
+        if total != nbytes or not run:
+            return []
+        del self.unnamed[:len(run)]
+        return run
+
+    def _step_done_hook(self, optimizer, args, kwargs) -> None:
+        """torch's global post-hook of every optimizer step: the optimizer's class gets its step wrapped (nothing
+        else here: the session's own hooks are added or removed at the window's edges, and torch is iterating
+        over them now)."""
+        if not self.joined and not (self.calls_in_step and not self.session.trackers):
+            return
+        cls = type(optimizer)
+        if not getattr(cls.step, "_dpro_step_returned", False):
+            self.session.guard("wrapping the optimizer's step", self._wrap_step, cls)
+
+    def _wrap_step(self, cls) -> None:
+        """cls.step returns through `step_returned` (its first step, this one, returns unseen): wrapped on the
+        class, as torch wraps it for its hooks (an LR scheduler's wrapper of the instance's step, made before or
+        after, calls through it; the class stays picklable)."""
+        original = cls.step
+        depth = [0]  # a subclass's step calling super().step(), both wrapped: the outer one ends the step
+
+        @functools.wraps(original)
+        def step(optimizer, *args, **kwargs):
+            depth[0] += 1
+            try:
+                result = original(optimizer, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                self.session.guard("closing a step of the script's own all-reduces", self.step_returned, optimizer)
+            return result
+
+        step.hooked = True  # torch's own mark: its hooks' wrapper is inside, not to be added again
+        step._dpro_step_returned = True
+        cls.step = step
+
+    def step_returned(self, optimizer) -> None:
+        """An optimizer's step returned. Not yet in the job: it joins where the step followed gradient all-reduces
+        and nothing else profiles the job. In the job: a leading step ends the iteration."""
+        session = self.session
+        leading = self.steps.step(id(optimizer))
+        shared = self.calls_in_step > 0
+        self.calls_in_step, self.backward = 0, None
+        self.ready_in_step.clear()
+        if not self.joined:
+            if shared and not session.trackers and session.phase == "warmup" and not session.disabled:
+                self._join(optimizer)
+            return
+        if not leading:
+            return
+        if session.detail_active and self.step_backward is not None:
+            start, end = self.step_backward
+            session.mark("forward0", self.iteration_start, start)
+            session.mark("backward0", start, end)
+        self.step_backward = None
+        session.begin_iteration()
+        self.iteration_start = session.now_us()
+
+    def _join(self, optimizer) -> None:
+        import torch.distributed as dist
+
+        from dprorun.runtime.horovod import trained_roots
+
+        session = self.session
+        self.joined = self.primary = True
+        session.trackers.append(self)
+        try:
+            self.backend = str(dist.get_backend())
+        except Exception:
+            self.backend = ""
+        self.roots = session.guard("finding the trained model", trained_roots, optimizer) or []
+        self.steps.new_lead()
+        self.steps.step(id(optimizer))
+        self.step_backward = None
+        session.begin_iteration()
+        self.iteration_start = session.now_us()
+
+
+def watch_gradient_collectives(session: RankSession) -> None:
+    """The tracker, told of every backward call (torch.autograd.backward, what Tensor.backward calls) and of the
+    script's torch.distributed calls as they return (runtime/watch.py: ScriptUse.returned)."""
+    import time
+
+    autograd = sys.modules["torch.autograd"]
+    if getattr(autograd.backward, "_dpro_timed", False):
+        return
+    tracker = ScriptCollectivesTracker(session)
+    session.script_use.returned = tracker.collective_returned
+    original = autograd.backward
+    compiler = sys.modules.get("torch.compiler")
+
+    @functools.wraps(original)
+    def backward(*args, **kwargs):
+        if not tracker.watching() or (compiler is not None and compiler.is_compiling()):
+            return original(*args, **kwargs)
+        started = time.perf_counter()
+        result = original(*args, **kwargs)
+        took_us = (time.perf_counter() - started) * 1e6
+        end = session.now_us()
+        tracker.backward_called(end - took_us, end)
+        return result
+
+    backward._dpro_timed = True
+    autograd.backward = backward
