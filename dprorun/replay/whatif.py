@@ -203,7 +203,9 @@ def with_ready_groups(model: JobModel, whatif: WhatIf, notes: list[str]) -> JobM
     groups = whatif.ready_groups
     if not groups:
         return model
-    notes.append("compiled model: its backward is one graph, so every bucket starts after all of it (no overlap "
+    notes.append("the script all-reduces its gradients after its backward: every bucket starts after all of it"
+                 if model.framework == "collectives" and len(groups) == 1 else
+                 "compiled model: its backward is one graph, so every bucket starts after all of it (no overlap "
                  "of communication with backward)" if len(groups) == 1 else
                  f"{len(groups)} compiled blocks: a block's gradients are ready at the end of its "
                  "backward graph (communication still overlaps the other blocks' backward)")

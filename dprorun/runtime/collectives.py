@@ -93,6 +93,19 @@ class ScriptCollectivesTracker:
             handle.remove()
         self.scope_handles.clear()
 
+    def wrapper_built(self, what: str) -> None:
+        """The script built a wrapper the hooks profile after this tracker joined (a phase trained by hand, then
+        DDP): the wrapper's tracker counts the iterations from now on. This one leaves; inside the window or the
+        clean iterations the run's profiling ends here, as where the script trains another model."""
+        session = self.session
+        if not self.joined:
+            return
+        if session.phase != "warmup":
+            session.primary_replaced(session.iteration + 1, what)
+        self.joined = self.primary = False
+        self.stop_param_hooks()
+        session.trackers.remove(self)
+
     # ---- what the patches tell ----------------------------------------------------------------------------
     def watching(self) -> bool:
         """Is anyone else profiling the job? (a DDP module or a Horovod optimizer: then this tracker stays out)"""

@@ -539,6 +539,7 @@ def patch_ddp_class(session: RankSession) -> None:
             # last: autocast wraps whatever forward the model now has (a checkpointed one recomputes under it)
             session.guard("applying the strategy's precision", apply.apply_precision, strategy, self.module,
                           session.strategy_applied, session.records.warnings)
+        session.guard("handing the job over to DistributedDataParallel", session.wrapper_built, "DDP model")
         tracker = session.guard("attaching to DistributedDataParallel", DDPTracker, session, self,
                                 len(session.trackers))
         if tracker is not None:

@@ -46,6 +46,7 @@ class HorovodTracker:
         is imported (libraries import it and never use it: PyTorch-Ignite's idist, where Horovod is installed; an idle
         Horovod tracker took a DDP module's place as the primary, and no iteration was counted)."""
         if self not in self.session.trackers:
+            self.session.wrapper_built("model (an hvd.DistributedOptimizer)")
             self.session.trackers.append(self)
 
     # ---- what DDPTracker also offers the session --------------------------------------------------------

@@ -212,6 +212,12 @@ class RankSession:
         if self.phase == "clean":
             self.guard("writing the clean iterations", self._finish_clean, True)
 
+    def wrapper_built(self, what: str) -> None:
+        """The script built a wrapper the hooks profile (`what`: a DDP module, an hvd.DistributedOptimizer): a
+        tracker of the script's own all-reduces (runtime/collectives.py) hands the job over to the wrapper's."""
+        for tracker in [t for t in self.trackers if getattr(t, "framework", "") == "collectives"]:
+            tracker.wrapper_built(what)
+
     def primary_replaced(self, first_new: int, what: str, set_up_before: bool = True) -> None:
         """The script went on to train another model (`what`), from iteration `first_new` on, inside the window or
         the clean iterations (all ranks do, at the same iteration): the window closes there and the clean
