@@ -1343,3 +1343,27 @@ def test_dprorun_s_own_flags_win_over_a_nested_launch_line_s():
     line = torchrun_argv(["--nproc_per_node=2", "train.py"])
     job = job_from_args(build_parser().parse_args(_own_flags_last(["-np", "3"], line)))
     assert job.launch.world_size == 3 and job.command[1:] == ["train.py"]
+
+
+def test_a_buffer_all_reduced_by_hand_is_named_after_the_parameters_it_carries():
+    """runtime/collectives.py: a call on a parameter's gradient is named after it (by address); a flat buffer after
+    the run of not yet named parameters (model order) whose bytes add up to its own; a tensor no run fits (a loss)
+    gets no name; a step's all-reduces that carry under half the optimizer's gradient bytes (a loss or a metric in a
+    job whose ranks train apart) are no sharing of gradients."""
+    import torch
+
+    from dprorun.runtime.collectives import SHARED_SHARE, ScriptCollectivesTracker, _gradient_bytes
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    net(torch.randn(5, 4)).sum().backward()
+    tracker = ScriptCollectivesTracker(session=None)
+    tracker.param_bytes = {n: p.grad.numel() * 4 for n, p in net.named_parameters()}
+    tracker.grad_names = {p.grad.data_ptr(): n for n, p in net.named_parameters()}
+    tracker.unnamed = list(tracker.param_bytes)
+    assert tracker._names_sent(net[0].weight.grad, 48) == ["0.weight"]
+    flat = torch.cat([net[0].bias.grad, net[1].weight.grad.flatten()])
+    assert tracker._names_sent(flat, flat.numel() * 4) == ["0.bias", "1.weight"]
+    assert tracker._names_sent(torch.zeros(1), 4) == [] and tracker.unnamed == ["1.bias"]
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    assert _gradient_bytes(optimizer) == sum(tracker.param_bytes.values()) == 92
+    assert 4 < SHARED_SHARE * 92 <= flat.numel() * 4 + 48  # a loss is no sharing; the flat buffer and 0.weight are

@@ -93,4 +93,4 @@ for step in range(a.steps):
     times.append(time.perf_counter() - t)
 if dist.get_rank() == 0:
     print(f"steps: {a.steps}; median iteration time: {statistics.median(times[len(times)//2:]) * 1000:.3f} ms")
-dist.destroy_process_group()
+dist.barrier(); dist.destroy_process_group()

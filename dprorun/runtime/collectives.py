@@ -30,6 +30,10 @@ from dprorun.runtime.session import RankSession
 from dprorun.runtime.steps import LeadingOptimizerSteps
 
 GRADIENT_COLLECTIVES = ("all_reduce",)  # the torch.distributed calls taken for the gradients' buckets
+# the share of the stepped optimizer's gradient bytes a step's all-reduces must carry for the job to be taken as one
+# sharing its gradients (a loss or a metric all-reduced between backward and step, in a job whose ranks train apart,
+# is not that)
+SHARED_SHARE = 0.5
 
 
 class ScriptCollectivesTracker:
@@ -46,6 +50,7 @@ class ScriptCollectivesTracker:
         self.backward: Optional[tuple[float, float]] = None  # the latest backward call since the step (start, end)
         self.step_backward: Optional[tuple[float, float]] = None  # the backward before the step's first all-reduce
         self.calls_in_step = 0  # gradient all-reduces since the last step
+        self.bytes_in_step = 0  # what they carried (before the tracker joined: is it the gradients?)
         self.next_ready_us = 0.0  # where the step's next call could have started (the previous one's return)
         self.iteration_start = 0.0
         self.serial = False  # a call waited for its all-reduce (no async_op): the calls ran one at a time
@@ -124,6 +129,8 @@ class ScriptCollectivesTracker:
             self.step_backward = self.backward
         self.calls_in_step += 1
         if not self.joined:
+            tensor = args[0] if args else kwargs.get("tensor")
+            self.bytes_in_step += tensor.numel() * tensor.element_size() if hasattr(tensor, "numel") else 0
             if self.step_hook is None:  # registered here, not inside an optimizer hook (torch iterates over them)
                 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -244,10 +251,11 @@ class ScriptCollectivesTracker:
         and nothing else profiles the job. In the job: a leading step ends the iteration."""
         session = self.session
         leading = self.steps.step(id(optimizer))
-        shared = self.calls_in_step > 0
-        self.calls_in_step, self.backward = 0, None
+        calls, sent = self.calls_in_step, self.bytes_in_step
+        self.calls_in_step, self.bytes_in_step, self.backward = 0, 0, None
         self.ready_in_step.clear()
         if not self.joined:
+            shared = calls > 0 and sent >= SHARED_SHARE * _gradient_bytes(optimizer)
             if shared and not session.trackers and session.phase == "warmup" and not session.disabled:
                 self._join(optimizer)
             return
@@ -307,3 +315,9 @@ def watch_gradient_collectives(session: RankSession) -> None:
 
     backward._dpro_timed = True
     autograd.backward = backward
+
+
+def _gradient_bytes(optimizer) -> int:
+    """The bytes of the optimizer's parameters' gradients (those that have one)."""
+    return sum(p.grad.numel() * p.grad.element_size() for group in optimizer.param_groups for p in group["params"]
+               if getattr(p, "grad", None) is not None)
