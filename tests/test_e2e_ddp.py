@@ -530,6 +530,10 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 style = sys.argv[1]
+works = []
+if style == "hooks":  # overlap by hand: each gradient all-reduced from its hook inside the backward
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda q: works.append(dist.all_reduce(q.grad, async_op=True)))
 for _ in range(30):
     opt.zero_grad()
     loss = model(torch.randn(16, 64)).pow(2).mean()
@@ -538,10 +542,11 @@ for _ in range(30):
             p.grad = g
     else:
         loss.backward()
-    if style == "async":
-        works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]
+    if style in ("async", "hooks"):
+        works += [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()] if style == "async" else []
         for work in works:
             work.wait()
+        works.clear()
     elif style == "flat":  # the hidden layer's weight and bias in one buffer, the head's in another
         params = list(model.parameters())
         for group in (params[:2], params[2:]):
@@ -590,10 +595,11 @@ def test_gradients_the_script_all_reduces_itself_are_profiled_and_replayed(tmp_p
     assert run.world_size == 2 and any(op.kind is OpKind.BW for op in run.ranks[1].ops)
 
 
-@pytest.mark.parametrize("style", ["async", "flat"])
+@pytest.mark.parametrize("style", ["async", "flat", "hooks"])
 def test_gradients_all_reduced_async_or_flat_by_the_script_are_profiled(tmp_path, style):
     """async_op=True: a record ends when its Work completes, and the calls may overlap (not serial); a flat buffer
-    by hand: its bucket names the run of parameters whose bytes it carries."""
+    by hand: its bucket names the run of parameters whose bytes it carries; calls from gradient hooks inside the
+    backward (overlap by hand): buckets in the backward's order, each starting at its call, cutting the backward."""
     script = tmp_path / "by_hand.py"
     script.write_text(HAND_AVERAGED_SCRIPT)
     run_dir = tmp_path / "run"
@@ -606,6 +612,11 @@ def test_gradients_all_reduced_async_or_flat_by_the_script_are_profiled(tmp_path
     if style == "async":
         assert tracker["asynchronous"] and not tracker["serial"]
         assert all(row[5] > row[3] for row in events["comm"])  # done when the Work completed, after the call
+    elif style == "hooks":
+        assert [b["params"] for b in events["buckets"]] == [["2.bias"], ["2.weight"], ["0.bias"], ["0.weight"]]
+        backward = {row[0]: (row[2], row[3]) for row in events["spans"] if row[1] == "backward0"}
+        inside = [row for row in events["comm"] if row[0] in backward and row[3] < backward[row[0]][1]]
+        assert len(inside) >= len(backward) * 3, (backward, events["comm"][:8])  # handed over inside the backward
     else:
         assert [b["params"] for b in events["buckets"]] == [["0.weight", "0.bias"], ["2.weight", "2.bias"]]
 

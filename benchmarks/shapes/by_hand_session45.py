@@ -4,6 +4,8 @@
 --style loop: the PyTorch tutorial's average_gradients (one all-reduce per parameter, then the division).
 --style flat: every gradient flattened into one buffer, all-reduced once, copied back.
 --style async: one all-reduce per parameter with async_op=True, then every Work waited for.
+--style hooks: overlap by hand: each gradient all-reduced (async_op) from its post-accumulate hook inside the
+backward, every Work waited for before the step.
 --style chunks: the gradients packed into flat buffers of about 1 MB each (buckets by hand), each all-reduced.
 --model mlp|conv|embed: an MLP, a small conv net with BatchNorm, or an embedding bag with a dense head.
 --accumulate N: N micro-batches (forward and backward each) before the gradients are shared.
@@ -15,7 +17,7 @@ import torch, torch.distributed as dist, torch.nn as nn
 import torch.nn.functional as F
 
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
-p.add_argument("--style", choices=("loop", "flat", "async", "chunks", "ddp"), default="loop")
+p.add_argument("--style", choices=("loop", "flat", "async", "chunks", "hooks", "ddp"), default="loop")
 p.add_argument("--model", choices=("mlp", "conv", "embed"), default="mlp")
 p.add_argument("--accumulate", type=int, default=1)
 p.add_argument("--adam", action="store_true"); p.add_argument("--log-loss", action="store_true")
@@ -49,9 +51,22 @@ opt = torch.optim.Adam(net.parameters(), lr=1e-3) if a.adam else \
     torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
 
+in_flight: list = []
+if a.style == "hooks":
+    for prm in net.parameters():
+        prm.register_post_accumulate_grad_hook(lambda q: in_flight.append(dist.all_reduce(q.grad, async_op=True)))
+
+
 def share_gradients() -> None:
     grads = [prm.grad for prm in net.parameters() if prm.grad is not None]
     if a.style == "ddp":
+        return
+    if a.style == "hooks":
+        for work in in_flight:
+            work.wait()
+        in_flight.clear()
+        for g in grads:
+            g /= world
         return
     if a.style == "loop":
         for prm in net.parameters():

@@ -83,9 +83,12 @@ def whatif_for(strategy: Strategy, model: Optional[JobModel] = None) -> WhatIf:
 
 
 def after_the_backward(model: Optional[JobModel]) -> Optional[list[list[str]]]:
-    """A script that all-reduces its gradients itself (runtime/collectives.py) sends them after its backward: every
-    gradient ready together at its end, whatever the buckets (None for the others)."""
+    """A script that all-reduces its gradients itself (runtime/collectives.py) after its backward sends them then:
+    every gradient ready together at its end, whatever the buckets. None for the others, and for a script that
+    sends them from gradient hooks inside the backward (its measured buckets cut the backward)."""
     if model is None or model.framework != "collectives":
+        return None
+    if any(sum(t.backward_segments_us[1:]) > 0.05 * max(t.backward_us, 1.0) for t in model.templates.values()):
         return None
     return [list(model.param_ready_fraction)]
 
@@ -274,7 +277,7 @@ class _Search:
             ways.append(([ready_order(model)], f"one all-reduce of all the gradients (a flat buffer) in place of "
                                                f"the script's {len(self.measured)}"))
         for buckets, what in ways:
-            ready = None if buckets is ddp_default else after_the_backward(model)
+            ready = None if buckets is ddp_default else buckets  # one flat buffer: after the backward
             t, _ = replay_once(self.search_model, WhatIf(buckets=buckets, ready_groups=ready))
             if t < final_t * 0.95:
                 said.append(f"{what} would predict {t / 1000:.2f} ms (-{100 * (1 - t / final_t):.0f} %); a change "

@@ -48,7 +48,10 @@ class ScriptCollectivesTracker:
         self.steps = LeadingOptimizerSteps()
         self.step_hook: Optional[Any] = None
         self.backward: Optional[tuple[float, float]] = None  # the latest backward call since the step (start, end)
-        self.step_backward: Optional[tuple[float, float]] = None  # the backward before the step's first all-reduce
+        self.in_backward: Optional[float] = None  # a backward call under way: its start
+        # the backward of the step's first all-reduce: the one before it, or the one it was called in (end None until
+        # that returns)
+        self.step_backward: Optional[tuple[float, Optional[float]]] = None
         self.calls_in_step = 0  # gradient all-reduces since the last step
         self.bytes_in_step = 0  # what they carried (before the tracker joined: is it the gradients?)
         self.next_ready_us = 0.0  # where the step's next call could have started (the previous one's return)
@@ -116,17 +119,24 @@ class ScriptCollectivesTracker:
         """Is anyone else profiling the job? (a DDP module or a Horovod optimizer: then this tracker stays out)"""
         return self.joined or not self.session.trackers
 
+    def backward_started(self, start_us: float) -> None:
+        self.in_backward = start_us
+
     def backward_called(self, start_us: float, end_us: float) -> None:
         self.backward = (start_us, end_us)
+        self.in_backward = None
         self.next_ready_us = end_us
+        if self.step_backward is not None and self.step_backward[1] is None:
+            self.step_backward = (self.step_backward[0], end_us)
 
     def collective_returned(self, name: str, args: tuple, kwargs: dict, result: Any, us: float) -> bool:
         """A torch.distributed call of the script's returned after `us` µs: True where it is one of the step's
         gradient buckets (recorded here, not among the script's other collectives)."""
-        if name not in GRADIENT_COLLECTIVES or self.backward is None or not self.watching():
+        inside = self.in_backward is not None  # a gradient hook's call (the script overlaps them by hand)
+        if name not in GRADIENT_COLLECTIVES or not (inside or self.backward is not None) or not self.watching():
             return False
         if self.calls_in_step == 0:
-            self.step_backward = self.backward
+            self.step_backward = (self.in_backward, None) if inside else self.backward
         self.calls_in_step += 1
         if not self.joined:
             tensor = args[0] if args else kwargs.get("tensor")
@@ -139,15 +149,17 @@ class ScriptCollectivesTracker:
         session = self.session
         if session.detail_active:
             tensor = args[0] if args else kwargs.get("tensor")
-            session.guard("recording a gradient all-reduce", self._record, tensor, result, us)
+            session.guard("recording a gradient all-reduce", self._record, tensor, result, us, inside)
         return True
 
-    def _record(self, tensor, result, us: float) -> None:
+    def _record(self, tensor, result, us: float, inside: bool) -> None:
+        """One bucket's record: from where the call could have started (inside the backward: its own start; after
+        it: the backward's end, or the previous synchronous call's return) to its return (or its Work's end)."""
         session = self.session
         now = session.now_us()
         index = self.calls_in_step - 1
         if index == 0:
-            self._step_started_sharing()
+            self._read_gradients()
         key = (0, index)
         if key not in session.records.buckets:
             nbytes = tensor.numel() * tensor.element_size()
@@ -160,16 +172,20 @@ class ScriptCollectivesTracker:
                 if name not in params["bytes"]:
                     params["order"].append(name)
                     params["bytes"][name] = sizes[name]
-        for name in session.records.buckets[key]["params"]:
-            if name not in self.param_bytes or not session.cfg.param_hooks:  # no hook times it: ready at the end
-                session.records.grad_ready.append((session.iteration, name, self.step_backward[1]))
         work = result if hasattr(result, "get_future") else None
-        start = max(self.next_ready_us, now - us) if work is not None else self.next_ready_us
+        if inside:
+            start = now - us
+        else:
+            start = max(self.next_ready_us, now - us) if work is not None else self.next_ready_us
+        for name in session.records.buckets[key]["params"]:
+            if name not in self.param_bytes or not session.cfg.param_hooks:  # no hook times it: ready at the call
+                session.records.grad_ready.append((session.iteration, name, start))
         record = CommRecord(session.iteration, 0, index, start, start, now)
         session.records.comm.append(record)
         if work is None:
             self.serial = True
-            self.next_ready_us = now
+            if not inside:
+                self.next_ready_us = now
             return
         self.asynchronous = True
 
@@ -178,27 +194,35 @@ class ScriptCollectivesTracker:
 
         work.get_future().add_done_callback(done)
 
-    def _step_started_sharing(self) -> None:
-        """The step's first gradient all-reduce (in the window): its gradients' owners by address, and their ready
-        times in the step's last backward (an accumulated micro-batch's are earlier: left out)."""
-        session = self.session
-        self.grad_names, self.param_bytes = {}, {}
+    def _read_gradients(self) -> None:
+        """The trained parameters' gradients by address (those that exist yet: inside the backward, the later
+        ones come as it goes, `_names_sent` reads again) and their bytes; none named yet."""
         for root in self.roots:
             for name, param in root.named_parameters():
                 if param.grad is not None:
                     self.grad_names[param.grad.data_ptr()] = name
-                    self.param_bytes[name] = param.grad.numel() * param.grad.element_size()
-        self.unnamed = list(self.param_bytes)
-        start = self.step_backward[0]
-        ready = [(name, t) for name, t in self.ready_in_step if t >= start]
+                    if name not in self.param_bytes:
+                        self.param_bytes[name] = param.grad.numel() * param.grad.element_size()
+                        self.unnamed.append(name)
+
+    def _keep_ready_times(self) -> None:
+        """At the step: its gradients' ready times in its last backward (an accumulated micro-batch's, earlier, are
+        left out)."""
+        session = self.session
+        if self.step_backward is not None and session.detail_active:
+            start = self.step_backward[0]
+            session.records.grad_ready.extend((session.iteration, name, t) for name, t in self.ready_in_step
+                                              if t >= start)
         self.ready_in_step.clear()
-        session.records.grad_ready.extend((session.iteration, name, t) for name, t in ready)
 
     def _names_sent(self, tensor, nbytes: int) -> list[str]:
         """The parameters whose gradients `tensor` carries: the one it is (by address), or, for a flat buffer, the
         run of the step's not yet named parameters (model order) whose bytes add up to its own (the whole model;
         a chunk of it). [] where neither fits."""
         name = self.grad_names.get(tensor.data_ptr())
+        if name is None and self.in_backward is not None:
+            self._read_gradients()
+            name = self.grad_names.get(tensor.data_ptr())
         if name is not None:
             if name in self.unnamed:
                 self.unnamed.remove(name)
@@ -252,8 +276,9 @@ class ScriptCollectivesTracker:
         session = self.session
         leading = self.steps.step(id(optimizer))
         calls, sent = self.calls_in_step, self.bytes_in_step
-        self.calls_in_step, self.bytes_in_step, self.backward = 0, 0, None
-        self.ready_in_step.clear()
+        self.calls_in_step, self.bytes_in_step, self.backward, self.in_backward = 0, 0, None, None
+        self._keep_ready_times()
+        self.grad_names, self.param_bytes, self.unnamed = {}, {}, []
         if not self.joined:
             shared = calls > 0 and sent >= SHARED_SHARE * _gradient_bytes(optimizer)
             if shared and not session.trackers and session.phase == "warmup" and not session.disabled:
@@ -307,6 +332,7 @@ def watch_gradient_collectives(session: RankSession) -> None:
         if not tracker.watching() or (compiler is not None and compiler.is_compiling()):
             return original(*args, **kwargs)
         started = time.perf_counter()
+        tracker.backward_started(session.now_us())
         result = original(*args, **kwargs)
         took_us = (time.perf_counter() - started) * 1e6
         end = session.now_us()
