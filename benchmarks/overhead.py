@@ -7,6 +7,7 @@ follow the window with no profiling, and over the few iterations with torch.prof
 over the rounds and their ratios.
 
 usage: python benchmarks/overhead.py [--reps 5] [--np 2] [--steps 40] [--examples mlp_many_layers,...]
+[--script-args "..."]
 (an entry of --examples ending in .py is a script's path from the repository root, e.g. benchmarks/shapes/x.py)
 """
 from __future__ import annotations
@@ -28,24 +29,31 @@ def script_path(example: str) -> str:
     return os.path.join(REPO, example) if example.endswith(".py") else os.path.join(REPO, "examples", f"{example}.py")
 
 
-def plain_torchrun(example: str, nproc: int, steps: int) -> float:
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                          script_path(example), "--steps", str(steps)],
-                         capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
+def plain_torchrun(example: str, nproc: int, steps: int, script_args: tuple = ()) -> float:
+    for attempt in range(3):  # torch's gloo teardown aborts a rank now and then at exit ("terminate called without an
+        # active exception"), after its timings were printed: launched again
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              f"--nproc-per-node={nproc}", script_path(example), "--steps", str(steps), *script_args],
+                             capture_output=True, text=True, cwd=REPO, timeout=600)
+        if out.returncode == 0:
+            break
+    else:
+        raise RuntimeError(f"torchrun failed 3 times: {out.stderr[-1000:]}")
     match = re.search(r"median iteration time: ([0-9.]+) ms", out.stdout)
     if not match:
         raise RuntimeError(f"no timing in torchrun output: {out.stdout[-500:]}")
     return float(match.group(1))
 
 
-def under_dprorun(example: str, nproc: int, steps: int, extra: list[str]) -> tuple[float, float, float]:
+def under_dprorun(example: str, nproc: int, steps: int, extra: list[str],
+                  script_args: tuple = ()) -> tuple[float, float, float]:
     half = steps // 2
     active = max(1, steps // 4)
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
         subprocess.run([sys.executable, "-m", "dprorun.cli", "-np", str(nproc), "--run-dir", run_dir, "-q",
                         "--warmup", str(half), "--active", str(active), "--clean", str(steps - half - active - 1),
-                        *extra, "python", script_path(example), "--steps", str(steps)],
+                        *extra, "python", script_path(example), "--steps", str(steps), *script_args],
                        capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
         from dprorun.summary import summarize_run
 
@@ -61,6 +69,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--examples", default=",".join(EXAMPLES))
     parser.add_argument("--dprorun-args", default="", help="extra dprorun flags, e.g. '--no-kineto'")
+    parser.add_argument("--script-args", default="", help="the script's own flags, e.g. '--model conv --adam'")
     args = parser.parse_args()
     extra = args.dprorun_args.split()
     rows = []
@@ -69,8 +78,8 @@ def main() -> None:
     for example in args.examples.split(","):
         plain, window, clean, kineto = [], [], [], []
         for _ in range(args.reps):
-            plain.append(plain_torchrun(example, args.np, args.steps))
-            w, c, k = under_dprorun(example, args.np, args.steps, extra)
+            plain.append(plain_torchrun(example, args.np, args.steps, tuple(args.script_args.split())))
+            w, c, k = under_dprorun(example, args.np, args.steps, extra, tuple(args.script_args.split()))
             window.append(w)
             clean.append(c)
             kineto.append(k)

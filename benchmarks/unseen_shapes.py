@@ -246,12 +246,13 @@ JOBS = {
     "tf-keras-functional-two-inputs": (["--backend", "tf"], "tf_session44.py", ["--functional-two-inputs"],
                                        "tensorflow"),
     # session 45: gradients all-reduced by the script itself (no wrapper): the tutorial's per-parameter loop, a flat
-    # buffer, async_op calls, buffers of about 1 MB; a conv net with BatchNorm and Adam, an embedding bag,
+    # buffer, async_op calls, buffers of about 1 MB, async calls from gradient hooks inside the backward; a conv net with BatchNorm and Adam, an embedding bag,
     # micro-batches accumulated before the all-reduces, a loss all-reduced for logging after the step
     "by-hand-tutorial-loop": ([], "by_hand_session45.py", ["--style", "loop"], "torch"),
     "by-hand-flat-buffer": ([], "by_hand_session45.py", ["--style", "flat"], "torch"),
     "by-hand-async-op": ([], "by_hand_session45.py", ["--style", "async"], "torch"),
     "by-hand-1mb-buffers": ([], "by_hand_session45.py", ["--style", "chunks"], "torch"),
+    "by-hand-overlap-from-grad-hooks": ([], "by_hand_session45.py", ["--style", "hooks"], "torch"),
     "by-hand-conv-bn-adam": ([], "by_hand_session45.py", ["--style", "loop", "--model", "conv", "--adam"], "torch"),
     "by-hand-embedding-bag-flat": ([], "by_hand_session45.py", ["--style", "flat", "--model", "embed"], "torch"),
     "by-hand-accumulate-4": ([], "by_hand_session45.py", ["--style", "chunks", "--accumulate", "4"], "torch"),
