@@ -4,7 +4,9 @@ against real runs of those jobs (benchmarks/shapes/by_hand_session45.py --style 
 
 Rounds interleave the three styles; each style's reference is the median over rounds of its runs' iterations
 without profiling (the clean ones after the window). Two models: an MLP and a conv net with BatchNorm (Adam).
-`python benchmarks/by_hand_whatifs.py [--rounds 3] [--steps 60]`; the last line gives the median absolute errors.
+`python benchmarks/by_hand_whatifs.py [--rounds 3] [--steps 60] [--net loopback|1gbit] [--keep DIR]`; the last line
+gives the median absolute errors. --net 1gbit runs every launch in a network namespace whose loopback is a 1 Gbit/s
+tbf link (scripts/with-netns-1gbit; needs root).
 """
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "shapes", "by_hand_session45.py")
+NETNS = os.path.join(REPO, "scripts", "with-netns-1gbit")
 STYLES = ("loop", "flat", "ddp")
 MODELS = {"mlp": ["--model", "mlp"], "conv-adam": ["--model", "conv", "--adam"]}
 
 
-def profile(run_dir: str, style: str, model_args: list[str], steps: int) -> None:
-    cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", run_dir, "-np", "2", "python", SCRIPT, "--style", style,
+def profile(run_dir: str, style: str, model_args: list[str], steps: int, net: str) -> None:
+    cmd = ([NETNS, "--"] if net == "1gbit" else []) + [sys.executable, "-m", "dprorun.cli", "--run-dir", run_dir, "-np", "2", "python", SCRIPT, "--style", style,
            "--steps", str(steps), *model_args]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600, env=dict(os.environ,
                                                                                              DPRO_REPORT="0"))
@@ -57,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--net", choices=("loopback", "1gbit"), default="loopback")
     parser.add_argument("--keep", help="keep the run directories under this folder (default: a temporary one)")
     args = parser.parse_args()
     errors: list[float] = []
@@ -70,7 +74,7 @@ def main() -> None:
             for k in range(args.rounds):
                 for style in STYLES:
                     run_dir = os.path.join(tmp, f"{name}-{style}-{k}")
-                    profile(run_dir, style, model_args, args.steps)
+                    profile(run_dir, style, model_args, args.steps, args.net)
                     measured[style].append(clean_ms(run_dir))
                     if style == "loop":
                         for what, ms in predictions(run_dir).items():
