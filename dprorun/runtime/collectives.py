@@ -129,9 +129,18 @@ class ScriptCollectivesTracker:
         if self.step_backward is not None and self.step_backward[1] is None:
             self.step_backward = (self.step_backward[0], end_us)
 
-    def collective_returned(self, name: str, args: tuple, kwargs: dict, result: Any, us: float) -> bool:
-        """A torch.distributed call of the script's returned after `us` µs: True where it is one of the step's
-        gradient buckets (recorded here, not among the script's other collectives)."""
+    def wants_work(self, name: str, args: tuple, kwargs: dict) -> bool:
+        """Is this synchronous call a gradient bucket to record in the window? Then it is made with async_op=True
+        and waited for at once (runtime/watch.py), as torch's synchronous path does: its Work's future tells when it
+        completed, where an NCCL call returns once enqueued on its stream."""
+        return (name in GRADIENT_COLLECTIVES and self.joined and self.session.detail_active
+                and (self.in_backward is not None or self.backward is not None))
+
+    def collective_returned(self, name: str, args: tuple, kwargs: dict, result: Any, us: float,
+                            waited: bool = False) -> bool:
+        """A torch.distributed call of the script's returned after `us` µs (`waited`: a synchronous call made
+        asynchronous to be waited for at once): True where it is one of the step's gradient buckets (recorded here,
+        not among the script's other collectives)."""
         inside = self.in_backward is not None  # a gradient hook's call (the script overlaps them by hand)
         if name not in GRADIENT_COLLECTIVES or not (inside or self.backward is not None) or not self.watching():
             return False
@@ -149,10 +158,10 @@ class ScriptCollectivesTracker:
         session = self.session
         if session.detail_active:
             tensor = args[0] if args else kwargs.get("tensor")
-            session.guard("recording a gradient all-reduce", self._record, tensor, result, us, inside)
+            session.guard("recording a gradient all-reduce", self._record, tensor, result, us, inside, waited)
         return True
 
-    def _record(self, tensor, result, us: float, inside: bool) -> None:
+    def _record(self, tensor, result, us: float, inside: bool, waited: bool) -> None:
         """One bucket's record: from where the call could have started (inside the backward: its own start; after
         it: the backward's end, or the previous synchronous call's return) to its return (or its Work's end)."""
         session = self.session
@@ -176,23 +185,30 @@ class ScriptCollectivesTracker:
         if inside:
             start = now - us
         else:
-            start = max(self.next_ready_us, now - us) if work is not None else self.next_ready_us
+            start = max(self.next_ready_us, now - us) if work is not None and not waited else self.next_ready_us
         for name in session.records.buckets[key]["params"]:
             if name not in self.param_bytes or not session.cfg.param_hooks:  # no hook times it: ready at the call
                 session.records.grad_ready.append((session.iteration, name, start))
         record = CommRecord(session.iteration, 0, index, start, start, now)
         session.records.comm.append(record)
-        if work is None:
+        if work is None or waited:
             self.serial = True
             if not inside:
-                self.next_ready_us = now
+                self.next_ready_us = now  # made asynchronous and waited for: moved to the wait's end (`work_waited`)
+        else:
+            self.asynchronous = True
+        if work is None:
             return
-        self.asynchronous = True
 
         def done(_future, record=record):
             record.done_us = session.now_us()
 
         work.get_future().add_done_callback(done)
+
+    def work_waited(self) -> None:
+        """A synchronous call made asynchronous returned from its wait: the next call could start only now."""
+        if self.in_backward is None:
+            self.next_ready_us = self.session.now_us()
 
     def _read_gradients(self) -> None:
         """The trained parameters' gradients by address (those that exist yet: inside the backward, the later
@@ -324,6 +340,8 @@ def watch_gradient_collectives(session: RankSession) -> None:
         return
     tracker = ScriptCollectivesTracker(session)
     session.script_use.returned = tracker.collective_returned
+    session.script_use.wants_work = tracker.wants_work
+    session.script_use.work_waited = tracker.work_waited
     original = autograd.backward
     compiler = sys.modules.get("torch.compiler")
 

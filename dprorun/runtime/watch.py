@@ -55,9 +55,14 @@ class ScriptUse:
     # told when a collective called from outside dprorun returns ("torch.distributed.all_gather", µs the call took;
     # an async_op call: its launch): the session keeps the window's (beside the gradient buckets, runtime/session.py)
     timed: Optional[Callable[[str, float], None]] = None
-    # told when a torch.distributed call of the script's returned (name, args, kwargs, its result, µs): True where it
-    # was one of the gradients' buckets (runtime/collectives.py), which is then not timed as the script's own
-    returned: Optional[Callable[[str, tuple, dict, object, float], bool]] = None
+    # told when a torch.distributed call of the script's returned (name, args, kwargs, its result, µs, whether the
+    # call was made asynchronous to be waited for here): True where it was one of the gradients' buckets
+    # (runtime/collectives.py), which is then not timed as the script's own
+    returned: Optional[Callable[[str, tuple, dict, object, float, bool], bool]] = None
+    # asked before a synchronous call: should it be made with async_op=True and waited for here (what torch's
+    # synchronous path does itself), so that its Work tells when it completed (an NCCL call returns once enqueued)?
+    wants_work: Optional[Callable[[str, tuple, dict], bool]] = None
+    work_waited: Optional[Callable[[], None]] = None  # told when such a call's wait returned
 
 
 def read_subprocess_scripts(folder: str) -> list[str]:
@@ -261,6 +266,20 @@ def _timed_call(use: ScriptUse, label: str, call, /, *args, **kwargs):
             pass
 
 
+ASYNC_OP_POSITION = 3  # all_reduce(tensor, op, group, async_op)
+
+
+def _asks_for_work(use: ScriptUse, name: str, args: tuple, kwargs: dict) -> bool:
+    """A synchronous call the tracker of the script's gradient all-reduces wants a Work of (`ScriptUse.wants_work`);
+    never one given async_op, positionally or by name."""
+    if use.wants_work is None or kwargs.get("async_op") or len(args) > ASYNC_OP_POSITION:
+        return False
+    try:
+        return bool(use.wants_work(name, args, kwargs))
+    except Exception:
+        return False
+
+
 def _tell_timed(use: ScriptUse, label: str, us: float) -> None:
     try:
         use.timed(label, us)
@@ -290,19 +309,25 @@ def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True)
         label = f"{module.__name__}.{name}"
         if use.returned is None:
             return _timed_call(use, label, collective, *args, **kwargs)
+        waited = _asks_for_work(use, name, args, kwargs)
         start = time.perf_counter()
         try:
-            result = collective(*args, **kwargs)
+            result = collective(*args, **dict(kwargs, async_op=True)) if waited else collective(*args, **kwargs)
         except BaseException:
             _tell_timed(use, label, (time.perf_counter() - start) * 1e6)
             raise
         us = (time.perf_counter() - start) * 1e6
         try:
-            bucket = use.returned(name, args, kwargs, result, us)
+            bucket = use.returned(name, args, kwargs, result, us, waited)
         except Exception:  # a listener never reaches the script's collective
             bucket = False
         if not bucket:
             _tell_timed(use, label, us)
+        if waited and result is not None:
+            result.wait()
+            if use.work_waited is not None:
+                use.work_waited()
+            return None
         return result
 
     return watched
