@@ -38,12 +38,17 @@ def host_output(results) -> str:
     return results[0].stdout
 
 
+def script_path(example: str) -> str:
+    """An example's name, or a script's path from the repository root (ending in .py: benchmarks/shapes/x.py)."""
+    return os.path.join(REPO, example) if example.endswith(".py") else os.path.join(REPO, "examples", f"{example}.py")
+
+
 def measure(example: str, hosts: int, args, env: dict) -> float:
     with EmulatedCluster(hosts, args.cpus, args.rate) as cluster:
         out = host_output(cluster.run(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
              "--master-addr", "{master_addr}", "--master-port", str(PORT), "--nproc-per-node", "1",
-             os.path.join(REPO, "examples", f"{example}.py"), "--steps", str(args.steps),
+             script_path(example), "--steps", str(args.steps),
              *shlex.split(args.script_args)], 900, env))
     return float(re.search(r"median iteration time: ([0-9.]+) ms", out).group(1))
 
@@ -55,7 +60,7 @@ def dry_run(example: str, args, env: dict, run_dir: str) -> tuple[float, float, 
             [sys.executable, "-m", "dprorun.cli", "--dry-run", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
              "--master-addr", "{master_addr}", "--master-port", str(PORT + 1), "-np", "2", "--local-np", "1",
              "--run-dir", os.path.join(run_dir, "node{node_rank}"), "python",
-             os.path.join(REPO, "examples", f"{example}.py"), "--steps", "40", *shlex.split(args.script_args)],
+             script_path(example), "--steps", "40", *shlex.split(args.script_args)],
             900, env))
     four = float(re.search(r"predicted iteration time: ([0-9.]+) ms", out).group(1))
     profiled = float(re.search(r"measured iteration time ([0-9.]+) ms", out).group(1))
