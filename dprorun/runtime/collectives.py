@@ -1,24 +1,28 @@
 """Gradients shared by the script's own torch.distributed.all_reduce calls (no wrapper): the PyTorch tutorial's
-`average_gradients` (one all-reduce per parameter after the backward), a flat buffer all-reduced by hand, DP-SGD's
-noised sum. Nothing in the script changes.
+`average_gradients` (one all-reduce per parameter after the backward), flat buffers all-reduced by hand, async_op
+calls waited for before the step, calls from gradient hooks inside the backward (overlap by hand). Nothing in the
+script changes.
 
-The tracker watches from the moment torch.distributed is imported, and takes part in the job only where no
-supported wrapper does (no DDP module, no hvd.DistributedOptimizer) and an optimizer step followed all-reduces
-called after a backward pass: it joins the session then (`ScriptCollectivesTracker.step_done`), and the job's
-iterations are counted from there, one per step of its most-stepped optimizer (runtime/steps.py), as for Horovod:
-iteration k runs from the end of step k-1 to the end of step k.
-  - `torch.autograd.backward` (loss.backward()) is timed: the last call before the step's first all-reduce is
-    the iteration's backward0; forward0 runs from the iteration's start to it (data, forward, loss);
-  - each all_reduce after that backward and before the step is one bucket of its own, in call order (bucket k is
-    the step's k-th call), named after the parameter whose gradient it sends (or `all_reduce<k>`: a flat buffer);
-    every gradient is ready when the backward ends (the script sends nothing before), so each bucket's ready point
-    is then; a call made without async_op returns when its all-reduce is done, and the next one cannot start
-    before: its record starts where the previous call returned (the script's own work between two calls, the
-    division of a per-parameter loop, is part of the call it delays), and the job's collectives are replayed one at
-    a time (`describe()["serial"]`);
-  - an async_op call's record ends when its Work completes (the future's callback).
-The update is the optimizer step's span (the session's hooks). The bucket layout is the script's: what-ifs that
-re-cut the buckets are not offered (replay/build.py)."""
+The tracker watches from the moment torch.distributed and torch.autograd are imported, and takes part in the job only
+where no supported wrapper does (no DDP module, no hvd.DistributedOptimizer) and an optimizer step followed
+all-reduces called after or inside a backward pass that carried at least half the optimizer's gradient bytes: it
+joins the session at such a step (`ScriptCollectivesTracker.step_returned`), and the job's iterations are counted from
+there, one per step of its most-stepped optimizer (runtime/steps.py), as for Horovod: iteration k runs from the end
+of step k-1 to the end of step k.
+  - `torch.autograd.backward` (what loss.backward() calls) is timed: the backward of the step's first all-reduce
+    (the last one before it, or the one it was called in) is the iteration's backward0; forward0 runs from the
+    iteration's start to it (data, forward, loss, earlier micro-batches);
+  - each such all_reduce before the step is one bucket of its own, in call order (bucket k is the step's k-th
+    call), named after the parameters whose gradients it carries (by address; a flat buffer by its bytes: the
+    run of parameters in model order they add up to; else `all_reduce<k>`);
+  - a call after the backward could start no earlier than the backward's end or the previous synchronous call's
+    return: its record starts there (the script's own work between two calls, a per-parameter loop's division, is
+    part of the call it delays); a call inside the backward starts at its own start, cutting the backward as DDP's
+    buckets do; a synchronous call makes the job's collectives replay one at a time (`describe()["serial"]`);
+  - a record ends when the call's Work completes (its future's callback): a synchronous call is made with
+    async_op=True in the window and waited for at once (an NCCL call returns once enqueued on its stream).
+The update is the optimizer step's span (the session's hooks). The bucket layout is the script's: the optimizer
+leaves it (replay/build.py) and says what one flat all-reduce or DDP would give (optimize/search.py)."""
 from __future__ import annotations
 
 import functools
@@ -53,6 +57,10 @@ class ScriptCollectivesTracker:
         # that returns)
         self.step_backward: Optional[tuple[float, Optional[float]]] = None
         self.calls_in_step = 0  # gradient all-reduces since the last step
+        # ... since the iteration began: a call's bucket index (two optimizers stepped in turn, a GAN's, each after
+        # all-reducing its model's gradients: their buckets apart)
+        self.calls_in_iteration = 0
+        self.optimizers_seen: set[int] = set()  # the optimizers whose trained models are among `roots`
         self.bytes_in_step = 0  # what they carried (before the tracker joined: is it the gradients?)
         self.next_ready_us = 0.0  # where the step's next call could have started (the previous one's return)
         self.iteration_start = 0.0
@@ -83,15 +91,24 @@ class ScriptCollectivesTracker:
                 self.scope_handles.extend(session.guard("naming module scopes", add_module_scopes, root) or [])
         if not session.cfg.param_hooks:
             return
-        for root in self.roots:
+        for name, param in self.named_parameters():
+            if not param.requires_grad:
+                continue
+
+            def ready(p, name=name):
+                self.ready_in_step.append((name, session.now_us()))
+
+            self.scope_handles.append(param.register_post_accumulate_grad_hook(ready))
+
+    def named_parameters(self):
+        """The trained models' parameters, named as their model names them; a second model's (a GAN's generator
+        beside its critic, each with its optimizer) prefixed "model<k>." where names would repeat."""
+        seen = set()
+        for k, root in enumerate(self.roots):
             for name, param in root.named_parameters():
-                if not param.requires_grad:
-                    continue
-
-                def ready(p, name=name):
-                    self.ready_in_step.append((name, session.now_us()))
-
-                self.scope_handles.append(param.register_post_accumulate_grad_hook(ready))
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield (f"model{k}.{name}" if k else name), param
 
     def window_stopped(self) -> None:
         self.stop_param_hooks()
@@ -147,6 +164,7 @@ class ScriptCollectivesTracker:
         if self.calls_in_step == 0:
             self.step_backward = (self.in_backward, None) if inside else self.backward
         self.calls_in_step += 1
+        self.calls_in_iteration += self.joined
         if not self.joined:
             tensor = args[0] if args else kwargs.get("tensor")
             self.bytes_in_step += tensor.numel() * tensor.element_size() if hasattr(tensor, "numel") else 0
@@ -166,8 +184,8 @@ class ScriptCollectivesTracker:
         it: the backward's end, or the previous synchronous call's return) to its return (or its Work's end)."""
         session = self.session
         now = session.now_us()
-        index = self.calls_in_step - 1
-        if index == 0:
+        index = self.calls_in_iteration - 1
+        if self.calls_in_step == 1:
             self._read_gradients()
         key = (0, index)
         if key not in session.records.buckets:
@@ -213,13 +231,12 @@ class ScriptCollectivesTracker:
     def _read_gradients(self) -> None:
         """The trained parameters' gradients by address (those that exist yet: inside the backward, the later
         ones come as it goes, `_names_sent` reads again) and their bytes; none named yet."""
-        for root in self.roots:
-            for name, param in root.named_parameters():
-                if param.grad is not None:
-                    self.grad_names[param.grad.data_ptr()] = name
-                    if name not in self.param_bytes:
-                        self.param_bytes[name] = param.grad.numel() * param.grad.element_size()
-                        self.unnamed.append(name)
+        for name, param in self.named_parameters():
+            if param.grad is not None:
+                self.grad_names[param.grad.data_ptr()] = name
+                if name not in self.param_bytes:
+                    self.param_bytes[name] = param.grad.numel() * param.grad.element_size()
+                    self.unnamed.append(name)
 
     def _keep_ready_times(self) -> None:
         """At the step: its gradients' ready times in its last backward (an accumulated micro-batch's, earlier, are
@@ -300,8 +317,11 @@ class ScriptCollectivesTracker:
             if shared and not session.trackers and session.phase == "warmup" and not session.disabled:
                 self._join(optimizer)
             return
+        if id(optimizer) not in self.optimizers_seen:
+            self._add_trained_model(optimizer)
         if not leading:
             return
+        self.calls_in_iteration = 0
         if session.detail_active and self.step_backward is not None:
             start, end = self.step_backward
             session.mark("forward0", self.iteration_start, start)
@@ -310,10 +330,18 @@ class ScriptCollectivesTracker:
         session.begin_iteration()
         self.iteration_start = session.now_us()
 
+    def _add_trained_model(self, optimizer) -> None:
+        """The outermost modules holding the optimizer's parameters (its gradients' names, module scopes), once per
+        optimizer."""
+        from dprorun.runtime.horovod import trained_roots
+
+        self.optimizers_seen.add(id(optimizer))
+        held = {id(root) for root in self.roots}
+        found = self.session.guard("finding the trained model", trained_roots, optimizer) or []
+        self.roots += [root for root in found if id(root) not in held]
+
     def _join(self, optimizer) -> None:
         import torch.distributed as dist
-
-        from dprorun.runtime.horovod import trained_roots
 
         session = self.session
         self.joined = self.primary = True
@@ -322,7 +350,7 @@ class ScriptCollectivesTracker:
             self.backend = str(dist.get_backend())
         except Exception:
             self.backend = ""
-        self.roots = session.guard("finding the trained model", trained_roots, optimizer) or []
+        self._add_trained_model(optimizer)
         self.steps.new_lead()
         self.steps.step(id(optimizer))
         self.step_backward = None
