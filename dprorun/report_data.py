@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from dprorun.fsutil import read_json
+from dprorun.replay.build import SCRIPT_ALL_REDUCES
 from dprorun.trace.model import OpKind, RunTrace
 
 if TYPE_CHECKING:
@@ -164,7 +165,9 @@ def build_report(analysis: "RunAnalysis", whatif_time_budget_s: float = 60.0,
                               "critical_path": prediction.critical_path, "comm_model": prediction.comm_model}
         if prediction.self_check and prediction.self_check["status"] != "agrees":
             data["notes"].append(prediction.self_check["message"])
-        data["notes"] += [note for note in prediction.notes if note.startswith("warning")]
+        data["notes"] += [note for note in prediction.notes if note.startswith("warning") and note not in data["notes"]]
+        if model.framework == "collectives":  # what was replayed as buckets (build._script_all_reduces)
+            data["notes"] += [note for note in model.notes if note.startswith(SCRIPT_ALL_REDUCES)]
         data["replayed_timeline"] = _replayed_timeline(model)
         data["whatif"] = _whatif_curves(model, whatif_time_budget_s, max_whatif_ops)
         if data["whatif"]["folded"]:

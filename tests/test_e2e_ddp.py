@@ -598,6 +598,12 @@ def test_gradients_the_script_all_reduces_itself_are_profiled_and_replayed(tmp_p
         in optimize.stdout, optimize.stdout
     run = load_run(str(run_dir))
     assert run.world_size == 2 and any(op.kind is OpKind.BW for op in run.ranks[1].ops)
+    from dprorun.analysis import RunAnalysis
+    from dprorun.report_data import build_report
+
+    notes = build_report(RunAnalysis(str(run_dir)), whatif_time_budget_s=5.0)["notes"]
+    assert len(notes) == len(set(notes)), notes  # the self-check's warning was on the page twice
+    assert any(note.startswith("the gradients are all-reduced by the script's own calls (4 a step)") for note in notes)
 
 
 @pytest.mark.parametrize("style", ["async", "flat", "hooks"])

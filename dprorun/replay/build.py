@@ -76,6 +76,9 @@ def _horovod_costs(model: JobModel, run: RunTrace, calibration: list) -> None:
                            "the other ranks (expect modelled what-ifs to overrate communication)")
 
 
+SCRIPT_ALL_REDUCES = "the gradients are all-reduced by the script's own calls"
+
+
 def _script_all_reduces(model: JobModel) -> None:
     """Gradients all-reduced by the script's own calls (runtime/collectives.py): its buckets are its calls, which
     dprorun cannot change (the optimizer leaves them; re-bucketing what-ifs answer what fusing them, or a
@@ -83,9 +86,8 @@ def _script_all_reduces(model: JobModel) -> None:
     model.framework = "collectives"
     calls = len(model.buckets)
     model.bucket_layout_fixed = (f"the script's own torch.distributed.all_reduce calls ({calls} a step) send the "
-                                 "gradients, after the backward: dprorun cannot change them")
-    model.notes.append(f"the gradients are all-reduced by the script's own calls ({calls} a step, after the "
-                       "backward), each replayed as one bucket")
+                                 "gradients: dprorun cannot change them")
+    model.notes.append(f"{SCRIPT_ALL_REDUCES} ({calls} a step), each replayed as one bucket")
 
 
 def build_job_model(run: RunTrace) -> JobModel:
