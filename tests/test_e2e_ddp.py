@@ -534,6 +534,7 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+sched = torch.optim.lr_scheduler.StepLR(opt, 10)  # made before the first step: it wraps the instance's step
 style = sys.argv[1]
 works = []
 if style == "hooks":  # overlap by hand: each gradient all-reduced from its hook inside the backward
@@ -565,6 +566,7 @@ for _ in range(30):
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             p.grad /= dist.get_world_size()
     opt.step()
+    sched.step()
 dist.destroy_process_group()
 """
 
@@ -577,7 +579,9 @@ def _rank0_events(run_dir) -> dict:
 def test_gradients_the_script_all_reduces_itself_are_profiled_and_replayed(tmp_path):
     """The PyTorch tutorial's average_gradients (no wrapper: one dist.all_reduce per gradient after backward()) ran
     unprofiled; each call is now a bucket of its own, named after its parameter, ready at the backward's end, the
-    calls replayed one at a time; the optimizer cannot change them and says what fusing them or DDP would give."""
+    calls replayed one at a time; the optimizer cannot change them and says what fusing them or DDP would give. An LR
+    scheduler made before the first step wraps the optimizer's step on the instance: profiled all the same (it was
+    not: the wrapper of the class's step was never reached through the scheduler's)."""
     script = tmp_path / "by_hand.py"
     script.write_text(HAND_AVERAGED_SCRIPT)
     run_dir = tmp_path / "run"

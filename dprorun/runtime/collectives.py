@@ -61,6 +61,7 @@ class ScriptCollectivesTracker:
         # all-reducing its model's gradients: their buckets apart)
         self.calls_in_iteration = 0
         self.optimizers_seen: set[int] = set()  # the optimizers whose trained models are among `roots`
+        self.stepping: dict[int, int] = {}  # id(optimizer) -> its step's wrappers under way (`_stepped`)
         self.bytes_in_step = 0  # what they carried (before the tracker joined: is it the gradients?)
         self.next_ready_us = 0.0  # where the step's next call could have started (the previous one's return)
         self.iteration_start = 0.0
@@ -272,36 +273,55 @@ class ScriptCollectivesTracker:
         return run
 
     def _step_done_hook(self, optimizer, args, kwargs) -> None:
-        """torch's global post-hook of every optimizer step: the optimizer's class gets its step wrapped (nothing
-        else here: the session's own hooks are added or removed at the window's edges, and torch is iterating
-        over them now)."""
+        """torch's global post-hook of every optimizer step: the optimizer's step gets wrapped, on its class and on
+        the instance where something wrapped it there (nothing else here: the session's own hooks are added or
+        removed at the window's edges, and torch is iterating over them now)."""
         if not self.joined and not (self.calls_in_step and not self.session.trackers):
             return
         cls = type(optimizer)
         if not getattr(cls.step, "_dpro_step_returned", False):
-            self.session.guard("wrapping the optimizer's step", self._wrap_step, cls)
+            self.session.guard("wrapping the optimizer's step", self._wrap_class_step, cls)
+        own = optimizer.__dict__.get("step")
+        if own is not None and not getattr(own, "_dpro_step_returned", False):
+            self.session.guard("wrapping the optimizer's step", self._wrap_instance_step, optimizer, own)
 
-    def _wrap_step(self, cls) -> None:
+    def _stepped(self, optimizer, call, *args, **kwargs):
+        """call(...) (an optimizer's step), `step_returned` after the outermost of the wrappers it runs through (a
+        subclass's step calling super().step(), an LR scheduler's wrapper calling the class's)."""
+        key = id(optimizer)
+        self.stepping[key] = self.stepping.get(key, 0) + 1
+        try:
+            result = call(*args, **kwargs)
+        finally:
+            self.stepping[key] -= 1
+        if self.stepping[key] == 0:
+            self.session.guard("closing a step of the script's own all-reduces", self.step_returned, optimizer)
+        return result
+
+    def _wrap_class_step(self, cls) -> None:
         """cls.step returns through `step_returned` (its first step, this one, returns unseen): wrapped on the
-        class, as torch wraps it for its hooks (an LR scheduler's wrapper of the instance's step, made before or
-        after, calls through it; the class stays picklable)."""
+        class, as torch wraps it for its hooks (the class stays picklable; an LR scheduler made later wraps the
+        instance's bound step, which calls through it)."""
         original = cls.step
-        depth = [0]  # a subclass's step calling super().step(), both wrapped: the outer one ends the step
 
         @functools.wraps(original)
         def step(optimizer, *args, **kwargs):
-            depth[0] += 1
-            try:
-                result = original(optimizer, *args, **kwargs)
-            finally:
-                depth[0] -= 1
-            if depth[0] == 0:
-                self.session.guard("closing a step of the script's own all-reduces", self.step_returned, optimizer)
-            return result
+            return self._stepped(optimizer, original, optimizer, *args, **kwargs)
 
         step.hooked = True  # torch's own mark: its hooks' wrapper is inside, not to be added again
         step._dpro_step_returned = True
         cls.step = step
+
+    def _wrap_instance_step(self, optimizer, own) -> None:
+        """An LR scheduler made before the first step wraps the instance's step around the class's function of
+        then (torch's `patch_track_step_called`), so the class's wrapper is never reached through it: the
+        instance's wrapper is wrapped too (its marks kept: a later scheduler sees the step wrapped already)."""
+        @functools.wraps(own)
+        def step(*args, **kwargs):
+            return self._stepped(optimizer, own, *args, **kwargs)
+
+        step._dpro_step_returned = True
+        optimizer.step = step
 
     def step_returned(self, optimizer) -> None:
         """An optimizer's step returned. Not yet in the job: it joins where the step followed gradient all-reduces
