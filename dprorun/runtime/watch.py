@@ -260,10 +260,7 @@ def _timed_call(use: ScriptUse, label: str, call, /, *args, **kwargs):
     try:
         return call(*args, **kwargs)
     finally:
-        try:
-            use.timed(label, (time.perf_counter() - start) * 1e6)
-        except Exception:
-            pass
+        _tell_timed(use, label, (time.perf_counter() - start) * 1e6)
 
 
 ASYNC_OP_POSITION = 3  # all_reduce(tensor, op, group, async_op)
@@ -281,6 +278,7 @@ def _asks_for_work(use: ScriptUse, name: str, args: tuple, kwargs: dict) -> bool
 
 
 def _tell_timed(use: ScriptUse, label: str, us: float) -> None:
+    """`use.timed(label, us)`; a failing listener never reaches the script's call."""
     try:
         use.timed(label, us)
     except Exception:
@@ -307,8 +305,6 @@ def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True)
         if use.timed is None or sys._getframe(1).f_globals.get("__name__", "").startswith("dprorun."):
             return collective(*args, **kwargs)
         label = f"{module.__name__}.{name}"
-        if use.returned is None:
-            return _timed_call(use, label, collective, *args, **kwargs)
         waited = _asks_for_work(use, name, args, kwargs)
         start = time.perf_counter()
         try:
@@ -317,10 +313,12 @@ def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True)
             _tell_timed(use, label, (time.perf_counter() - start) * 1e6)
             raise
         us = (time.perf_counter() - start) * 1e6
-        try:
-            bucket = use.returned(name, args, kwargs, result, us, waited)
-        except Exception:  # a listener never reaches the script's collective
-            bucket = False
+        bucket = False
+        if use.returned is not None:
+            try:
+                bucket = use.returned(name, args, kwargs, result, us, waited)
+            except Exception:  # a listener never reaches the script's collective
+                bucket = False
         if not bucket:
             _tell_timed(use, label, us)
         if waited and result is not None:
