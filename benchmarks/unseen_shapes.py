@@ -246,8 +246,9 @@ JOBS = {
     "tf-keras-functional-two-inputs": (["--backend", "tf"], "tf_session44.py", ["--functional-two-inputs"],
                                        "tensorflow"),
     # session 45: gradients all-reduced by the script itself (no wrapper): the tutorial's per-parameter loop, a flat
-    # buffer, async_op calls, buffers of about 1 MB, async calls from gradient hooks inside the backward; a conv net with BatchNorm and Adam, an embedding bag,
-    # micro-batches accumulated before the all-reduces, a loss all-reduced for logging after the step
+    # buffer, async_op calls, buffers of about 1 MB, async calls from gradient hooks inside the backward; a conv net
+    # with BatchNorm and Adam, an embedding bag, micro-batches accumulated before the all-reduces, a loss all-reduced
+    # for logging after the step, Adam with an LR scheduler made before the first step and clipping
     "by-hand-tutorial-loop": ([], "by_hand_session45.py", ["--style", "loop"], "torch"),
     "by-hand-flat-buffer": ([], "by_hand_session45.py", ["--style", "flat"], "torch"),
     "by-hand-async-op": ([], "by_hand_session45.py", ["--style", "async"], "torch"),
@@ -258,6 +259,8 @@ JOBS = {
     "by-hand-accumulate-4": ([], "by_hand_session45.py", ["--style", "chunks", "--accumulate", "4"], "torch"),
     "by-hand-loss-logged": ([], "by_hand_session45.py", ["--style", "async", "--log-loss", "--model", "conv"],
                             "torch"),
+    "by-hand-adamw-steplr-clip": ([], "by_hand_session45.py", ["--style", "loop", "--adam", "--scheduler", "--clip"],
+                                  "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

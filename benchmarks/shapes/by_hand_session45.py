@@ -11,6 +11,8 @@ backward, every Work waited for before the step.
 --accumulate N: N micro-batches (forward and backward each) before the gradients are shared.
 --style ddp: the same model under DistributedDataParallel (the comparison: dprorun's wrapper-based profile).
 --adam: Adam instead of SGD with momentum. --log-loss: the loss all-reduced for logging after the step.
+--scheduler: a StepLR made before the first step (it wraps the optimizer's step on the instance). --clip: the
+gradients clipped after they are shared.
 """
 import argparse, statistics, time
 import torch, torch.distributed as dist, torch.nn as nn
@@ -21,6 +23,7 @@ p.add_argument("--style", choices=("loop", "flat", "async", "chunks", "hooks", "
 p.add_argument("--model", choices=("mlp", "conv", "embed"), default="mlp")
 p.add_argument("--accumulate", type=int, default=1)
 p.add_argument("--adam", action="store_true"); p.add_argument("--log-loss", action="store_true")
+p.add_argument("--scheduler", action="store_true"); p.add_argument("--clip", action="store_true")
 a = p.parse_args()
 dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
 world = dist.get_world_size()
@@ -49,6 +52,7 @@ for prm in net.parameters():
 model = nn.parallel.DistributedDataParallel(net) if a.style == "ddp" else net
 opt = torch.optim.Adam(net.parameters(), lr=1e-3) if a.adam else \
     torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+scheduler = torch.optim.lr_scheduler.StepLR(opt, 10, 0.5) if a.scheduler else None
 
 
 in_flight: list = []
@@ -102,7 +106,11 @@ for step in range(a.steps):
         loss = F.cross_entropy(model(x), y) / a.accumulate
         loss.backward()
     share_gradients()
+    if a.clip:
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
     opt.step()
+    if scheduler is not None:
+        scheduler.step()
     if a.log_loss:
         logged = loss.detach().clone(); dist.all_reduce(logged)
     times.append(time.perf_counter() - t)
