@@ -261,6 +261,9 @@ JOBS = {
                             "torch"),
     "by-hand-adamw-steplr-clip": ([], "by_hand_session45.py", ["--style", "loop", "--adam", "--scheduler", "--clip"],
                                   "torch"),
+    "by-hand-gan-two-optimizers": ([], "by_hand_more.py", ["--gan"], "torch"),
+    "by-hand-sgd-subclass-steplr": ([], "by_hand_more.py", ["--subclass"], "torch"),
+    "by-hand-gradscaler-bf16": ([], "by_hand_more.py", ["--scaler-bf16"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -636,6 +636,24 @@ def test_gradients_all_reduced_async_or_flat_by_the_script_are_profiled(tmp_path
         assert [b["params"] for b in events["buckets"]] == [["0.weight", "0.bias"], ["2.weight", "2.bias"]]
 
 
+def test_two_models_stepped_in_turn_by_hand_keep_the_other_models_all_reduces_as_measured(tmp_path):
+    """A GAN by hand (benchmarks/shapes/by_hand_more.py --gan): the critic's and the generator's all-reduces, each
+    before its own optimizer's step. The step that ends no iteration ran its all-reduces inside forward0: they stay the
+    script's own collectives, not buckets (as buckets they were replayed again after the backward: +34 % over the
+    window; the replay now follows it)."""
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "python",
+                           os.path.join(REPO, "benchmarks", "shapes", "by_hand_more.py"), "--gan", "--steps", "30"],
+                          run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the replay of the job as it ran (" in proc.stdout + proc.stderr, proc.stdout[-2000:]
+    events = _rank0_events(run_dir)
+    names = [b["params"][0] for b in events["buckets"]]
+    assert len(names) == 4 and len({name.startswith("model1.") for name in names}) == 1, names  # one model's
+    assert {row[1] for row in events["script_collectives"]} == {"torch.distributed.all_reduce"}
+    assert {row[2] for row in events["script_collectives"]} == {4}  # the other model's four, every iteration
+
+
 def test_a_job_sharing_gradients_without_a_backward_call_is_told_what_was_seen(tmp_path):
     """Gradients from torch.autograd.grad (no backward() call), all-reduced by hand: runs as under torchrun; rank 0
     says it saw the script's own collectives and the group, not FSDP (an optimizer's step imports parts of

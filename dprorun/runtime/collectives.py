@@ -57,9 +57,11 @@ class ScriptCollectivesTracker:
         # that returns)
         self.step_backward: Optional[tuple[float, Optional[float]]] = None
         self.calls_in_step = 0  # gradient all-reduces since the last step
-        # ... since the iteration began: a call's bucket index (two optimizers stepped in turn, a GAN's, each after
-        # all-reducing its model's gradients: their buckets apart)
-        self.calls_in_iteration = 0
+        # what the step's calls recorded (comm records, gradient-ready rows, new bucket keys): left out again where the
+        # step ends no iteration (`_leave_out_step`)
+        self.step_records: list[CommRecord] = []
+        self.step_ready: list[tuple] = []
+        self.step_new_keys: list[tuple[int, int]] = []
         self.optimizers_seen: set[int] = set()  # the optimizers whose trained models are among `roots`
         self.stepping: dict[int, int] = {}  # id(optimizer) -> its step's wrappers under way (`_stepped`)
         self.bytes_in_step = 0  # what they carried (before the tracker joined: is it the gradients?)
@@ -102,8 +104,8 @@ class ScriptCollectivesTracker:
             self.scope_handles.append(param.register_post_accumulate_grad_hook(ready))
 
     def named_parameters(self):
-        """The trained models' parameters, named as their model names them; a second model's (a GAN's generator
-        beside its critic, each with its optimizer) prefixed "model<k>." where names would repeat."""
+        """The trained models' parameters, named as their model names them; the k-th model's after the first (a
+        GAN's generator beside its critic, each with its optimizer) prefixed "model<k>." (their names repeat)."""
         seen = set()
         for k, root in enumerate(self.roots):
             for name, param in root.named_parameters():
@@ -165,7 +167,6 @@ class ScriptCollectivesTracker:
         if self.calls_in_step == 0:
             self.step_backward = (self.in_backward, None) if inside else self.backward
         self.calls_in_step += 1
-        self.calls_in_iteration += self.joined
         if not self.joined:
             tensor = args[0] if args else kwargs.get("tensor")
             self.bytes_in_step += tensor.numel() * tensor.element_size() if hasattr(tensor, "numel") else 0
@@ -185,7 +186,7 @@ class ScriptCollectivesTracker:
         it: the backward's end, or the previous synchronous call's return) to its return (or its Work's end)."""
         session = self.session
         now = session.now_us()
-        index = self.calls_in_iteration - 1
+        index = self.calls_in_step - 1
         if self.calls_in_step == 1:
             self._read_gradients()
         key = (0, index)
@@ -194,6 +195,7 @@ class ScriptCollectivesTracker:
             names = self._names_sent(tensor, nbytes) or [f"all_reduce{index}"]
             session.records.buckets[key] = {"nbytes": nbytes, "numel": tensor.numel(),
                                             "dtype": str(tensor.dtype).replace("torch.", ""), "params": names}
+            self.step_new_keys.append(key)
             params = session.records.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
             sizes = self.param_bytes if names[0] in self.param_bytes else {names[0]: nbytes}
             for name in names:
@@ -207,9 +209,11 @@ class ScriptCollectivesTracker:
             start = max(self.next_ready_us, now - us) if work is not None and not waited else self.next_ready_us
         for name in session.records.buckets[key]["params"]:
             if name not in self.param_bytes or not session.cfg.param_hooks:  # no hook times it: ready at the call
-                session.records.grad_ready.append((session.iteration, name, start))
+                self.step_ready.append((session.iteration, name, start))
+                session.records.grad_ready.append(self.step_ready[-1])
         record = CommRecord(session.iteration, 0, index, start, start, now)
         session.records.comm.append(record)
+        self.step_records.append(record)
         if work is None or waited:
             self.serial = True
             if not inside:
@@ -238,6 +242,26 @@ class ScriptCollectivesTracker:
                 if name not in self.param_bytes:
                     self.param_bytes[name] = param.grad.numel() * param.grad.element_size()
                     self.unnamed.append(name)
+
+    def _leave_out_step(self) -> None:
+        """A step that ends no iteration (the other model's, of two stepped in turn: a GAN's by hand): its
+        all-reduces ran before the iteration's backward0, inside forward0 as measured. They stay among the script's
+        own collectives (timed, named in what-ifs), not buckets: as buckets they were replayed once more, after the
+        backward (a GAN's replay 34 % over its window)."""
+        records = self.session.records
+        dropped = {id(record) for record in self.step_records} | {id(row) for row in self.step_ready}
+        records.comm[:] = [record for record in records.comm if id(record) not in dropped]
+        records.grad_ready[:] = [row for row in records.grad_ready if id(row) not in dropped]
+        for record in self.step_records:
+            records.add_script_collective(record.iteration, "torch.distributed.all_reduce",
+                                          max(0.0, (record.done_us or record.enqueue_us) - record.enqueue_us))
+        params = records.params.get(0, {"order": [], "bytes": {}})
+        for key in self.step_new_keys:
+            for name in records.buckets.pop(key, {}).get("params", []):
+                params["bytes"].pop(name, None)
+                if name in params["order"]:
+                    params["order"].remove(name)
+        self.ready_in_step.clear()
 
     def _keep_ready_times(self) -> None:
         """At the step: its gradients' ready times in its last backward (an accumulated micro-batch's, earlier, are
@@ -330,7 +354,11 @@ class ScriptCollectivesTracker:
         leading = self.steps.step(id(optimizer))
         calls, sent = self.calls_in_step, self.bytes_in_step
         self.calls_in_step, self.bytes_in_step, self.backward, self.in_backward = 0, 0, None, None
-        self._keep_ready_times()
+        if self.joined and not leading:
+            self._leave_out_step()
+        else:
+            self._keep_ready_times()
+        self.step_records, self.step_ready, self.step_new_keys = [], [], []
         self.grad_names, self.param_bytes, self.unnamed = {}, {}, []
         if not self.joined:
             shared = calls > 0 and sent >= SHARED_SHARE * _gradient_bytes(optimizer)
@@ -341,7 +369,6 @@ class ScriptCollectivesTracker:
             self._add_trained_model(optimizer)
         if not leading:
             return
-        self.calls_in_iteration = 0
         if session.detail_active and self.step_backward is not None:
             start, end = self.step_backward
             session.mark("forward0", self.iteration_start, start)
