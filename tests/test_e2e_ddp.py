@@ -1,6 +1,7 @@
 """Real 2-rank DDP jobs through dprorun (gloo on CPU), not mocked."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import psutil
 import pytest
 
 from conftest import EXAMPLES, REPO, run_dprorun
+from dprorun.fsutil import UnanswerableError
 from dprorun.trace.model import OpKind
 from dprorun.trace.rundir import load_run
 
@@ -652,6 +654,51 @@ def test_two_models_stepped_in_turn_by_hand_keep_the_other_models_all_reduces_as
     assert len(names) == 4 and len({name.startswith("model1.") for name in names}) == 1, names  # one model's
     assert {row[1] for row in events["script_collectives"]} == {"torch.distributed.all_reduce"}
     assert {row[2] for row in events["script_collectives"]} == {4}  # the other model's four, every iteration
+
+
+@pytest.mark.parametrize("style", ["tensor", "groups"])
+def test_an_optimizer_sharded_by_hand_is_profiled_and_replayed(tmp_path, style):
+    """ZeRO by hand (benchmarks/shapes/zero_by_hand.py): the gradients reduce-scattered, each rank stepping its
+    shard, the parameters all-gathered after the step; it ran unprofiled ("nothing was profiled"). The reduce-scatters
+    are buckets after the backward, the gathers buckets after the update (the iteration ends once they returned: the
+    first cut began it at their launch and counted them twice, +24 % over the window), each priced as the all-reduce
+    of half its bytes; re-bucketing is refused with why, a world-size what-if grows with the ring."""
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "python",
+                           os.path.join(REPO, "benchmarks", "shapes", "zero_by_hand.py"), "--style", style,
+                           "--steps", "30"], run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nothing was profiled" not in proc.stderr, proc.stderr[-2000:]
+    assert "the replay of the job as it ran (" in proc.stdout + proc.stderr, proc.stdout[-2000:]
+    events = _rank0_events(run_dir)
+    assert events["trackers"][0]["framework"] == "collectives" and events["trackers"][0]["sharded"]
+    kinds = [b.get("collective", "all_reduce") for b in events["buckets"]]
+    groups = 3 if style == "groups" else 1  # the MLP's parameters in groups of about 1 MB
+    assert kinds == ["reduce_scatter"] * groups + ["all_gather"] * groups, kinds
+    scattered = sum(b["nbytes"] for b in events["buckets"] if b.get("collective") == "reduce_scatter")
+    assert scattered >= (256 * 1024 + 1024 * 1024 + 1024 * 10) * 4, scattered  # every gradient, padded
+    window = events["window"]
+    profiled = range(window["warmup"], window["warmup"] + window["active"])
+    per_iteration = {i: sum(1 for row in events["comm"] if row[0] == i) for i in profiled}
+    assert set(per_iteration.values()) == {2 * groups}, per_iteration  # each iteration's scatters and gathers
+    from dprorun.analysis import RunAnalysis
+    from dprorun.replay.predict import predict
+    from dprorun.replay.whatif import WhatIf
+
+    analysis = RunAnalysis(str(run_dir))
+    model = analysis.model
+    assert [b.collective for b in model.buckets] == kinds and all(t.gathered for t in model.templates.values())
+    as_run = analysis.prediction.predicted_iteration_time_ms
+    window_ms = statistics.median(model.window_iterations_us) / 1000
+    assert 0.7 * window_ms < as_run < 1.3 * window_ms, (as_run, window_ms)  # the gathers counted once
+    larger = [predict(model, WhatIf(world_size=n)).predicted_iteration_time_ms for n in (4, 8)]
+    assert larger[0] < larger[1], larger
+    with pytest.raises(UnanswerableError, match="sharded by hand"):
+        predict(model, WhatIf(bucket_mb=1.0))
+    optimize = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "optimize", str(run_dir)],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert optimize.returncode == 0, optimize.stderr[-2000:]
+    assert "communication passes off" in optimize.stdout, optimize.stdout
 
 
 def test_a_job_sharing_gradients_without_a_backward_call_is_told_what_was_seen(tmp_path):

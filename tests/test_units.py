@@ -1367,3 +1367,26 @@ def test_a_buffer_all_reduced_by_hand_is_named_after_the_parameters_it_carries()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     assert _gradient_bytes(optimizer) == sum(tracker.param_bytes.values()) == 92
     assert 4 < SHARED_SHARE * 92 <= flat.numel() * 4 + 48  # a loss is no sharing; the flat buffer and 0.weight are
+
+
+def test_a_sharded_steps_collectives_cover_their_whole_tensors_and_price_as_half_an_all_reduce():
+    """runtime/collectives.covered: a reduce-scatter covers its input (the list form's chunks, or the flat tensor),
+    an all-gather its output, by position or keyword; replay/template.ring_bytes: each sends what an all-reduce of
+    half those bytes sends on a ring ((N-1)/N of them per rank), an all-reduce its own."""
+    import torch
+
+    from dprorun.replay.template import ring_bytes
+    from dprorun.runtime.collectives import covered
+    from dprorun.trace.model import Bucket
+
+    flat, shard = torch.zeros(10), torch.zeros(5)
+    assert covered("reduce_scatter", (shard, list(flat.chunk(2))), {})[1] == 40
+    assert covered("reduce_scatter_tensor", (shard,), {"input": flat})[1] == 40
+    assert covered("all_gather_into_tensor", (flat, shard), {})[1] == 40
+    assert covered("all_gather", (), {"tensor_list": list(flat.chunk(2)), "tensor": shard})[1] == 40
+    tensor, nbytes = covered("all_reduce", (shard,), {})
+    assert tensor is shard and nbytes == 20
+    assert covered("reduce_scatter", (shard,), {}) == (None, 0)  # no input given: nothing it covers
+    assert ring_bytes(Bucket(0, 4000, ["reduce_scatter0"], collective="reduce_scatter")) == 2000
+    assert ring_bytes(Bucket(1, 4000, ["all_gather1"], collective="all_gather")) == 2000
+    assert ring_bytes(Bucket(2, 4000, ["0.weight"])) == 4000

@@ -193,7 +193,7 @@ class _Search:
         """The job's own layout (DDP's grouping at its cap where the measured buckets are not all known)."""
         known = set(self.model.param_ready_fraction)
         measured = [list(b.params) for b in self.model.buckets]
-        if not measured or any(p not in known for g in measured for p in g):
+        if not measured or (any(p not in known for g in measured for p in g) and not self.model.sharded_buckets()):
             measured = ddp_grouping(self.model, self.model.bucket_cap_mb or 25.0)
         self.measured = measured
         current = Strategy(buckets=measured)
@@ -267,7 +267,7 @@ class _Search:
         for the first, 25 MB after; each sent as soon as its gradients are ready in the backward), would give, where
         either is 5 % faster."""
         model = self.model
-        if model.framework != "collectives":
+        if model.framework != "collectives" or model.sharded_buckets():  # ZeRO by hand: no all-reduce to fuse
             return []
         said = []
         ddp_default = ddp_buckets(ready_order(model), model.param_bytes, 25 * MB, MB, model.sparse_gradients())

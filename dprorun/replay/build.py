@@ -15,7 +15,7 @@ from dprorun.replay.engine import replay
 from dprorun.replay.synthesize import synthesize
 from dprorun.replay.template import LATENCY_BOUND, BucketInfo, JobModel, MeasuredIteration, RankTemplate, \
     _horovod_timeline_points, _ready_fractions, comm_channels, fit_comm_model, horovod_comm_model, horovod_knobs_as_run, \
-    measure_rank, message_latency_us, ring_size, transport_on_compute_cores
+    measure_rank, message_latency_us, ring_bytes, ring_size, transport_on_compute_cores
 from dprorun.replay.whatif import WhatIf
 from dprorun.stats import median
 from dprorun.trace.model import RankTrace, RunTrace, ddp_groups, is_tf_tracker
@@ -40,7 +40,8 @@ def _synchronised(buckets: list[BucketInfo], templates: dict[int, RankTemplate])
     others: a second DDP module stepped now and then (a WGAN-GP's generator, every 5th critic step) all-reduces
     in few iterations; its buckets, taken for the iteration's own, had no ready point in it (the replay failed:
     KeyError). The iterations where they ran are replayed without their all-reduces (said)."""
-    seen = set.intersection(*(set(t.bucket_ready_order) for t in templates.values())) if templates else set()
+    seen = set.intersection(*(set(t.bucket_ready_order + t.gathered) for t in templates.values())) if templates \
+        else set()
     kept = [b for b in buckets if b.key in seen] if seen else buckets
     left = [b.key for b in buckets if b not in kept]
     if not left:
@@ -85,9 +86,17 @@ def _script_all_reduces(model: JobModel) -> None:
     DistributedDataParallel of the model, would give)."""
     model.framework = "collectives"
     calls = len(model.buckets)
-    model.bucket_layout_fixed = (f"the script's own torch.distributed.all_reduce calls ({calls} a step) send the "
-                                 "gradients: dprorun cannot change them")
+    kinds = sorted({b.collective for b in model.buckets})
+    model.bucket_layout_fixed = (f"the script's own torch.distributed.{' / '.join(kinds)} calls ({calls} a step) "
+                                 "send the gradients: dprorun cannot change them")
     model.notes.append(f"{SCRIPT_ALL_REDUCES} ({calls} a step), each replayed as one bucket")
+    if model.sharded_buckets():
+        scatters = sum(b.collective == "reduce_scatter" for b in model.buckets)
+        gathers = sum(b.collective == "all_gather" for b in model.buckets)
+        model.notes.append(f"its optimizer is sharded by hand (ZeRO): {scatters} reduce-scatter(s) of the gradients "
+                           f"before the step, {gathers} all-gather(s) of the parameters after it; each priced as the "
+                           "all-reduce that sends the same bytes on the ring (half its own), its ring messages "
+                           "counted twice (the N-1 extra messages' latency over)")
 
 
 def build_job_model(run: RunTrace) -> JobModel:
@@ -118,8 +127,9 @@ def build_job_model(run: RunTrace) -> JobModel:
                       {k: float(np.mean(v)) for k, v in per_iteration_tx.get(i, {}).items()}) for i in common]
     first = run.ranks[ranks[0]]
     buckets, skipped = _synchronised(
-        [BucketInfo(b.key, b.nbytes, list(b.params), median(transmit.get(b.key, []), 0.0), sparse=b.sparse,
-                    wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0, hook_work=b.hook_work)
+        [BucketInfo(b.key, ring_bytes(b), list(b.params), median(transmit.get(b.key, []), 0.0), sparse=b.sparse,
+                    wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0, hook_work=b.hook_work,
+                    collective=b.collective)
          for b in first.buckets], templates)
     # ring all-reduces (not a hook's own work: PowerSGD's 128 KB took 10-25 ms of factorising on 2 CPU cores)
     points = [(b.nbytes, t) for b in buckets if not b.sparse and not b.hook_work for t in transmit.get(b.key, [])]

@@ -97,7 +97,8 @@ def _rejoin_rank(graph: ReplayGraph, plan: CommPlan, g: GraphBuilder, r: int, sy
     stop = start + int(after[0]) if len(after) else len(chain)
     new_chain = [_copy(g, graph, n) for n in chain[:start]]
     if recut:
-        new_chain += _recut_backward(graph, plan, g, r, chain[start:stop], syncs, attach)
+        new_chain += _recut_backward(graph, plan, g, r, chain[start:stop], [s for s in syncs if not s.after_update],
+                                     attach)
     else:
         attached = _attachments(graph, plan, r)
         for n in chain[start:stop]:
@@ -106,10 +107,18 @@ def _rejoin_rank(graph: ReplayGraph, plan: CommPlan, g: GraphBuilder, r: int, sy
                 attach(new_chain[-1], key)
     tail = [_copy(g, graph, n) for n in chain[stop:]]
     g.chain(new_chain + tail)
+    # a sharded step's parameter gathers: handed over by the update's last node, before the node after it
+    updates = [k for k, n in enumerate(chain[stop:]) if graph.phases[n] == PHASE_CODE["update"]]
+    update_at = updates[-1] if updates else len(tail) - 1
     outs = {}
     for s in syncs:
         outs[s.key] = g.op(f"r{r}.Out.{s.key}", "VIRTUAL", r, None, 0.0)
-        g.edge(outs[s.key], tail[0])
+        if s.after_update:
+            attach(tail[update_at], s.key)
+            if update_at + 1 < len(tail):
+                g.edge(outs[s.key], tail[update_at + 1])
+        else:
+            g.edge(outs[s.key], tail[0])
     return ins, outs
 
 

@@ -66,12 +66,18 @@ def local_dfg(g: GraphBuilder, r: int, t: RankTemplate, profile: Optional[OpProf
         chain += phase(f"r{r}.backward.seg0", "BW", "backward",
                        max(0.0, t.backward_us - t.enqueue_cost_us * len(model.buckets)))
     finalize = phase(f"r{r}.finalize", "BW", "finalize", t.finalize_us)
-    g.chain(chain + finalize + phase(f"r{r}.update", "UPDATE", "update", t.update_us)
-            + phase(f"r{r}.tail", "IO", "tail", t.tail_us))
+    update = phase(f"r{r}.update", "UPDATE", "update", t.update_us)
+    tail = phase(f"r{r}.tail", "IO", "tail", t.tail_us)
+    g.chain(chain + finalize + update + tail)
     outs = {}
     for s in syncs:
         outs[s.key] = g.op(f"r{r}.Out.{s.key}", "VIRTUAL", r, None, 0.0)
-        g.edge(outs[s.key], finalize[0])
+        if s.after_update:  # a sharded step's parameter gather: after the update, before the tail
+            ins[(s.key, 0)] = g.op(f"r{r}.In.{s.key}.p0", "VIRTUAL", r, None, 0.0)
+            g.edge(update[-1], ins[(s.key, 0)])
+            g.edge(outs[s.key], tail[0])
+        else:
+            g.edge(outs[s.key], finalize[0])
     return RankEnds(ins, outs)
 
 

@@ -37,6 +37,7 @@ class RankTemplate:
     measured_iteration_us: float
     finalize_us: float = 0.0  # DDP's finalize after the last bucket (copying results into .grad)
     accumulate_us: float = 0.0  # micro-batches before the forward (gradient accumulation, DDP's no_sync)
+    gathered: list[str] = field(default_factory=list)  # a sharded step's parameter gathers after the update (keys)
 
 
 @dataclass
@@ -48,6 +49,17 @@ class BucketInfo:
     sparse: bool = False  # one sparse gradient: nbytes its indices and values, gathered from every rank
     wire_ratio: float = 1.0  # bytes sent / the gradients' bytes (a compressing comm hook: 0.5)
     hook_work: bool = False  # transmit_us is a comm hook's own work plus the transmission (trace.model.Bucket)
+    # "all_reduce", or the script's "reduce_scatter" / "all_gather" (trace.model.Bucket.collective): nbytes is then
+    # the all-reduce that sends the same bytes on the ring (half its own: ring_bytes), an all-gather runs after the
+    # update
+    collective: str = "all_reduce"
+
+
+def ring_bytes(bucket) -> int:
+    """The bytes of the all-reduce that sends what `bucket` (trace.model.Bucket) sends on a ring: its own, or half
+    of a reduce-scatter's input or an all-gather's output (each rank sends (N-1)/N of them, an all-reduce 2(N-1)/N;
+    the replay's ring then counts 2(N-1) messages for its N-1: (N-1) x the message latency over)."""
+    return bucket.nbytes if bucket.collective == "all_reduce" else bucket.nbytes // 2
 
 
 @dataclass
@@ -122,6 +134,10 @@ class JobModel:
         """Bytes sent per byte of gradient, as the measured buckets were sent (a compressing comm hook: 0.5)."""
         ratios = [b.wire_ratio for b in self.buckets if not b.sparse]
         return float(np.median(ratios)) if ratios else 1.0
+
+    def sharded_buckets(self) -> list[str]:
+        """The buckets the script reduce-scatters or all-gathers itself (its optimizer sharded by hand, ZeRO)."""
+        return [b.key for b in self.buckets if b.collective != "all_reduce"]
 
     def sparse_gradients(self) -> dict[str, int]:
         """The parameters with sparse gradients (each its own bucket), with the bytes their bucket sent."""
@@ -252,6 +268,7 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
     per-bucket cost is added back in what-ifs. On a 20 ms loopback MLP step with 7 buckets it was 0.7 ms."""
     ends = {i: e for i, s, e in trace.iterations}
     starts = {i: s for i, s, e in trace.iterations}
+    after_update = {b.key for b in trace.buckets if b.collective == "all_gather"}  # a sharded step's gathers
     enqueue_cost = median([op.args.get("enqueue_cost_us", 0.0) for op in trace.ops if op.args.get("enqueue_cost_us")],
                           0.0)
     hook_overhead = enqueue_cost if own_comm_hook(trace) else 0.0
@@ -263,7 +280,9 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
         if not all(k in spans for k in (OpKind.FW, OpKind.BW, OpKind.UPDATE)):
             continue
         first, fw, bw, up = phase_spans(spans)
-        comm = sorted(slot["comm"].items(), key=lambda kv: kv[1]["enqueue"])
+        every = sorted(slot["comm"].items(), key=lambda kv: kv[1]["enqueue"])
+        comm = [(key, c) for key, c in every if key not in after_update]  # the gradients' collectives
+        gathered = max([c["done"] for key, c in every if key in after_update], default=up.end_us)
         cuts = [bw.start_us] + [min(max(c["enqueue"], bw.start_us), bw.end_us) for _, c in comm] + [bw.end_us]
         last_done = max([c["done"] for _, c in comm], default=bw.end_us)
         segments = [b - a for a, b in zip(cuts, cuts[1:])]
@@ -276,12 +295,14 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             rank=trace.rank, accumulate_us=fw.start_us - first.start_us, forward_us=fw.dur_us,
             loss_us=max(0.0, bw.start_us - fw.end_us),
             backward_segments_us=segments, bucket_ready_order=[k for k, _ in comm],
-            update_us=up.dur_us, tail_us=max(0.0, ends[i] - up.end_us), enqueue_cost_us=enqueue_cost - hook_overhead,
+            update_us=up.dur_us, tail_us=max(0.0, ends[i] - max(up.end_us, gathered)),
+            enqueue_cost_us=enqueue_cost - hook_overhead,
             backward_us=bw.dur_us - removed, iterations_used=1, measured_iteration_us=ends[i] - starts[i],
-            finalize_us=max(0.0, up.start_us - max(bw.end_us, last_done)))
+            finalize_us=max(0.0, up.start_us - max(bw.end_us, last_done)),
+            gathered=[key for key, _ in every if key in after_update])
         slots = [-np.inf] * channels  # the backend's parallel channels (gloo: 2 worker threads)
         transmit[i] = {}
-        for key, c in comm:
+        for key, c in every:
             everyone = enqueue_all.get((i, key), c["enqueue"])
             k = int(np.argmin(slots))
             transmit[i][key] = max(1.0, c["done"] - max(everyone, slots[k]))
@@ -292,6 +313,7 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
     orders = [tuple(t.bucket_ready_order) for t in samples.values()]
     order = max(set(orders), key=orders.count)
     same = [t.backward_segments_us for t in samples.values() if tuple(t.bucket_ready_order) == order]
+    gathered = [tuple(t.gathered) for t in samples.values()]
     values = list(samples.values())
 
     def med(attr: str) -> float:
@@ -303,7 +325,8 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
                             bucket_ready_order=list(order), update_us=med("update_us"), tail_us=med("tail_us"),
                             enqueue_cost_us=enqueue_cost - hook_overhead, backward_us=med("backward_us"),
                             iterations_used=len(values), measured_iteration_us=med("measured_iteration_us"),
-                            finalize_us=med("finalize_us"))
+                            finalize_us=med("finalize_us"),
+                            gathered=list(max(gathered, key=gathered.count)) if gathered else [])
     return template, samples, transmit
 
 

@@ -74,6 +74,7 @@ class Sync:
     measured_us: Optional[float]
     delay_us: float = 0.0  # after its ready point, before it can start (Horovod: cycle negotiation)
     sparse: bool = False  # one sparse gradient (BucketInfo.sparse): priced as a gather of every rank's bytes
+    after_update: bool = False  # a sharded step's parameter gather: handed over by the update, before the tail
 
 
 def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> list[tuple[list[str], float, float]]:
@@ -142,10 +143,17 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
                      else round(wire * sum(model.param_bytes[p] for p in group)), fraction, None, delay,
                      sparse=group[0] in sparse)
                 for k, (group, fraction, delay) in enumerate(responses)], False
-    if whatif.buckets is None and whatif.bucket_mb is None:
+    sharded = model.sharded_buckets()
+    own = whatif.buckets == [list(b.params) for b in model.buckets]  # the optimizer's search starts from these
+    if (whatif.buckets is None or (sharded and own)) and whatif.bucket_mb is None:
         fractions = model.param_ready_fraction
         return [Sync(b.key, b.nbytes, max((fractions[p] for p in b.params if p in fractions), default=0.0),
-                      b.transmit_us, sparse=b.sparse) for b in model.buckets], True
+                      b.transmit_us, sparse=b.sparse, after_update=b.collective == "all_gather")
+                for b in model.buckets], True
+    if sharded:
+        raise UnanswerableError(f"re-bucketing: the script reduce-scatters its gradients and gathers its parameters "
+                                f"itself ({', '.join(sharded[:3])}: its optimizer sharded by hand); dprorun's buckets "
+                                "are all-reduces")
     if not model.param_ready_fraction:
         raise UnanswerableError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
     other = [b.key for b in model.buckets if b.key.startswith("ddp")]
@@ -229,10 +237,19 @@ def comm_scale(model: JobModel) -> float:
     close in submission order and overstate them)."""
     if model.framework == "horovod" and model.comm.source.startswith("horovod"):
         return 1.0
-    pairs = [(b.transmit_us, model.comm.allreduce_us(b.nbytes, model.ring_size)) for b in model.buckets
-             if not b.sparse and not b.hook_work]  # a sparse gradient's gather is no ring all-reduce
-    pairs = [(measured, modelled) for measured, modelled in pairs if measured > 0 and modelled > 0]
-    return sum(m for m, _ in pairs) / sum(x for _, x in pairs) if pairs else 1.0
+    priced = {b.key: (b.transmit_us, model.comm.allreduce_us(b.nbytes, model.ring_size)) for b in model.buckets
+              if not b.sparse and not b.hook_work}  # a sparse gradient's gather is no ring all-reduce
+    priced = {key: (measured, modelled) for key, (measured, modelled) in priced.items() if measured > 0 and modelled > 0}
+    if not priced:
+        return 1.0
+    measured = sum(m for m, _ in priced.values())
+    sums = [sum(s.transmit_us[key] for key in priced) for s in model.samples if set(priced) <= set(s.transmit_us)]
+    if model.framework == "collectives" and model.channels == 1 and sums:
+        # the script's calls one at a time: their sum lies on the critical path, and it is taken per iteration (at
+        # its median), not as the sum of each call's median: a call's occasional slow round (22 KB taking 0.6-4.9
+        # ms) left that 13 % short of the window's own replays (a ZeRO step by hand)
+        measured = float(np.median(sums))
+    return measured / sum(x for _, x in priced.values())
 
 
 def hook_work_us_per_byte(model: JobModel) -> float:

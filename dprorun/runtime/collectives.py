@@ -33,7 +33,16 @@ from dprorun.layout import CommRecord
 from dprorun.runtime.session import RankSession
 from dprorun.runtime.steps import LeadingOptimizerSteps
 
-GRADIENT_COLLECTIVES = ("all_reduce",)  # the torch.distributed calls taken for the gradients' buckets
+# the torch.distributed calls taken for the gradients' buckets: all-reduces, and reduce-scatters (each rank keeping
+# its shard of the sum: ZeRO's optimizer sharding by hand)
+GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor")
+# the calls that gather the parameters again after a sharded step (each rank updated its shard): buckets after the
+# update, taken where a reduce-scatter shared the gradients
+PARAMETER_GATHERS = ("all_gather_into_tensor", "all_gather")
+# torch.distributed call -> where the tensor(s) it covers are (position, keyword): the gradients a reduce-scatter
+# sums (its input), the parameters an all-gather fills (its output)
+COVERED = {"all_reduce": (0, "tensor"), "reduce_scatter": (1, "input_list"), "reduce_scatter_tensor": (1, "input"),
+           "all_gather_into_tensor": (0, "output_tensor"), "all_gather": (0, "tensor_list")}
 # the share of the stepped optimizer's gradient bytes a step's all-reduces must carry for the job to be taken as one
 # sharing its gradients (a loss or a metric all-reduced between backward and step, in a job whose ranks train apart,
 # is not that)
@@ -76,12 +85,24 @@ class ScriptCollectivesTracker:
         self.ready_in_step: list[tuple[str, float]] = []  # (parameter, when its gradient was ready) since the step
         self.unnamed: list[str] = []  # the trained parameters (model order) not yet named by a bucket of the step
         self.backend = ""
+        # optimizer sharding by hand (ZeRO): the gradients reduce-scattered, each rank stepping its shard, the
+        # parameters all-gathered after the step; the iteration then ends after those gathers
+        self.sharded = False  # a step's gradient calls included a reduce-scatter
+        self.scattered_in_step = False
+        self.gathers_since_step = 0  # parameter gathers since the last step, before any backward
+        self.gathers_per_step = 0  # what the last step was followed by before its next backward
+        self.pending_gathers = 0  # a leading step returned: its iteration ends after this many more gathers
+        self.gradient_calls = 0  # the last leading step's gradient calls (its gathers' bucket indices follow them)
+        self.awaiting: Optional[CommRecord] = None  # a waited call whose Work has no future: ended by its wait
+        self.begin_after_wait = False  # the step's last gather was launched: its iteration ends at the wait's return
 
     # ---- what DDPTracker also offers the session --------------------------------------------------------
     def describe(self) -> dict:
         return {"ddp": 0, "framework": self.framework, "user_comm_hook": False, "builtin_comm_hook": False,
                 "timed_buckets": True, "backend": self.backend or "unknown", "serial": self.serial,
-                "asynchronous": self.asynchronous, "calls": "torch.distributed.all_reduce"}
+                "asynchronous": self.asynchronous, "sharded": self.sharded,
+                "calls": ("torch.distributed.reduce_scatter, all_gather" if self.sharded
+                          else "torch.distributed.all_reduce")}
 
     def detail_tier_started(self) -> None:
         """Module scopes for the profiler's op names, and each parameter's gradient-ready time in the backward (what
@@ -140,6 +161,10 @@ class ScriptCollectivesTracker:
         return self.joined or not self.session.trackers
 
     def backward_started(self, start_us: float) -> None:
+        if self.pending_gathers:  # fewer gathers than the step before: the iteration ends at this backward
+            self.session.guard("ending an iteration of a sharded step", self._begin_iteration)
+        if self.gathers_since_step:
+            self.gathers_per_step, self.gathers_since_step = self.gathers_since_step, 0
         self.in_backward = start_us
 
     def backward_called(self, start_us: float, end_us: float) -> None:
@@ -150,26 +175,32 @@ class ScriptCollectivesTracker:
             self.step_backward = (self.step_backward[0], end_us)
 
     def wants_work(self, name: str, args: tuple, kwargs: dict) -> bool:
-        """Is this synchronous call a gradient bucket to record in the window? Then it is made with async_op=True
-        and waited for at once (runtime/watch.py), as torch's synchronous path does: its Work's future tells when it
-        completed, where an NCCL call returns once enqueued on its stream."""
-        return (name in GRADIENT_COLLECTIVES and self.joined and self.session.detail_active
-                and (self.in_backward is not None or self.backward is not None))
+        """Is this synchronous call a bucket to record in the window (a gradient call, or a sharded step's parameter
+        gather)? Then it is made with async_op=True and waited for at once (runtime/watch.py), as torch's
+        synchronous path does: its Work's future tells when it completed, where an NCCL call returns once enqueued
+        on its stream."""
+        if not (self.joined and self.session.detail_active):
+            return False
+        if name in PARAMETER_GATHERS:
+            return self.pending_gathers > 0 and self.in_backward is None and self.backward is None
+        return name in GRADIENT_COLLECTIVES and (self.in_backward is not None or self.backward is not None)
 
     def collective_returned(self, name: str, args: tuple, kwargs: dict, result: Any, us: float,
                             waited: bool = False) -> bool:
         """A torch.distributed call of the script's returned after `us` µs (`waited`: a synchronous call made
         asynchronous to be waited for at once): True where it is one of the step's gradient buckets (recorded here,
         not among the script's other collectives)."""
+        if name in PARAMETER_GATHERS:
+            return self._gather_returned(name, args, kwargs, result, us, waited)
         inside = self.in_backward is not None  # a gradient hook's call (the script overlaps them by hand)
         if name not in GRADIENT_COLLECTIVES or not (inside or self.backward is not None) or not self.watching():
             return False
         if self.calls_in_step == 0:
             self.step_backward = (self.in_backward, None) if inside else self.backward
         self.calls_in_step += 1
+        self.scattered_in_step = self.scattered_in_step or name != "all_reduce"
         if not self.joined:
-            tensor = args[0] if args else kwargs.get("tensor")
-            self.bytes_in_step += tensor.numel() * tensor.element_size() if hasattr(tensor, "numel") else 0
+            self.bytes_in_step += covered(name, args, kwargs)[1]
             if self.step_hook is None:  # registered here, not inside an optimizer hook (torch iterates over them)
                 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -177,11 +208,32 @@ class ScriptCollectivesTracker:
             return False
         session = self.session
         if session.detail_active:
-            tensor = args[0] if args else kwargs.get("tensor")
-            session.guard("recording a gradient all-reduce", self._record, tensor, result, us, inside, waited)
+            session.guard("recording a gradient all-reduce", self._record, name, args, kwargs, result, us, inside,
+                          waited)
         return True
 
-    def _record(self, tensor, result, us: float, inside: bool, waited: bool) -> None:
+    def _gather_returned(self, name: str, args: tuple, kwargs: dict, result: Any, us: float, waited: bool) -> bool:
+        """A parameter gather after the step, before the next backward: counted (before the window: how many follow
+        a step), and, while a sharded step's iteration waits for them, a bucket after its update."""
+        if self.backward is not None or self.in_backward is not None or not self.watching():
+            return False
+        self.gathers_since_step += 1
+        if not self.pending_gathers:
+            return False
+        session = self.session
+        index = self.gradient_calls + self.gathers_per_step - self.pending_gathers
+        if session.detail_active:
+            session.guard("recording a parameter gather", self._record_gather, name, args, kwargs, result, us, index,
+                          waited)
+        self.pending_gathers -= 1
+        if not self.pending_gathers:
+            if waited:  # made asynchronous: the call has only been launched; it ends at its wait (`work_waited`)
+                self.begin_after_wait = True
+            else:
+                self._begin_iteration()
+        return True
+
+    def _record(self, name: str, args: tuple, kwargs: dict, result, us: float, inside: bool, waited: bool) -> None:
         """One bucket's record: from where the call could have started (inside the backward: its own start; after
         it: the backward's end, or the previous synchronous call's return) to its return (or its Work's end)."""
         session = self.session
@@ -190,18 +242,17 @@ class ScriptCollectivesTracker:
         if self.calls_in_step == 1:
             self._read_gradients()
         key = (0, index)
+        tensor, nbytes = covered(name, args, kwargs)
         if key not in session.records.buckets:
-            nbytes = tensor.numel() * tensor.element_size()
-            names = self._names_sent(tensor, nbytes) or [f"all_reduce{index}"]
-            session.records.buckets[key] = {"nbytes": nbytes, "numel": tensor.numel(),
-                                            "dtype": str(tensor.dtype).replace("torch.", ""), "params": names}
+            names = self._names_sent(tensor, nbytes) or [f"{name}{index}"]
+            session.records.buckets[key] = _bucket_entry(name, tensor, nbytes, names)
             self.step_new_keys.append(key)
             params = session.records.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
             sizes = self.param_bytes if names[0] in self.param_bytes else {names[0]: nbytes}
-            for name in names:
-                if name not in params["bytes"]:
-                    params["order"].append(name)
-                    params["bytes"][name] = sizes[name]
+            for param in names:
+                if param not in params["bytes"]:
+                    params["order"].append(param)
+                    params["bytes"][param] = sizes[param]
         work = result if hasattr(result, "get_future") else None
         if inside:
             start = now - us
@@ -211,27 +262,53 @@ class ScriptCollectivesTracker:
             if name not in self.param_bytes or not session.cfg.param_hooks:  # no hook times it: ready at the call
                 self.step_ready.append((session.iteration, name, start))
                 session.records.grad_ready.append(self.step_ready[-1])
+        self.step_records.append(self._comm_record(index, start, now, work, waited, inside))
+
+    def _record_gather(self, name: str, args: tuple, kwargs: dict, result, us: float, index: int,
+                       waited: bool) -> None:
+        """A parameter gather's bucket (its parameters are no gradients: named after the call), from the step's end
+        or the previous gather's return."""
+        session = self.session
+        now = session.now_us()
+        key = (0, index)
+        if key not in session.records.buckets:
+            tensor, nbytes = covered(name, args, kwargs)
+            session.records.buckets[key] = _bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
+        work = result if hasattr(result, "get_future") else None
+        start = max(self.next_ready_us, now - us) if work is not None and not waited else self.next_ready_us
+        self._comm_record(index, start, now, work, waited, inside=False)
+
+    def _comm_record(self, index: int, start: float, now: float, work, waited: bool, inside: bool) -> CommRecord:
+        """The call's comm record, ended by its Work's future where it returned one."""
+        session = self.session
         record = CommRecord(session.iteration, 0, index, start, start, now)
         session.records.comm.append(record)
-        self.step_records.append(record)
         if work is None or waited:
             self.serial = True
             if not inside:
                 self.next_ready_us = now  # made asynchronous and waited for: moved to the wait's end (`work_waited`)
         else:
             self.asynchronous = True
-        if work is None:
-            return
+        if work is not None:
+            def done(_future, record=record):
+                record.done_us = session.now_us()
 
-        def done(_future, record=record):
-            record.done_us = session.now_us()
-
-        work.get_future().add_done_callback(done)
+            try:
+                work.get_future().add_done_callback(done)
+            except RuntimeError:  # no future (gloo's reduce_scatter): a waited call ends at its wait's return
+                self.awaiting = record if waited else None
+        return record
 
     def work_waited(self) -> None:
-        """A synchronous call made asynchronous returned from its wait: the next call could start only now."""
+        """A synchronous call made asynchronous returned from its wait: the next call could start only now (and a
+        call whose Work has no future ended now)."""
+        now = self.session.now_us()
+        if self.awaiting is not None:
+            self.awaiting.done_us, self.awaiting = now, None
         if self.in_backward is None:
-            self.next_ready_us = self.session.now_us()
+            self.next_ready_us = now
+        if self.begin_after_wait:
+            self.session.guard("ending an iteration of a sharded step", self._begin_iteration)
 
     def _read_gradients(self) -> None:
         """The trained parameters' gradients by address (those that exist yet: inside the backward, the later
@@ -277,6 +354,8 @@ class ScriptCollectivesTracker:
         """The parameters whose gradients `tensor` carries: the one it is (by address), or, for a flat buffer, the
         run of the step's not yet named parameters (model order) whose bytes add up to its own (the whole model;
         a chunk of it). [] where neither fits."""
+        if tensor is None:
+            return []
         name = self.grad_names.get(tensor.data_ptr())
         if name is None and self.in_backward is not None:
             self._read_gradients()
@@ -354,6 +433,8 @@ class ScriptCollectivesTracker:
         leading = self.steps.step(id(optimizer))
         calls, sent = self.calls_in_step, self.bytes_in_step
         self.calls_in_step, self.bytes_in_step, self.backward, self.in_backward = 0, 0, None, None
+        self.sharded = self.sharded or self.scattered_in_step
+        self.scattered_in_step, self.gathers_since_step = False, 0
         if self.joined and not leading:
             self._leave_out_step()
         else:
@@ -374,8 +455,16 @@ class ScriptCollectivesTracker:
             session.mark("forward0", self.iteration_start, start)
             session.mark("backward0", start, end)
         self.step_backward = None
-        session.begin_iteration()
-        self.iteration_start = session.now_us()
+        if self.sharded and self.gathers_per_step:  # the iteration ends once its parameters are gathered
+            self.gradient_calls, self.pending_gathers = calls, self.gathers_per_step
+            self.next_ready_us = session.now_us()
+            return
+        self._begin_iteration()
+
+    def _begin_iteration(self) -> None:
+        self.pending_gathers, self.begin_after_wait = 0, False
+        self.session.begin_iteration()
+        self.iteration_start = self.session.now_us()
 
     def _add_trained_model(self, optimizer) -> None:
         """The outermost modules holding the optimizer's parameters (its gradients' names, module scopes), once per
@@ -434,6 +523,26 @@ def watch_gradient_collectives(session: RankSession) -> None:
 
     backward._dpro_timed = True
     autograd.backward = backward
+
+
+def covered(name: str, args: tuple, kwargs: dict) -> tuple[Any, int]:
+    """(the first tensor a collective covers, the bytes of all it covers): an all-reduce's tensor, a
+    reduce-scatter's input (the gradients summed), an all-gather's output (the parameters filled)."""
+    position, keyword = COVERED[name]
+    value = args[position] if len(args) > position else kwargs.get(keyword)
+    tensors = [t for t in (value if isinstance(value, (list, tuple)) else [value]) if hasattr(t, "numel")]
+    return (tensors[0] if tensors else None), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _bucket_entry(name: str, tensor, nbytes: int, names: list[str]) -> dict:
+    """A bucket's description (the layout's): the bytes its call covers, and the kind of collective where it is not
+    an all-reduce (a reduce-scatter or an all-gather: half the ring's traffic, replay/build.py)."""
+    numel = nbytes // tensor.element_size() if tensor is not None and tensor.element_size() else 0
+    entry = {"nbytes": nbytes, "numel": numel, "params": names,
+             "dtype": str(getattr(tensor, "dtype", "")).replace("torch.", "")}
+    if name != "all_reduce":
+        entry["collective"] = "reduce_scatter" if name.startswith("reduce_scatter") else "all_gather"
+    return entry
 
 
 def _gradient_bytes(optimizer) -> int:

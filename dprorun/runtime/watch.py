@@ -14,8 +14,9 @@ from typing import Callable, Optional
 from dprorun.runtime.log import warn
 
 SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or through Lightning, Hugging Face "
-                      "Trainer or Accelerate), gradients the script all-reduces itself (torch.distributed.all_reduce "
-                      "between loss.backward() and the optimizer's step), horovod.torch.DistributedOptimizer and "
+                      "Trainer or Accelerate), gradients the script all-reduces or reduce-scatters itself "
+                      "(torch.distributed.all_reduce, reduce_scatter between loss.backward() and the optimizer's step; "
+                      "the parameters all-gathered after a sharded step), horovod.torch.DistributedOptimizer and "
                       "horovod.tensorflow's all-reduce inside a tf.function step (DistributedGradientTape, "
                       "DistributedOptimizer)")
 # the torch.distributed calls a script makes itself when it shares gradients without a wrapper
@@ -123,8 +124,9 @@ def nothing_to_profile(use: ScriptUse) -> str:
         advice = (" dprorun profiles and replays data parallelism (each rank a whole model): a model split across the "
                   "ranks (tensor or pipeline parallelism) is neither profiled nor modelled.")
     elif use.collectives and not use.fsdp_wrappers:
-        advice = (" dprorun profiles gradients the script all-reduces itself between loss.backward() and the "
-                  "optimizer's step (torch.distributed.all_reduce); these collectives were not that (other "
+        advice = (" dprorun profiles gradients the script all-reduces or reduce-scatters itself between "
+                  "loss.backward() and the optimizer's step (torch.distributed.all_reduce, reduce_scatter); these "
+                  "collectives were not that (other "
                   "collectives, gradients from torch.func or autograd.grad with no backward() call, or no optimizer "
                   "step after them). Wrapping the model in DistributedDataParallel lets dprorun profile and replay "
                   "it.")
@@ -263,13 +265,16 @@ def _timed_call(use: ScriptUse, label: str, call, /, *args, **kwargs):
         _tell_timed(use, label, (time.perf_counter() - start) * 1e6)
 
 
-ASYNC_OP_POSITION = 3  # all_reduce(tensor, op, group, async_op)
+# where each call the tracker of the script's gradient collectives may make asynchronous takes async_op positionally
+# (all_reduce(tensor, op, group, async_op); reduce_scatter(output, input_list, op, group, async_op), ...)
+ASYNC_OP_POSITION = {"all_reduce": 3, "reduce_scatter": 4, "reduce_scatter_tensor": 4, "all_gather": 3,
+                     "all_gather_into_tensor": 3}
 
 
 def _asks_for_work(use: ScriptUse, name: str, args: tuple, kwargs: dict) -> bool:
     """A synchronous call the tracker of the script's gradient all-reduces wants a Work of (`ScriptUse.wants_work`);
     never one given async_op, positionally or by name."""
-    if use.wants_work is None or kwargs.get("async_op") or len(args) > ASYNC_OP_POSITION:
+    if use.wants_work is None or kwargs.get("async_op") or len(args) > ASYNC_OP_POSITION.get(name, 0):
         return False
     try:
         return bool(use.wants_work(name, args, kwargs))

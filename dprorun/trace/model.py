@@ -99,6 +99,10 @@ class Bucket:
     # by runtime/hook_bytes.py, no cast of torch's): its measured time is that work plus the transmission
     hook_work: bool = False
     ddp: int = 0  # which DistributedDataParallel module of the script's (0: the first; Horovod, TF, BytePS: 0)
+    # the collective that sends it where it is no all-reduce: "reduce_scatter" (gradients summed, each rank keeping
+    # its shard: nbytes the whole input) or "all_gather" (a sharded step's parameters gathered after the update:
+    # nbytes the whole output); the script's own calls (runtime/collectives.py)
+    collective: str = "all_reduce"
 
     @property
     def key(self) -> str:
