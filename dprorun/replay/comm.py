@@ -187,6 +187,9 @@ class CommPricing:
     bandwidth: float  # bytes/µs
     alpha_us: float
     hook_us_per_byte: float = 0.0  # a comm hook's own work per byte it sends (whatif.hook_work_us_per_byte)
+    # a world-size change of a job whose collectives are the script's own calls, laid out as measured: each adds the
+    # longer ring's messages and bytes to its own measured transmission (that iteration's), not to the scaled model
+    delta_on_measured: bool = False
 
     @classmethod
     def for_whatif(cls, model: JobModel, whatif: WhatIf, world: int, measured_layout: bool,
@@ -229,7 +232,8 @@ class CommPricing:
         if hook_us > 0 and not use_measured:
             notes.append(f"the script's comm hook works on the gradients beyond sending them ({hook_us * 1e3:.2f} µs a "
                          "KB it sends, measured): kept as it ran, its transmission priced for this what-if")
-        return cls(model, world, use_measured, ring_delta, scale, bandwidth, alpha, hook_us)
+        return cls(model, world, use_measured, ring_delta, scale, bandwidth, alpha, hook_us,
+                   delta_on_measured=ring_delta and measured_layout and model.framework == "collectives")
 
     def measured_us(self, sync: Sync, sample: Optional[MeasuredIteration]) -> Optional[float]:
         measured = sample.transmit_us.get(sync.key, sync.measured_us) if sample is not None else sync.measured_us
@@ -257,7 +261,10 @@ class CommPricing:
         hook_us = self.hook_us_per_byte * nbytes / steps  # a hook's own work, spread over the steps: no link's
         if self.ring_delta:
             net_bw = model.network.bandwidth_bytes_per_us
-            total = self.scale * comm.allreduce_us(nbytes, model.world_size) \
+            as_measured = sample.transmit_us.get(sync.key, sync.measured_us) if sample is not None \
+                else sync.measured_us
+            total = (as_measured if self.delta_on_measured and as_measured and pieces == 1
+                     else self.scale * comm.allreduce_us(nbytes, model.world_size)) \
                 + 2 * (self.world - model.world_size) * comm.alpha_us \
                 + (_wire_share(self.world) - _wire_share(model.world_size)) * nbytes / net_bw
             wire = _wire_share(self.world) * nbytes / net_bw

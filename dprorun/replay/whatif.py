@@ -237,19 +237,10 @@ def comm_scale(model: JobModel) -> float:
     close in submission order and overstate them)."""
     if model.framework == "horovod" and model.comm.source.startswith("horovod"):
         return 1.0
-    priced = {b.key: (b.transmit_us, model.comm.allreduce_us(b.nbytes, model.ring_size)) for b in model.buckets
-              if not b.sparse and not b.hook_work}  # a sparse gradient's gather is no ring all-reduce
-    priced = {key: (measured, modelled) for key, (measured, modelled) in priced.items() if measured > 0 and modelled > 0}
-    if not priced:
-        return 1.0
-    measured = sum(m for m, _ in priced.values())
-    sums = [sum(s.transmit_us[key] for key in priced) for s in model.samples if set(priced) <= set(s.transmit_us)]
-    if model.framework == "collectives" and model.channels == 1 and sums:
-        # the script's calls one at a time: their sum lies on the critical path, and it is taken per iteration (at
-        # its median), not as the sum of each call's median: a call's occasional slow round (22 KB taking 0.6-4.9
-        # ms) left that 13 % short of the window's own replays (a ZeRO step by hand)
-        measured = float(np.median(sums))
-    return measured / sum(x for _, x in priced.values())
+    pairs = [(b.transmit_us, model.comm.allreduce_us(b.nbytes, model.ring_size)) for b in model.buckets
+             if not b.sparse and not b.hook_work]  # a sparse gradient's gather is no ring all-reduce
+    pairs = [(measured, modelled) for measured, modelled in pairs if measured > 0 and modelled > 0]
+    return sum(m for m, _ in pairs) / sum(x for _, x in pairs) if pairs else 1.0
 
 
 def hook_work_us_per_byte(model: JobModel) -> float:

@@ -20,7 +20,11 @@ of step k-1 to the end of step k.
     part of the call it delays); a call inside the backward starts at its own start, cutting the backward as DDP's
     buckets do; a synchronous call makes the job's collectives replay one at a time (`describe()["serial"]`);
   - a record ends when the call's Work completes (its future's callback): a synchronous call is made with
-    async_op=True in the window and waited for at once (an NCCL call returns once enqueued on its stream).
+    async_op=True in the window and waited for at once (an NCCL call returns once enqueued on its stream); on gloo
+    such a call ends at its wait's return (no Python callback on gloo's threads);
+  - an optimizer sharded by hand (ZeRO): reduce-scatters are gradient calls as all-reduces are, and the all-gathers
+    after such a step, before the next backward, are buckets after the update; the iteration ends once they returned
+    (docs/architecture.md).
 The update is the optimizer step's span (the session's hooks). The bucket layout is the script's: the optimizer
 leaves it (replay/build.py) and says what one flat all-reduce or DDP would give (optimize/search.py)."""
 from __future__ import annotations
@@ -289,7 +293,11 @@ class ScriptCollectivesTracker:
                 self.next_ready_us = now  # made asynchronous and waited for: moved to the wait's end (`work_waited`)
         else:
             self.asynchronous = True
-        if work is not None:
+        if work is not None and waited and self.backend == "gloo":
+            # waited for at once on the CPU: it ends at the wait's return, with no Python callback run on gloo's
+            # threads (such callbacks go with a rare heap corruption in a rank: RESULTS.md, session 46)
+            self.awaiting = record
+        elif work is not None:
             def done(_future, record=record):
                 record.done_us = session.now_us()
 
