@@ -264,6 +264,14 @@ JOBS = {
     "by-hand-gan-two-optimizers": ([], "by_hand_more.py", ["--gan"], "torch"),
     "by-hand-sgd-subclass-steplr": ([], "by_hand_more.py", ["--subclass"], "torch"),
     "by-hand-gradscaler-bf16": ([], "by_hand_more.py", ["--scaler-bf16"], "torch"),
+    # session 46: an optimizer sharded by hand (ZeRO without a library: reduce-scatter, a shard's AdamW step,
+    # all-gather), its tensor and list forms, groups of about 1 MB on a conv net; a U-Net with GroupNorm and a frozen
+    # stem; a bidirectional GRU tagger with a large dense embedding and Adagrad
+    "zero-by-hand-tensor": ([], "zero_by_hand.py", ["--style", "tensor"], "torch"),
+    "zero-by-hand-list": ([], "zero_by_hand.py", ["--style", "list"], "torch"),
+    "zero-by-hand-groups-conv": ([], "zero_by_hand.py", ["--style", "groups", "--model", "conv"], "torch"),
+    "ddp-unet-groupnorm-frozen-stem": ([], "examples/unet_groupnorm.py", ["--freeze-stem"], "torch"),
+    "ddp-gru-tagger-adagrad": ([], "examples/gru_tagger.py", [], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -34,8 +34,9 @@ def parse_args(description: str, add_arguments=None, **defaults) -> argparse.Nam
     parser.add_argument("--closure", action="store_true",
                         help="optimizer.step(closure), the closure running forward and backward (Lightning's "
                         "automatic optimization does this)")
-    parser.add_argument("--comm-hook", choices=("none", "fp16", "bf16", "powersgd"), default="none",
-                        help="DDP comm hook of torch's: gradients sent as fp16 / bf16 (half the bytes), or PowerSGD (rank 2)")
+    parser.add_argument("--comm-hook", choices=("none", "allreduce", "fp16", "bf16", "powersgd"), default="none",
+                        help="DDP comm hook of torch's: its plain all-reduce in Python (allreduce_hook), gradients "
+                        "sent as fp16 / bf16 (half the bytes), or PowerSGD (rank 2)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="process-group backend (auto: nccl with a GPU, gloo without)")
     parser.add_argument("--own-profiler", default="",
@@ -124,7 +125,8 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
     elif args.comm_hook != "none":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        ddp.register_comm_hook(None, getattr(default_hooks, f"{args.comm_hook}_compress_hook"))
+        name = "allreduce_hook" if args.comm_hook == "allreduce" else f"{args.comm_hook}_compress_hook"
+        ddp.register_comm_hook(None, getattr(default_hooks, name))
     optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], args)
     generator = torch.Generator().manual_seed(args.seed + rank)
     step_times = []
