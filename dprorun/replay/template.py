@@ -282,7 +282,7 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
         first, fw, bw, up = phase_spans(spans)
         every = sorted(slot["comm"].items(), key=lambda kv: kv[1]["enqueue"])
         comm = [(key, c) for key, c in every if key not in after_update]  # the gradients' collectives
-        gathered = max([c["done"] for key, c in every if key in after_update], default=up.end_us)
+        gathers_done = max([c["done"] for key, c in every if key in after_update], default=up.end_us)
         cuts = [bw.start_us] + [min(max(c["enqueue"], bw.start_us), bw.end_us) for _, c in comm] + [bw.end_us]
         last_done = max([c["done"] for _, c in comm], default=bw.end_us)
         segments = [b - a for a, b in zip(cuts, cuts[1:])]
@@ -295,7 +295,7 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             rank=trace.rank, accumulate_us=fw.start_us - first.start_us, forward_us=fw.dur_us,
             loss_us=max(0.0, bw.start_us - fw.end_us),
             backward_segments_us=segments, bucket_ready_order=[k for k, _ in comm],
-            update_us=up.dur_us, tail_us=max(0.0, ends[i] - max(up.end_us, gathered)),
+            update_us=up.dur_us, tail_us=max(0.0, ends[i] - max(up.end_us, gathers_done)),
             enqueue_cost_us=enqueue_cost - hook_overhead,
             backward_us=bw.dur_us - removed, iterations_used=1, measured_iteration_us=ends[i] - starts[i],
             finalize_us=max(0.0, up.start_us - max(bw.end_us, last_done)),
