@@ -36,6 +36,7 @@ from typing import Any, Optional
 from dprorun.layout import CommRecord
 from dprorun.runtime.session import RankSession
 from dprorun.runtime.steps import LeadingOptimizerSteps
+from dprorun.runtime.watch import call_tensors
 
 # the torch.distributed calls taken for the gradients' buckets: all-reduces, and reduce-scatters (each rank keeping
 # its shard of the sum: ZeRO's optimizer sharding by hand)
@@ -536,9 +537,7 @@ def watch_gradient_collectives(session: RankSession) -> None:
 def covered(name: str, args: tuple, kwargs: dict) -> tuple[Any, int]:
     """(the first tensor a collective covers, the bytes of all it covers): an all-reduce's tensor, a
     reduce-scatter's input (the gradients summed), an all-gather's output (the parameters filled)."""
-    position, keyword = COVERED[name]
-    value = args[position] if len(args) > position else kwargs.get(keyword)
-    tensors = [t for t in (value if isinstance(value, (list, tuple)) else [value]) if hasattr(t, "numel")]
+    tensors = call_tensors(args, kwargs, *COVERED[name])
     return (tensors[0] if tensors else None), sum(t.numel() * t.element_size() for t in tensors)
 
 

@@ -24,13 +24,9 @@ MIN_RATIO_CHANGE = 0.02  # a hook within 2 % of the gradients' bytes sends them 
 
 
 def _sent_bytes(name: str, args: tuple, kwargs: dict) -> int:
-    position, keyword = COLLECTIVES[name]
-    sent = args[position] if len(args) > position else kwargs.get(keyword)
-    tensors = sent if isinstance(sent, (list, tuple)) else [sent]
-    try:
-        return sum(int(t.numel() * t.element_size()) for t in tensors)
-    except AttributeError:
-        return 0
+    from dprorun.runtime.watch import call_tensors
+
+    return sum(int(t.numel() * t.element_size()) for t in call_tensors(args, kwargs, *COLLECTIVES[name]))
 
 
 class HookBytesMeter:

@@ -271,6 +271,13 @@ ASYNC_OP_POSITION = {"all_reduce": 3, "reduce_scatter": 4, "reduce_scatter_tenso
                      "all_gather_into_tensor": 3}
 
 
+def call_tensors(args: tuple, kwargs: dict, position: int, keyword: str) -> list:
+    """The tensors a torch.distributed call was given at `position` or as `keyword` (a list's, or the one), [] for
+    anything without a size: what the hook-bytes meter and the tracker of the script's own collectives read."""
+    value = args[position] if len(args) > position else kwargs.get(keyword)
+    return [t for t in (value if isinstance(value, (list, tuple)) else [value]) if hasattr(t, "numel")]
+
+
 def _asks_for_work(use: ScriptUse, name: str, args: tuple, kwargs: dict) -> bool:
     """A synchronous call the tracker of the script's gradient all-reduces wants a Work of (`ScriptUse.wants_work`);
     never one given async_op, positionally or by name."""
