@@ -23,12 +23,13 @@ needs_horovod = pytest.mark.skipif(HOROVOD is not None, reason=HOROVOD or "")
 EXAMPLE = os.path.join(EXAMPLES, "horovod_mlp.py")
 
 
-def _constructed(path, cut: int = 0):
-    """Two steps of three tensors: a and b fused into one response (same transmission span), c alone."""
+def _constructed(path, cut: int = 0, steps: int = 2, open_negotiation: tuple = ()):
+    """Two steps of three tensors: a and b fused into one response (same transmission span), c alone;
+    `open_negotiation`: the (pid, step)s whose negotiation Horovod left without its E."""
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1000}}]
     for pid, name in ((1, "allreduce.a"), (2, "allreduce.b"), (3, "allreduce.c")):
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
-    for step in range(2):
+    for step in range(steps):
         t0 = step * 10_000
         for pid, (tx0, tx1) in ((1, (300, 900)), (2, (300, 900)), (3, (1000, 1500))):
             events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t0, "pid": pid},
@@ -43,6 +44,8 @@ def _constructed(path, cut: int = 0):
                        {"ph": "B", "name": "MEMCPY_OUT_FUSION_BUFFER", "ts": t0 + tx1 + 5, "pid": pid},
                        {"ph": "E", "ts": t0 + tx1 + 50, "pid": pid},
                        {"ph": "E", "ts": t0 + tx1 + 60, "pid": pid, "args": {"dtype": "float32", "shape": "[256, 4]"}}]
+            if (pid, step) in open_negotiation:
+                del events[-9]  # the negotiation's E
     text = "[\n" + ",\n".join(json.dumps(e) for e in events) + "]"
     with open(path, "w") as handle:
         handle.write(text[:cut] if cut else text)
@@ -63,6 +66,17 @@ def test_reader_maps_phases_fused_responses_and_ready_marks(tmp_path):
     summary = timeline_summary(timeline)
     assert [r["transmit_ms"] for r in summary["per_step"]] == [1.1, 1.1]  # 0.6 (fused, once) + 0.5
     assert timeline.trace.buckets[0].params == ["a", "b"] and timeline.trace.buckets[0].nbytes == 2 * 4096
+
+
+def test_a_negotiation_left_open_ends_at_its_operation_and_loses_no_step(tmp_path):
+    # Horovod's cached-response path can write a negotiation's B without its E: every later step of that tensor
+    # then nested one level deeper, and the reader counted 2 of a real job's 8 steps (CI, session 47)
+    path = _constructed(tmp_path / "tl.json", steps=5, open_negotiation=((1, 1), (2, 1), (3, 2)))
+    timeline = read_horovod_timeline(str(path))
+    assert timeline.steps == 5 and timeline.trace.meta["negotiations_closed_by_their_operation"] == 3
+    negotiations = [op for op in timeline.trace.ops if op.phase == "negotiate"]
+    assert len(negotiations) == 15 and all(op.end_us - op.start_us in (200, 210) for op in negotiations)
+    assert [row["span_ms"] for row in timeline_summary(timeline)["per_step"]] == [1.56] * 5
 
 
 def test_a_whole_job_tensorflow_timeline_counts_steps_of_the_gradients_only(tmp_path):
@@ -115,6 +129,15 @@ def test_truncated_and_foreign_timelines(tmp_path):
     assert proc.returncode == 2 and "not a Horovod timeline" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def _event_sequences(path) -> str:
+    """The phases of the timeline's first two gradient tensors in file order: what a failure's report needs."""
+    events = json.loads(path.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and "name" in e.get("args", {})}
+    shown = [pid for pid, name in names.items() if name.startswith("allreduce.")][:2]
+    return "\n".join(names[pid] + ": " + " ".join(f"{e['ph']}:{e.get('name', '')}" for e in events
+                                                  if e.get("pid") == pid and e.get("ph") in "BEX") for pid in shown)
+
+
 @needs_horovod
 def test_import_a_timeline_from_plain_horovodrun(tmp_path):
     timeline_path = tmp_path / "tl.json"
@@ -123,7 +146,8 @@ def test_import_a_timeline_from_plain_horovodrun(tmp_path):
                           cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     timeline = read_horovod_timeline(str(timeline_path))
-    assert len(timeline.tensors) == 2 * 8 and timeline.steps in (7, 8)  # 8 linear layers: weight + bias each
+    assert len(timeline.tensors) == 2 * 8 and timeline.steps in (7, 8), \
+        _event_sequences(timeline_path)  # 8 linear layers: weight + bias each
     assert sorted(t for group in timeline.fused_responses for t in group) == timeline.tensors
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-horovod", str(timeline_path), "--json",
                           "-o", str(tmp_path / "chrome.json")], capture_output=True, text=True, timeout=60)

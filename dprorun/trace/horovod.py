@@ -99,6 +99,7 @@ def read_horovod_timeline(path: str, rank: int = 0, host: str = "") -> HorovodTi
     step_of: dict[int, int] = {}
     ops: list[Op] = []
     ready: dict[tuple[str, int], dict[int, float]] = {}
+    repaired = 0
     for e in events:
         ph, pid = e.get("ph"), e.get("pid")
         if ph not in ("B", "E", "X") or pid not in names:
@@ -107,46 +108,57 @@ def read_horovod_timeline(path: str, rank: int = 0, host: str = "") -> HorovodTi
         kind_name, _, tensor = tensor_full.partition(".")
         ts = base + float(e.get("ts", 0.0))
         stack = stacks.setdefault(pid, [])
-        training = is_step_tensor(tensor_full)
+        step = step_of.get(pid, 0)
+        common = dict(rank=rank, iteration=step if is_step_tensor(tensor_full) else -1, stream="comm", host=host,
+                      tensor=tensor or tensor_full, source="horovod")
         if ph == "X":
             if str(e.get("name", "")).isdigit() and stack and stack[-1][0].startswith("NEGOTIATE"):
-                ready.setdefault((tensor or tensor_full, step_of.get(pid, 0)), {})[int(e["name"])] = ts
-            continue
-        if ph == "B":
+                ready.setdefault((common["tensor"], step), {})[int(e["name"])] = ts
+        elif ph == "B":
             name = str(e.get("name", ""))
-            stack.append((name, ts))
-            continue
-        if not stack:
-            continue  # an E without its B (the file started mid-step)
-        name, start = stack.pop()
-        step = step_of.get(pid, 0)
-        common = dict(rank=rank, start_us=start, end_us=ts, iteration=step if training else -1, stream="comm", host=host,
-                      tensor=tensor or tensor_full, source="horovod")
-        if name.startswith("NEGOTIATE"):
-            ops.append(Op(name=f"{name}.{tensor}", kind=OpKind.QUEUE, phase="negotiate", **common))
-        elif name in QUEUE_PHASES:
-            ops.append(Op(name=f"{name}.{tensor}", kind=OpKind.QUEUE, phase=QUEUE_PHASES[name], **common))
-        elif name in COPY_PHASES:
-            ops.append(Op(name=f"{name}.{tensor}", kind=OpKind.COMM, phase=COPY_PHASES[name], **common))
-        elif LIB_OP.match(name):
-            ops.append(Op(name=f"{name}.{tensor}", kind=OpKind.COMM, phase="transmit", granularity="collective",
-                          **common))
-        elif not stack:  # the operation itself closes: its E carries dtype and shape, and ends the step
-            nbytes = _nbytes(e.get("args") or {})
-            for op in ops:
-                if op.tensor == common["tensor"] and op.iteration == common["iteration"] and not op.nbytes:
-                    op.nbytes = nbytes
-            ops.append(Op(name=f"{name}.{tensor}", kind=OpKind.OTHER, phase="operation", nbytes=nbytes,
-                          args={"operation": kind_name}, **common))
-            step_of[pid] = step + 1
+            if stack and stack[-1][0].startswith("NEGOTIATE") and not name.startswith("NEGOTIATE"):
+                # the operation starts while its negotiation is open: Horovod wrote no E for it (a cached response's
+                # negotiation can open without closing); it ended when the operation began
+                ops += _phase_op(*stack.pop(), ts, common)
+                repaired += 1
+            if not (name.startswith("NEGOTIATE") and stack and stack[-1][0].startswith("NEGOTIATE")):
+                stack.append((name, ts))
+        elif stack:  # an E without its B (the file started mid-step) is left out
+            name, start = stack.pop()
+            if stack or name.startswith("NEGOTIATE"):
+                ops += _phase_op(name, start, ts, common)
+            else:  # the operation itself closes: its E carries dtype and shape, and ends the step
+                nbytes = _nbytes(e.get("args") or {})
+                for op in ops:
+                    if op.tensor == common["tensor"] and op.iteration == common["iteration"] and not op.nbytes:
+                        op.nbytes = nbytes
+                ops.append(Op(name=f"{name}.{tensor}", kind=OpKind.OTHER, phase="operation", nbytes=nbytes,
+                              start_us=start, end_us=ts, args={"operation": kind_name}, **common))
+                step_of[pid] = step + 1
     fused = _mark_fused(ops)
     trace = RankTrace(rank=rank, host=host, ops=sorted(ops, key=lambda o: o.start_us))
     tensors = sorted({names[p].partition(".")[2] or names[p] for p in names if is_step_tensor(names[p])})
     steps = max((n for p, n in step_of.items() if is_step_tensor(names[p])), default=0)
     trace.buckets = [Bucket(index=k, nbytes=sum(_tensor_bytes(ops, t) for t in group), params=group)
                      for k, group in enumerate(fused)]
-    trace.meta.update({"source": "horovod timeline", "path": path, "truncated": truncated})
+    trace.meta.update({"source": "horovod timeline", "path": path, "truncated": truncated,
+                       "negotiations_closed_by_their_operation": repaired})
     return HorovodTimeline(path, trace, tensors, steps, fused, ready, truncated)
+
+
+def _phase_op(name: str, start: float, end: float, common: dict) -> list[Op]:
+    """One phase inside a tensor's step: its negotiation, a queue or copy, or the library's transmission (none for
+    an activity this reader does not know)."""
+    label, times = f"{name}.{common['tensor']}", dict(start_us=start, end_us=end)
+    if name.startswith("NEGOTIATE"):
+        return [Op(name=label, kind=OpKind.QUEUE, phase="negotiate", **times, **common)]
+    if name in QUEUE_PHASES:
+        return [Op(name=label, kind=OpKind.QUEUE, phase=QUEUE_PHASES[name], **times, **common)]
+    if name in COPY_PHASES:
+        return [Op(name=label, kind=OpKind.COMM, phase=COPY_PHASES[name], **times, **common)]
+    if LIB_OP.match(name):
+        return [Op(name=label, kind=OpKind.COMM, phase="transmit", granularity="collective", **times, **common)]
+    return []
 
 
 # horovod.tensorflow's eager calls: the op has no node name in eager mode, so the timeline names the tensor by its
