@@ -1383,6 +1383,13 @@ def test_a_sharded_steps_collectives_cover_their_whole_tensors_and_price_as_half
     assert covered("reduce_scatter", (shard, list(flat.chunk(2))), {})[1] == 40
     assert covered("reduce_scatter_tensor", (shard,), {"input": flat})[1] == 40
     assert covered("all_gather_into_tensor", (flat, shard), {})[1] == 40
+    # torch 2.13's names for those two (the others its deprecated aliases), and every name the watch patches
+    assert covered("reduce_scatter_single", (shard, flat), {})[1] == 40
+    assert covered("all_gather_single", (), {"output_tensor": flat, "input_tensor": shard})[1] == 40
+    from dprorun.runtime.collectives import GRADIENT_COLLECTIVES, PARAMETER_GATHERS
+    from dprorun.runtime.watch import ASYNC_OP_POSITION, SCRIPT_COLLECTIVES
+
+    assert set(GRADIENT_COLLECTIVES + PARAMETER_GATHERS) <= set(SCRIPT_COLLECTIVES) & set(ASYNC_OP_POSITION)
     assert covered("all_gather", (), {"tensor_list": list(flat.chunk(2)), "tensor": shard})[1] == 40
     tensor, nbytes = covered("all_reduce", (shard,), {})
     assert tensor is shard and nbytes == 20

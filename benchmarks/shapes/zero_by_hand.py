@@ -5,7 +5,8 @@ rank stepping AdamW on its shard, the parameters all-gathered after the step; ru
 --style tensor: one flat gradient buffer, reduce_scatter_tensor, all_gather_into_tensor.
 --style list: the list forms, reduce_scatter(output, chunks) and all_gather(chunks, shard).
 --style groups: the model's parameters in groups of about 1 MB, each group reduce-scattered and all-gathered on its
-own (several of each a step).
+own (several of each a step), through torch 2.13's reduce_scatter_single and all_gather_single (the names the
+tensor style's calls are deprecated for; the tensor style's where torch lacks them).
 --style allreduce: the same flat buffer all-reduced, every rank stepping AdamW on all of it (the comparison).
 --model mlp|conv: an MLP, or a small conv net with BatchNorm.
 """
@@ -48,12 +49,16 @@ class Shard:
         grads /= world
         if a.style == "list":
             dist.reduce_scatter(self.shard.grad, list(grads.chunk(world)))
+        elif a.style == "groups" and hasattr(dist, "reduce_scatter_single"):  # torch 2.13's names
+            dist.reduce_scatter_single(self.shard.grad, grads)
         else:
             dist.reduce_scatter_tensor(self.shard.grad, grads)
 
     def gather(self) -> None:
         if a.style == "list":
             dist.all_gather(list(self.flat.chunk(world)), self.shard.detach())
+        elif a.style == "groups" and hasattr(dist, "all_gather_single"):
+            dist.all_gather_single(self.flat, self.shard.detach())
         else:
             dist.all_gather_into_tensor(self.flat, self.shard.detach())
         offset = 0

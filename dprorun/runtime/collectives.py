@@ -40,14 +40,15 @@ from dprorun.runtime.watch import call_tensors
 
 # the torch.distributed calls taken for the gradients' buckets: all-reduces, and reduce-scatters (each rank keeping
 # its shard of the sum: ZeRO's optimizer sharding by hand)
-GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor")
+GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
 # the calls that gather the parameters again after a sharded step (each rank updated its shard): buckets after the
 # update, taken where a reduce-scatter shared the gradients
-PARAMETER_GATHERS = ("all_gather_into_tensor", "all_gather")
+PARAMETER_GATHERS = ("all_gather_into_tensor", "all_gather_single", "all_gather")
 # torch.distributed call -> where the tensor(s) it covers are (position, keyword): the gradients a reduce-scatter
 # sums (its input), the parameters an all-gather fills (its output)
 COVERED = {"all_reduce": (0, "tensor"), "reduce_scatter": (1, "input_list"), "reduce_scatter_tensor": (1, "input"),
-           "all_gather_into_tensor": (0, "output_tensor"), "all_gather": (0, "tensor_list")}
+           "reduce_scatter_single": (1, "input"), "all_gather_into_tensor": (0, "output_tensor"),
+           "all_gather_single": (0, "output_tensor"), "all_gather": (0, "tensor_list")}
 # the share of the stepped optimizer's gradient bytes a step's all-reduces must carry for the job to be taken as one
 # sharing its gradients (a loss or a metric all-reduced between backward and step, in a job whose ranks train apart,
 # is not that)
@@ -452,7 +453,10 @@ class ScriptCollectivesTracker:
         self.grad_names, self.param_bytes, self.unnamed = {}, {}, []
         if not self.joined:
             shared = calls > 0 and sent >= SHARED_SHARE * _gradient_bytes(optimizer)
-            if shared and not session.trackers and session.phase == "warmup" and not session.disabled:
+            # FSDP's wrappers reduce-scatter in the backward and gather in the forward and the backward, through the
+            # same calls (torch 2.13's reduce_scatter_single, all_gather_single): no ZeRO by hand, and not modelled
+            fsdp = session.script_use.fsdp_wrappers > 0
+            if shared and not fsdp and not session.trackers and session.phase == "warmup" and not session.disabled:
                 self._join(optimizer)
             return
         if id(optimizer) not in self.optimizers_seen:

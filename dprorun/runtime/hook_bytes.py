@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 # torch.distributed function -> where its sent tensor is: (position, keyword); runtime/watch.py tells of the calls
 COLLECTIVES = {"all_reduce": (0, "tensor"), "broadcast": (0, "tensor"), "reduce": (0, "tensor"),
                "all_gather": (1, "tensor"), "all_gather_into_tensor": (1, "input_tensor"),
-               "reduce_scatter_tensor": (1, "input"), "reduce_scatter": (1, "input_list")}
+               "all_gather_single": (1, "input_tensor"), "reduce_scatter_tensor": (1, "input"),
+               "reduce_scatter_single": (1, "input"), "reduce_scatter": (1, "input_list")}
 MIN_RATIO_CHANGE = 0.02  # a hook within 2 % of the gradients' bytes sends them as they are
 
 

@@ -20,8 +20,11 @@ SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or t
                       "horovod.tensorflow's all-reduce inside a tf.function step (DistributedGradientTape, "
                       "DistributedOptimizer)")
 # the torch.distributed calls a script makes itself when it shares gradients without a wrapper
-SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-                      "reduce", "broadcast")
+# (torch 2.13 names all_gather_into_tensor and reduce_scatter_tensor deprecated aliases of its all_gather_single and
+# reduce_scatter_single, which call those through distributed_c10d, not through these patched names: one count a call)
+SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
+                      "reduce_scatter_tensor", "reduce_scatter_single", "reduce", "broadcast")
+FSDP_PACKAGE = "torch.distributed.fsdp"  # its wrappers' gathers and reduce-scatters are no script's own
 # other torch.distributed calls a script makes in its steps (an MoE layer's all_to_all, a barrier, metrics gathered
 # as objects, torch.distributed.checkpoint's planning: gather_object, scatter_object_list): timed with the ones above
 # (`ScriptUse.timed`), never taken for a way of sharing gradients
@@ -267,8 +270,8 @@ def _timed_call(use: ScriptUse, label: str, call, /, *args, **kwargs):
 
 # where each call the tracker of the script's gradient collectives may make asynchronous takes async_op positionally
 # (all_reduce(tensor, op, group, async_op); reduce_scatter(output, input_list, op, group, async_op), ...)
-ASYNC_OP_POSITION = {"all_reduce": 3, "reduce_scatter": 4, "reduce_scatter_tensor": 4, "all_gather": 3,
-                     "all_gather_into_tensor": 3}
+ASYNC_OP_POSITION = {"all_reduce": 3, "reduce_scatter": 4, "reduce_scatter_tensor": 4, "reduce_scatter_single": 4,
+                     "all_gather": 3, "all_gather_into_tensor": 3, "all_gather_single": 3}
 
 
 def call_tensors(args: tuple, kwargs: dict, position: int, keyword: str) -> list:
@@ -307,14 +310,15 @@ def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True)
     def watched(*args, **kwargs):
         if compiler is not None and compiler.is_compiling():  # traced code: left as torch's own call
             return collective(*args, **kwargs)
-        if counted:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if counted and not caller.startswith(FSDP_PACKAGE):  # FSDP's own calls (torch 2.13's _single names)
             use.collectives[name] = use.collectives.get(name, 0) + 1
         for listener in use.listeners:
             try:
                 listener(name, args, kwargs)
             except Exception:  # a listener never reaches the script's collective
                 pass
-        if use.timed is None or sys._getframe(1).f_globals.get("__name__", "").startswith("dprorun."):
+        if use.timed is None or caller.startswith("dprorun."):
             return collective(*args, **kwargs)
         label = f"{module.__name__}.{name}"
         waited = _asks_for_work(use, name, args, kwargs)
