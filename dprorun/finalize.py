@@ -243,6 +243,10 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         elif result.exit_code == 0 and not with_events and job.launch.node_rank == 0 and \
                 job.launch.backend != "byteps":
             _say_nothing_was_profiled(job)
+            if job.profile.dry_run:  # the job ran, but what was asked for is a prediction: none without a profile
+                print(f"{NO_PREDICTION}nothing was profiled (above); the run directory is kept: "
+                      f"{job.output.run_dir}", file=sys.stderr)
+                return 1
         if result.exit_code == 0 and not job.output.quiet:
             print(f"dprorun: run directory {job.output.run_dir}")
         return result.exit_code

@@ -484,7 +484,7 @@ dist.destroy_process_group()
 
 def test_a_job_with_nothing_to_profile_says_so(tmp_path):
     """FSDP2 (no DDP, no Horovod optimizer): the job runs as under torchrun, and the end says nothing was
-    profiled, what is supported, and rank 0 says what it saw."""
+    profiled, what is supported, and rank 0 says what it saw; under --dry-run, that there is no prediction (exit 1)."""
     script = tmp_path / "fsdp.py"
     script.write_text(FSDP_SCRIPT)
     proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120)
@@ -494,6 +494,9 @@ def test_a_job_with_nothing_to_profile_says_so(tmp_path):
     # FSDP's own gathers and reduce-scatters (torch 2.13's all_gather_single, reduce_scatter_single, the names ZeRO by
     # hand is profiled through) are neither the script's calls nor a sharded step of its own
     assert "collectives called by the script itself" not in proc.stderr, proc.stderr[-2000:]
+    # --dry-run asks for a prediction: without a profile there is none, said, and the exit code says so (it was 0)
+    dry, _ = run_dprorun(["--dry-run", "-np", "2", "python", str(script)], tmp_path / "dry", timeout=120)
+    assert dry.returncode == 1 and "error: no prediction: nothing was profiled" in dry.stderr, dry.stderr[-2000:]
 
 
 # freed before the teardown, as FSDP_SCRIPT (above): the device mesh and DTensor weights hold the gloo group, whose
