@@ -57,6 +57,13 @@ def _measured_ms(run_dir: str) -> Optional[float]:
     return summarize_run(run_dir).get("iteration_time_ms")
 
 
+def _ranks_recorded(run_dir: str) -> bool:
+    """Whether any rank of the run left its records (events.json): a job with nothing dprorun profiles leaves none."""
+    from dprorun.layout import EVENTS_FILE, rank_folders
+
+    return any(os.path.exists(os.path.join(folder, EVENTS_FILE)) for folder in rank_folders(run_dir).values())
+
+
 def _final_ms(run_dir: str) -> Optional[float]:
     """The whole job's measured iteration time, for the check after it; None where its summary cannot say."""
     from dprorun.fsutil import TraceError, UnanswerableError
@@ -115,7 +122,7 @@ def _quietly(finalize: Callable, job: JobConfig, result) -> int:
     printed = set()
     for line in said.getvalue().splitlines():
         unreplayed = line.startswith((NO_PREDICTION, NO_REPLAY))
-        if unreplayed and not job.profile.kineto:
+        if unreplayed and (not job.profile.kineto or "nothing was profiled" in line):  # the latter: said after it
             continue
         if unreplayed:
             detail = line[len(NO_PREDICTION if line.startswith(NO_PREDICTION) else NO_REPLAY):]
@@ -196,6 +203,11 @@ class _Autotune:
             print(f"dprorun: error: autotune stopped: the profiling run failed ({result.message}); its traces are "
                   f"in {profile_job.output.run_dir}", file=sys.stderr)
             return result.exit_code
+        if not _ranks_recorded(profile_job.output.run_dir):  # no window stopped the job: it ran to its end
+            self.record("profiling", exit_code=0, message="nothing was profiled")
+            print("dprorun: warning: autotune: nothing was profiled (above), so nothing was tuned: the job ran to its "
+                  f"end with its own settings; its run directory: {profile_job.output.run_dir}", file=sys.stderr)
+            return 0
         baseline_ms = _measured_ms(profile_job.output.run_dir)
         self.record("profiling", run_dir=profile_job.output.run_dir, measured_ms=baseline_ms)
         return profile_job.output.run_dir, baseline_ms

@@ -484,7 +484,8 @@ dist.destroy_process_group()
 
 def test_a_job_with_nothing_to_profile_says_so(tmp_path):
     """FSDP2 (no DDP, no Horovod optimizer): the job runs as under torchrun, and the end says nothing was
-    profiled, what is supported, and rank 0 says what it saw; under --dry-run, that there is no prediction (exit 1)."""
+    profiled, what is supported, and rank 0 says what it saw; under --dry-run, that there is no prediction (exit 1);
+    under --autotune, that nothing was tuned (exit 0: the job ran to its end)."""
     script = tmp_path / "fsdp.py"
     script.write_text(FSDP_SCRIPT)
     proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120)
@@ -497,6 +498,10 @@ def test_a_job_with_nothing_to_profile_says_so(tmp_path):
     # --dry-run asks for a prediction: without a profile there is none, said, and the exit code says so (it was 0)
     dry, _ = run_dprorun(["--dry-run", "-np", "2", "python", str(script)], tmp_path / "dry", timeout=120)
     assert dry.returncode == 1 and "error: no prediction: nothing was profiled" in dry.stderr, dry.stderr[-2000:]
+    # --autotune: the job ran to its end in the profiling phase, nothing to tune (it ended in a TraceError's traceback)
+    tuned, _ = run_dprorun(["--autotune", "-np", "2", "python", str(script)], tmp_path / "tune", timeout=120)
+    assert tuned.returncode == 0 and "autotune: nothing was profiled (above), so nothing was tuned" in tuned.stderr
+    assert "Traceback" not in tuned.stderr and "no prediction" not in tuned.stderr, tuned.stderr[-2000:]
 
 
 # freed before the teardown, as FSDP_SCRIPT (above): the device mesh and DTensor weights hold the gloo group, whose
