@@ -23,9 +23,10 @@ needs_horovod = pytest.mark.skipif(HOROVOD is not None, reason=HOROVOD or "")
 EXAMPLE = os.path.join(EXAMPLES, "horovod_mlp.py")
 
 
-def _constructed(path, cut: int = 0, steps: int = 2, open_negotiation: tuple = ()):
+def _constructed(path, cut: int = 0, steps: int = 2, open_negotiation: tuple = (), unfinished: tuple = ()):
     """Two steps of three tensors: a and b fused into one response (same transmission span), c alone;
-    `open_negotiation`: the (pid, step)s whose negotiation Horovod left without its E."""
+    `open_negotiation`: the (pid, step)s whose negotiation Horovod left without its E; `unfinished`: those whose
+    operation has none ("Did Not Finish")."""
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1000}}]
     for pid, name in ((1, "allreduce.a"), (2, "allreduce.b"), (3, "allreduce.c")):
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
@@ -44,6 +45,8 @@ def _constructed(path, cut: int = 0, steps: int = 2, open_negotiation: tuple = (
                        {"ph": "B", "name": "MEMCPY_OUT_FUSION_BUFFER", "ts": t0 + tx1 + 5, "pid": pid},
                        {"ph": "E", "ts": t0 + tx1 + 50, "pid": pid},
                        {"ph": "E", "ts": t0 + tx1 + 60, "pid": pid, "args": {"dtype": "float32", "shape": "[256, 4]"}}]
+            if (pid, step) in unfinished:
+                del events[-1]  # the operation's E
             if (pid, step) in open_negotiation:
                 del events[-9]  # the negotiation's E
     text = "[\n" + ",\n".join(json.dumps(e) for e in events) + "]"
@@ -73,10 +76,16 @@ def test_a_negotiation_left_open_ends_at_its_operation_and_loses_no_step(tmp_pat
     # then nested one level deeper, and the reader counted 2 of a real job's 8 steps (CI, session 47)
     path = _constructed(tmp_path / "tl.json", steps=5, open_negotiation=((1, 1), (2, 1), (3, 2)))
     timeline = read_horovod_timeline(str(path))
-    assert timeline.steps == 5 and timeline.trace.meta["negotiations_closed_by_their_operation"] == 3
+    assert timeline.steps == 5 and timeline.trace.meta["unbalanced_events_mended"] == 3
     negotiations = [op for op in timeline.trace.ops if op.phase == "negotiate"]
     assert len(negotiations) == 15 and all(op.end_us - op.start_us in (200, 210) for op in negotiations)
     assert [row["span_ms"] for row in timeline_summary(timeline)["per_step"]] == [1.56] * 5
+    # an operation without its E (chrome://tracing's "Did Not Finish"): its step ends at the next negotiation
+    path = _constructed(tmp_path / "dnf.json", steps=5, unfinished=((3, 1),))
+    timeline = read_horovod_timeline(str(path))
+    assert timeline.steps == 5 and timeline.trace.meta["unbalanced_events_mended"] == 1
+    assert sorted(op.iteration for op in timeline.trace.ops if op.phase == "operation" and op.tensor == "c") == \
+        [0, 2, 3, 4]
 
 
 def test_a_whole_job_tensorflow_timeline_counts_steps_of_the_gradients_only(tmp_path):

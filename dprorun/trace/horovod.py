@@ -121,6 +121,12 @@ def read_horovod_timeline(path: str, rank: int = 0, host: str = "") -> HorovodTi
                 # negotiation can open without closing); it ended when the operation began
                 ops += _phase_op(*stack.pop(), ts, common)
                 repaired += 1
+            elif name.startswith("NEGOTIATE") and stack and not stack[-1][0].startswith("NEGOTIATE"):
+                # a new negotiation while the last step's operation is open: that operation wrote no E (shown as
+                # "Did Not Finish"); its step ended without its phases
+                stack.clear()
+                step_of[pid] = step + 1
+                repaired += 1
             if not (name.startswith("NEGOTIATE") and stack and stack[-1][0].startswith("NEGOTIATE")):
                 stack.append((name, ts))
         elif stack:  # an E without its B (the file started mid-step) is left out
@@ -142,7 +148,7 @@ def read_horovod_timeline(path: str, rank: int = 0, host: str = "") -> HorovodTi
     trace.buckets = [Bucket(index=k, nbytes=sum(_tensor_bytes(ops, t) for t in group), params=group)
                      for k, group in enumerate(fused)]
     trace.meta.update({"source": "horovod timeline", "path": path, "truncated": truncated,
-                       "negotiations_closed_by_their_operation": repaired})
+                       "unbalanced_events_mended": repaired})
     return HorovodTimeline(path, trace, tensors, steps, fused, ready, truncated)
 
 
