@@ -138,6 +138,15 @@ def test_truncated_and_foreign_timelines(tmp_path):
     assert proc.returncode == 2 and "not a Horovod timeline" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def _operations_written(path) -> int:
+    """The most all-reduce operations Horovod's file began for one gradient tensor (B events), closed or not."""
+    events = json.loads(path.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and "name" in e.get("args", {})}
+    counts = [sum(1 for e in events if e.get("pid") == pid and e.get("ph") == "B" and e.get("name") == "ALLREDUCE")
+              for pid, name in names.items() if name.startswith("allreduce.")]
+    return max(counts, default=0)
+
+
 def _event_sequences(path) -> str:
     """The phases of the timeline's first two gradient tensors in file order: what a failure's report needs."""
     events = json.loads(path.read_text())
@@ -150,13 +159,18 @@ def _event_sequences(path) -> str:
 @needs_horovod
 def test_import_a_timeline_from_plain_horovodrun(tmp_path):
     timeline_path = tmp_path / "tl.json"
-    proc = subprocess.run(["horovodrun", "-np", "2", "--gloo", "--timeline-filename", str(timeline_path), sys.executable,
-                           EXAMPLE, "--steps", "8", "--depth", "6"], capture_output=True, text=True, timeout=180,
-                          cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    for attempt in range(2):  # once more where Horovod's own file lacks steps (its writer's, not the reader's)
+        proc = subprocess.run(["horovodrun", "-np", "2", "--gloo", "--timeline-filename", str(timeline_path),
+                               sys.executable, EXAMPLE, "--steps", "8", "--depth", "6"], capture_output=True, text=True,
+                              timeout=180, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        written = _operations_written(timeline_path)
+        if written >= 7:
+            break
     timeline = read_horovod_timeline(str(timeline_path))
-    assert len(timeline.tensors) == 2 * 8 and timeline.steps in (7, 8), \
-        _event_sequences(timeline_path)  # 8 linear layers: weight + bias each
+    # 8 linear layers: weight + bias each; every step Horovod wrote is read (the last one's E may be missing at exit)
+    assert len(timeline.tensors) == 2 * 8 and written - 1 <= timeline.steps <= written and timeline.steps >= 7, \
+        (written, _event_sequences(timeline_path))
     assert sorted(t for group in timeline.fused_responses for t in group) == timeline.tensors
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "import-horovod", str(timeline_path), "--json",
                           "-o", str(tmp_path / "chrome.json")], capture_output=True, text=True, timeout=60)
