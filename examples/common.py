@@ -37,8 +37,9 @@ def parse_args(description: str, add_arguments=None, **defaults) -> argparse.Nam
     parser.add_argument("--comm-hook", choices=("none", "allreduce", "fp16", "bf16", "powersgd"), default="none",
                         help="DDP comm hook of torch's: its plain all-reduce in Python (allreduce_hook), gradients "
                         "sent as fp16 / bf16 (half the bytes), or PowerSGD (rank 2)")
-    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                        help="process-group backend (auto: nccl with a GPU, gloo without)")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl", "none"), default="auto",
+                        help="process-group backend (auto: nccl with a GPU, gloo without; none: init_process_group() "
+                             "without one, torch choosing per device)")
     parser.add_argument("--own-profiler", default="",
                         help="FIRST,LAST[,RANKS]: the script profiles steps FIRST-LAST itself with torch.profiler (a "
                              "schedule, as a user's script does; RANKS 'all' or '0', default all), traces to a "
@@ -55,7 +56,7 @@ def init_distributed(backend: str = "auto") -> tuple[int, int, torch.device]:
     ranks (NCCL refuses that; gloo over CUDA tensors accepts it)."""
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend=backend)
+    dist.init_process_group(backend=None if backend == "none" else backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -589,6 +589,17 @@ def _rank0_events(run_dir) -> dict:
         return json.load(f)
 
 
+def test_a_group_made_without_a_backend_is_read_as_its_devices_transport(tmp_path):
+    """init_process_group() without a backend: torch 2.13 calls the group's backend "undefined" and picks it per
+    device at the first collective. The DDP tracker recorded "undefined" (on a GPU, the calibration then ran on CPU
+    tensors and the model took the job for a CPU one); now the transport of the module's device."""
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "5", "python", os.path.join(EXAMPLES,
+                           "mlp_many_layers.py"), "--steps", "20", "--backend", "none"], run_dir, timeout=120)
+    assert proc.returncode == 0 and "the replay of the job as it ran (" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert [t.get("backend") for t in _rank0_events(run_dir)["trackers"]] == ["gloo"]
+
+
 def test_gradients_the_script_all_reduces_itself_are_profiled_and_replayed(tmp_path):
     """The PyTorch tutorial's average_gradients (no wrapper: one dist.all_reduce per gradient after backward()) ran
     unprofiled; each call is now a bucket of its own, named after its parameter, ready at the backward's end, the

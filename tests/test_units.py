@@ -1397,3 +1397,16 @@ def test_a_sharded_steps_collectives_cover_their_whole_tensors_and_price_as_half
     assert ring_bytes(Bucket(0, 4000, ["reduce_scatter0"], collective="reduce_scatter")) == 2000
     assert ring_bytes(Bucket(1, 4000, ["all_gather1"], collective="all_gather")) == 2000
     assert ring_bytes(Bucket(2, 4000, ["0.weight"])) == 4000
+
+
+def test_a_group_made_without_a_backend_is_read_as_its_devices_transport():
+    """torch 2.13: init_process_group() without a backend is "undefined" to get_backend (chosen per device at the
+    first collective), and "cpu:gloo,cuda:nccl" names the map: each read as the transport of the job's device (they
+    were taken as neither gloo nor NCCL: a GPU job's calibration ran on the CPU)."""
+    from dprorun.runtime.backends import backend_for, group_backend
+
+    assert backend_for("gloo", "cuda") == "gloo" and backend_for("nccl", "cpu") == "nccl"
+    assert backend_for("undefined", "cpu") == "gloo" and backend_for("undefined", "cuda") == "nccl"
+    assert backend_for("cpu:gloo,cuda:nccl", "cuda") == "nccl" and backend_for("cpu:gloo", "cpu") == "gloo"
+    assert backend_for("cpu:gloo", "cuda") == "cpu:gloo"  # no transport for that device: left as named
+    assert group_backend() == "unknown"  # no process group in this process

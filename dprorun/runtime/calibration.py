@@ -20,7 +20,9 @@ def calibrate_allreduce(session: RankSession, reps: int = 5) -> list[list[float]
     import torch
     import torch.distributed as dist
 
-    device = "cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"
+    from dprorun.runtime.backends import group_backend
+
+    device = "cuda" if group_backend() == "nccl" and torch.cuda.is_available() else "cpu"
 
     def call(tensor) -> None:
         dist.all_reduce(tensor)
@@ -90,7 +92,9 @@ def calibrate_under_compute(session: RankSession, reps: int = 5) -> list[list[fl
     import torch
     import torch.distributed as dist
 
-    if dist.get_backend() == "nccl":
+    from dprorun.runtime.backends import group_backend
+
+    if group_backend() == "nccl":
         return []
     operand = torch.randn(128, 128)
     rows = []

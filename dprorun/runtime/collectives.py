@@ -490,14 +490,13 @@ class ScriptCollectivesTracker:
         self.roots += [root for root in found if id(root) not in held]
 
     def _join(self, optimizer) -> None:
-        import torch.distributed as dist
+        from dprorun.runtime.backends import group_backend
 
         session = self.session
         self.joined = self.primary = True
         session.trackers.append(self)
-        try:
-            self.backend = str(dist.get_backend())
-        except Exception:
+        self.backend = group_backend()
+        if self.backend == "unknown":
             self.backend = ""
         self._add_trained_model(optimizer)
         self.steps.new_lead()

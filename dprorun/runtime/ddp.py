@@ -481,13 +481,15 @@ def allreduce_mean(process_group, bucket):
 
 
 def _backend_name(ddp) -> str:
-    import torch.distributed as dist
+    """The transport of the module's group for the module's device (a group made without a backend is
+    "undefined" to torch until its first collective: runtime/backends.py)."""
+    from dprorun.runtime.backends import group_backend
 
+    device = getattr(ddp, "device_type", None)
     for group in (getattr(ddp, "process_group", None), None):
-        try:
-            return str(dist.get_backend(group))
-        except Exception:
-            continue
+        name = group_backend(group, device)
+        if name != "unknown":
+            return name
     return "unknown"
 
 

@@ -193,7 +193,9 @@ def watch_torch_distributed(use: ScriptUse) -> None:
         _warn_torchrun_script_under_horovodrun(method, kwargs)
         result = init_process_group(*args, **kwargs)
         try:
-            use.process_group = f"a {module.get_backend()} process group of {module.get_world_size()} ranks"
+            name = str(module.get_backend())
+            kind = "" if name == "undefined" else f"{name} "  # made without a backend: chosen per device later
+            use.process_group = f"a {kind}process group of {module.get_world_size()} ranks"
         except Exception:
             pass
         return result
