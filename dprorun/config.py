@@ -125,6 +125,23 @@ class ProfileConfig:
 
 
 @dataclass
+class ElasticAgentOptions:
+    """torchrun's settings of its agent (torch >= 2.12's flags), handed to torch elastic as they are: the default
+    backend's launch only (launch._launch_elastic; the torchrun launcher gets them as flags)."""
+
+    numa_binding: Optional[str] = None  # --numa-binding: node | socket | exclusive | core-complex (needs CUDA)
+    signals_to_handle: Optional[str] = None  # --signals-to-handle: signals the agent forwards, comma-separated
+    duplicate_stdout_filters: list[str] = field(default_factory=list)  # --duplicate-stdout-filters
+    duplicate_stderr_filters: list[str] = field(default_factory=list)  # --duplicate-stderr-filters
+    virtual_local_rank: bool = False  # --virtual-local-rank: LOCAL_RANK 0 in every rank, one GPU visible each
+    event_log_handler: Optional[str] = None  # --event-log-handler
+    shutdown_timeout_s: Optional[int] = None  # --shutdown-timeout: SIGTERM to SIGKILL at teardown (dprorun: 5 s)
+
+    def given(self) -> bool:
+        return self != ElasticAgentOptions()
+
+
+@dataclass
 class LaunchConfig:
     """Where and how the ranks start: the launch engine's settings (torch elastic, horovodrun, the PS roles)."""
 
@@ -142,6 +159,7 @@ class LaunchConfig:
     mxnet_python: str = ""  # --backend mxnet: the interpreter of the roles ("": found at launch)
     role: str = "default"  # the ranks' ROLE_NAME (torchrun's --role)
     console_ranks: Optional[list[int]] = None  # local ranks whose output the console shows (None: all)
+    agent: ElasticAgentOptions = field(default_factory=ElasticAgentOptions)  # torchrun's agent flags, handed on
 
     @property
     def world_size(self) -> int:

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Optional
 
-from dprorun.config import JobConfig
+from dprorun.config import ElasticAgentOptions, JobConfig
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 from dprorun.layout import rank_folders
 # the shared process helpers, importable from here as before
@@ -279,6 +279,7 @@ def _launch_elastic_now(job: JobConfig) -> LaunchResult:
         log_line_prefix_template="[rank${rank}]: ",
         shutdown_timeout=5,  # seconds between SIGTERM and SIGKILL at teardown (torch >= 2.12; 30 s before)
     )
+    settings.update(_agent_settings(job.launch.agent))
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
     config = LaunchConfig(**{key: value for key, value in settings.items() if key in known})
     with Watchdog(job.launch.timeout_s) as watchdog:
@@ -386,6 +387,35 @@ def _launch_error(exc: Exception, job: JobConfig, port: int) -> str:
     return f"could not start the ranks: {type(exc).__name__}: {first}"
 
 
+def _agent_settings(agent: ElasticAgentOptions) -> dict:
+    """torchrun's agent flags the user gave (config.ElasticAgentOptions) as torch elastic's LaunchConfig fields."""
+    settings: dict = {}
+    if agent.numa_binding:
+        from torch.numa.binding import AffinityMode, NumaOptions
+
+        settings["numa_options"] = NumaOptions(affinity_mode=AffinityMode(agent.numa_binding))
+    for name in ("signals_to_handle", "event_log_handler", "duplicate_stdout_filters", "duplicate_stderr_filters",
+                 "virtual_local_rank"):
+        if getattr(agent, name):
+            settings[name] = getattr(agent, name)
+    if agent.shutdown_timeout_s is not None:
+        settings["shutdown_timeout"] = agent.shutdown_timeout_s
+    return settings
+
+
+def _agent_flags(agent: ElasticAgentOptions) -> list[str]:
+    """The same as torchrun's flags (dprorun --launcher torchrun)."""
+    flags = [f"--numa-binding={agent.numa_binding}"] if agent.numa_binding else []
+    flags += [f"--signals-to-handle={agent.signals_to_handle}"] if agent.signals_to_handle else []
+    flags += [f"--event-log-handler={agent.event_log_handler}"] if agent.event_log_handler else []
+    for stream in ("stdout", "stderr"):
+        words = getattr(agent, f"duplicate_{stream}_filters")
+        flags += [f"--duplicate-{stream}-filters={','.join(words)}"] if words else []
+    flags += ["--virtual-local-rank"] if agent.virtual_local_rank else []
+    flags += [f"--shutdown-timeout={agent.shutdown_timeout_s}"] if agent.shutdown_timeout_s is not None else []
+    return flags
+
+
 def _launch_torchrun(job: JobConfig) -> LaunchResult:
     """Hand rendezvous and process management to the torchrun CLI, with the hooks on PYTHONPATH."""
     entrypoint, args = split_command(job.command)
@@ -396,7 +426,7 @@ def _launch_torchrun(job: JobConfig) -> LaunchResult:
            f"--rdzv-id={job.profile.job_id}", "--max-restarts=0", "--tee=3", f"--role={job.launch.role}",
            *([f"--local-ranks-filter={','.join(map(str, job.launch.console_ranks))}"] if job.launch.console_ranks
              else []),
-           f"--log-dir={os.path.join(job.output.run_dir, 'logs')}"]
+           f"--log-dir={os.path.join(job.output.run_dir, 'logs')}", *_agent_flags(job.launch.agent)]
     if entrypoint == sys.executable or os.path.basename(entrypoint).startswith("python"):
         cmd += [a for a in args if a != "-u"]
     else:

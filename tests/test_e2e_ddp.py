@@ -342,12 +342,13 @@ def test_launcher_torchrun_and_the_torchrun_shim(tmp_path):
 def test_torchruns_output_and_agent_flags_run_as_they_are(tmp_path):
     """A launch line as torchtitan's scripts write it (--local-ranks-filter, --role, --tee 3, --nnodes N:N,
     --rdzv_conf) was "unrecognized arguments": the filter and the role are honoured, the rest said to change
-    nothing; every rank's output is still kept in the run directory's logs."""
+    nothing; every rank's output is still kept in the run directory's logs. torch 2.13's agent flags
+    (--virtual-local-rank, --duplicate-*-filters, --shutdown-timeout, ...) are handed to torch elastic."""
     import glob
 
     script = tmp_path / "who.py"
-    script.write_text("import os\nprint(f\"rank {os.environ['RANK']} role {os.environ['ROLE_NAME']}\", "
-                      "flush=True)\n")
+    script.write_text("import os\nprint(f\"rank {os.environ['RANK']} role {os.environ['ROLE_NAME']} local "
+                      "{os.environ['LOCAL_RANK']}\", flush=True)\n")
     proc, _ = run_dprorun(["--nproc_per_node=2", "--nnodes=1:1", "--local-ranks-filter", "1", "--role", "trainer",
                            "--tee", "3", "--rdzv_conf=join_timeout=30,read_timeout=60", "python", str(script)],
                           tmp_path / "run", timeout=120)
@@ -360,9 +361,20 @@ def test_torchruns_output_and_agent_flags_run_as_they_are(tmp_path):
     assert elastic.returncode == 2 and "dprorun runs (and profiles) a fixed number of nodes" in elastic.stderr
     # the launch line behind dprorun as it is (`dprorun torchrun ...`): it ran as one rank whose torchrun started
     # ranks no hook saw ("nothing was profiled: no rank built a wrapper"); now read as dprorun's own
+    # ... with torch 2.13's agent flags, which were "unrecognized arguments": handed to torch elastic as they are
     nested = run_dprorun(["torchrun", "--nproc_per_node=2", "--local-ranks-filter", "1", "--role", "nested",
-                          str(script)], tmp_path / "nested", timeout=120)[0]
-    assert nested.returncode == 0 and "rank 1 role nested" in nested.stdout, nested.stderr[-2000:]
+                          "--virtual-local-rank", "--duplicate-stdout-filters", "role", "--shutdown-timeout", "3",
+                          "--signals-to-handle", "SIGTERM,SIGINT", "--event-log-handler", "null", str(script)],
+                         tmp_path / "nested", timeout=120)[0]
+    assert nested.returncode == 0 and "rank 1 role nested local 0" in nested.stdout, nested.stderr[-2000:]
+    copied = glob.glob(str(tmp_path / "nested" / "logs" / "*" / "attempt_0" / "filtered_stdout.log"))
+    assert copied and "rank 1 role nested local 0" in open(copied[0]).read()  # of the ranks the console shows
+    import torch
+
+    if not torch.cuda.is_available():  # NUMA binding places ranks near their GPUs: torchrun's ranks fail without
+        numa = run_dprorun(["torchrun", "--nproc_per_node=2", "--numa-binding", "node", str(script)],
+                           tmp_path / "numa", timeout=60)[0]
+        assert numa.returncode == 2 and "--numa-binding node" in numa.stderr and "no CUDA GPU" in numa.stderr
     mpirun = run_dprorun(["mpirun", "-np", "2", "python", str(script)], tmp_path / "mpi", timeout=60)[0]
     assert mpirun.returncode == 2 and "dprorun --backend horovod -np N" in mpirun.stderr
     # a horovodrun launch line behind dprorun is read as launchers/horovodrun reads it (its refusals included)
