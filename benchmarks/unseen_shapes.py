@@ -272,6 +272,12 @@ JOBS = {
     "zero-by-hand-groups-conv": ([], "zero_by_hand.py", ["--style", "groups", "--model", "conv"], "torch"),
     "ddp-unet-groupnorm-frozen-stem": ([], "examples/unet_groupnorm.py", ["--freeze-stem"], "torch"),
     "ddp-gru-tagger-adagrad": ([], "examples/gru_tagger.py", [], "torch"),
+    # session 47: current PyTorch's ways: DDP given a device mesh (OneCycle, Nesterov, clipping), torch's Muon with
+    # AdamW, a group made without a backend, launched with torchrun's agent flags of torch 2.13
+    "ddp-device-mesh-onecycle-nesterov-clip": ([], "ddp_session47.py", ["--mesh"], "torch"),
+    "ddp-muon-and-adamw-cosine": ([], "ddp_session47.py", ["--muon"], "torch"),
+    "ddp-no-backend-virtual-local-rank": (["--virtual-local-rank", "--shutdown-timeout", "3"], "ddp_session47.py",
+                                          ["--no-backend"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
