@@ -57,13 +57,6 @@ def _measured_ms(run_dir: str) -> Optional[float]:
     return summarize_run(run_dir).get("iteration_time_ms")
 
 
-def _ranks_recorded(run_dir: str) -> bool:
-    """Whether any rank of the run left its records (events.json): a job with nothing dprorun profiles leaves none."""
-    from dprorun.layout import EVENTS_FILE, rank_folders
-
-    return any(os.path.exists(os.path.join(folder, EVENTS_FILE)) for folder in rank_folders(run_dir).values())
-
-
 def _final_ms(run_dir: str) -> Optional[float]:
     """The whole job's measured iteration time, for the check after it; None where its summary cannot say."""
     from dprorun.fsutil import TraceError, UnanswerableError
@@ -203,7 +196,9 @@ class _Autotune:
             print(f"dprorun: error: autotune stopped: the profiling run failed ({result.message}); its traces are "
                   f"in {profile_job.output.run_dir}", file=sys.stderr)
             return result.exit_code
-        if not _ranks_recorded(profile_job.output.run_dir):  # no window stopped the job: it ran to its end
+        from dprorun.layout import ranks_with_records
+
+        if not ranks_with_records(profile_job.output.run_dir):  # no window stopped the job: it ran to its end
             self.record("profiling", exit_code=0, message="nothing was profiled")
             print("dprorun: warning: autotune: nothing was profiled (above), so nothing was tuned: the job ran to its "
                   f"end with its own settings; its run directory: {profile_job.output.run_dir}", file=sys.stderr)

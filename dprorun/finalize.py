@@ -10,7 +10,7 @@ from dprorun.analysis import RunAnalysis
 from dprorun.config import JobConfig
 from dprorun.fsutil import atomic_write_json
 from dprorun.launch import LaunchResult, write_manifest
-from dprorun.layout import rank_folders
+from dprorun.layout import ranks_with_records
 
 
 def _align_at_job_end(analysis: RunAnalysis) -> dict:
@@ -203,8 +203,7 @@ def _say_nothing_was_profiled(job: JobConfig) -> None:
 
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     status = "completed" if result.exit_code == 0 else "failed"
-    folders = rank_folders(job.output.run_dir)
-    with_events = sorted(r for r, d in folders.items() if os.path.exists(os.path.join(d, "events.json")))
+    with_events = ranks_with_records(job.output.run_dir)
     extra = {"exit_code": result.exit_code, "message": result.message, "elapsed_s": round(result.elapsed_s, 3),
              "ranks_with_traces": with_events, "failed_rank": result.failed_rank, "relaunches": result.relaunches}
     for why in result.relaunches:  # said when it happened; again here, where the run's outcome is read

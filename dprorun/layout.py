@@ -41,6 +41,11 @@ def rank_folders(run_dir: str) -> dict[int, str]:
     return dict(sorted(found.items()))
 
 
+def ranks_with_records(run_dir: str) -> list[int]:
+    """The ranks whose folder holds their records (events.json), in rank order: none where nothing was profiled."""
+    return [rank for rank, folder in rank_folders(run_dir).items() if os.path.exists(os.path.join(folder, EVENTS_FILE))]
+
+
 def holds_a_run(run_dir: str) -> bool:
     """A manifest or any rank's folder: what a launch (finished, failed or interrupted) leaves behind."""
     if not os.path.isdir(run_dir):

@@ -608,7 +608,8 @@ def test_a_group_made_without_a_backend_is_read_as_its_devices_transport(tmp_pat
     run_dir = tmp_path / "run"
     proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "5", "python", os.path.join(EXAMPLES,
                            "mlp_many_layers.py"), "--steps", "20", "--backend", "none"], run_dir, timeout=120)
-    assert proc.returncode == 0 and "the replay of the job as it ran (" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the replay of the job as it ran (" in proc.stdout + proc.stderr, proc.stderr[-2000:]
     assert [t.get("backend") for t in _rank0_events(run_dir)["trackers"]] == ["gloo"]
 
 
