@@ -56,7 +56,8 @@ def figures(row: dict) -> dict:
             "nccl_kernels": rank0.get("nccl_kernels", 0), "gpu_samples": rank0.get("gpu_samples", 0),
             "self_check": (replay.get("self_check") or {}).get("status"), "spread_ms": replay.get("spread_ms"),
             "critical_path_top": [r.get("op") for r in top],
-            "max_uncertainty_us": (replay.get("alignment") or {}).get("max_uncertainty_us")}
+            "max_uncertainty_us": (replay.get("alignment") or {}).get("max_uncertainty_us"),
+            "tracker_backends": row.get("tracker_backends")}
 
 
 def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -114,7 +115,8 @@ def inspect(run_dir: str) -> dict:
     predicted = json.loads(replay.stdout) if replay.returncode == 0 else {"error": replay.stderr[-2000:]}
     with open(os.path.join(run_dir, "summary.json")) as handle:
         summary = json.load(handle)
-    return {"ranks": ranks, "memory": memory, "replay": predicted, "summary": summary}
+    backends = sorted({str(t.get("backend")) for trace in run.ranks.values() for t in trace.meta.get("trackers", [])})
+    return {"ranks": ranks, "memory": memory, "replay": predicted, "summary": summary, "tracker_backends": backends}
 
 
 def main() -> None:
@@ -138,8 +140,10 @@ def main() -> None:
     else:
         print("no GPU: nothing to check (this benchmark needs CUDA; --rehearse-on-cpu checks the script)")
         return
+    # the last: init_process_group() without a backend (torch picks NCCL for CUDA tensors at the first collective;
+    # session 47's reading of such a group: the trackers should record "nccl", the calibration run on the GPU)
     configs = [("resnet_small", 2, "gloo"), ("transformer_small", gpus, nccl), ("embedding_adam", gpus, nccl),
-               ("resnet_small", gpus, nccl), ("mlp_many_layers", gpus, nccl)]
+               ("resnet_small", gpus, nccl), ("mlp_many_layers", gpus, nccl), ("mlp_many_layers", gpus, "none")]
     if gpus == 1:
         print("one GPU: the 2-rank job is gloo over CUDA tensors (NCCL refuses two ranks on one GPU); the NCCL "
               "rows are single-rank jobs", flush=True)

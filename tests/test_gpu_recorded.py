@@ -107,6 +107,7 @@ def test_gpu_check_figures_on_the_recorded_run(gpu_run_dir):
     assert abs(fig["memory_error_pct"]) <= 5.0
     assert fig["self_check"] in ("agrees", "uncertain", "disagrees", "unchecked") and len(fig["spread_ms"]) == 2
     assert fig["critical_path_top"] and fig["window_vs_torchrun_pct"] is not None
+    assert fig["tracker_backends"] and "undefined" not in fig["tracker_backends"]  # the transport each recorded
 
 
 def test_the_two_gpu_ranks_replay_as_one_kernel_level_graph(gpu_run_dir):
