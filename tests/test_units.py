@@ -1410,3 +1410,33 @@ def test_a_group_made_without_a_backend_is_read_as_its_devices_transport():
     assert backend_for("cpu:gloo,cuda:nccl", "cuda") == "nccl" and backend_for("cpu:gloo", "cpu") == "gloo"
     assert backend_for("cpu:gloo", "cuda") == "cpu:gloo"  # no transport for that device: left as named
     assert group_backend() == "unknown"  # no process group in this process
+
+
+def test_torchruns_agent_flags_reach_torch_elastic_and_torchrun_alike():
+    """torch 2.13's torchrun agent flags, parsed by dprorun's parser (they were "unrecognized arguments"), become
+    torch elastic's LaunchConfig fields (the default launcher) and torchrun flags that torchrun's own parser reads back
+    to the same values (--launcher torchrun)."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+    from torch.distributed.run import get_args_parser
+
+    from dprorun.cli import build_parser
+    from dprorun.launch import _agent_flags, _agent_settings
+    from dprorun.torchrun_flags import agent_options
+
+    args = build_parser().parse_args(["-np", "2", "--virtual-local-rank", "--duplicate-stdout-filters", "loss,acc",
+                                      "--signals-to-handle", "SIGTERM,SIGUSR1", "--event-log-handler", "null",
+                                      "--shutdown-timeout", "7", "python", "train.py"])
+    agent = agent_options(args)
+    settings = _agent_settings(agent)
+    assert settings == {"virtual_local_rank": True, "duplicate_stdout_filters": ["loss", "acc"],
+                        "signals_to_handle": "SIGTERM,SIGUSR1", "event_log_handler": "null", "shutdown_timeout": 7}
+    assert set(settings) <= {f.name for f in dataclasses.fields(LaunchConfig)}
+    torchrun = get_args_parser().parse_args(_agent_flags(agent) + ["--nproc-per-node", "2", "train.py"])
+    assert (torchrun.virtual_local_rank, torchrun.duplicate_stdout_filters, torchrun.signals_to_handle,
+            torchrun.event_log_handler, torchrun.shutdown_timeout) == (True, ["loss", "acc"], "SIGTERM,SIGUSR1",
+                                                                      "null", 7)
+    with pytest.raises(ValueError, match="does not launch through"):
+        agent_options(build_parser().parse_args(["--backend", "horovod", "-np", "2", "--shutdown-timeout", "3",
+                                                 "python", "train.py"]))
