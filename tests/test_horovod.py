@@ -138,22 +138,27 @@ def test_truncated_and_foreign_timelines(tmp_path):
     assert proc.returncode == 2 and "not a Horovod timeline" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def _operations_written(path) -> int:
-    """The most all-reduce operations Horovod's file began for one gradient tensor (B events), closed or not."""
+def _gradient_events(path) -> dict[str, list[dict]]:
+    """Each all-reduced tensor's B / E / X events in file order, by the timeline's tensor name."""
     events = json.loads(path.read_text())
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and "name" in e.get("args", {})}
-    counts = [sum(1 for e in events if e.get("pid") == pid and e.get("ph") == "B" and e.get("name") == "ALLREDUCE")
-              for pid, name in names.items() if name.startswith("allreduce.")]
-    return max(counts, default=0)
+    found: dict[str, list[dict]] = {name: [] for name in names.values() if name.startswith("allreduce.")}
+    for e in events:
+        if e.get("ph") in ("B", "E", "X") and names.get(e.get("pid")) in found:
+            found[names[e["pid"]]].append(e)
+    return found
+
+
+def _operations_written(path) -> int:
+    """The most all-reduce operations Horovod's file began for one gradient tensor (B events), closed or not."""
+    return max((sum(e["ph"] == "B" and e.get("name") == "ALLREDUCE" for e in events)
+                for events in _gradient_events(path).values()), default=0)
 
 
 def _event_sequences(path) -> str:
     """The phases of the timeline's first two gradient tensors in file order: what a failure's report needs."""
-    events = json.loads(path.read_text())
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and "name" in e.get("args", {})}
-    shown = [pid for pid, name in names.items() if name.startswith("allreduce.")][:2]
-    return "\n".join(names[pid] + ": " + " ".join(f"{e['ph']}:{e.get('name', '')}" for e in events
-                                                  if e.get("pid") == pid and e.get("ph") in "BEX") for pid in shown)
+    shown = list(_gradient_events(path).items())[:2]
+    return "\n".join(name + ": " + " ".join(f"{e['ph']}:{e.get('name', '')}" for e in events) for name, events in shown)
 
 
 @needs_horovod
