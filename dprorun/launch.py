@@ -387,33 +387,37 @@ def _launch_error(exc: Exception, job: JobConfig, port: int) -> str:
     return f"could not start the ranks: {type(exc).__name__}: {first}"
 
 
+# torchrun's agent flags (config.ElasticAgentOptions field -> torch elastic's LaunchConfig field, torchrun's flag)
+AGENT_FIELDS = (("numa_binding", "numa_options", "--numa-binding"),
+                ("signals_to_handle", "signals_to_handle", "--signals-to-handle"),
+                ("event_log_handler", "event_log_handler", "--event-log-handler"),
+                ("duplicate_stdout_filters", "duplicate_stdout_filters", "--duplicate-stdout-filters"),
+                ("duplicate_stderr_filters", "duplicate_stderr_filters", "--duplicate-stderr-filters"),
+                ("virtual_local_rank", "virtual_local_rank", "--virtual-local-rank"),
+                ("shutdown_timeout_s", "shutdown_timeout", "--shutdown-timeout"))
+
+
+def _agent_given(agent: ElasticAgentOptions) -> list[tuple[str, object, str]]:
+    """(LaunchConfig field, value, torchrun flag) of each agent flag the user gave."""
+    given = [(field, getattr(agent, name), flag) for name, field, flag in AGENT_FIELDS]
+    return [(field, value, flag) for field, value, flag in given
+            if not (value is None or value is False or value in ([], ""))]  # a timeout of 0 is given
+
+
 def _agent_settings(agent: ElasticAgentOptions) -> dict:
-    """torchrun's agent flags the user gave (config.ElasticAgentOptions) as torch elastic's LaunchConfig fields."""
-    settings: dict = {}
-    if agent.numa_binding:
+    """torchrun's agent flags the user gave as torch elastic's LaunchConfig fields."""
+    settings = {field: value for field, value, _ in _agent_given(agent)}
+    if "numa_options" in settings:
         from torch.numa.binding import AffinityMode, NumaOptions
 
         settings["numa_options"] = NumaOptions(affinity_mode=AffinityMode(agent.numa_binding))
-    for name in ("signals_to_handle", "event_log_handler", "duplicate_stdout_filters", "duplicate_stderr_filters",
-                 "virtual_local_rank"):
-        if getattr(agent, name):
-            settings[name] = getattr(agent, name)
-    if agent.shutdown_timeout_s is not None:
-        settings["shutdown_timeout"] = agent.shutdown_timeout_s
     return settings
 
 
 def _agent_flags(agent: ElasticAgentOptions) -> list[str]:
     """The same as torchrun's flags (dprorun --launcher torchrun)."""
-    flags = [f"--numa-binding={agent.numa_binding}"] if agent.numa_binding else []
-    flags += [f"--signals-to-handle={agent.signals_to_handle}"] if agent.signals_to_handle else []
-    flags += [f"--event-log-handler={agent.event_log_handler}"] if agent.event_log_handler else []
-    for stream in ("stdout", "stderr"):
-        words = getattr(agent, f"duplicate_{stream}_filters")
-        flags += [f"--duplicate-{stream}-filters={','.join(words)}"] if words else []
-    flags += ["--virtual-local-rank"] if agent.virtual_local_rank else []
-    flags += [f"--shutdown-timeout={agent.shutdown_timeout_s}"] if agent.shutdown_timeout_s is not None else []
-    return flags
+    return [flag if value is True else f"{flag}={','.join(value) if isinstance(value, list) else value}"
+            for _, value, flag in _agent_given(agent)]
 
 
 def _launch_torchrun(job: JobConfig) -> LaunchResult:
