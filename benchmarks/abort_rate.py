@@ -1,6 +1,9 @@
 """How often a rank of a short 4-rank DDP job aborts: under dprorun, under dprorun --no-comm-hook, under plain
 torchrun, and a plain-torchrun job that starts and stops torch.profiler every 3 iterations (profiler-stress), also
-with a Python comm hook like dprorun's (profiler-hook-stress).
+with a Python comm hook like dprorun's (profiler-hook-stress). The held-* launchers run HELD_SCRIPT, a 2-rank DDP
+job that leaves its model (and so its gloo group) alive at exit: under plain torchrun (held-torchrun), under dprorun
+(held-dprorun, which waits for gloo's worker threads at exit: dprorun/runtime/gloo_exit.py) and under dprorun without
+that wait (held-dprorun-nowait, DPRO_GLOO_EXIT_WAIT_S=0); --busy N runs N busy loops beside the launches.
 
 The job is tests/test_align_graph.py's SHORT_SCRIPT (4 Linear layers, 11 steps, the process group torn down at the
 end) with that test's window. Rounds alternate the launchers; each launch's outcome is its exit code and, for a
@@ -8,10 +11,11 @@ rank killed by a signal, the line its log holds ("malloc(): ... corrupted", "ter
 exception").
 
     python benchmarks/abort_rate.py --reps 12 [--launchers NAME,...] [--core-dumps DIR]
+    python benchmarks/abort_rate.py --reps 30 --busy 2 --launchers held-torchrun,held-dprorun,held-dprorun-nowait
     (the names above; default: the first four; --core-dumps: launches run in DIR with core files allowed, so that an
     aborting rank leaves a core there (the kernel's core_pattern "core") for gdb)
 
-Last line: `aborted: dprorun A of N, no-comm-hook B of N, torchrun C of N, profiler-stress D of N`.
+Last line: `aborted: dprorun A of N, no-comm-hook B of N, torchrun C of N, profiler-stress D of N` (the launchers run).
 """
 from __future__ import annotations
 
@@ -51,6 +55,16 @@ for step in range(150):
     opt.step()
 dist.destroy_process_group()
 """
+HELD_SCRIPT = """
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+for step in range(20):
+    opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
+dist.destroy_process_group()  # the model still holds the group: gloo's threads live on into the exit
+"""
 WINDOW = ["--warmup", "3", "--active", "5", "--kineto-iters", "2", "--clean", "3", "-q"]
 CAUSES = ("malloc(): [^\n]*", "terminate called without an active exception", "double free[^\n]*",
           "Segmentation fault")
@@ -66,7 +80,16 @@ def launch(launcher: str, tmp: str, index: int, core_dir: str = "") -> tuple[int
     short, stress = os.path.join(tmp, "short.py"), os.path.join(tmp, "stress.py")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
     env = dict(os.environ, DPRO_REPORT="0")
-    if launcher in ("dprorun", "no-comm-hook"):
+    if launcher.startswith("held-"):
+        held = os.path.join(tmp, "held.py")
+        if launcher == "held-torchrun":
+            cmd = torchrun[:-1] + ["2", held]
+        else:
+            if launcher == "held-dprorun-nowait":
+                env["DPRO_GLOO_EXIT_WAIT_S"] = "0"
+            cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, f"{launcher}-{index}"), "-np",
+                   "2", "-q", "python", held]
+    elif launcher in ("dprorun", "no-comm-hook"):
         env.update(DPRO_TEST_HOSTS="h0,h1,h2,h3", DPRO_TEST_CLOCK_SKEW_US="0,5000,-3000,1200")
         cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, f"{launcher}-{index}"), "-np", "4",
                *(["--no-comm-hook"] if launcher == "no-comm-hook" else []), *WINDOW, "python", short, "11",
@@ -89,6 +112,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=12)
     parser.add_argument("--launchers", default="dprorun,no-comm-hook,torchrun,profiler-stress")
+    parser.add_argument("--busy", type=int, default=0, help="busy loops run beside the launches")
     parser.add_argument("--core-dumps", default="", help="a folder: launches run there, core files allowed")
     args = parser.parse_args()
     core_dir = os.path.abspath(args.core_dumps) if args.core_dumps else ""
@@ -102,11 +126,18 @@ def main() -> None:
             handle.write(SHORT_SCRIPT)
         with open(os.path.join(tmp, "stress.py"), "w") as handle:
             handle.write(STRESS_SCRIPT)
-        for rep in range(args.reps):
-            for name in launchers if rep % 2 == 0 else reversed(launchers):
-                code, cause = launch(name, tmp, rep, core_dir)
-                aborted[name] += code != 0
-                print(f"| {rep} | {name} | {code} | {cause} |", flush=True)
+        with open(os.path.join(tmp, "held.py"), "w") as handle:
+            handle.write(HELD_SCRIPT)
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+        try:
+            for rep in range(args.reps):
+                for name in launchers if rep % 2 == 0 else reversed(launchers):
+                    code, cause = launch(name, tmp, rep, core_dir)
+                    aborted[name] += code != 0
+                    print(f"| {rep} | {name} | {code} | {cause} |", flush=True)
+        finally:
+            for loop in busy:
+                loop.kill()
     if core_dir:
         cores = sorted(n for n in os.listdir(core_dir) if n.startswith("core"))
         print(f"core files in {core_dir}: {', '.join(cores) if cores else 'none'}")

@@ -239,8 +239,9 @@ def exit_abort_hint(log_dir: str, local_rank: int) -> str:
         return ""
     return (f"its log's last lines say '{CXX_TERMINATE}': a C++ thread was still running as the process exited. In "
             "a torch job that is usually a process group's worker thread, the group still alive (a model that holds "
-            "it, or no dist.destroy_process_group()); the job aborts the same way under torchrun. Destroy the group "
-            "at the end, after dropping what holds it")
+            "it, or no dist.destroy_process_group()); the job aborts the same way under torchrun, though less often "
+            "under dprorun, whose ranks wait at exit until gloo's threads are asleep (DPRO_GLOO_EXIT_WAIT_S, 2 s). "
+            "Destroy the group at the end, after dropping what holds it")
 
 
 def signal_name(signum: int) -> str:

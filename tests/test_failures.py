@@ -3,6 +3,8 @@ disk that fills up, a node that never joins, the rendezvous bound to loopback.""
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import psutil
@@ -10,6 +12,7 @@ import pytest
 
 from conftest import EXAMPLES, run_dprorun
 from dprorun.procs import free_port
+from dprorun.runtime.gloo_exit import GLOO_WORKER_THREAD, gloo_worker_states, wait_for_idle_gloo_workers
 
 HANG = """
 import time
@@ -83,6 +86,50 @@ def test_a_rank_that_aborts_at_exit_is_named_and_the_cause_its_log_shows_is_said
         proc.stderr[-3000:]
     hinted = "a C++ thread was still running as the process exited" in proc.stderr
     assert hinted == (says == "yes") and ("dist.destroy_process_group()" in proc.stderr) == (says == "yes")
+
+
+def _fake_threads(task_dir, states):
+    """A /proc/self/task of gloo worker threads in `states` beside one thread of another name."""
+    for tid, (name, state) in enumerate([("python3", "R")] + [(GLOO_WORKER_THREAD, s) for s in states]):
+        (task_dir / str(tid)).mkdir(parents=True)
+        (task_dir / str(tid) / "comm").write_text(name + "\n")
+        (task_dir / str(tid) / "stat").write_text(f"{tid} ({name}) {state} 1 1 1 0 -1\n")
+
+
+def test_the_exit_waits_for_gloo_workers_until_they_sleep_and_no_longer(tmp_path, monkeypatch):
+    """runtime/gloo_exit.py: a rank's exit waits while a gloo worker thread runs (it may not yet have dropped the
+    work it ran: a late drop after finalization began aborted ranks), bounded; other threads do not count."""
+    monkeypatch.setitem(sys.modules, "torch.distributed", sys.modules.get("torch.distributed", object()))
+    asleep, running = tmp_path / "asleep", tmp_path / "running"
+    _fake_threads(asleep, ["S", "S"])
+    _fake_threads(running, ["S", "R"])
+    assert sorted(gloo_worker_states(str(running))) == ["R", "S"]
+    waited = wait_for_idle_gloo_workers(1.0, str(asleep))
+    assert waited is not None and waited < 0.5
+    started = time.monotonic()
+    assert wait_for_idle_gloo_workers(0.2, str(running)) is None and 0.2 <= time.monotonic() - started < 1.0
+    monkeypatch.setenv("DPRO_GLOO_EXIT_WAIT_S", "0")
+    assert wait_for_idle_gloo_workers(task_dir=str(running)) == 0.0
+
+
+GLOO_THREADS_AT_EXIT = """
+import torch, torch.distributed as dist
+from dprorun.runtime.gloo_exit import gloo_worker_states, wait_for_idle_gloo_workers
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+dist.all_reduce(torch.ones(4))
+print(len(gloo_worker_states()), wait_for_idle_gloo_workers(5.0) is not None)
+dist.destroy_process_group()
+"""
+
+
+def test_a_real_gloo_groups_workers_are_found_and_seen_asleep_after_its_collective(tmp_path):
+    """The thread name and /proc states the exit wait reads are torch's: a live gloo group's workers are found
+    ("pt_gloo_runloop") and seen asleep once its all-reduce is done."""
+    out = subprocess.run([sys.executable, "-c", GLOO_THREADS_AT_EXIT.replace("{port}", str(free_port()))],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    workers, idle = out.stdout.split()
+    assert int(workers) >= 1 and idle == "True", out.stdout
 
 
 def test_profiler_failure_disables_profiling_and_training_continues(tmp_path):

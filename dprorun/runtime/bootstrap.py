@@ -120,7 +120,7 @@ def install(environ=os.environ) -> Optional[object]:
     except Exception as exc:
         sess.records.warnings.append(f"sampler not started: {exc}")
 
-    atexit.register(sess.at_exit)
+    atexit.register(_at_interpreter_exit, sess)
     _keep_records_at_os_exit(sess)
     _install_excepthook(sess)
     _install_sigterm(sess)
@@ -211,6 +211,17 @@ def _watch_gradient_collectives(sess) -> None:
         from dprorun.runtime.collectives import watch_gradient_collectives
 
         sess.guard("watching the script's own gradient all-reduces", watch_gradient_collectives, sess)
+
+
+def _at_interpreter_exit(sess) -> None:
+    """The rank's records kept, then, last before the interpreter finalizes, gloo's worker threads left to drop
+    the work they ran (runtime/gloo_exit.py: a late one aborted ranks whose work was done)."""
+    try:
+        sess.at_exit()
+    finally:
+        from dprorun.runtime.gloo_exit import wait_for_idle_gloo_workers
+
+        wait_for_idle_gloo_workers()
 
 
 def _keep_records_at_os_exit(sess) -> None:
