@@ -196,7 +196,7 @@ def _say_nothing_was_profiled(job: JobConfig) -> None:
         print(f"dprorun: nothing was profiled: rank 0: {advice}", file=sys.stderr)
     else:
         print(f"dprorun: nothing was profiled: no rank built a wrapper the hooks support ({SUPPORTED_WRAPPERS}); "
-              "FSDP, tensor or pipeline parallelism, gradients shared by other hand-written collectives "
+              "FSDP on GPUs, tensor or pipeline parallelism, gradients shared by other hand-written collectives "
               "or with no backward() before them, and jobs without a distributed wrapper run unprofiled "
               "(rank 0's log says what it saw)", file=sys.stderr)
 

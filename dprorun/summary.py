@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from dprorun.graph.local import blocking_collectives
 from dprorun.memory import run_memory
 from dprorun.trace.model import OpKind, RankTrace, RunTrace, is_tf_tracker
 from dprorun.trace.rundir import load_run
@@ -84,6 +85,11 @@ def rank_breakdown(trace: RankTrace) -> dict:
     hooks_only = set(trace.unprofiled_window_iterations())
     tf_worker = any(is_tf_tracker(t) for t in trace.meta.get("trackers", []))
     with_phases = set(trace.meta.get("kineto_iterations", [])) if tf_worker else hooks_only
+    # each collective held the rank's thread (FSDP on the CPU): its time inside a phase is no compute, none hidden
+    blocking = blocking_collectives(trace)
+
+    def busy(intervals: list, comm: list) -> float:
+        return union_length(intervals) - (overlap_length(comm, intervals) if blocking else 0.0)
     for i, slot in by_iter.items():
         if slot["queue"]:
             rows["queue"].append(union_length(slot["queue"]))
@@ -94,13 +100,13 @@ def rank_breakdown(trace: RankTrace) -> dict:
         if i not in with_phases:
             continue
         total = iteration_len[i]
-        compute = union_length(slot["compute"])
+        compute = busy(slot["compute"], slot["comm"])
         comm = union_length(slot["comm"])
-        exposed = comm - overlap_length(slot["comm"], slot["compute"])
+        exposed = comm - (0.0 if blocking else overlap_length(slot["comm"], slot["compute"]))
         rows["compute"].append(compute)
-        rows["fw"].append(union_length(slot["fw"]))
-        rows["bw"].append(union_length(slot["bw"]))
-        rows["update"].append(union_length(slot["update"]))
+        rows["fw"].append(busy(slot["fw"], slot["comm"]))
+        rows["bw"].append(busy(slot["bw"], slot["comm"]))
+        rows["update"].append(busy(slot["update"], slot["comm"]))
         rows["comm"].append(comm)
         rows["exposed"].append(exposed)
         rows["idle"].append(max(0.0, total - compute - exposed))

@@ -6,6 +6,7 @@ for gradient accumulation (the one strategy setting a script has to apply itself
 """
 import argparse
 import contextlib
+import gc
 import os
 import statistics
 import time
@@ -44,6 +45,10 @@ def parse_args(description: str, add_arguments=None, **defaults) -> argparse.Nam
                         help="FIRST,LAST[,RANKS]: the script profiles steps FIRST-LAST itself with torch.profiler (a "
                              "schedule, as a user's script does; RANKS 'all' or '0', default all), traces to a "
                              "temporary folder")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="shard the model with FSDP2 instead of DDP: fully_shard on each of its top-level "
+                             "children holding parameters, then on the whole model (--bucket-mb and --comm-hook do "
+                             "not apply)")
     parser.add_argument("--fail-at-step", type=int, default=-1, help="test knob: raise at this step")
     parser.add_argument("--fail-rank", type=int, default=1, help="test knob: the rank that fails")
     parser.add_argument("--fail-mode", choices=("raise", "sigkill"), default="raise",
@@ -108,6 +113,18 @@ def start_own_profiler(spec: str, rank: int, device: torch.device):
     return profiler
 
 
+def fsdp2(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2: each top-level child that holds parameters sharded on its own (gathered before its forward and again
+    before its backward, its gradients reduce-scattered), then the whole model (the rest of its parameters)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for child in model.children():
+        if any(p.requires_grad for p in child.parameters()):
+            fully_shard(child)
+    fully_shard(model)
+    return model
+
+
 def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace) -> None:
     """Synthetic-data training loop; rank 0 prints the median step time of the second half of the run."""
     rank, world, device = init_distributed(args.backend)
@@ -116,9 +133,12 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
         print(f"accumulating gradients over {micro_batches} micro-batches (dprorun strategy)", flush=True)
     torch.manual_seed(args.seed)
     model = model.to(device)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=args.bucket_mb)
-    if args.comm_hook == "powersgd":  # low-rank compression from the third step on (its first two: all-reduces)
+    ddp = fsdp2(model) if args.fsdp else DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                              bucket_cap_mb=args.bucket_mb)
+    if args.fsdp:
+        if micro_batches > 1:
+            raise SystemExit("--fsdp: no gradient accumulation here (DDP's no_sync is what the loop uses)")
+    elif args.comm_hook == "powersgd":  # low-rank compression from the third step on (its first two: all-reduces)
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
@@ -170,7 +190,10 @@ def train(model: torch.nn.Module, make_batch, loss_fn, args: argparse.Namespace)
     if rank == 0:
         print(f"world size {world}, {args.steps} steps, loss {loss.item():.4f}, "
               f"median iteration time: {statistics.median(tail) * 1000:.3f} ms", flush=True)
-    # leave together: a rank that tears its process group down while the other still talks to it has, now and
-    # then, aborted at exit ("terminate called without an active exception") on this machine
+    # leave together, the model (which holds the process group) freed first: a rank that tears its group down while
+    # the other still talks to it, or whose group outlives the script, has now and then aborted at exit
+    # ("terminate called without an active exception") on this machine
+    ddp = model = optimizer = None  # (ddp is also the closure's)
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()

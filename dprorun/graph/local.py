@@ -86,6 +86,17 @@ def short_name(name: str) -> str:
     return name.replace("torch::autograd::", "")
 
 
+def blocking_collectives(trace: RankTrace) -> bool:
+    """Did each of the rank's collectives hold its thread from its start to its end (FSDP on the CPU:
+    runtime/collectives.py)? Their time is then no compute: the replay runs them in series after the backward."""
+    return any(t.get("blocking") for t in trace.meta.get("trackers", []))
+
+
+def held_us(held: list[tuple[float, float]], a: float, b: float) -> float:
+    """How much of [a, b] the intervals `held` (disjoint) cover."""
+    return sum(max(0.0, min(e, b) - max(s, a)) for s, e in held)
+
+
 def _windows(trace: RankTrace, iteration: int) -> Optional[tuple[dict[str, tuple[float, float]], dict[str, float]]]:
     """Per phase its [start, end] in the iteration, and each bucket's ready (hook call) time; None when the
     iteration lacks a forward, backward or update span."""
@@ -207,9 +218,32 @@ def _averaged(alike: list[PhaseProfile]) -> PhaseProfile:
     return PhaseProfile(first.phase, length, ops, cuts)
 
 
+def _without_held(trace: RankTrace, iteration: int, windows: dict[str, tuple[float, float]], ops: list[Op],
+                  enqueue: dict[str, float]) -> tuple[dict[str, tuple[float, float]], list[Op], dict[str, float]]:
+    """Blocking collectives (`blocking_collectives`): the iteration's windows, ops and collectives' starts on a clock
+    that stops while a collective holds the thread (the ops that ran inside one, the collective's own, gone)."""
+    held = sorted((op.start_us, op.end_us) for op in trace.ops if op.iteration == iteration and op.source == "hooks"
+                  and op.tensor and op.kind in (OpKind.COMM, OpKind.QUEUE))
+
+    def squeezed(t: float) -> float:
+        return t - held_us(held, float("-inf"), t)
+
+    kept = []
+    for op in ops:
+        start, end = squeezed(op.start_us), squeezed(op.end_us)
+        if end > start:
+            kept.append(dataclasses.replace(op, start_us=start, end_us=end))
+    return ({phase: (squeezed(a), squeezed(b)) for phase, (a, b) in windows.items()}, kept,
+            {key: squeezed(t) for key, t in enqueue.items()})
+
+
 def _iteration_profile(trace: RankTrace, iteration: int, iteration_ops: list[Op]) -> dict[str, PhaseProfile]:
     windows, enqueue = _windows(trace, iteration)
     ops = sorted(iteration_ops, key=lambda op: op.start_us)
+    blocking = blocking_collectives(trace)
+    in_forward = {key for key, t in enqueue.items() if t < windows["backward"][0]} if blocking else set()
+    if blocking:
+        windows, ops, enqueue = _without_held(trace, iteration, windows, ops, enqueue)
     ready = sorted((t, name) for i, name, t in trace.grad_ready if i == iteration)
     ready_times = [t for t, _ in ready]
 
@@ -226,7 +260,8 @@ def _iteration_profile(trace: RankTrace, iteration: int, iteration_ops: list[Op]
         inside = [op for op in ops if op.end_us > a and op.start_us < b
                   and (op.stream == "main" or phase in ("accumulate", "loss", "backward"))]
         phases[phase] = PhaseProfile(phase, b - a, _phase_ops(inside, a, b, scope_of))
-    a, b = windows["backward"]
-    if b > a:
-        phases["backward"].cuts = {key: min(1.0, max(0.0, (t - a) / (b - a))) for key, t in enqueue.items()}
+    for phase, keys in (("backward", set(enqueue) - in_forward), ("forward", in_forward)):
+        a, b = windows[phase]
+        if b > a and keys:  # the forward: blocking collectives cut it (replay/template.measure_rank)
+            phases[phase].cuts = {key: min(1.0, max(0.0, (enqueue[key] - a) / (b - a))) for key in keys}
     return phases

@@ -141,6 +141,11 @@ def optimize(model: JobModel, memory: Optional[MemoryModel] = None, memory_budge
 
     Phases: the memory passes when the estimated peak exceeds the budget; a seed among DDP's bucketings at
     `caps_mb`; rounds along the critical path (dPRO's order of passes); then the strategy is written up."""
+    if model.blocking_collectives:
+        raise UnanswerableError("FSDP on the CPU: dprorun's strategies (tensor fusion and partition, re-computation, "
+                                "accumulation) would restructure the step around FSDP's own gathers and "
+                                "reduce-scatters, which it does not model: nothing to search (world size, bandwidth "
+                                "and compute what-ifs are answered: dpro replay RUN --np N / --bandwidth B)")
     if not model.param_ready_fraction:
         raise UnanswerableError("the optimizer needs per-parameter gradient-ready times (profile without "
                                 "--no-param-hooks)")

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from dprorun.graph.local import op_profile
+from dprorun.graph.local import blocking_collectives, op_profile
 from dprorun.replay.engine import replay
 from dprorun.replay.synthesize import synthesize
 from dprorun.replay.template import LATENCY_BOUND, BucketInfo, JobModel, MeasuredIteration, RankTemplate, \
@@ -40,8 +40,8 @@ def _synchronised(buckets: list[BucketInfo], templates: dict[int, RankTemplate])
     others: a second DDP module stepped now and then (a WGAN-GP's generator, every 5th critic step) all-reduces
     in few iterations; its buckets, taken for the iteration's own, had no ready point in it (the replay failed:
     KeyError). The iterations where they ran are replayed without their all-reduces (said)."""
-    seen = set.intersection(*(set(t.bucket_ready_order + t.gathered) for t in templates.values())) if templates \
-        else set()
+    seen = set.intersection(*(set(t.forward_order + t.bucket_ready_order + t.gathered) for t in templates.values())) \
+        if templates else set()
     kept = [b for b in buckets if b.key in seen] if seen else buckets
     left = [b.key for b in buckets if b not in kept]
     if not left:
@@ -80,7 +80,15 @@ def _horovod_costs(model: JobModel, run: RunTrace, calibration: list) -> None:
 SCRIPT_ALL_REDUCES = "the gradients are all-reduced by the script's own calls"
 
 
-def _script_all_reduces(model: JobModel) -> None:
+FSDP_BLOCKING = ("FSDP on the CPU: its {calls} calls a step ({gathers} all-gathers of the parameters, in the forward and "
+                 "again in the backward, {scatters} reduce-scatters of the gradients) each held the rank's thread, so "
+                 "nothing overlapped them: replayed in series after the backward's compute, each priced as the "
+                 "all-reduce that sends the same bytes on the ring (half its own); at another world size the compute "
+                 "and the update are kept as measured (each rank's shard, and so its update, shrinks with more "
+                 "ranks: not modelled)")
+
+
+def _script_all_reduces(model: JobModel, trackers: list[dict]) -> None:
     """Gradients all-reduced by the script's own calls (runtime/collectives.py): its buckets are its calls, which
     dprorun cannot change (the optimizer leaves them; re-bucketing what-ifs answer what fusing them, or a
     DistributedDataParallel of the model, would give)."""
@@ -89,14 +97,42 @@ def _script_all_reduces(model: JobModel) -> None:
     kinds = sorted({b.collective for b in model.buckets})
     model.bucket_layout_fixed = (f"the script's own torch.distributed.{' / '.join(kinds)} calls ({calls} a step) "
                                  "send the gradients: dprorun cannot change them")
+    if any(t.get("blocking") for t in trackers):
+        model.blocking_collectives = True
+        model.bucket_layout_fixed = (f"FSDP's own all_gather / reduce_scatter calls ({calls} a step): dprorun "
+                                     "cannot change them")
+        model.notes.append(FSDP_BLOCKING.format(calls=calls, **_gathers_and_scatters(model)))
+        return
     model.notes.append(f"{SCRIPT_ALL_REDUCES} ({calls} a step), each replayed as one bucket")
     if model.sharded_buckets():
-        scatters = sum(b.collective == "reduce_scatter" for b in model.buckets)
-        gathers = sum(b.collective == "all_gather" for b in model.buckets)
-        model.notes.append(f"its optimizer is sharded by hand (ZeRO): {scatters} reduce-scatter(s) of the gradients "
-                           f"before the step, {gathers} all-gather(s) of the parameters after it; each priced as the "
-                           "all-reduce that sends the same bytes on the ring (half its own), its ring messages "
-                           "counted twice (the N-1 extra messages' latency over)")
+        counts = _gathers_and_scatters(model)
+        model.notes.append(f"its optimizer is sharded by hand (ZeRO): {counts['scatters']} reduce-scatter(s) of the "
+                           f"gradients before the step, {counts['gathers']} all-gather(s) of the parameters after it; "
+                           "each priced as the all-reduce that sends the same bytes on the ring (half its own), its "
+                           "ring messages counted twice (the N-1 extra messages' latency over)")
+
+
+def _gathers_and_scatters(model: JobModel) -> dict[str, int]:
+    return {"gathers": sum(b.collective == "all_gather" for b in model.buckets),
+            "scatters": sum(b.collective == "reduce_scatter" for b in model.buckets)}
+
+
+def _transmit_over_ranks(run: RunTrace, transmit: dict[str, list[float]],
+                         per_iteration_tx: dict[int, dict[str, list[float]]]) -> tuple[dict[str, list[float]],
+                                                                                       dict[int, dict[str, float]]]:
+    """Each bucket's transmission times (its median, the comm model's fit) and, per iteration, the one its replay
+    takes: the ranks' mean; for collectives that block each rank (FSDP on the CPU) the last rank's, since the chain
+    goes on only when every rank is back (the next call meets them all again; the ranks' returns from one gloo
+    gather were 0.2-0.6 ms apart on a 2-rank FSDP MLP, and their mean replayed the window 5.6 % short)."""
+    if not any(blocking_collectives(trace) for trace in run.ranks.values()):
+        return transmit, {i: {key: float(np.mean(v)) for key, v in by_key.items()}
+                          for i, by_key in per_iteration_tx.items()}
+    last = {i: {key: float(np.max(v)) for key, v in by_key.items()} for i, by_key in per_iteration_tx.items()}
+    over: dict[str, list[float]] = {}
+    for by_key in last.values():
+        for key, value in by_key.items():
+            over.setdefault(key, []).append(value)
+    return over, last
 
 
 def build_job_model(run: RunTrace) -> JobModel:
@@ -123,8 +159,8 @@ def build_job_model(run: RunTrace) -> JobModel:
                 transmit.setdefault(key, []).append(value)
                 per_iteration_tx.setdefault(i, {}).setdefault(key, []).append(value)
     common = sorted(set.intersection(*(set(per_rank_samples[r]) for r in ranks)))
-    samples = [MeasuredIteration({r: per_rank_samples[r][i] for r in ranks},
-                      {k: float(np.mean(v)) for k, v in per_iteration_tx.get(i, {}).items()}) for i in common]
+    transmit, per_iteration = _transmit_over_ranks(run, transmit, per_iteration_tx)
+    samples = [MeasuredIteration({r: per_rank_samples[r][i] for r in ranks}, per_iteration.get(i, {})) for i in common]
     first = run.ranks[ranks[0]]
     buckets, skipped = _synchronised(
         [BucketInfo(b.key, ring_bytes(b), list(b.params), median(transmit.get(b.key, []), 0.0), sparse=b.sparse,
@@ -158,7 +194,7 @@ def build_job_model(run: RunTrace) -> JobModel:
     if any(t.get("framework") == "horovod" for t in first.meta.get("trackers", [])):
         _horovod_costs(model, run, calibration)
     if any(t.get("framework") == "collectives" for t in first.meta.get("trackers", [])):
-        _script_all_reduces(model)
+        _script_all_reduces(model, first.meta.get("trackers", []))
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
     if tf_job and model.framework == "horovod":

@@ -48,19 +48,41 @@ def local_dfg(g: GraphBuilder, r: int, t: RankTemplate, profile: Optional[OpProf
     def phase(name: str, kind: str, which: str, duration: float, a: float = 0.0, b: float = 1.0) -> list[int]:
         return phase_nodes(g, r, dev, name, kind, profile, which, a, b, duration, detail)
 
-    chain = phase(f"r{r}.accumulate", "FW", "accumulate", t.accumulate_us) if t.accumulate_us > 0 else []
-    chain += phase(f"r{r}.forward", "FW", "forward", t.forward_us)
-    chain += phase(f"r{r}.loss", "FW", "loss", t.loss_us)
     ins: dict[tuple[str, int], int] = {}
-    if measured:
-        order, segments = t.bucket_ready_order, t.backward_segments_us  # measured: enqueue cost included
-        bounds = measured_cuts(profile, order, segments)
-        delays = {s.key: s.delay_us for s in syncs if s.delay_us > 0}
+    outs: dict[str, int] = {}
+    blocking = measured and model.blocking_collectives  # each collective holds the compute after it (FSDP, CPU)
+    waiting: list[int] = []  # blocking collectives' Out nodes the next compute waits for
+    delays = {s.key: s.delay_us for s in syncs if s.delay_us > 0}
+
+    def cut_phase(name: str, kind: str, which: str, order: list[str], segments: list[float]) -> None:
+        """A phase laid out as measured: its segments, each followed by the In node of the collective handed over
+        there (blocking: and the Out node the next segment waits for)."""
+        bounds = measured_cuts(profile, order, segments, which)
         for k, seg in enumerate(segments):
-            chain += phase(f"r{r}.backward.seg{k}", "BW", "backward", seg, bounds[k], bounds[k + 1])
+            nodes = phase(f"r{r}.{name}.seg{k}", kind, which, seg, bounds[k], bounds[k + 1])
+            for out in waiting:
+                g.edge(out, nodes[0])
+            waiting.clear()
+            chain.extend(nodes)
             if k < len(order):
                 ins[(order[k], 0)] = g.op(f"r{r}.In.{order[k]}.p0", "VIRTUAL", r, None, delays.get(order[k], 0.0))
                 g.edge(chain[-1], ins[(order[k], 0)])
+                if blocking:
+                    outs[order[k]] = g.op(f"r{r}.Out.{order[k]}", "VIRTUAL", r, None, 0.0)
+                    waiting.append(outs[order[k]])
+
+    chain = phase(f"r{r}.accumulate", "FW", "accumulate", t.accumulate_us) if t.accumulate_us > 0 else []
+    if blocking and t.forward_order:
+        cut_phase("forward", "FW", "forward", t.forward_order, t.forward_segments_us)
+    else:
+        chain += phase(f"r{r}.forward", "FW", "forward", t.forward_us)
+    loss = phase(f"r{r}.loss", "FW", "loss", t.loss_us)
+    for out in waiting:
+        g.edge(out, loss[0])
+    waiting.clear()
+    chain += loss
+    if measured:
+        cut_phase("backward", "BW", "backward", t.bucket_ready_order, t.backward_segments_us)  # enqueue cost in
     else:  # the model's backward compute, to be cut by the tensor-fusion pass
         syncs = []
         chain += phase(f"r{r}.backward.seg0", "BW", "backward",
@@ -69,9 +91,9 @@ def local_dfg(g: GraphBuilder, r: int, t: RankTemplate, profile: Optional[OpProf
     update = phase(f"r{r}.update", "UPDATE", "update", t.update_us)
     tail = phase(f"r{r}.tail", "IO", "tail", t.tail_us)
     g.chain(chain + finalize + update + tail)
-    outs = {}
     for s in syncs:
-        outs[s.key] = g.op(f"r{r}.Out.{s.key}", "VIRTUAL", r, None, 0.0)
+        if s.key not in outs:
+            outs[s.key] = g.op(f"r{r}.Out.{s.key}", "VIRTUAL", r, None, 0.0)
         if s.after_update:  # a sharded step's parameter gather: after the update, before the tail
             ins[(s.key, 0)] = g.op(f"r{r}.In.{s.key}.p0", "VIRTUAL", r, None, 0.0)
             g.edge(update[-1], ins[(s.key, 0)])
@@ -81,11 +103,12 @@ def local_dfg(g: GraphBuilder, r: int, t: RankTemplate, profile: Optional[OpProf
     return RankEnds(ins, outs)
 
 
-def measured_cuts(profile: Optional[OpProfile], order: list[str], segments: list[float]) -> list[float]:
-    """Backward fractions at which the measured buckets' ready points cut the profiled backward: the profiled
-    iteration's own cuts (so each segment gets the ops that ran before that bucket's hook) when it saw every
-    bucket, else the segments' cumulative shares."""
-    cuts = profile.phases["backward"].cuts if profile is not None and "backward" in profile.phases else {}
+def measured_cuts(profile: Optional[OpProfile], order: list[str], segments: list[float],
+                  phase: str = "backward") -> list[float]:
+    """Fractions of `phase` (the backward; the forward where blocking collectives cut it) at which the measured
+    buckets' ready points cut the profiled phase: the profiled iteration's own cuts (so each segment gets the ops
+    that ran before that bucket's hook) when it saw every bucket, else the segments' cumulative shares."""
+    cuts = profile.phases[phase].cuts if profile is not None and phase in profile.phases else {}
     if not all(key in cuts for key in order):
         total = sum(segments) or 1.0
         cumulative = np.cumsum([0.0] + list(segments)) / total

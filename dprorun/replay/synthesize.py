@@ -29,13 +29,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+from dprorun.fsutil import UnanswerableError
 from dprorun.replay.comm import CommPlan, set_network, set_world_size
 from dprorun.replay.engine import GraphBuilder, ReplayGraph
 from dprorun.replay.fusion import partition, set_buckets
 from dprorun.replay.local_dfg import as_measured, local_dfg
 from dprorun.replay.passes import accumulate, recompute, scale_compute, scale_ops
 from dprorun.replay.template import JobModel, MeasuredIteration
-from dprorun.replay.whatif import WhatIf, plan_syncs, with_ready_groups
+from dprorun.replay.whatif import FSDP_RESTRUCTURED, WhatIf, plan_syncs, with_ready_groups
 
 def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Optional[MeasuredIteration] = None,
                fold: bool = True, detail: str = "ops") -> ReplayGraph:
@@ -52,6 +53,8 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     _structure_notes(whatif, notes)
     measured_ranks = sorted(templates)
     measured = as_measured(templates, whatif, measured_layout)  # the backward as measured, or uncut
+    if model.blocking_collectives and (not measured or whatif.partitions > 1 or whatif.bucket_partitions):
+        raise UnanswerableError(FSDP_RESTRUCTURED)
     g = GraphBuilder()
     ends = [local_dfg(g, r, templates[rank], model.op_profiles.get(rank), model, syncs, measured, detail)
             for r, rank in enumerate(measured_ranks)]

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 
 from dprorun.fsutil import UnanswerableError
-from dprorun.graph.local import OpProfile, phase_spans
+from dprorun.graph.local import OpProfile, blocking_collectives, held_us, phase_spans
 from dprorun.stats import median
 from dprorun.trace.model import OpKind, RankTrace, RunTrace
 
@@ -38,6 +38,10 @@ class RankTemplate:
     finalize_us: float = 0.0  # DDP's finalize after the last bucket (copying results into .grad)
     accumulate_us: float = 0.0  # micro-batches before the forward (gradient accumulation, DDP's no_sync)
     gathered: list[str] = field(default_factory=list)  # a sharded step's parameter gathers after the update (keys)
+    # blocking collectives (FSDP on the CPU) called in the forward, in call order, and the forward's compute cut at
+    # them (len(forward_order) + 1 segments, summing to forward_us); the backward's are bucket_ready_order
+    forward_order: list[str] = field(default_factory=list)
+    forward_segments_us: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -187,6 +191,9 @@ class JobModel:
     # inside the forward as measured
     ddp_buffer_bytes: int = 0
     ddp_buffer_owners: list[str] = field(default_factory=list)  # the classes of the modules holding those buffers
+    # FSDP on the CPU: every collective held its rank's thread (graph/local.blocking_collectives), replayed in series
+    # after the backward's compute; its gathers are no ZeRO gathers after the update
+    blocking_collectives: bool = False
 
 
 @dataclass
@@ -268,7 +275,9 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
     per-bucket cost is added back in what-ifs. On a 20 ms loopback MLP step with 7 buckets it was 0.7 ms."""
     ends = {i: e for i, s, e in trace.iterations}
     starts = {i: s for i, s, e in trace.iterations}
-    after_update = {b.key for b in trace.buckets if b.collective == "all_gather"}  # a sharded step's gathers
+    blocking = blocking_collectives(trace)  # FSDP on the CPU: `_blocking_sample`
+    # a sharded step's gathers (ZeRO by hand), run after its update
+    after_update = set() if blocking else {b.key for b in trace.buckets if b.collective == "all_gather"}
     enqueue_cost = median([op.args.get("enqueue_cost_us", 0.0) for op in trace.ops if op.args.get("enqueue_cost_us")],
                           0.0)
     hook_overhead = enqueue_cost if own_comm_hook(trace) else 0.0
@@ -300,6 +309,8 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             backward_us=bw.dur_us - removed, iterations_used=1, measured_iteration_us=ends[i] - starts[i],
             finalize_us=max(0.0, up.start_us - max(bw.end_us, last_done)),
             gathered=[key for key, _ in every if key in after_update])
+        if blocking:
+            samples[i] = _blocking_sample(trace.rank, first, fw, bw, up, every, starts[i], ends[i])
         slots = [-np.inf] * channels  # the backend's parallel channels (gloo: 2 worker threads)
         transmit[i] = {}
         for key, c in every:
@@ -326,8 +337,49 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
                             enqueue_cost_us=enqueue_cost - hook_overhead, backward_us=med("backward_us"),
                             iterations_used=len(values), measured_iteration_us=med("measured_iteration_us"),
                             finalize_us=med("finalize_us"),
-                            gathered=list(max(gathered, key=gathered.count)) if gathered else [])
+                            gathered=list(max(gathered, key=gathered.count)) if gathered else [],
+                            **_median_forward_cut(values))
     return template, samples, transmit
+
+
+def _median_forward_cut(values: list[RankTemplate]) -> dict:
+    """The forward's blocking calls in their most common order, and its segments' medians over the iterations
+    that made them in that order (RankTemplate.forward_order)."""
+    orders = [tuple(t.forward_order) for t in values]
+    order = max(set(orders), key=orders.count) if orders else ()
+    if not order:
+        return {}
+    same = [t.forward_segments_us for t in values if tuple(t.forward_order) == order]
+    return {"forward_order": list(order),
+            "forward_segments_us": [float(x) for x in np.median(np.array(same), axis=0)]}
+
+
+def _blocking_sample(rank: int, first, fw, bw, up, every: list[tuple[str, dict]], start: float,
+                     end: float) -> RankTemplate:
+    """One iteration of a rank whose collectives each held its thread from start to end (FSDP on the CPU: the
+    forward's and the backward's gathers, the backward's reduce-scatters): their time taken out of the phases they
+    ran in, the forward's and the backward's compute cut at them: each call hands over where it was made and the
+    compute after it waits for it (replay/local_dfg.py), so every call meets the ranks again as it did."""
+    held = sorted((c["enqueue"], c["done"]) for _, c in every)
+
+    def compute(a: float, b: float) -> float:
+        return max(0.0, b - a - held_us(held, a, b))
+
+    def cut(a: float, b: float, calls: list[tuple[str, dict]]) -> list[float]:
+        """The compute of [a, b] between its calls (each cut at its start, clamped into [a, b])."""
+        bounds = [a] + [min(max(c["enqueue"], a), b) for _, c in calls] + [b]
+        return [compute(x, y) for x, y in zip(bounds, bounds[1:])]
+
+    in_forward = [(key, c) for key, c in every if c["enqueue"] < bw.start_us]
+    in_backward = [(key, c) for key, c in every if c["enqueue"] >= bw.start_us]
+    forward, backward = cut(fw.start_us, fw.end_us, in_forward), cut(bw.start_us, bw.end_us, in_backward)
+    return RankTemplate(
+        rank=rank, accumulate_us=compute(first.start_us, fw.start_us), forward_us=sum(forward),
+        loss_us=compute(fw.end_us, max(fw.end_us, bw.start_us)), backward_segments_us=backward,
+        bucket_ready_order=[key for key, _ in in_backward], update_us=compute(up.start_us, up.end_us),
+        tail_us=compute(up.end_us, end), enqueue_cost_us=0.0, backward_us=sum(backward), iterations_used=1,
+        measured_iteration_us=end - start, finalize_us=compute(bw.end_us, up.start_us),
+        forward_order=[key for key, _ in in_forward], forward_segments_us=forward)
 
 
 def ring_size(ddp_groups: list[list[int]], world: int) -> int:

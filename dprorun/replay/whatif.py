@@ -17,6 +17,10 @@ from dprorun.replay.template import JobModel, ddp_buckets, horovod_knobs_as_run
 
 MB = 1 << 20
 
+FSDP_RESTRUCTURED = ("FSDP on the CPU: the question restructures the step (re-bucketing, partitions, re-computation or "
+                     "accumulation) around FSDP's own gathers and reduce-scatters, which dprorun does not model; world "
+                     "size, bandwidth, latency and compute what-ifs are answered")
+
 
 @dataclass
 class WhatIf:
@@ -148,8 +152,11 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
     if (whatif.buckets is None or (sharded and own)) and whatif.bucket_mb is None:
         fractions = model.param_ready_fraction
         return [Sync(b.key, b.nbytes, max((fractions[p] for p in b.params if p in fractions), default=0.0),
-                      b.transmit_us, sparse=b.sparse, after_update=b.collective == "all_gather")
+                     b.transmit_us, sparse=b.sparse,
+                     after_update=b.collective == "all_gather" and not model.blocking_collectives)
                 for b in model.buckets], True
+    if model.blocking_collectives:
+        raise UnanswerableError(FSDP_RESTRUCTURED)
     if sharded:
         raise UnanswerableError(f"re-bucketing: the script reduce-scatters its gradients and gathers its parameters "
                                 f"itself ({', '.join(sharded[:3])}: its optimizer sharded by hand); dprorun's buckets "

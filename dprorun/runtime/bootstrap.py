@@ -84,7 +84,12 @@ def install(environ=os.environ) -> Optional[object]:
     owner = environ.get("DPRO_HOOKED_PID")
     if owner and owner != str(os.getpid()):
         _note_a_script_run_in_a_subprocess(owner, environ)
-        return None  # a subprocess of a rank (data loader worker, ...): not profiled
+        # not profiled (a data loader's worker, ...), but it may train on gloo itself (torch.multiprocessing.spawn's
+        # processes): the same wait at its exit as a rank's (runtime/gloo_exit.py)
+        from dprorun.runtime.gloo_exit import wait_for_idle_gloo_workers
+
+        atexit.register(wait_for_idle_gloo_workers)
+        return None
     os.environ["DPRO_HOOKED_PID"] = str(os.getpid())
 
     from dprorun.config import ProfileConfig

@@ -24,7 +24,12 @@ of step k-1 to the end of step k.
     such a call ends at its wait's return (no Python callback on gloo's threads);
   - an optimizer sharded by hand (ZeRO): reduce-scatters are gradient calls as all-reduces are, and the all-gathers
     after such a step, before the next backward, are buckets after the update; the iteration ends once they returned
-    (docs/architecture.md).
+    (docs/architecture.md);
+  - FSDP on the CPU (fully_shard, FullyShardedDataParallel over gloo): every call FSDP makes (the forward's and the
+    backward's parameter gathers, the backward's gradient reduce-scatters) holds the calling thread until it is done,
+    in program order: each is a bucket of its own, from its own start to its return, in call order
+    (`describe()["blocking"]`: the replay takes their time out of the compute and runs them in series). On a GPU
+    FSDP overlaps them on its own streams, which this does not model: such a job is not joined.
 The update is the optimizer step's span (the session's hooks). The bucket layout is the script's: the optimizer
 leaves it (replay/build.py) and says what one flat all-reduce or DDP would give (optimize/search.py)."""
 from __future__ import annotations
@@ -101,13 +106,15 @@ class ScriptCollectivesTracker:
         self.gradient_calls = 0  # the last leading step's gradient calls (its gathers' bucket indices follow them)
         self.awaiting: Optional[CommRecord] = None  # a waited call whose Work has no future: ended by its wait
         self.begin_after_wait = False  # the step's last gather was launched: its iteration ends at the wait's return
+        self.fsdp = False  # FSDP on the CPU: every gather and reduce-scatter of a step a blocking bucket (module doc)
 
     # ---- what DDPTracker also offers the session --------------------------------------------------------
     def describe(self) -> dict:
         return {"ddp": 0, "framework": self.framework, "user_comm_hook": False, "builtin_comm_hook": False,
                 "timed_buckets": True, "backend": self.backend or "unknown", "serial": self.serial,
-                "asynchronous": self.asynchronous, "sharded": self.sharded,
-                "calls": ("torch.distributed.reduce_scatter, all_gather" if self.sharded
+                "asynchronous": self.asynchronous, "sharded": self.sharded, "fsdp": self.fsdp, "blocking": self.fsdp,
+                "calls": ("FSDP's all_gather, reduce_scatter" if self.fsdp else
+                          "torch.distributed.reduce_scatter, all_gather" if self.sharded
                           else "torch.distributed.all_reduce")}
 
     def detail_tier_started(self) -> None:
@@ -119,7 +126,7 @@ class ScriptCollectivesTracker:
 
             for root in self.roots:
                 self.scope_handles.extend(session.guard("naming module scopes", add_module_scopes, root) or [])
-        if not session.cfg.param_hooks:
+        if not session.cfg.param_hooks or self.fsdp:  # FSDP's sharded gradients: no re-bucketing to time for
             return
         for name, param in self.named_parameters():
             if not param.requires_grad:
@@ -185,7 +192,7 @@ class ScriptCollectivesTracker:
         gather)? Then it is made with async_op=True and waited for at once (runtime/watch.py), as torch's
         synchronous path does: its Work's future tells when it completed, where an NCCL call returns once enqueued
         on its stream."""
-        if not (self.joined and self.session.detail_active):
+        if not (self.joined and self.session.detail_active) or self.fsdp:  # FSDP's calls: timed as they are
             return False
         if name in PARAMETER_GATHERS:
             return self.pending_gathers > 0 and self.in_backward is None and self.backward is None
@@ -196,6 +203,8 @@ class ScriptCollectivesTracker:
         """A torch.distributed call of the script's returned after `us` µs (`waited`: a synchronous call made
         asynchronous to be waited for at once): True where it is one of the step's gradient buckets (recorded here,
         not among the script's other collectives)."""
+        if self.fsdp and self.joined:
+            return self._fsdp_call_returned(name, args, kwargs, us)
         if name in PARAMETER_GATHERS:
             return self._gather_returned(name, args, kwargs, result, us, waited)
         inside = self.in_backward is not None  # a gradient hook's call (the script overlaps them by hand)
@@ -238,6 +247,32 @@ class ScriptCollectivesTracker:
             else:
                 self._begin_iteration()
         return True
+
+    def _fsdp_call_returned(self, name: str, args: tuple, kwargs: dict, us: float) -> bool:
+        """A call FSDP made (a gather, in the forward or the backward; a reduce-scatter): the step's next bucket."""
+        if name not in GRADIENT_COLLECTIVES + PARAMETER_GATHERS:
+            return False
+        if self.in_backward is not None and self.step_backward is None:  # the step's backward: where its first call ran
+            self.step_backward = (self.in_backward, None)
+        self.calls_in_step += 1
+        if self.session.detail_active:
+            self.session.guard("recording an FSDP collective", self._record_fsdp, name, args, kwargs, us)
+        return True
+
+    def _record_fsdp(self, name: str, args: tuple, kwargs: dict, us: float) -> None:
+        """An FSDP call's bucket (named after the call and its place in the step), from its start to its return: it
+        held the thread all along (gloo, no async_op)."""
+        session = self.session
+        now = session.now_us()
+        index = self.calls_in_step - 1
+        key = (0, index)
+        if key not in session.records.buckets:
+            tensor, nbytes = covered(name, args, kwargs)
+            session.records.buckets[key] = _bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
+        record = CommRecord(session.iteration, 0, index, now - us, now - us, now)
+        session.records.comm.append(record)
+        self.step_records.append(record)
+        self.serial = True
 
     def _record(self, name: str, args: tuple, kwargs: dict, result, us: float, inside: bool, waited: bool) -> None:
         """One bucket's record: from where the call could have started (inside the backward: its own start; after
@@ -456,8 +491,10 @@ class ScriptCollectivesTracker:
             # FSDP's wrappers reduce-scatter in the backward and gather in the forward and the backward, through the
             # same calls (torch 2.13's reduce_scatter_single, all_gather_single): no ZeRO by hand, and not modelled
             fsdp = session.script_use.fsdp_wrappers > 0
-            if shared and not fsdp and not session.trackers and session.phase == "warmup" and not session.disabled:
-                self._join(optimizer)
+            if fsdp and not fsdp_blocks():
+                return  # on a GPU FSDP overlaps its calls on its own streams: not modelled
+            if shared and not session.trackers and session.phase == "warmup" and not session.disabled:
+                self._join(optimizer, fsdp)
             return
         if id(optimizer) not in self.optimizers_seen:
             self._add_trained_model(optimizer)
@@ -468,7 +505,7 @@ class ScriptCollectivesTracker:
             session.mark("forward0", self.iteration_start, start)
             session.mark("backward0", start, end)
         self.step_backward = None
-        if self.sharded and self.gathers_per_step:  # the iteration ends once its parameters are gathered
+        if self.sharded and self.gathers_per_step and not self.fsdp:  # the iteration ends once its parameters gathered
             self.gradient_calls, self.pending_gathers = calls, self.gathers_per_step
             self.next_ready_us = session.now_us()
             return
@@ -489,11 +526,14 @@ class ScriptCollectivesTracker:
         found = self.session.guard("finding the trained model", trained_roots, optimizer) or []
         self.roots += [root for root in found if id(root) not in held]
 
-    def _join(self, optimizer) -> None:
+    def _join(self, optimizer, fsdp: bool = False) -> None:
         from dprorun.runtime.backends import group_backend
 
         session = self.session
         self.joined = self.primary = True
+        if fsdp:  # FSDP's calls, gathers included, are the step's buckets (module doc): no ZeRO-by-hand counting
+            self.fsdp = self.sharded = True
+            self.gathers_per_step = self.gathers_since_step = self.pending_gathers = 0
         session.trackers.append(self)
         self.backend = group_backend()
         if self.backend == "unknown":
@@ -535,6 +575,14 @@ def watch_gradient_collectives(session: RankSession) -> None:
 
     backward._dpro_timed = True
     autograd.backward = backward
+
+
+def fsdp_blocks() -> bool:
+    """Do FSDP's calls block the thread that makes them, in program order (the CPU: gloo, no CUDA in use)? On a GPU
+    FSDP runs them on streams of its own, overlapped with the compute."""
+    from dprorun.runtime.backends import group_backend, job_device_type
+
+    return job_device_type() == "cpu" and group_backend() == "gloo"
 
 
 def covered(name: str, args: tuple, kwargs: dict) -> tuple[Any, int]:

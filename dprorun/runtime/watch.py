@@ -16,7 +16,8 @@ from dprorun.runtime.log import warn
 SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or through Lightning, Hugging Face "
                       "Trainer or Accelerate), gradients the script all-reduces or reduce-scatters itself "
                       "(torch.distributed.all_reduce, reduce_scatter between loss.backward() and the optimizer's step; "
-                      "the parameters all-gathered after a sharded step), horovod.torch.DistributedOptimizer and "
+                      "the parameters all-gathered after a sharded step), FSDP's fully_shard / "
+                      "FullyShardedDataParallel on the CPU, horovod.torch.DistributedOptimizer and "
                       "horovod.tensorflow's all-reduce inside a tf.function step (DistributedGradientTape, "
                       "DistributedOptimizer)")
 # the torch.distributed calls a script makes itself when it shares gradients without a wrapper
@@ -126,7 +127,11 @@ def nothing_to_profile(use: ScriptUse) -> str:
     elif use.model_splits:
         advice = (" dprorun profiles and replays data parallelism (each rank a whole model): a model split across the "
                   "ranks (tensor or pipeline parallelism) is neither profiled nor modelled.")
-    elif use.collectives and not use.fsdp_wrappers:
+    elif use.fsdp_wrappers:
+        advice = (" FSDP is profiled and replayed on the CPU (gloo), where each of its gathers and reduce-scatters "
+                  "holds the rank until it is done; on GPUs FSDP overlaps them with the compute on streams of its "
+                  "own, which dprorun does not model.")
+    elif use.collectives:
         advice = (" dprorun profiles gradients the script all-reduces or reduce-scatters itself between "
                   "loss.backward() and the optimizer's step (torch.distributed.all_reduce, reduce_scatter); these "
                   "collectives were not that (other "
