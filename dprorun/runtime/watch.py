@@ -16,8 +16,8 @@ from dprorun.runtime.log import warn
 SUPPORTED_WRAPPERS = ("torch.nn.parallel.DistributedDataParallel (directly, or through Lightning, Hugging Face "
                       "Trainer or Accelerate), gradients the script all-reduces or reduce-scatters itself "
                       "(torch.distributed.all_reduce, reduce_scatter between loss.backward() and the optimizer's step; "
-                      "the parameters all-gathered after a sharded step), FSDP's fully_shard / "
-                      "FullyShardedDataParallel on the CPU, horovod.torch.DistributedOptimizer and "
+                      "the parameters all-gathered after a sharded step), FSDP2's fully_shard "
+                      "on the CPU, horovod.torch.DistributedOptimizer and "
                       "horovod.tensorflow's all-reduce inside a tf.function step (DistributedGradientTape, "
                       "DistributedOptimizer)")
 # the torch.distributed calls a script makes itself when it shares gradients without a wrapper
