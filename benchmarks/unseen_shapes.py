@@ -278,6 +278,13 @@ JOBS = {
     "ddp-muon-and-adamw-cosine": ([], "ddp_session47.py", ["--muon"], "torch"),
     "ddp-no-backend-virtual-local-rank": (["--virtual-local-rank", "--shutdown-timeout", "3"], "ddp_session47.py",
                                           ["--no-backend"], "torch"),
+    # session 48: FSDP2 on the CPU (profiled from this session on), shapes not tuned for, and the examples sharded
+    "fsdp-conv-bn-clip-adamw-cosine": ([], "fsdp_shapes.py", ["--clip"], "torch"),
+    "fsdp-transformer-no-reshard-sgd": ([], "fsdp_shapes.py", ["--no-reshard"], "torch"),
+    "fsdp-frozen-embedding-adam": ([], "fsdp_shapes.py", ["--frozen-embedding"], "torch"),
+    "fsdp-mlp-bf16-params": ([], "fsdp_shapes.py", ["--bf16-params"], "torch"),
+    "fsdp-unet-groupnorm": ([], "examples/unet_groupnorm.py", ["--fsdp"], "torch"),
+    "fsdp-gru-tagger": ([], "examples/gru_tagger.py", ["--fsdp"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

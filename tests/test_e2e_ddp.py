@@ -528,6 +528,7 @@ def test_an_fsdp_job_on_the_cpu_is_profiled_and_replayed_as_a_chain_of_blocking_
     assert abs(predicted / window - 1) < 0.25, (predicted, window)
     out, four = replay("--np", "4")
     assert out.returncode == 0 and four["predicted_iteration_time_ms"] > predicted, out.stderr[-2000:]
+    assert any(note.startswith("caution: FSDP's") for note in four["notes"]), four["notes"]
     out, _ = replay("--partitions", "2")
     assert out.returncode == 2 and "FSDP on the CPU" in out.stderr, out.stderr[-2000:]
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "optimize", str(run_dir)],

@@ -80,9 +80,9 @@ def _horovod_costs(model: JobModel, run: RunTrace, calibration: list) -> None:
 SCRIPT_ALL_REDUCES = "the gradients are all-reduced by the script's own calls"
 
 
-FSDP_BLOCKING = ("FSDP on the CPU: its {calls} calls a step ({gathers} all-gathers of the parameters, in the forward and "
-                 "again in the backward, {scatters} reduce-scatters of the gradients) each held the rank's thread, so "
-                 "nothing overlapped them: each replayed where it was called, the compute after it waiting for it, "
+FSDP_BLOCKING = ("FSDP on the CPU: its {calls} calls a step ({gathers} all-gathers of the parameters, in the forward "
+                 "and again in the backward, {scatters} reduce-scatters of the gradients) each held the rank's thread, "
+                 "so nothing overlapped them: each replayed where it was called, the compute after it waiting for it, "
                  "priced as the all-reduce that sends the same bytes on the ring (half its own); at another world "
                  "size the compute and the update are kept as measured (each rank's shard, and so its update, "
                  "shrinks with more ranks: not modelled)")

@@ -45,6 +45,18 @@ class CommPlan:
     enqueue_us: list[float]  # per built rank: DDP's hook handing one collective over (0: none measured)
 
 
+def fsdp_world_caution(calls: int, measured_world: int, world: int, alpha_us: float) -> str:
+    """What a world-size answer for FSDP on the CPU rests on: its blocking calls' added ring messages, each priced at
+    the clock probes' message latency, none hidden behind compute."""
+    messages = calls * 2 * abs(world - measured_world)
+    return (f"caution: FSDP's {calls} blocking calls a step each {'gain' if world > measured_world else 'lose'} "
+            f"{2 * abs(world - measured_world)} ring messages at {world} ranks, {messages * alpha_us / 1000:.1f} ms a "
+            f"step at the {alpha_us:.0f} µs a message the clock probes measured, none hidden behind compute: where a "
+            f"message costs more on the target machines (hosts with fewer cores than their ranks' threads: about 1 ms "
+            f"a hop on this project's emulated 4-host cluster, where this answer came out 18-36 % short), each of the "
+            f"{messages} adds its excess to the step")
+
+
 def set_network(graph: ReplayGraph, bandwidth_gbit: Optional[float] = None, bandwidth_scale: float = 1.0,
                 latency_us: Optional[float] = None, notes: Optional[list[str]] = None) -> ReplayGraph:
     """The network pass: the graph's topology regenerated from its plan for this link bandwidth (absolute, or a
@@ -212,6 +224,8 @@ class CommPricing:
             notes.append(f"{world} ranks: each collective as measured at {model.world_size} ranks plus the longer "
                          f"ring's messages ({comm.alpha_us:.0f} µs each) and bytes at the calibrated "
                          f"{model.network.bandwidth_bytes_per_us * 8e-3:.3g} Gbit/s")
+            if model.blocking_collectives:
+                notes.append(fsdp_world_caution(len(model.buckets), model.world_size, world, comm.alpha_us))
         if model.ddp_buffer_bytes and (world != model.world_size or not network_same):
             owners = model.ddp_buffer_owners
             held = (f" of {', '.join(owners[:4])}{', ...' if len(owners) > 4 else ''}" if owners
