@@ -115,12 +115,16 @@ def start_own_profiler(spec: str, rank: int, device: torch.device):
 
 def fsdp2(model: torch.nn.Module) -> torch.nn.Module:
     """FSDP2: each top-level child that holds parameters sharded on its own (gathered before its forward and again
-    before its backward, its gradients reduce-scattered), then the whole model (the rest of its parameters)."""
+    before its backward, its gradients reduce-scattered; a ModuleList's or ModuleDict's members each, as they have no
+    forward of their own), then the whole model (the rest of its parameters)."""
     from torch.distributed.fsdp import fully_shard
 
     for child in model.children():
-        if any(p.requires_grad for p in child.parameters()):
-            fully_shard(child)
+        members = child.values() if isinstance(child, torch.nn.ModuleDict) else \
+            child if isinstance(child, torch.nn.ModuleList) else [child]
+        for unit in members:
+            if any(p.requires_grad for p in unit.parameters()):
+                fully_shard(unit)
     fully_shard(model)
     return model
 
