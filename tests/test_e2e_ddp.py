@@ -529,6 +529,14 @@ def test_an_fsdp_job_on_the_cpu_is_profiled_and_replayed_as_a_chain_of_blocking_
     out, four = replay("--np", "4")
     assert out.returncode == 0 and four["predicted_iteration_time_ms"] > predicted, out.stderr[-2000:]
     assert any(note.startswith("caution: FSDP's") for note in four["notes"]), four["notes"]
+    # the report's world-size curve replays the iterations as `dpro replay` does (one replay of median durations
+    # missed the ranks' waits at every call: 37.6 ms for 47.6 at 2 ranks)
+    from dprorun.analysis import RunAnalysis
+    from dprorun.report_data import _whatif_curves
+
+    curves = _whatif_curves(RunAnalysis(str(run_dir)).model, time_budget_s=60.0)
+    at = dict(curves["world_size"])
+    assert abs(at[2] / predicted - 1) < 0.01 and abs(at[4] / four["predicted_iteration_time_ms"] - 1) < 0.01, at
     out, _ = replay("--partitions", "2")
     assert out.returncode == 2 and "FSDP on the CPU" in out.stderr, out.stderr[-2000:]
     out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "optimize", str(run_dir)],
