@@ -88,7 +88,7 @@ def short_name(name: str) -> str:
 
 def blocking_collectives(trace: RankTrace) -> bool:
     """Did each of the rank's collectives hold its thread from its start to its end (FSDP on the CPU:
-    runtime/collectives.py)? Their time is then no compute: the replay runs them in series after the backward."""
+    runtime/collectives.py)? Their time is then no compute, and the compute after each waits for it."""
     return any(t.get("blocking") for t in trace.meta.get("trackers", []))
 
 

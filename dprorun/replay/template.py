@@ -191,8 +191,8 @@ class JobModel:
     # inside the forward as measured
     ddp_buffer_bytes: int = 0
     ddp_buffer_owners: list[str] = field(default_factory=list)  # the classes of the modules holding those buffers
-    # FSDP on the CPU: every collective held its rank's thread (graph/local.blocking_collectives), replayed in series
-    # after the backward's compute; its gathers are no ZeRO gathers after the update
+    # FSDP on the CPU: every collective held its rank's thread (graph/local.blocking_collectives): the compute after
+    # each waits for it (replay/local_dfg.py); its gathers are no ZeRO gathers after the update
     blocking_collectives: bool = False
 
 
@@ -290,34 +290,16 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             continue
         first, fw, bw, up = phase_spans(spans)
         every = sorted(slot["comm"].items(), key=lambda kv: kv[1]["enqueue"])
-        comm = [(key, c) for key, c in every if key not in after_update]  # the gradients' collectives
-        gathers_done = max([c["done"] for key, c in every if key in after_update], default=up.end_us)
-        cuts = [bw.start_us] + [min(max(c["enqueue"], bw.start_us), bw.end_us) for _, c in comm] + [bw.end_us]
-        last_done = max([c["done"] for _, c in comm], default=bw.end_us)
-        segments = [b - a for a, b in zip(cuts, cuts[1:])]
-        removed = 0.0
-        for k in range(1, len(segments)):  # segment k starts with bucket k-1's hook call
-            cut = min(hook_overhead, segments[k])
-            segments[k] -= cut
-            removed += cut
-        samples[i] = RankTemplate(
-            rank=trace.rank, accumulate_us=fw.start_us - first.start_us, forward_us=fw.dur_us,
-            loss_us=max(0.0, bw.start_us - fw.end_us),
-            backward_segments_us=segments, bucket_ready_order=[k for k, _ in comm],
-            update_us=up.dur_us, tail_us=max(0.0, ends[i] - max(up.end_us, gathers_done)),
-            enqueue_cost_us=enqueue_cost - hook_overhead,
-            backward_us=bw.dur_us - removed, iterations_used=1, measured_iteration_us=ends[i] - starts[i],
-            finalize_us=max(0.0, up.start_us - max(bw.end_us, last_done)),
-            gathered=[key for key, _ in every if key in after_update])
-        if blocking:
-            samples[i] = _blocking_sample(trace.rank, first, fw, bw, up, every, starts[i], ends[i])
-        slots = [-np.inf] * channels  # the backend's parallel channels (gloo: 2 worker threads)
+        samples[i] = (_blocking_sample(trace.rank, first, fw, bw, up, every, starts[i], ends[i]) if blocking else
+                      _overlapped_sample(trace.rank, first, fw, bw, up, every, after_update, enqueue_cost,
+                                         hook_overhead, starts[i], ends[i]))
+        free = [-np.inf] * channels  # when each of the backend's parallel channels is free (gloo: 2 worker threads)
         transmit[i] = {}
         for key, c in every:
             everyone = enqueue_all.get((i, key), c["enqueue"])
-            k = int(np.argmin(slots))
-            transmit[i][key] = max(1.0, c["done"] - max(everyone, slots[k]))
-            slots[k] = c["done"]
+            k = int(np.argmin(free))
+            transmit[i][key] = max(1.0, c["done"] - max(everyone, free[k]))
+            free[k] = c["done"]
     if not samples:
         raise UnanswerableError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans"
                                 + (_eager_tf_steps(trace) or _backward_inside_forward(slots)))
@@ -340,6 +322,32 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
                             gathered=list(max(gathered, key=gathered.count)) if gathered else [],
                             **_median_forward_cut(values))
     return template, samples, transmit
+
+
+def _overlapped_sample(rank: int, first, fw, bw, up, every: list[tuple[str, dict]], after_update: set[str],
+                       enqueue_cost: float, hook_overhead: float, start: float, end: float) -> RankTemplate:
+    """One iteration of a rank whose collectives run beside its compute (DDP's buckets, the script's own calls):
+    the backward cut where each gradient collective was handed over (DDP's hook: its cost out of the segment it
+    starts, `hook_overhead`), a sharded step's gathers after the update (`after_update`)."""
+    comm = [(key, c) for key, c in every if key not in after_update]  # the gradients' collectives
+    gathers_done = max([c["done"] for key, c in every if key in after_update], default=up.end_us)
+    cuts = [bw.start_us] + [min(max(c["enqueue"], bw.start_us), bw.end_us) for _, c in comm] + [bw.end_us]
+    last_done = max([c["done"] for _, c in comm], default=bw.end_us)
+    segments = [b - a for a, b in zip(cuts, cuts[1:])]
+    removed = 0.0
+    for k in range(1, len(segments)):  # segment k starts with bucket k-1's hook call
+        cut = min(hook_overhead, segments[k])
+        segments[k] -= cut
+        removed += cut
+    return RankTemplate(
+        rank=rank, accumulate_us=fw.start_us - first.start_us, forward_us=fw.dur_us,
+        loss_us=max(0.0, bw.start_us - fw.end_us),
+        backward_segments_us=segments, bucket_ready_order=[k for k, _ in comm],
+        update_us=up.dur_us, tail_us=max(0.0, end - max(up.end_us, gathers_done)),
+        enqueue_cost_us=enqueue_cost - hook_overhead,
+        backward_us=bw.dur_us - removed, iterations_used=1, measured_iteration_us=end - start,
+        finalize_us=max(0.0, up.start_us - max(bw.end_us, last_done)),
+        gathered=[key for key, _ in every if key in after_update])
 
 
 def _median_forward_cut(values: list[RankTemplate]) -> dict:

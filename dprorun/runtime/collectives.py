@@ -25,11 +25,12 @@ of step k-1 to the end of step k.
   - an optimizer sharded by hand (ZeRO): reduce-scatters are gradient calls as all-reduces are, and the all-gathers
     after such a step, before the next backward, are buckets after the update; the iteration ends once they returned
     (docs/architecture.md);
-  - FSDP on the CPU (fully_shard, FullyShardedDataParallel over gloo): every call FSDP makes (the forward's and the
-    backward's parameter gathers, the backward's gradient reduce-scatters) holds the calling thread until it is done,
-    in program order: each is a bucket of its own, from its own start to its return, in call order
-    (`describe()["blocking"]`: the replay takes their time out of the compute and runs them in series). On a GPU
-    FSDP overlaps them on its own streams, which this does not model: such a job is not joined.
+  - FSDP on the CPU (FSDP2's fully_shard over gloo): every call FSDP makes (the forward's and the backward's
+    parameter gathers, the backward's gradient reduce-scatters) holds the calling thread until it is done, in
+    program order: each is a bucket of its own, from its own start to its return, in call order
+    (`describe()["blocking"]`: the replay takes their time out of the compute and makes the compute after each call
+    wait for it). On a GPU FSDP overlaps them on its own streams, which this does not model: such a job is not
+    joined.
 The update is the optimizer step's span (the session's hooks). The bucket layout is the script's: the optimizer
 leaves it (replay/build.py) and says what one flat all-reduce or DDP would give (optimize/search.py)."""
 from __future__ import annotations
@@ -269,10 +270,7 @@ class ScriptCollectivesTracker:
         if key not in session.records.buckets:
             tensor, nbytes = covered(name, args, kwargs)
             session.records.buckets[key] = _bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
-        record = CommRecord(session.iteration, 0, index, now - us, now - us, now)
-        session.records.comm.append(record)
-        self.step_records.append(record)
-        self.serial = True
+        self.step_records.append(self._comm_record(index, now - us, now, None, waited=False, inside=True))
 
     def _record(self, name: str, args: tuple, kwargs: dict, result, us: float, inside: bool, waited: bool) -> None:
         """One bucket's record: from where the call could have started (inside the backward: its own start; after
@@ -489,7 +487,8 @@ class ScriptCollectivesTracker:
         if not self.joined:
             shared = calls > 0 and sent >= SHARED_SHARE * _gradient_bytes(optimizer)
             # FSDP's wrappers reduce-scatter in the backward and gather in the forward and the backward, through the
-            # same calls (torch 2.13's reduce_scatter_single, all_gather_single): no ZeRO by hand, and not modelled
+            # same calls (torch 2.13's reduce_scatter_single, all_gather_single): no ZeRO by hand, but blocking
+            # buckets where they block (the CPU)
             fsdp = session.script_use.fsdp_wrappers > 0
             if fsdp and not fsdp_blocks():
                 return  # on a GPU FSDP overlaps its calls on its own streams: not modelled
