@@ -11,7 +11,7 @@ then plain torchrun jobs on 2, 3 and 4 hosts (each prints its median iteration t
 with the dprorun of another checkout (DIR: its hooks and its replay) and prints its predictions beside.
 
 usage: sudo python benchmarks/dryrun_world_size.py [--examples mlp_many_layers,...] [--reps 3]
-       [--script-args "..."] [--compare-with DIR]
+       [--script-args "..."] [--compare-with DIR] [--largest 3 --cpus 0.6]
 """
 import argparse
 import json
@@ -78,6 +78,8 @@ def main() -> None:
     parser.add_argument("--rate", default="1gbit", help="each host's link")
     parser.add_argument("--script-args", default="", help="extra arguments of every example launch")
     parser.add_argument("--compare-with", help="a checkout of another dprorun: its dry runs too")
+    parser.add_argument("--largest", type=int, choices=(3, 4), default=4,
+                        help="measure up to this many hosts (3: a quota of up to 0.66 CPU a host fits 2 cores)")
     args = parser.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO, "examples"), DPRO_REPORT="0")
     # PYTHONSAFEPATH: `python -m` would put the working directory (this checkout) ahead of PYTHONPATH
@@ -86,7 +88,7 @@ def main() -> None:
         if args.compare_with else None
     print(f"emulated hosts: {args.cpus:g} CPU and a {args.rate} link each, one rank per host, {args.reps} rounds")
     print(f"{'example':18} {'np':>3} {'measured':>9} {'predicted':>9} {'err':>7}   (2-rank: torchrun / profiled)")
-    errors = {3: [], 4: []}
+    errors = {n: [] for n in range(3, args.largest + 1)}
     for example in args.examples.split(","):
         rows = {k: [] for k in ("m2", "m3", "m4", "profiled", "p3", "p4", "o3", "o4")}
         for _ in range(args.reps):
@@ -100,10 +102,10 @@ def main() -> None:
             rows["profiled"].append(profiled)
             rows["p4"].append(p4)
             rows["p3"].append(p3)
-            for hosts in (2, 3, 4):
+            for hosts in range(2, args.largest + 1):
                 rows[f"m{hosts}"].append(measure(example, hosts, args, env))
         med = {k: statistics.median(v) for k, v in rows.items() if v}
-        for n in (3, 4):
+        for n in errors:
             err = 100 * (med[f"p{n}"] / med[f"m{n}"] - 1)
             errors[n].append(err)
             other = f"   other: {med[f'o{n}']:.2f} ({100 * (med[f'o{n}'] / med[f'm{n}'] - 1):+.1f} %)" \
@@ -111,8 +113,9 @@ def main() -> None:
             print(f"{example:18} {n:3d} {med[f'm{n}']:9.2f} {med[f'p{n}']:9.2f} {err:+6.1f}%   "
                   f"({med['m2']:.2f} / {med['profiled']:.2f}){other}", flush=True)
     worst = max(abs(e) for v in errors.values() for e in v)
-    print(f"dry-run world-size prediction from 2 ranks: np 4 |error| max {max(abs(e) for e in errors[4]):.1f} %, "
-          f"np 3 max {max(abs(e) for e in errors[3]):.1f} %, overall max {worst:.1f} %")
+    print("dry-run world-size prediction from 2 ranks: "
+          + ", ".join(f"np {n} |error| max {max(abs(e) for e in errors[n]):.1f} %" for n in sorted(errors, reverse=True))
+          + f", overall max {worst:.1f} %")
 
 
 if __name__ == "__main__":
