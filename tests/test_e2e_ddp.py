@@ -544,6 +544,33 @@ def test_an_fsdp_job_on_the_cpu_is_profiled_and_replayed_as_a_chain_of_blocking_
     assert out.returncode == 2 and "nothing to search" in out.stderr, out.stderr[-2000:]
 
 
+# FSDP_SCRIPT on a 2 x 2 device mesh
+HSDP_SCRIPT = FSDP_SCRIPT.replace('dist.init_process_group("gloo")', """dist.init_process_group("gloo")
+from torch.distributed.device_mesh import init_device_mesh
+mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))""").replace(
+    "fully_shard(layer)", "fully_shard(layer, mesh=mesh)").replace(
+    "fully_shard(model)", "fully_shard(model, mesh=mesh)")
+
+
+def test_hsdp_is_replayed_as_run_and_its_world_size_question_refused(tmp_path):
+    """FSDP2 on a 2 x 2 mesh (HSDP: sharded within pairs, all-reduced across them): its calls run in groups of 2 of
+    the job's 4; the replay takes them as run, and a world-size question, whose mesh is the script's choice, is
+    refused with why (it was priced on one ring of the world)."""
+    script = tmp_path / "hsdp.py"
+    script.write_text(HSDP_SCRIPT)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "4", "--warmup", "2", "--active", "5", "--kineto-iters", "1", "--clean", "3",
+                           "python", str(script), "14"], run_dir, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tracker = json.loads((run_dir / "rank_0" / "events.json").read_text())["trackers"][0]
+    assert tracker["fsdp"] and tracker["fsdp_subgroup_sizes"] == [2], tracker
+    command = [sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir)]
+    as_run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert as_run.returncode == 0 and "all-reduces across its replicas (HSDP)" in as_run.stdout, as_run.stderr[-2000:]
+    other = subprocess.run(command + ["--np", "8"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert other.returncode == 2 and "groups of its device mesh (of 2 ranks" in other.stderr, other.stderr[-2000:]
+
+
 # the ranks train apart: no gradient is shared, a barrier a step
 APART_SCRIPT = """
 import torch, torch.distributed as dist

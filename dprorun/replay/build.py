@@ -81,11 +81,11 @@ SCRIPT_ALL_REDUCES = "the gradients are all-reduced by the script's own calls"
 
 
 FSDP_BLOCKING = ("FSDP on the CPU: its {calls} calls a step ({gathers} all-gathers of the parameters, in the forward "
-                 "and again in the backward, {scatters} reduce-scatters of the gradients) each held the rank's thread, "
-                 "so nothing overlapped them: each replayed where it was called, the compute after it waiting for it, "
-                 "priced as the all-reduce that sends the same bytes on the ring (half its own); at another world "
-                 "size the compute and the update are kept as measured (each rank's shard, and so its update, "
-                 "shrinks with more ranks: not modelled)")
+                 "and again in the backward, {scatters} reduce-scatters of the gradients{replicas}) each held the "
+                 "rank's thread, so nothing overlapped them: each replayed where it was called, the compute after it "
+                 "waiting for it, priced as the all-reduce that sends the same bytes on the ring (half its own); at "
+                 "another world size the compute and the update are kept as measured (each rank's shard, and so its "
+                 "update, shrinks with more ranks: not modelled)")
 
 
 def _script_all_reduces(model: JobModel, trackers: list[dict]) -> None:
@@ -99,9 +99,12 @@ def _script_all_reduces(model: JobModel, trackers: list[dict]) -> None:
                                  "send the gradients: dprorun cannot change them")
     if any(t.get("blocking") for t in trackers):
         model.blocking_collectives = True
+        model.fsdp_subgroup_sizes = sorted({n for t in trackers for n in t.get("fsdp_subgroup_sizes") or []})
         model.bucket_layout_fixed = (f"FSDP's own all_gather / reduce_scatter calls ({calls} a step): dprorun "
                                      "cannot change them")
-        model.notes.append(FSDP_BLOCKING.format(calls=calls, **_gathers_and_scatters(model)))
+        reduces = sum(b.collective == "all_reduce" for b in model.buckets)
+        model.notes.append(FSDP_BLOCKING.format(calls=calls, **_gathers_and_scatters(model), replicas=(
+            f", {reduces} all-reduces across its replicas (HSDP)" if reduces else "")))
         return
     model.notes.append(f"{SCRIPT_ALL_REDUCES} ({calls} a step), each replayed as one bucket")
     if model.sharded_buckets():

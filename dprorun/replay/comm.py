@@ -90,6 +90,11 @@ def set_world_size(graph: ReplayGraph, world: int, fold: bool = True,
         raise UnanswerableError(f"the script's DDP all-reduces within process groups of its own "
                                 f"({model.ddp_groups_text()}): the groups at another world size "
                                 "are the script's choice, which dprorun does not know")
+    if model.fsdp_subgroup_sizes and world != model.world_size:
+        raise UnanswerableError(f"FSDP's calls run within groups of its device mesh (of "
+                                f"{', '.join(map(str, model.fsdp_subgroup_sizes))} ranks; HSDP: sharded within, "
+                                "replicated across): the mesh at another world size is the script's choice, which "
+                                "dprorun does not know")
     if model.framework == "horovod" and plan.measured_layout and world != model.world_size \
             and plan.whatif.baseline != "daydream":
         raise UnanswerableError("Horovod fuses tensors into responses at run time: another world size re-plans "

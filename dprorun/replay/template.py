@@ -194,6 +194,7 @@ class JobModel:
     # FSDP on the CPU: every collective held its rank's thread (graph/local.blocking_collectives): the compute after
     # each waits for it (replay/local_dfg.py); its gathers are no ZeRO gathers after the update
     blocking_collectives: bool = False
+    fsdp_subgroup_sizes: list[int] = field(default_factory=list)  # HSDP: FSDP's groups smaller than the job
 
 
 @dataclass

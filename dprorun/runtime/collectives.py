@@ -108,12 +108,14 @@ class ScriptCollectivesTracker:
         self.awaiting: Optional[CommRecord] = None  # a waited call whose Work has no future: ended by its wait
         self.begin_after_wait = False  # the step's last gather was launched: its iteration ends at the wait's return
         self.fsdp = False  # FSDP on the CPU: every gather and reduce-scatter of a step a blocking bucket (module doc)
+        self.fsdp_group_sizes: set[int] = set()  # the sizes of FSDP's groups smaller than the job (HSDP's mesh)
 
     # ---- what DDPTracker also offers the session --------------------------------------------------------
     def describe(self) -> dict:
         return {"ddp": 0, "framework": self.framework, "user_comm_hook": False, "builtin_comm_hook": False,
                 "timed_buckets": True, "backend": self.backend or "unknown", "serial": self.serial,
                 "asynchronous": self.asynchronous, "sharded": self.sharded, "fsdp": self.fsdp, "blocking": self.fsdp,
+                "fsdp_subgroup_sizes": sorted(self.fsdp_group_sizes),
                 "calls": ("FSDP's all_gather, reduce_scatter" if self.fsdp else
                           "torch.distributed.reduce_scatter, all_gather" if self.sharded
                           else "torch.distributed.all_reduce")}
@@ -270,6 +272,9 @@ class ScriptCollectivesTracker:
         if key not in session.records.buckets:
             tensor, nbytes = covered(name, args, kwargs)
             session.records.buckets[key] = _bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
+            size = _group_size(name, args, kwargs)
+            if size and size != session.world_size:  # HSDP: sharded within, replicated across, groups of its mesh
+                self.fsdp_group_sizes.add(size)
         self.step_records.append(self._comm_record(index, now - us, now, None, waited=False, inside=True))
 
     def _record(self, name: str, args: tuple, kwargs: dict, result, us: float, inside: bool, waited: bool) -> None:
@@ -574,6 +579,22 @@ def watch_gradient_collectives(session: RankSession) -> None:
 
     backward._dpro_timed = True
     autograd.backward = backward
+
+
+GROUP_POSITION = {"all_reduce": 2, "all_gather": 2, "all_gather_into_tensor": 2, "all_gather_single": 2,
+                  "reduce_scatter": 3, "reduce_scatter_tensor": 3, "reduce_scatter_single": 3}
+
+
+def _group_size(name: str, args: tuple, kwargs: dict) -> int:
+    """The size of the process group a collective call runs in (0 where unreadable)."""
+    import torch.distributed as dist
+
+    position = GROUP_POSITION.get(name, -1)
+    group = kwargs.get("group", args[position] if 0 <= position < len(args) else None)
+    try:
+        return int(dist.get_world_size(group))
+    except Exception:  # a group this rank is not in, or one already destroyed
+        return 0
 
 
 def fsdp_blocks() -> bool:
