@@ -496,21 +496,25 @@ dist.destroy_process_group()
 """
 
 
+def _fsdp_job(tmp_path, script_text: str, options: list[str], steps: int) -> tuple:
+    """(run directory, what dprorun said, rank 0's events) of an FSDP script run for `steps` steps."""
+    script = tmp_path / "fsdp.py"
+    script.write_text(script_text)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(options + ["python", str(script), str(steps)], run_dir, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir, proc.stdout + proc.stderr, json.loads((run_dir / "rank_0" / "events.json").read_text())
+
+
 def test_an_fsdp_job_on_the_cpu_is_profiled_and_replayed_as_a_chain_of_blocking_calls(tmp_path):
     """FSDP2 on gloo: every gather (forward, backward) and reduce-scatter holds the rank until done. Each is a
     bucket of the step, taken out of the compute it ran in; the replay runs them where they were called, each
     blocking the compute after it: as run it follows the window, a larger world costs more, questions that would
     restructure FSDP's step are refused with why, and so is the optimizer's search. (It said "nothing was profiled"
     before; FSDP2 on a GPU, which overlaps the calls on its streams, still does.)"""
-    script = tmp_path / "fsdp.py"
-    script.write_text(FSDP_SCRIPT)
-    run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "--kineto-iters", "2", "--clean", "7",
-                           "python", str(script), "26"], run_dir, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    said = proc.stdout + proc.stderr
+    run_dir, said, events = _fsdp_job(tmp_path, FSDP_SCRIPT, ["-np", "2", "--warmup", "3", "--active", "8",
+                                                              "--kineto-iters", "2", "--clean", "7"], steps=26)
     assert "nothing was profiled" not in said and "the replay of the job as it ran (" in said, said[-3000:]
-    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     tracker = events["trackers"][0]
     assert tracker["framework"] == "collectives" and tracker["fsdp"] and tracker["blocking"], tracker
     kinds = [b.get("collective") for b in events["buckets"]]
@@ -556,13 +560,9 @@ def test_hsdp_is_replayed_as_run_and_its_world_size_question_refused(tmp_path):
     """FSDP2 on a 2 x 2 mesh (HSDP: sharded within pairs, all-reduced across them): its calls run in groups of 2 of
     the job's 4; the replay takes them as run, and a world-size question, whose mesh is the script's choice, is
     refused with why (it was priced on one ring of the world)."""
-    script = tmp_path / "hsdp.py"
-    script.write_text(HSDP_SCRIPT)
-    run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["-np", "4", "--warmup", "2", "--active", "5", "--kineto-iters", "1", "--clean", "3",
-                           "python", str(script), "14"], run_dir, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    tracker = json.loads((run_dir / "rank_0" / "events.json").read_text())["trackers"][0]
+    run_dir, _, events = _fsdp_job(tmp_path, HSDP_SCRIPT, ["-np", "4", "--warmup", "2", "--active", "5",
+                                                           "--kineto-iters", "1", "--clean", "3"], steps=14)
+    tracker = events["trackers"][0]
     assert tracker["fsdp"] and tracker["fsdp_subgroup_sizes"] == [2], tracker
     command = [sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir)]
     as_run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
