@@ -285,6 +285,12 @@ JOBS = {
     "fsdp-mlp-bf16-params": ([], "fsdp_shapes.py", ["--bf16-params"], "torch"),
     "fsdp-unet-groupnorm": ([], "examples/unet_groupnorm.py", ["--fsdp"], "torch"),
     "fsdp-gru-tagger": ([], "examples/gru_tagger.py", ["--fsdp"], "torch"),
+    # session 49: FSDP2 shapes beyond one forward and backward a step
+    "fsdp-accumulate-2-no-sync-first": ([], "session49.py", ["--fsdp-accumulate"], "torch"),
+    "fsdp-activation-checkpointing": ([], "session49.py", ["--fsdp-checkpoint"], "torch"),
+    "fsdp-root-only-conv-adagrad": ([], "session49.py", ["--fsdp-root-only"], "torch"),
+    "fsdp-explicit-prefetch-rmsprop": ([], "session49.py", ["--fsdp-prefetch"], "torch"),
+    "fsdp-eval-every-5": ([], "session49.py", ["--fsdp-eval"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -4,6 +4,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections import Counter
 
 import psutil
 import pytest
@@ -485,10 +486,13 @@ for layer in model:
     fully_shard(layer)
 fully_shard(model)
 opt = torch.optim.Adam(model.parameters())
-for _ in range(int(sys.argv[1])):
+for step in range(int(sys.argv[1])):
     opt.zero_grad()
     model(torch.randn(32, 256)).sum().backward()
     opt.step()
+    if step % 5 == 4:  # an evaluation: FSDP gathers for a forward that trains nothing
+        with torch.no_grad():
+            model(torch.randn(32, 256))
 dist.barrier()
 del model, opt
 gc.collect()
@@ -519,6 +523,17 @@ def test_an_fsdp_job_on_the_cpu_is_profiled_and_replayed_as_a_chain_of_blocking_
     assert tracker["framework"] == "collectives" and tracker["fsdp"] and tracker["blocking"], tracker
     kinds = [b.get("collective") for b in events["buckets"]]
     assert "all_gather" in kinds and "reduce_scatter" in kinds, kinds
+    # the evaluations' gathers are buckets of their own and their iterations counted (1 in 5: set aside); a step's
+    # calls are keyed by kind, bytes and occurrence, not by their place in the step: the window's first iteration
+    # follows an evaluation and FSDP gathers once more in it, which named every later step's last reduce-scatter
+    # after that step's extra gather
+    from dprorun.runtime.collectives import INFERENCE_CALL_BASE
+
+    assert [i for i, _ in events["inference_passes"]][:1] == [events["window"]["warmup"]], events["inference_passes"]
+    kind = {b["index"]: b.get("collective") for b in events["buckets"]}
+    last_call = {record[0]: record[2] for record in events["comm"] if record[2] < INFERENCE_CALL_BASE}
+    assert {kind[index] for index in last_call.values()} == {"reduce_scatter"}, (last_call, kind)
+    assert {b["collective"] for b in events["buckets"] if b["index"] >= INFERENCE_CALL_BASE} == {"all_gather"}
 
     def replay(*extra):
         out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", str(run_dir), "--json", *extra],

@@ -29,8 +29,9 @@ of step k-1 to the end of step k.
     parameter gathers, the backward's gradient reduce-scatters) holds the calling thread until it is done, in
     program order: each is a bucket of its own, from its own start to its return, in call order
     (`describe()["blocking"]`: the replay takes their time out of the compute and makes the compute after each call
-    wait for it). On a GPU FSDP overlaps them on its own streams, which this does not model: such a job is not
-    joined.
+    wait for it); a bucket is the n-th call of its kind and bytes in the step, and an evaluation's gathers (a
+    forward under no_grad) are buckets of their own in an iteration counted as an inference pass. On a GPU FSDP
+    overlaps them on its own streams, which this does not model: such a job is not joined.
 The update is the optimizer step's span (the session's hooks). The bucket layout is the script's: the optimizer
 leaves it (replay/build.py) and says what one flat all-reduce or DDP would give (optimize/search.py)."""
 from __future__ import annotations
@@ -59,6 +60,9 @@ COVERED = {"all_reduce": (0, "tensor"), "reduce_scatter": (1, "input_list"), "re
 # sharing its gradients (a loss or a metric all-reduced between backward and step, in a job whose ranks train apart,
 # is not that)
 SHARED_SHARE = 0.5
+# FSDP's gathers for a forward that trains nothing (an evaluation under no_grad) are keyed from here, apart from the
+# step's calls: an iteration that has them keeps its other calls' keys (the step's place-in-order identities)
+INFERENCE_CALL_BASE = 1_000_000
 
 
 class ScriptCollectivesTracker:
@@ -78,6 +82,11 @@ class ScriptCollectivesTracker:
         # that returns)
         self.step_backward: Optional[tuple[float, Optional[float]]] = None
         self.calls_in_step = 0  # gradient all-reduces since the last step
+        self.inference_calls_in_step = 0  # FSDP's gathers since the last step for forwards that train nothing
+        self.forward_trains = True  # the latest FSDP forward ran with autograd on (`_watch_fsdp_grad_mode`)
+        # FSDP's buckets: (evaluating, call, bytes) and its n-th occurrence in a step -> bucket index (`_record_fsdp`)
+        self.fsdp_keys: dict[tuple[tuple[bool, str, int], int], int] = {}
+        self.fsdp_kinds_in_step: dict[tuple[bool, str, int], int] = {}
         # what the step's calls recorded (comm records, gradient-ready rows, new bucket keys): left out again where the
         # step ends no iteration (`_leave_out_step`)
         self.step_records: list[CommRecord] = []
@@ -255,22 +264,34 @@ class ScriptCollectivesTracker:
         """A call FSDP made (a gather, in the forward or the backward; a reduce-scatter): the step's next bucket."""
         if name not in GRADIENT_COLLECTIVES + PARAMETER_GATHERS:
             return False
-        if self.in_backward is not None and self.step_backward is None:  # the step's backward: where its first call ran
-            self.step_backward = (self.in_backward, None)
-        self.calls_in_step += 1
+        evaluating = self.in_backward is None and not self.forward_trains  # a forward that trains nothing
+        if evaluating:
+            if self.inference_calls_in_step == 0:
+                self.session.records.count_inference_pass(self.session.iteration)
+            self.inference_calls_in_step += 1
+        else:
+            if self.in_backward is not None and self.step_backward is None:  # the step's backward: its first call
+                self.step_backward = (self.in_backward, None)
+            self.calls_in_step += 1
         if self.session.detail_active:
-            self.session.guard("recording an FSDP collective", self._record_fsdp, name, args, kwargs, us)
+            self.session.guard("recording an FSDP collective", self._record_fsdp, name, args, kwargs, us, evaluating)
         return True
 
-    def _record_fsdp(self, name: str, args: tuple, kwargs: dict, us: float) -> None:
-        """An FSDP call's bucket (named after the call and its place in the step), from its start to its return: it
-        held the thread all along (gloo, no async_op)."""
+    def _record_fsdp(self, name: str, args: tuple, kwargs: dict, us: float, evaluating: bool) -> None:
+        """An FSDP call's bucket, from its start to its return: it held the thread all along (gloo, no async_op).
+        A bucket is the n-th call of its kind and bytes in a step (`fsdp_keys`), not the n-th call: a step whose
+        sequence differs (the one after an evaluation, where FSDP gathers one unit more) keeps its other calls'
+        buckets, and an evaluation's gathers are buckets of their own (INFERENCE_CALL_BASE on)."""
         session = self.session
         now = session.now_us()
-        index = self.calls_in_step - 1
+        tensor, nbytes = covered(name, args, kwargs)
+        kind = (evaluating, name.split("_")[0], nbytes)
+        self.fsdp_kinds_in_step[kind] = self.fsdp_kinds_in_step.get(kind, 0) + 1
+        keyed = sum(k[0][0] == evaluating for k in self.fsdp_keys)
+        index = self.fsdp_keys.setdefault((kind, self.fsdp_kinds_in_step[kind]),
+                                          keyed + (INFERENCE_CALL_BASE if evaluating else 0))
         key = (0, index)
         if key not in session.records.buckets:
-            tensor, nbytes = covered(name, args, kwargs)
             session.records.buckets[key] = _bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
             size = _group_size(name, args, kwargs)
             if size and size != session.world_size:  # HSDP: sharded within, replicated across, groups of its mesh
@@ -481,6 +502,8 @@ class ScriptCollectivesTracker:
         leading = self.steps.step(id(optimizer))
         calls, sent = self.calls_in_step, self.bytes_in_step
         self.calls_in_step, self.bytes_in_step, self.backward, self.in_backward = 0, 0, None, None
+        self.inference_calls_in_step = 0
+        self.fsdp_kinds_in_step = {}
         self.sharded = self.sharded or self.scattered_in_step
         self.scattered_in_step, self.gathers_since_step = False, 0
         if self.joined and not leading:
@@ -537,6 +560,7 @@ class ScriptCollectivesTracker:
         self.joined = self.primary = True
         if fsdp:  # FSDP's calls, gathers included, are the step's buckets (module doc): no ZeRO-by-hand counting
             self.fsdp = self.sharded = True
+            session.guard("watching FSDP's forwards", _watch_fsdp_grad_mode, self)
             self.gathers_per_step = self.gathers_since_step = self.pending_gathers = 0
         session.trackers.append(self)
         self.backend = group_backend()
@@ -548,6 +572,30 @@ class ScriptCollectivesTracker:
         self.step_backward = None
         session.begin_iteration()
         self.iteration_start = session.now_us()
+
+
+def _watch_fsdp_grad_mode(tracker: ScriptCollectivesTracker) -> None:
+    """Tell the tracker, at each FSDP2 forward's start, whether autograd records it: FSDP gathers under no_grad
+    whatever the script does, so the grad mode at the call says nothing; a forward that trains nothing (an evaluation
+    under no_grad) is read where it enters (`FSDPState._root_pre_forward`, run at each unit's first entry of a
+    forward, looked up on the class at each call)."""
+    import torch
+
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    except ImportError:  # another torch: every forward taken as training, as before
+        return
+    original = FSDPState._root_pre_forward
+    if getattr(original, "_dpro_grad_mode", False):
+        return
+
+    @functools.wraps(original)
+    def root_pre_forward(self, *args, **kwargs):
+        tracker.forward_trains = torch.is_grad_enabled()
+        return original(self, *args, **kwargs)
+
+    root_pre_forward._dpro_grad_mode = True
+    FSDPState._root_pre_forward = root_pre_forward
 
 
 def watch_gradient_collectives(session: RankSession) -> None:
