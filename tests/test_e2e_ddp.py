@@ -4,7 +4,6 @@ import os
 import statistics
 import subprocess
 import sys
-from collections import Counter
 
 import psutil
 import pytest
