@@ -15,8 +15,9 @@ usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,mo
        conv-async (dist_async), conv-validate-10 (a validation pass every 10 steps); workers-update, frozen,
        embedding, frozen-later (the first layer frozen after 5 steps): examples/mxnet_variants.py;
        deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py; lstm-clip-adam:
-       benchmarks/shapes/mx_session36.py; mobilenet-zoo, pushpull-hand: benchmarks/shapes/mx_session43.py)
-       [--reps 3] [--steps 60] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
+       benchmarks/shapes/mx_session36.py; mobilenet-zoo, pushpull-hand: benchmarks/shapes/mx_session43.py;
+       sparse-embedding: examples/mxnet_sparse_embedding.py, a row-sparse table)
+       [--reps 3] [--steps 60] [--omp N] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
 With --keep DIR the profiles' run directories and the plain launches' figures are kept (DIR/rounds.json); --from DIR
 (or DIR1,DIR2: several runs' rounds together) replays those profiles again with this code (no launch): a model change
 measured on the same rounds.
@@ -74,7 +75,9 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           "static-nag": [],
           # benchmarks/shapes/mx_session43.py: a model-zoo MobileNet (83 small keys), gradients averaged with
           # kv.pushpull by hand and an updater on the workers
-          "mobilenet-zoo": [], "pushpull-hand": ["--pushpull"]}
+          "mobilenet-zoo": [], "pushpull-hand": ["--pushpull"],
+          # examples/mxnet_sparse_embedding.py: a row-sparse table pushed by rows, pulled with row_sparse_pull
+          "sparse-embedding": []}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
@@ -89,7 +92,8 @@ SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
                                                                                             "deferred-adam")},
            "static-nag": os.path.join(REPO, "benchmarks", "shapes", "mx_session39.py"),
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session43.py") for name in ("mobilenet-zoo",
-                                                                                            "pushpull-hand")}}
+                                                                                            "pushpull-hand")},
+           "sparse-embedding": os.path.join(REPO, "examples", "mxnet_sparse_embedding.py")}
 
 
 def example(model: str) -> str:
@@ -257,9 +261,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=STEPS, help="iterations per launch (plain: the median of the "
                         "second half; profiled: 10 warm-up, 20 in the window, the rest clean)")
+    parser.add_argument("--omp", type=int, default=None, metavar="N",
+                        help="OMP_NUM_THREADS=N for every role of every launch, plain and profiled (the servers' "
+                        "OpenMP threads spin on the workers' cores otherwise: sparse-embedding)")
     add_kept_arguments(parser)
     args = parser.parse_args()
     globals()["STEPS"] = args.steps
+    if args.omp:
+        os.environ["OMP_NUM_THREADS"] = str(args.omp)
     options = ("--host-cores", args.host_cores) if args.host_cores else ()
     if args.kept:
         rounds = []

@@ -376,12 +376,16 @@ class _Autotune:
 
 def _knob_candidates(run_dir: str, backend: str) -> list:
     """Horovod runs: the best (fusion threshold, cycle time) settings by replay; TensorFlow runs: the best
-    all-reduce pack sizes; for real trials."""
+    all-reduce pack sizes (and XLA); MXNet runs: the best server counts and bounds (and one OpenMP thread a server
+    where the servers spun); for real trials."""
     if backend == "mxnet":
-        from dprorun.optimize.ps import rank_ps_knobs
+        from dprorun.optimize.ps import rank_ps_knobs, server_threads_candidate
         from dprorun.replay.ps_model import build_ps_model
 
-        candidates = rank_ps_knobs(build_ps_model(run_dir))
+        model = build_ps_model(run_dir)
+        candidates = rank_ps_knobs(model)
+        threads = server_threads_candidate(model, candidates[0] if candidates else None)
+        candidates += [threads] if threads is not None else []
         for candidate in candidates:
             candidate.source_run = os.path.abspath(run_dir)
         return candidates

@@ -204,13 +204,15 @@ def _role_command(job: JobConfig) -> tuple[str, list[str]]:
 
 def _role_environments(job: JobConfig, roles: list[tuple[str, int]]) -> dict[int, dict[str, str]]:
     """Per role slot: the ranks' variables, ps-lite's DMLC_* ones (on loopback) and the role itself."""
-    common = rank_environment(job)
+    common, server_only = rank_environment(job), {}
     if job.strategy_file:  # a strategy's key-partition bound goes to every role (workers place keys by it)
         from dprorun.strategy import load_strategy
 
-        bound = load_strategy(job.strategy_file).mxnet_bigarray_bound
-        if bound is not None:
-            common["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(int(bound))
+        strategy = load_strategy(job.strategy_file)
+        if strategy.mxnet_bigarray_bound is not None:
+            common["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(int(strategy.mxnet_bigarray_bound))
+        if strategy.mxnet_server_threads is not None:  # the servers' OpenMP threads (replay/ps_cpu.spinning_note)
+            server_only["OMP_NUM_THREADS"] = str(int(strategy.mxnet_server_threads))
     if job.launch.nnodes > 1:
         root, port = socket.gethostbyname(job.launch.master_addr), str(job.launch.master_port)
         host, interface = node_address(root)
@@ -220,8 +222,8 @@ def _role_environments(job: JobConfig, roles: list[tuple[str, int]]) -> dict[int
                    "DMLC_NUM_SERVER": str(job.launch.servers * job.launch.nnodes),
                    "DMLC_NUM_WORKER": str(job.launch.nproc_per_node * job.launch.nnodes),
                    "DMLC_NODE_HOST": host, "DMLC_INTERFACE": interface})
-    return {slot: {**common, "DMLC_ROLE": role, "DPRO_MX_INDEX": str(index)}
-            for slot, (role, index) in enumerate(roles)}
+    return {slot: {**common, **(server_only if role == "server" else {}), "DMLC_ROLE": role,
+                   "DPRO_MX_INDEX": str(index)} for slot, (role, index) in enumerate(roles)}
 
 
 def node_address(master_ip: str) -> tuple[str, str]:

@@ -475,10 +475,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _optimize_ps(args: argparse.Namespace, model) -> int:
     """dpro optimize on a parameter-server run: MXNET_KVSTORE_BIGARRAY_BOUND ranked by replay (optimize/ps.py);
     the best goes to strategy.json (`dprorun --strategy FILE --backend mxnet` runs with it)."""
-    from dprorun.optimize.ps import rank_ps_knobs
+    from dprorun.optimize.ps import rank_ps_knobs, server_threads_candidate
     from dprorun.strategy import Strategy, save_strategy, strategy_json
 
     candidates = rank_ps_knobs(model)
+    threads = server_threads_candidate(model, candidates[0] if candidates else None)
     strategy = candidates[0] if candidates else Strategy(search={"framework": "mxnet"})
     strategy.source_run = os.path.abspath(args.run_dir)
     out = args.output or os.path.join(args.run_dir, "strategy.json")
@@ -486,11 +487,16 @@ def _optimize_ps(args: argparse.Namespace, model) -> int:
     if args.json:
         print(strategy_json(strategy))
         return 0
+    measured_only = ("" if threads is None else
+                     f"; to measure: {threads.decisions[0].choice} ({threads.decisions[0].note}; `--autotune` "
+                     "tries it in a trial window)")
     if not candidates:
         print(f"no server count or big-array bound beats the job's own ({model.servers} servers, bound "
               f"{model.bigarray_bound}) by 1 % in the replay; strategy "
-              f"(nothing to change) written to {out}")
+              f"(nothing to change) written to {out}{measured_only}")
         return 0
+    if measured_only:
+        print(measured_only[2:])
     for k, candidate in enumerate(candidates, start=1):
         decision = candidate.decisions[0]
         print(f"{k}. {decision.choice}: {decision.before_ms:.2f} -> {decision.after_ms:.2f} ms ({decision.note})")

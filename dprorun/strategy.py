@@ -26,6 +26,10 @@ strategy.json (schema version 1):
                       over every server) that the launcher gives every role on restart
   mxnet_servers       MXNet parameter-server jobs: how many servers the launcher starts on restart (all nodes
                       together; across hosts a multiple of the nodes)
+  mxnet_server_threads
+                      MXNet parameter-server jobs: OMP_NUM_THREADS the launcher gives the servers on restart (their
+                      OpenMP threads spin on the workers' cores: replay/ps_cpu.py), measured by --autotune in a
+                      trial window, not priced by the replay
   decisions           each pass's decision with its predicted iteration time before and after
 A training script that wants to cooperate (gradient accumulation) calls `dprorun.strategy()`, which reads the
 file named by DPRO_STRATEGY (set by dprorun for the ranks), or returns None.
@@ -79,6 +83,7 @@ class Strategy:
     tf_xla: bool = False  # TensorFlow jobs: XLA auto-clustering (TF_XLA_FLAGS) on every worker
     mxnet_bigarray_bound: Optional[int] = None  # MXNet PS jobs: MXNET_KVSTORE_BIGARRAY_BOUND
     mxnet_servers: Optional[int] = None  # MXNet PS jobs: the number of servers (all nodes together)
+    mxnet_server_threads: Optional[int] = None  # MXNet PS jobs: the servers' OMP_NUM_THREADS
     baseline_ms: Optional[float] = None  # the job as it ran, replayed
     predicted_ms: Optional[float] = None  # with this strategy
     predicted_peak_bytes: Optional[int] = None
@@ -94,7 +99,8 @@ class Strategy:
                 and not self.compiled_modules
                 and self.horovod_fusion_threshold_mb is None and self.horovod_cycle_time_ms is None
                 and not self.horovod_groups and self.tf_bytes_per_pack_mb is None and not self.tf_xla
-                and self.mxnet_bigarray_bound is None and self.mxnet_servers is None)
+                and self.mxnet_bigarray_bound is None and self.mxnet_servers is None
+                and self.mxnet_server_threads is None)
 
     def to_json(self) -> dict:
         doc = asdict(self)
@@ -181,7 +187,8 @@ def shared_transport(transport: dict) -> str:
 # knob -> (least value, whether the least is allowed): a hand-edited strategy out of range is refused, named
 KNOB_RANGES = {"bucket_cap_mb": (0, False), "recompute_segments": (0, True), "accumulation_steps": (1, True),
                "horovod_fusion_threshold_mb": (0, True), "horovod_cycle_time_ms": (0, False),
-               "tf_bytes_per_pack_mb": (0, True), "mxnet_bigarray_bound": (1, True), "mxnet_servers": (1, True)}
+               "tf_bytes_per_pack_mb": (0, True), "mxnet_bigarray_bound": (1, True), "mxnet_servers": (1, True),
+               "mxnet_server_threads": (1, True)}
 
 
 def _check_ranges(values: dict, path: str) -> None:

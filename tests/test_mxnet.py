@@ -474,6 +474,35 @@ def test_a_script_that_pushes_and_pulls_by_hand_is_profiled_by_its_cycles(tmp_pa
 
 
 @needs_mxnet
+def test_a_row_sparse_table_is_priced_by_the_rows_it_sends_and_its_server_is_not_slowed(tmp_path):
+    """A row-sparse embedding table pushed by rows and pulled with row_sparse_pull (examples/
+    mxnet_sparse_embedding.py). Before: reading the push's bytes raised NotImplementedError (a row-sparse array has
+    no size): profiling was disabled and nothing replayed; and the servers' hooks read the stored table's bytes at
+    every update, which copies it (13.9 ms a call for half of a 51 MB table: the window's iterations ran at twice
+    the job's own). Now the key's bytes are its pushes' rows, its place the table's (split over both servers past
+    the bound), and the servers record the rows they updated."""
+    run_dir = tmp_path / "sparse"
+    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "2", "--warmup", "3", "--active", "8",
+                           "--clean", "6", "python", os.path.join(EXAMPLES, "mxnet_sparse_embedding.py"), "--steps",
+                           "22"], run_dir, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert not [w for w in events["warnings"] if "kvstore key failed" in w], events["warnings"]
+    keys = {k["key"]: k for k in next(t for t in events["trackers"] if t["framework"] == "mxnet")["keys"]}
+    table = keys[0]
+    assert table["stype"] == "row_sparse" and table["dense_bytes"] == 100_000 * 128 * 4, table
+    assert 0 < table["bytes"] < table["dense_bytes"] / 20 and "row_sparse_pull" in table["ops"], table
+    assert key_parts(PSKey(0, table["bytes"], table["elements"], 0), 2, 1_000_000)[1][1] > 0  # on both servers
+    for server in (0, 1):
+        doc = json.loads((run_dir / f"server_{server}" / "server.json").read_text())
+        table_updates = [u for u in doc["updates"] if u[0] == 0]
+        assert table_updates and max(u[3] for u in table_updates) < table["dense_bytes"] / 20, table_updates[:3]
+        assert not [row for row in doc["memory"] if row[0] >= table["dense_bytes"] / 4], doc["memory"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["model"]["keys"] == 5 and summary["as_run"]["predicted_iteration_ms"] > 0
+
+
+@needs_mxnet
 def test_a_node_that_never_joins_a_ps_job_is_a_clear_error_in_bounded_time(tmp_path):
     """--backend mxnet across nodes: node 0 waits --join-timeout for the others' dprorun before starting any role
     (its scheduler would otherwise wait for their roles forever)."""
@@ -1340,3 +1369,38 @@ def test_a_link_level_without_a_calibration_says_what_it_is_a_factor_of():
     assumed = link_level_notes(5.25, "the 1 Gbit/s assumed without a calibration")
     assert assumed == ["the job's own transfers ran at x5.25 of the 1 Gbit/s assumed without a calibration"]
     assert "x20 of the 1 Gbit/s assumed" in link_level_notes(20.0, "the 1 Gbit/s assumed without a calibration")[0]
+
+
+def test_servers_that_spin_on_the_workers_cores_are_named_and_one_thread_each_is_a_trial_candidate(tmp_path):
+    """A row-sparse table's servers took 10x the CPU of their work (OpenMP threads spinning after MXNet's sparse
+    operators, on the cores the workers compute on): the run measured 24.6 ms an iteration, 9.2 ms with
+    OMP_NUM_THREADS=1 for the servers (examples/mxnet_sparse_embedding.py). Such servers are named in every
+    prediction, and one thread a server is a candidate `--autotune` measures (the replay cannot price it), which the
+    launcher gives the servers alone; dense jobs' servers (1.3-1.5x their work) are not named."""
+    from dprorun.config import JobConfig
+    from dprorun.launch_ps import _role_environments
+    from dprorun.optimize.ps import server_threads_candidate
+    from dprorun.replay.ps_cpu import HostCPU, spinning_servers
+    from dprorun.strategy import Strategy, load_strategy, save_strategy
+
+    def host(server_cores: float, worker_cores: float = 0.5) -> HostCPU:  # 100 iterations of 26.8 ms
+        return HostCPU("vm", 2.0, False, 2, 2, worker_cores, server_cores, None, None, 2680.0, 100, "clean")
+
+    assert [f.cpu_ms for f in spinning_servers([host(1.28)], {0: 3.5})] == [pytest.approx(34.3, abs=0.1)]
+    assert spinning_servers([host(0.9, worker_cores=0.9)], {0: 17.0}) == []  # a dense job's: 1.4x its work
+    assert spinning_servers([host(0.6, worker_cores=0.3)], {0: 1.0}) == []  # a host with CPU to spare
+    model = replace(_model(links="shared"), host_cpu=[host(1.28)])
+    assert any("OMP_NUM_THREADS=1 in the servers' environment" in n for n in predict_ps(model).notes)
+    candidate = server_threads_candidate(model, None)
+    assert candidate is not None and candidate.mxnet_server_threads == 1 and candidate.search["measured_only"]
+    assert server_threads_candidate(replace(model, host_cpu=[host(0.9, worker_cores=0.9)]), None) is None
+    path = str(tmp_path / "strategy.json")
+    save_strategy(candidate, path)
+    assert load_strategy(path).mxnet_server_threads == 1 and not load_strategy(path).is_default()
+    job = JobConfig(command=["python", "train.py"], strategy_file=path)
+    envs = _role_environments(job, [("scheduler", 0), ("server", 0), ("server", 1), ("worker", 0), ("worker", 1)])
+    assert {env["DMLC_ROLE"]: env.get("OMP_NUM_THREADS") for env in envs.values()} == {
+        "scheduler": None, "server": "1", "worker": None}
+    save_strategy(Strategy(mxnet_server_threads=0), path)
+    with pytest.raises(Exception, match="mxnet_server_threads 0"):
+        load_strategy(path)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 
-from dprorun.replay.ps import PSModel, PSWhatIf, predict_ps
+from dprorun.replay.ps import PSModel, PSWhatIf, predict_ps, server_work_ms
+from dprorun.replay.ps_cpu import SPINNING_EVIDENCE, spinning_servers
 from dprorun.replay.ps_topology import key_parts
 from dprorun.strategy import Decision, Strategy
 
@@ -52,3 +53,24 @@ def rank_ps_knobs(model: PSModel, bounds=BOUNDS, servers=None, top: int = 2) -> 
                             search={"evaluations": len(scored) + 1, "seconds": round(time.monotonic() - started, 3),
                                     "world_size": model.workers, "servers": model.servers, "framework": "mxnet"}))
     return out
+
+
+def server_threads_candidate(model: PSModel, best: "Strategy | None") -> "Strategy | None":
+    """One OpenMP thread a server (OMP_NUM_THREADS=1 in the servers' environment), with the best knobs found (or
+    the job's own), where a busy host's servers took far more CPU than their work (replay/ps_cpu.spinning_servers):
+    for a trial window, since the replay cannot price the CPU their threads would leave to the workers."""
+    as_run = predict_ps(model)
+    found = spinning_servers(model.host_cpu, server_work_ms(model, as_run.device_busy_ms))
+    if not found:
+        return None
+    baseline = round(as_run.iteration_ms, 4)
+    predicted = best.predicted_ms if best is not None else baseline
+    choice = "OMP_NUM_THREADS=1 for the servers" + (f" with {best.decisions[0].choice}" if best is not None else "")
+    decision = Decision("server_threads", choice, baseline, predicted,
+                        f"not priced by the replay ({found[0].describe()}; {SPINNING_EVIDENCE}): measured in a "
+                        "trial window")
+    return Strategy(mxnet_bigarray_bound=best.mxnet_bigarray_bound if best is not None else None,
+                    mxnet_servers=best.mxnet_servers if best is not None else None, mxnet_server_threads=1,
+                    baseline_ms=baseline, predicted_ms=predicted, decisions=[decision],
+                    search={"framework": "mxnet", "measured_only": True, "world_size": model.workers,
+                            "servers": model.servers})

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
-from dprorun.replay.ps_cpu import CPUFloor, HostCPU, busy_hosts, cpu_floor, cpu_note
+from dprorun.replay.ps_cpu import CPUFloor, HostCPU, busy_hosts, cpu_floor, cpu_note, spinning_note, spinning_servers
 from dprorun.replay.ps_topology import PSKey, PSLinks, PSPlan, engine_us, placed, set_placement, \
     set_ps_network, set_workers
 from dprorun.stats import median
@@ -248,6 +248,7 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
     notes += _layout_check(model, whatif) + _self_check(model)
     notes += cpu_note(model.host_cpu, (whatif.servers or model.servers) - model.servers,
                       (whatif.workers or model.workers) - model.workers)
+    notes += spinning_note(spinning_servers(model.host_cpu, server_work_ms(model, busy)))
     if (whatif.workers or model.workers) > model.workers and (whatif.links or model.links) == "shared":
         notes.append(f"more workers on this host: they share its {model.host_cores} cores with the servers and the "
                      "loopback in the replay, each computing op on one core as profiled (not slowed further by "
@@ -310,6 +311,17 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
     return PSPrediction(iteration_us / 1000.0, whatif.describe(), _compress(path), busy, graph.size,
                         notes, None if window_ms is None else round(window_ms / 1000, 3),
                         None if clean_ms is None else round(clean_ms / 1000, 3), spread, graph_ms)
+
+
+def server_work_ms(model: PSModel, device_busy_ms: dict[str, float]) -> dict[int, float]:
+    """Each host's servers' busy time in a replayed iteration (their devices `s<i>`), by host index."""
+    work: dict[int, float] = {}
+    for name, ms in device_busy_ms.items():
+        if name.startswith("s") and name[1:].isdigit():
+            server = int(name[1:])
+            host = model.server_hosts[server] if server < len(model.server_hosts) else 0
+            work[host] = work.get(host, 0.0) + ms
+    return work
 
 
 def _sums_contexts(model: PSModel) -> bool:

@@ -229,3 +229,57 @@ def cpu_note(host_cpu: list[HostCPU], servers_change: int, workers_change: int) 
     return [f"warning: {what} change how the CPU of {', '.join(h.host for h in busy)} is shared "
             f"({'; '.join(h.describe() for h in busy)}): the replay prices each role's work at the time it took as "
             "run, the waits for that CPU included, not the CPU the processes added or removed would take or leave"]
+
+
+# a busy host's servers whose CPU time an iteration is this many times their work in the replay (pushes handled,
+# merges, updates, responses) spend the rest in their own threads: dense jobs here 1.3-1.5x, a row-sparse table
+# 4x at 1 server and 10x at 2 (their OpenMP threads waiting in a spin after MXNet's sparse operators)
+SPINNING_SERVERS_RATIO = 3.0
+SPINNING_SERVERS_SHARE = 0.1  # and the excess at least this share of the host's CPU an iteration
+SPINNING_HOST_BUSY = 0.7  # on a host this busy (spinning threads take what is free: 85 % and 82 % seen)
+
+
+@dataclass
+class SpinningServers:
+    """A host whose servers took far more CPU than their work (SPINNING_SERVERS_RATIO)."""
+
+    host: HostCPU
+    cpu_ms: float  # the host's servers' CPU time an iteration
+    work_ms: float  # their work in the replay, an iteration
+
+    def describe(self) -> str:
+        return (f"the servers on {self.host.host} took {self.cpu_ms:.1f} ms of CPU an iteration where their work in "
+                f"the replay (pushes handled, merges, updates, responses) is {self.work_ms:.1f} ms")
+
+
+def spinning_servers(host_cpu: list[HostCPU], server_work_ms: dict[int, float]) -> list[SpinningServers]:
+    """The hosts (SPINNING_HOST_BUSY) whose servers' CPU time an iteration is SPINNING_SERVERS_RATIO times their
+    replayed work or more, the excess SPINNING_SERVERS_SHARE of the host's CPU or more. `server_work_ms`: host index
+    (in `host_cpu`'s order) -> its servers' busy time in the replay, per iteration."""
+    found = []
+    for index, host in enumerate(host_cpu):
+        if host.busy_share < SPINNING_HOST_BUSY or not host.iterations or host.server_cores is None:
+            continue
+        cpu_ms = host.server_cores * host.span_ms / host.iterations
+        work_ms = server_work_ms.get(index, 0.0)
+        iteration_ms = host.span_ms / host.iterations
+        if cpu_ms >= SPINNING_SERVERS_RATIO * work_ms and cpu_ms - work_ms >= SPINNING_SERVERS_SHARE * host.cores * \
+                iteration_ms:
+            found.append(SpinningServers(host, cpu_ms, work_ms))
+    return found
+
+
+def spinning_note(found: list[SpinningServers]) -> list[str]:
+    """What spinning servers mean for the figures, and what to try."""
+    if not found:
+        return []
+    return [f"warning: {'; '.join(f.describe() for f in found)}: the rest is their own threads' (OpenMP threads "
+            "waiting in a spin after MXNet's parallel operators, a row-sparse key's especially) on the cores the "
+            "workers compute on; every figure keeps that as measured (a what-if with fewer servers does not shed "
+            "it). OMP_NUM_THREADS=1 in the servers' environment is what `dprorun --autotune` tries for it "
+            f"({SPINNING_EVIDENCE})"]
+
+
+# examples/mxnet_sparse_embedding.py launched plainly on this project's 2-core VM (RESULTS.md, session 49)
+SPINNING_EVIDENCE = ("a row-sparse table on 2 servers and 2 workers sharing 2 cores: 24.6 ms an iteration, 9.2 ms "
+                     "with it; 1 server 15.5 -> 8.3 ms; a dense MLP unchanged")
