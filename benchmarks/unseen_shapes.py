@@ -291,6 +291,7 @@ JOBS = {
     "fsdp-root-only-conv-adagrad": ([], "session49.py", ["--fsdp-root-only"], "torch"),
     "fsdp-explicit-prefetch-rmsprop": ([], "session49.py", ["--fsdp-prefetch"], "torch"),
     "fsdp-eval-every-5": ([], "session49.py", ["--fsdp-eval"], "torch"),
+    "fsdp-hf-gpt2-tied-adamw-warmup": ([], "session49.py", ["--fsdp-gpt2"], "transformers"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -7,6 +7,8 @@ each block's forward inside the block's gather.
 --fsdp-root-only: one FSDP2 unit, the root (one gather and one reduce-scatter of the whole model a step), Adagrad.
 --fsdp-prefetch: FSDP2 blocks with explicit forward and backward prefetching set by the script, RMSprop.
 --fsdp-eval: FSDP2 blocks, an evaluation forward under no_grad every 5th step (gathers with no backward), Adam.
+--fsdp-gpt2: a transformers GPT-2 (tied embedding and head), each block sharded and the root, AdamW with a linear
+warm-up schedule, a dict batch with labels (the model's own loss).
 (ZeroRedundancyOptimizer(overlap_with_ddp=True) was tried: torch refuses it on gloo.)
 """
 import argparse, gc, statistics, time
@@ -18,7 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.checkpoint import checkpoint
 
 p = argparse.ArgumentParser()
-for flag in ("--fsdp-accumulate", "--fsdp-checkpoint", "--fsdp-root-only", "--fsdp-prefetch", "--fsdp-eval"):
+for flag in ("--fsdp-accumulate", "--fsdp-checkpoint", "--fsdp-root-only", "--fsdp-prefetch", "--fsdp-eval", "--fsdp-gpt2"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--steps", type=int, default=60)
 a = p.parse_args()
@@ -39,8 +41,17 @@ def mlp_blocks(n: int, width: int) -> list:
     return [nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width)) for _ in range(n)]
 
 
-micro = 1
-if a.fsdp_accumulate:
+micro, schedule = 1, None
+if a.fsdp_gpt2:
+    from transformers import GPT2Config, GPT2LMHeadModel, get_linear_schedule_with_warmup
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=2000, n_positions=64, n_embd=128, n_layer=3, n_head=4))
+    units = list(model.transformer.h)
+    tokens = torch.randint(0, 2000, (8, 64))
+    x, y = {"input_ids": tokens, "labels": tokens}, None
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    schedule = get_linear_schedule_with_warmup(opt, 5, a.steps)
+elif a.fsdp_accumulate:
     layers = [nn.TransformerEncoderLayer(128, 4, 256, batch_first=True) for _ in range(3)]
     model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(128 * 16, 10))
     units = layers
@@ -79,8 +90,11 @@ for step in range(a.steps):
     for m in range(micro):
         if micro > 1:
             model.set_requires_gradient_sync(m == micro - 1)
-        nn.functional.cross_entropy(model(x), y).backward()
+        loss = model(**x).loss if a.fsdp_gpt2 else nn.functional.cross_entropy(model(x), y)
+        loss.backward()
     opt.step()
+    if schedule is not None:
+        schedule.step()
     if a.fsdp_eval and step % 5 == 4:
         with torch.no_grad():
             model.eval()
