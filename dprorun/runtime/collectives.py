@@ -287,9 +287,11 @@ class ScriptCollectivesTracker:
         tensor, nbytes = covered(name, args, kwargs)
         kind = (evaluating, name.split("_")[0], nbytes)
         self.fsdp_kinds_in_step[kind] = self.fsdp_kinds_in_step.get(kind, 0) + 1
-        keyed = sum(k[0][0] == evaluating for k in self.fsdp_keys)
-        index = self.fsdp_keys.setdefault((kind, self.fsdp_kinds_in_step[kind]),
-                                          keyed + (INFERENCE_CALL_BASE if evaluating else 0))
+        slot = (kind, self.fsdp_kinds_in_step[kind])
+        index = self.fsdp_keys.get(slot)
+        if index is None:  # the next index of its kind of call (the step's, or an evaluation's)
+            index = self.fsdp_keys[slot] = sum(k[0][0] == evaluating for k in self.fsdp_keys) + (
+                INFERENCE_CALL_BASE if evaluating else 0)
         key = (0, index)
         if key not in session.records.buckets:
             session.records.buckets[key] = _bucket_entry(name, tensor, nbytes, [f"{name}{index}"])

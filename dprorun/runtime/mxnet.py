@@ -222,8 +222,7 @@ class MXTracker:
             entry = self.keys.get(k)
             first = _first(v)
             if entry is None:
-                dense = _dense_nbytes(first)
-                entry = self.keys[k] = {"bytes": dense, "elements": math.prod(first.shape),
+                entry = self.keys[k] = {"bytes": _dense_nbytes(first), "elements": math.prod(first.shape),
                                         "priority": int(priority), "order": len(self.keys), "ops": []}
             if op not in entry["ops"]:
                 entry["ops"].append(op)
