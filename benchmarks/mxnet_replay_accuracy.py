@@ -17,7 +17,7 @@ usage: python benchmarks/mxnet_replay_accuracy.py [--models conv,mlp,mlp-adam,mo
        deep-imperative, rmsprop-schedule, loader-workers: benchmarks/shapes/mx_shapes.py; lstm-clip-adam:
        benchmarks/shapes/mx_session36.py; mobilenet-zoo, pushpull-hand: benchmarks/shapes/mx_session43.py;
        sparse-embedding: examples/mxnet_sparse_embedding.py, a row-sparse table)
-       [--reps 3] [--steps 60] [--omp N] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
+       [--reps 3] [--steps 60] [--bound 100000] [--omp N] [--compare-with CHECKOUT] [--keep DIR | --from DIR]
 With --keep DIR the profiles' run directories and the plain launches' figures are kept (DIR/rounds.json); --from DIR
 (or DIR1,DIR2: several runs' rounds together) replays those profiles again with this code (no launch): a model change
 measured on the same rounds.
@@ -261,6 +261,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=STEPS, help="iterations per launch (plain: the median of the "
                         "second half; profiled: 10 warm-up, 20 in the window, the rest clean)")
+    parser.add_argument("--bound", type=int, default=BOUND, metavar="ELEMENTS",
+                        help="the big-array bound what-if (and its plain launch): 100000 unless given")
     parser.add_argument("--omp", type=int, default=None, metavar="N",
                         help="OMP_NUM_THREADS=N for every role of every launch, plain and profiled (the servers' "
                         "OpenMP threads spin on the workers' cores otherwise: sparse-embedding)")
@@ -269,6 +271,8 @@ def main() -> None:
     globals()["STEPS"] = args.steps
     if args.omp:
         os.environ["OMP_NUM_THREADS"] = str(args.omp)
+    globals()["BOUND"] = args.bound
+    globals()["CONFIGS"] = tuple((label, servers, args.bound if bound else None) for label, servers, bound in CONFIGS)
     options = ("--host-cores", args.host_cores) if args.host_cores else ()
     if args.kept:
         rounds = []

@@ -385,7 +385,9 @@ def _knob_candidates(run_dir: str, backend: str) -> list:
         model = build_ps_model(run_dir)
         candidates = rank_ps_knobs(model)
         threads = server_threads_candidate(model, candidates[0] if candidates else None)
-        candidates += [threads] if threads is not None else []
+        # first where found (it carries the best knobs too): the replay's knob gains are a few %, spinning servers
+        # held a job at twice its pace; a single trial (--autotune-trials 1) measures it
+        candidates = ([threads] if threads is not None else []) + candidates
         for candidate in candidates:
             candidate.source_run = os.path.abspath(run_dir)
         return candidates
