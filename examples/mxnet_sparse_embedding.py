@@ -35,9 +35,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100000, help="the table's rows (vocabulary)")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--kvstore", default="dist_sync", help="dist_sync, or dist_async (each push updated alone)")
     args = parser.parse_args()
 
-    kv = mx.kv.create("dist_sync")
+    kv = mx.kv.create(args.kvstore)
     worker, workers = kv.rank, kv.num_workers
     mx.random.seed(worker)
     rng = np.random.RandomState(worker)

@@ -49,12 +49,14 @@ CPU_MARK_US = 20_000  # a server's CPU seconds read at its updates at most this 
 
 
 def _nbytes(array) -> int:
-    """The bytes a push or pull of `array` carries: a row-sparse array's rows and their indices (int64), read from
-    its data (MXNet copies them out: not for a large table), else the array's size."""
+    """The bytes a push or pull of `array` carries: a row-sparse array's rows and their indices (int64), counted from
+    its indices (MXNet copies them out, and the rows too where asked: 0.8 ms against 15.3 ms for 50,000 rows of 128),
+    else the array's size."""
     import numpy as np
 
     if _is_row_sparse(array):
-        return int(array.data.size) * int(np.dtype(array.dtype).itemsize) + 8 * int(array.indices.size)
+        rows = int(array.indices.size)
+        return rows * (math.prod(array.shape[1:]) * int(np.dtype(array.dtype).itemsize) + 8)
     return int(array.size) * int(np.dtype(array.dtype).itemsize)
 
 
@@ -543,8 +545,9 @@ class ServerRecorder:
             updater(key, recv, local)
             local.wait_to_read()
             end = time.time_ns() / 1000.0
-            # a row-sparse key: the rows the update touched (the pushes' merged rows; reading the stored table's
-            # rows copies it: 13.9 ms a call for a 26 MB half table), and no probe at the table's size
+            # a row-sparse key: the rows the update touched (the pushes' merged rows; the stored table's count would
+            # copy its indices at every update, and reading its rows copied it all: 13.9 ms a call for a 26 MB half
+            # table), and no probe at the table's size
             sparse = _is_row_sparse(local)
             if len(self.records) < MAX_SERVER_RECORDS:
                 self.records.append([int(key), start, end, _nbytes(recv if sparse else local)])
