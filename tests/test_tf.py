@@ -237,6 +237,21 @@ def test_a_pack_size_strategy_is_applied_and_a_failing_worker_is_named_and_its_t
     assert len(tracker["packs"]) > 1
 
 
+def test_a_parameter_server_strategy_script_is_told_why_it_cannot_run_under_the_tf_backend(tmp_path):
+    """tf.distribute's ParameterServerStrategy needs chief and ps tasks in TF_CONFIG, which --backend tf (workers of
+    MultiWorkerMirroredStrategy) does not make: TensorFlow's own error ("There must be at least one ps.") said
+    nothing of why; each worker now says it, and where a parameter-server job does run (MXNet's kvstore)."""
+    script = tmp_path / "ps.py"
+    script.write_text("import tensorflow as tf\n"
+                      "resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
+                      "strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)\n")
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", "python", str(script)], tmp_path / "run", timeout=300)
+    assert proc.returncode == 1
+    said = proc.stdout + proc.stderr
+    assert "There must be at least one ps" in said and "ParameterServerStrategy" in said, said[-3000:]
+    assert "--backend mxnet" in said
+
+
 def test_a_tf_keras_fit_job_runs_unchanged_and_a_worker_dying_in_the_profilers_stop_gets_it_relaunched(tmp_path):
     """One job for three things (launches are the suite's cost). TensorFlow's host tracer can write to freed memory
     as the profile is collected and kill a worker at the profiler's stop (SIGSEGV / SIGABRT "double free or

@@ -304,10 +304,34 @@ def patch_tensorflow(session: "RankSession") -> TFTracker:
 
     _apply_pack_size(session)
     _watch_training(tracker)
+    session.guard("watching for a parameter-server strategy", _watch_ps_strategy, session)
     patch_step_functions(tracker)
     distribute_lib.StrategyBase.run = run
     cross_device_utils.CollectiveReplicaLauncher.batch_all_reduce = traced_batch_all_reduce
     return tracker
+
+
+PS_STRATEGY_WARNING = ("the script builds tf.distribute's ParameterServerStrategy (a coordinator dispatching steps to "
+                       "workers, variables on ps tasks): dprorun --backend tf launches MultiWorkerMirroredStrategy "
+                       "workers, whose TF_CONFIG holds workers only (no chief, no ps), so such a job cannot run under "
+                       "it; a parameter-server job runs under dprorun as MXNet's kvstore (--backend mxnet)")
+
+
+def _watch_ps_strategy(session: "RankSession") -> None:
+    """Say why a ParameterServerStrategy script fails under --backend tf (TensorFlow's own error is "There must be at
+    least one ps."): a warning recorded as the strategy is built, before TensorFlow refuses the cluster."""
+    from tensorflow.python.distribute import parameter_server_strategy_v2
+
+    cls = parameter_server_strategy_v2.ParameterServerStrategyV2
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def warned_init(self, *args, **kwargs):
+        if PS_STRATEGY_WARNING not in session.records.warnings:
+            session.records.warnings.append(PS_STRATEGY_WARNING)
+        return init(self, *args, **kwargs)
+
+    cls.__init__ = warned_init
 
 
 def _watch_training(tracker: TFTracker) -> None:
