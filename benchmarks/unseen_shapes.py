@@ -292,6 +292,7 @@ JOBS = {
     "fsdp-explicit-prefetch-rmsprop": ([], "session49.py", ["--fsdp-prefetch"], "torch"),
     "fsdp-eval-every-5": ([], "session49.py", ["--fsdp-eval"], "torch"),
     "fsdp-hf-gpt2-tied-adamw-warmup": ([], "session49.py", ["--fsdp-gpt2"], "transformers"),
+    "fsdp-compiled-blocks": ([], "session49.py", ["--fsdp-compile"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

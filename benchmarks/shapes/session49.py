@@ -9,6 +9,7 @@ each block's forward inside the block's gather.
 --fsdp-eval: FSDP2 blocks, an evaluation forward under no_grad every 5th step (gathers with no backward), Adam.
 --fsdp-gpt2: a transformers GPT-2 (tied embedding and head), each block sharded and the root, AdamW with a linear
 warm-up schedule, a dict batch with labels (the model's own loss).
+--fsdp-compile: FSDP2 MLP blocks, each block torch.compile'd after it is sharded, SGD.
 (ZeroRedundancyOptimizer(overlap_with_ddp=True) was tried: torch refuses it on gloo.)
 """
 import argparse, gc, statistics, time
@@ -20,7 +21,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.checkpoint import checkpoint
 
 p = argparse.ArgumentParser()
-for flag in ("--fsdp-accumulate", "--fsdp-checkpoint", "--fsdp-root-only", "--fsdp-prefetch", "--fsdp-eval", "--fsdp-gpt2"):
+for flag in ("--fsdp-accumulate", "--fsdp-checkpoint", "--fsdp-root-only", "--fsdp-prefetch", "--fsdp-eval",
+             "--fsdp-gpt2", "--fsdp-compile"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--steps", type=int, default=60)
 a = p.parse_args()
@@ -77,6 +79,9 @@ else:
 for unit in units:
     fully_shard(unit)
 fully_shard(model)
+if a.fsdp_compile:
+    for unit in units:
+        unit.compile()
 if a.fsdp_prefetch:
     for i, unit in enumerate(units[:-1]):
         unit.set_modules_to_forward_prefetch([units[i + 1]])
