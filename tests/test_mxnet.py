@@ -492,6 +492,7 @@ def test_a_row_sparse_table_is_priced_by_the_rows_it_sends_and_its_server_is_not
     table = keys[0]
     assert table["stype"] == "row_sparse" and table["dense_bytes"] == 100_000 * 128 * 4, table
     assert 0 < table["bytes"] < table["dense_bytes"] / 20 and "row_sparse_pull" in table["ops"], table
+    assert 0 < table["pull_bytes"] < table["dense_bytes"] / 20, table  # the next batch's rows
     assert key_parts(PSKey(0, table["bytes"], table["elements"], 0), 2, 1_000_000)[1][1] > 0  # on both servers
     for server in (0, 1):
         doc = json.loads((run_dir / f"server_{server}" / "server.json").read_text())
@@ -589,6 +590,23 @@ def test_a_compressed_push_carries_its_share_of_the_keys_bytes():
     assert transfer_us(compressed, "push ") == pytest.approx(transfer_us(whole, "push ") / 16)
     assert transfer_us(compressed, "pull ") == pytest.approx(transfer_us(whole, "pull "))
     assert predict_ps(replace(model, push_ratio=1 / 16)).iteration_ms < predict_ps(model).iteration_ms
+
+
+def test_a_row_sparse_keys_pulls_carry_the_rows_asked_for():
+    """A row-sparse key pulls the rows its worker asks for (`row_sparse_pull`'s row_ids), which the hooks record
+    beside the rows its pushes carry: the pulls and the servers' responses are priced at that share of the key's
+    bytes, the pushes whole."""
+    model = _model()
+    sparse = replace(model, keys=[replace(model.keys[0], pull_ratio=0.25), *model.keys[1:]])
+
+    def transfer_us(graph, kind, key):
+        return sum(d for n, d in zip(graph.names, graph.durations)
+                   if n.startswith(f"{kind} k{key}.") and "handled" not in n)
+
+    whole, rows = ps_graph(model, PSWhatIf()), ps_graph(sparse, PSWhatIf())
+    assert transfer_us(rows, "pull", 0) == pytest.approx(transfer_us(whole, "pull", 0) / 4, rel=0.05)
+    assert transfer_us(rows, "push", 0) == pytest.approx(transfer_us(whole, "push", 0))
+    assert transfer_us(rows, "pull", 1) == pytest.approx(transfer_us(whole, "pull", 1))
 
 
 def test_a_link_level_the_profile_cannot_fix_is_warned():

@@ -144,8 +144,8 @@ def _window_keys(recorded: list[dict], window_iterations: int, notes: list[str])
         notes.append(f"{len(left)} of the {len(recorded)} kvstore keys ({sum(int(k['bytes']) for k in left):,} "
                      f"bytes) were pushed in fewer than half of the window's {window_iterations} iterations (a layer "
                      "frozen there, or a key the script pushes now and then): not priced")
-    return [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]))
-            for k in pushed]
+    return [PSKey(int(k["key"]), int(k["bytes"]), int(k.get("elements", k["bytes"] // 4)), int(k["priority"]),
+                  k["pull_bytes"] / k["bytes"] if k.get("pull_bytes") and k["bytes"] else 1.0) for k in pushed]
 
 
 # the share of its bytes a push carries under MXNet's gradient compression (2-bit: 16 values to a float32 word)

@@ -59,6 +59,9 @@ class PSKey:
     nbytes: int
     elements: int
     priority: int
+    # the bytes a pull carries of the push's: 1, or a row-sparse key's rows pulled over its rows pushed (the hooks'
+    # `row_sparse_pull` rows, runtime/mxnet.py)
+    pull_ratio: float = 1.0
 
 
 @dataclass
@@ -266,8 +269,11 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
         return _bytes(g, plan, layout, name, w, s, up, seconds, handle)
 
     for label in plan.order:
+        key = plan.keys.get(label)
+        pull_ratio = key.pull_ratio if key is not None else 1.0
         for part in plan.parts[label]:
             s = part.server
+            pulled = part.nbytes * pull_ratio
             if not plan.sync:  # each worker's push updated on its own, its pull answered from the value it made
                 for w in range(plan.workers):
                     push = transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True,
@@ -275,8 +281,8 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
                     update = g.op(f"s{s}.update {label} w{w}", "UPDATE", -1 - s, f"s{s}",
                                   links.update_us[0] + links.update_us[1] * part.nbytes)
                     g.edge(push, update)
-                    respond = _server_op(g, links, f"s{s}.respond {label} w{w}", s, part.nbytes, False, update)
-                    g.edge(transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(part.nbytes, part.pull_us),
+                    respond = _server_op(g, links, f"s{s}.respond {label} w{w}", s, pulled, False, update)
+                    g.edge(transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(pulled, part.pull_us),
                                     respond), plan.outs[w][label])
                 continue
             arrivals = [transfer(f"push {label}.s{s} w{w}->s{s}", w, s, True,
@@ -293,9 +299,8 @@ def join_workers(g: GraphBuilder, plan: PSPlan) -> None:
                     g.edge(_server_op(g, links, f"s{s}.merge {label} w{w}", s, part.nbytes, w > 0, recv), server)
             for w in range(plan.workers):
                 respond = server if part.server_us is not None else _server_op(
-                    g, links, f"s{s}.respond {label} w{w}", s, part.nbytes, False, server)
-                recv = transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(part.nbytes, part.pull_us),
-                                respond)
+                    g, links, f"s{s}.respond {label} w{w}", s, pulled, False, server)
+                recv = transfer(f"pull {label}.s{s} s{s}->w{w}", w, s, False, wire(pulled, part.pull_us), respond)
                 g.edge(recv, plan.outs[w][label])
 
 

@@ -71,11 +71,13 @@ def _dense_nbytes(array) -> int:
 
 
 def _sparse_bytes(entry: dict) -> dict:
-    """A row-sparse key's bytes: the median of its pushes' (rows and indices), the table's kept as `dense_bytes`."""
-    seen = entry.get("row_sparse_push_bytes")
-    if not seen:
+    """A row-sparse key's bytes: the median of its pushes' (rows and indices), the table's kept as `dense_bytes`, and
+    the median of its pulls' (`pull_bytes`: the rows asked for, at most: MXNet pulls each once)."""
+    pushed, pulled = entry.get("row_sparse_push_bytes"), entry.get("row_sparse_pull_bytes")
+    if not pushed:
         return {}
-    return {"bytes": int(sorted(seen)[len(seen) // 2]), "dense_bytes": entry["bytes"], "stype": "row_sparse"}
+    return {"bytes": int(sorted(pushed)[len(pushed) // 2]), "dense_bytes": entry["bytes"], "stype": "row_sparse",
+            **({"pull_bytes": int(sorted(pulled)[len(pulled) // 2])} if pulled else {})}
 
 
 def _first(value):
@@ -207,7 +209,7 @@ class MXTracker:
             if isinstance(k, str) and k not in self.string_keys:
                 self.string_keys[k] = len(self.string_keys)
 
-    def key_call(self, op: str, key, value, priority: int) -> None:
+    def key_call(self, op: str, key, value, priority: int, row_ids=None) -> None:
         keys = key if isinstance(key, (list, tuple)) else [key]
         values = value if isinstance(key, (list, tuple)) else [value]
         for k, v in zip(keys, values):
@@ -230,6 +232,8 @@ class MXTracker:
                 entry["ops"].append(op)
             if _is_row_sparse(first) and op in ("push", "pushpull"):
                 self._sparse_push(entry, first)
+            elif op == "row_sparse_pull" and row_ids is not None:
+                self._sparse_pull(entry, first, _first(row_ids) if isinstance(key, (list, tuple)) else row_ids)
 
     def _sparse_push(self, entry: dict, array) -> None:
         """A row-sparse push carries its rows, not the table (MXNet places the key by the table's size, sends the
@@ -238,6 +242,16 @@ class MXTracker:
         seen = entry.setdefault("row_sparse_push_bytes", [])
         if len(seen) < 64 and (self.session.phase == "warmup" or (self.session.phase == "active" and not seen)):
             seen.append(_nbytes(array))
+
+    def _sparse_pull(self, entry: dict, out, row_ids) -> None:
+        """A row_sparse_pull carries the rows asked for (at most: MXNet pulls each once), counted from `row_ids`'
+        shape alone (no wait for the array), in the warm-up and the window; their median is the key's `pull_bytes`."""
+        import numpy as np
+
+        pulled = entry.setdefault("row_sparse_pull_bytes", [])
+        if len(pulled) < 64 and hasattr(row_ids, "shape") and self.session.phase in ("warmup", "active"):
+            row = math.prod(out.shape[1:]) * int(np.dtype(out.dtype).itemsize) + 8
+            pulled.append(math.prod(row_ids.shape) * row)
 
     # ---- iterations --------------------------------------------------------------------------------------
     def run_step(self, call, *args, **kwargs):
@@ -370,7 +384,8 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
             if tracker._kvstore is None:
                 session.guard("reading the kvstore's rank", tracker.kvstore_created, self)
             if self is tracker.kvstore and value is not None:
-                session.guard("recording a kvstore key", tracker.key_call, _op, key, value, priority)
+                session.guard("recording a kvstore key", tracker.key_call, _op, key, value, priority,
+                              kwargs.get("row_ids", args[2] if len(args) > 2 else None))
             return _original(self, key, *args, **kwargs)
 
         setattr(kv_class, op, wrapped)
