@@ -609,6 +609,18 @@ def test_a_row_sparse_keys_pulls_carry_the_rows_asked_for():
     assert transfer_us(rows, "pull", 1) == pytest.approx(transfer_us(whole, "pull", 1))
 
 
+def test_an_absolute_bandwidth_asked_of_a_loopback_profile_says_what_backs_it():
+    """Loopback PS profiles asked `--bandwidth 1Gbit` came out 16-49 % fast against the half-duplex 1 Gbit/s
+    namespace, and no full-duplex measurement backs the PS side: such an answer carries a caution saying so; a
+    factor on the job's own bandwidth does not."""
+    from dprorun.replay.ps import ABSOLUTE_FROM_LOOPBACK
+
+    loopback = replace(_model(), links="shared")
+    assert ABSOLUTE_FROM_LOOPBACK in predict_ps(loopback, PSWhatIf(bandwidth_gbit=1.0)).notes
+    assert ABSOLUTE_FROM_LOOPBACK not in predict_ps(loopback, PSWhatIf(bandwidth_scale=2.0)).notes
+    assert ABSOLUTE_FROM_LOOPBACK not in predict_ps(_model(), PSWhatIf(bandwidth_gbit=1.0)).notes  # per-node links
+
+
 def test_a_link_level_the_profile_cannot_fix_is_warned():
     """A compute-bound profile (a ResNet-18 on 2 cores: its compute alone as long as its iterations) replays as long
     as it ran even with nearly free transfers: the fitted level stops at the end of its range, and the job's

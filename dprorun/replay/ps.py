@@ -249,6 +249,8 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
     notes += cpu_note(model.host_cpu, (whatif.servers or model.servers) - model.servers,
                       (whatif.workers or model.workers) - model.workers)
     notes += spinning_note(spinning_servers(model.host_cpu, server_work_ms(model, busy)))
+    if whatif.bandwidth_gbit is not None and model.links == "shared" and len(model.hosts) <= 1:
+        notes.append(ABSOLUTE_FROM_LOOPBACK)
     if (whatif.workers or model.workers) > model.workers and (whatif.links or model.links) == "shared":
         notes.append(f"more workers on this host: they share its {model.host_cores} cores with the servers and the "
                      "loopback in the replay, each computing op on one core as profiled (not slowed further by "
@@ -311,6 +313,15 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
     return PSPrediction(iteration_us / 1000.0, whatif.describe(), _compress(path), busy, graph.size,
                         notes, None if window_ms is None else round(window_ms / 1000, 3),
                         None if clean_ms is None else round(clean_ms / 1000, 3), spread, graph_ms)
+
+
+# an absolute bandwidth asked of a one-host profile (every transfer on its loopback): RESULTS.md, session 49
+ABSOLUTE_FROM_LOOPBACK = (
+    "caution: an absolute bandwidth asked of a profile whose roles shared one host's loopback: every transfer is "
+    "priced at that rate on one medium, with the loopback's per-message cost; that has not been measured against a "
+    "job on such links for the parameter server (DDP's loopback profile: -4.9 / -2.6 % on full-duplex 1 Gbit/s "
+    "links); on this project's half-duplex 1 Gbit/s namespace, where one queue carries both directions, loopback "
+    "profiles came out 16-49 % fast; a profile on the target network with --bandwidth-scale is the better question")
 
 
 def server_work_ms(model: PSModel, device_busy_ms: dict[str, float]) -> dict[int, float]:
