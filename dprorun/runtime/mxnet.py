@@ -38,6 +38,7 @@ from dprorun.layout import MX_LAUNCH_INDEX_FILE, MX_PROFILE_FILE, PS_CALIBRATION
     SERVER_FILE, SERVER_SCHEMA, server_dir
 from dprorun.runtime.cpubudget import cgroup_quota_cores, process_cpu_s
 from dprorun.runtime.script_profiler import ProfilerBusy, watch_mxnet
+from dprorun.stats import median
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
@@ -76,8 +77,8 @@ def _sparse_bytes(entry: dict) -> dict:
     pushed, pulled = entry.get("row_sparse_push_bytes"), entry.get("row_sparse_pull_bytes")
     if not pushed:
         return {}
-    return {"bytes": int(sorted(pushed)[len(pushed) // 2]), "dense_bytes": entry["bytes"], "stype": "row_sparse",
-            **({"pull_bytes": int(sorted(pulled)[len(pulled) // 2])} if pulled else {})}
+    return {"bytes": int(median(pushed)), "dense_bytes": entry["bytes"], "stype": "row_sparse",
+            **({"pull_bytes": int(median(pulled))} if pulled else {})}
 
 
 def _first(value):
@@ -384,8 +385,9 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
             if tracker._kvstore is None:
                 session.guard("reading the kvstore's rank", tracker.kvstore_created, self)
             if self is tracker.kvstore and value is not None:
-                session.guard("recording a kvstore key", tracker.key_call, _op, key, value, priority,
-                              kwargs.get("row_ids", args[2] if len(args) > 2 else None))
+                row_ids = kwargs.get("row_ids", args[2] if len(args) > 2 else None) \
+                    if _op == "row_sparse_pull" else None  # row_sparse_pull(key, out, priority, row_ids)
+                session.guard("recording a kvstore key", tracker.key_call, _op, key, value, priority, row_ids)
             return _original(self, key, *args, **kwargs)
 
         setattr(kv_class, op, wrapped)
