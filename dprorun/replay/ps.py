@@ -19,8 +19,8 @@ import numpy as np
 
 from dprorun.replay.engine import GraphBuilder, ReplayGraph, ReplayResult, replay
 from dprorun.replay.ps_cpu import CPUFloor, HostCPU, busy_hosts, cpu_floor, cpu_note, spinning_note, spinning_servers
-from dprorun.replay.ps_topology import PSKey, PSLinks, PSPlan, engine_us, placed, set_placement, \
-    set_ps_network, set_workers
+from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey, PSLinks, PSPlan, engine_us, launcher_server_hosts, \
+    placed, set_placement, set_ps_network, set_workers
 from dprorun.stats import median
 
 
@@ -235,8 +235,18 @@ def compute_fit_disagrees(model: PSModel, reference_us: float) -> bool:
 
 
 # ---- predictions -------------------------------------------------------------------------------------------------
+def absolute_layout(model: PSModel, whatif: PSWhatIf) -> PSWhatIf:
+    """An absolute bandwidth asked of a one-host profile of two workers or more, no layout named: the roles laid over
+    a host per worker (links "hosts"), the deployment a NIC's bandwidth describes; one medium for every transfer came
+    out up to 56 % slow against such hosts (RESULTS.md, session 50). Else the what-if as asked."""
+    if (whatif.bandwidth_gbit is None or whatif.links is not None or model.links != "shared" or len(model.hosts) > 1
+            or (whatif.workers or model.workers) < 2):
+        return whatif
+    return replace(whatif, links="hosts")
+
+
 def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPrediction:
-    whatif = whatif or PSWhatIf()
+    whatif = absolute_layout(model, whatif or PSWhatIf())
     notes = list(model.notes)
     graph = ps_graph(model, whatif)
     result: ReplayResult = replay(graph)
@@ -249,8 +259,10 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
     notes += cpu_note(model.host_cpu, (whatif.servers or model.servers) - model.servers,
                       (whatif.workers or model.workers) - model.workers)
     notes += spinning_note(spinning_servers(model.host_cpu, server_work_ms(model, busy)))
-    if whatif.bandwidth_gbit is not None and model.links == "shared" and len(model.hosts) <= 1:
-        notes.append(ABSOLUTE_FROM_LOOPBACK)
+    if whatif.links == "hosts" and len(model.hosts) <= 1:
+        notes.append(spread_note(model, whatif))
+    elif whatif.bandwidth_gbit is not None and model.links == "shared" and len(model.hosts) <= 1:
+        notes.append(ABSOLUTE_PER_NODE if whatif.links == "per-node" else ABSOLUTE_ON_ONE_MEDIUM)
     if (whatif.workers or model.workers) > model.workers and (whatif.links or model.links) == "shared":
         notes.append(f"more workers on this host: they share its {model.host_cores} cores with the servers and the "
                      "loopback in the replay, each computing op on one core as profiled (not slowed further by "
@@ -315,13 +327,31 @@ def predict_ps(model: PSModel, whatif: Optional[PSWhatIf] = None) -> PSPredictio
                         None if clean_ms is None else round(clean_ms / 1000, 3), spread, graph_ms)
 
 
-# an absolute bandwidth asked of a one-host profile (every transfer on its loopback): RESULTS.md, session 49
-ABSOLUTE_FROM_LOOPBACK = (
-    "caution: an absolute bandwidth asked of a profile whose roles shared one host's loopback: every transfer is "
-    "priced at that rate on one medium, with the loopback's per-message cost; that has not been measured against a "
-    "job on such links for the parameter server (DDP's loopback profile: -4.9 / -2.6 % on full-duplex 1 Gbit/s "
-    "links); on this project's half-duplex 1 Gbit/s namespace, where one queue carries both directions, loopback "
-    "profiles came out 16-49 % fast; a profile on the target network with --bandwidth-scale is the better question")
+def spread_note(model: PSModel, whatif: PSWhatIf) -> str:
+    """What `--links hosts` assumed of a one-host profile: the layout it replays (ps_topology.set_ps_network)."""
+    workers, servers = whatif.workers or model.workers, whatif.servers or model.servers
+    on_hosts = launcher_server_hosts(list(range(workers)), servers)
+    each = "/".join(str(on_hosts.count(h)) for h in range(workers))
+    return (f"the roles of this one-host profile laid over {workers} hosts as `dprorun --backend mxnet --hosts` "
+            f"launches them: a worker on each, the {servers} servers {each} a host; each host's NIC full duplex at "
+            f"the links' bandwidth, its loopback at {LOOPBACK_GBIT:g} Gbit/s, each role computing as profiled; "
+            f"{SPREAD_EVIDENCE}")
+
+
+# a one-host profile asked an absolute bandwidth, against plain launches on two emulated hosts with full-duplex links of
+# that rate, a worker and a server on each (benchmarks/ps_bandwidth_whatif.py; RESULTS.md, session 50)
+SPREAD_EVIDENCE = ("measured from loopback profiles against such hosts (two emulated hosts of 0.9 core, full-duplex "
+                   "links; 3 models, 3 rounds): at 1 Gbit/s -8.5 to +1.9 %, at 3 Gbit/s -7.0 to -3.8 % but a wide "
+                   "MLP with Adam -23.7 %, whose hosts' CPU held it back there (plain launches 55.8-70.8 ms): the "
+                   "target hosts' CPU is not in a one-host profile, so a fast network's figure is a lower bound")
+ABSOLUTE_ON_ONE_MEDIUM = (
+    "caution: an absolute bandwidth on one medium for every transfer, asked of a profile whose roles shared one "
+    "host's loopback: against two hosts with full-duplex links of that rate (a worker and a server each) this came "
+    "out -6.3 to +55.7 % (3 models at 1 and 3 Gbit/s; --links hosts: -8.5 to +1.9 % at 1 Gbit/s); on this project's "
+    "half-duplex 1 Gbit/s namespace, one queue for both directions, loopback profiles came out 16-49 % fast")
+ABSOLUTE_PER_NODE = (
+    "caution: every worker and server on a machine of its own, asked of a profile whose roles shared one host: "
+    "not measured against a job so laid out (--links hosts, a host per worker: -8.5 to +1.9 % at 1 Gbit/s)")
 
 
 def server_work_ms(model: PSModel, device_busy_ms: dict[str, float]) -> dict[int, float]:
@@ -364,6 +394,8 @@ def _network_floor(model: PSModel, whatif: PSWhatIf) -> Optional[CPUFloor]:
                                                               (whatif.bigarray_bound, model.bigarray_bound)))
     if not network or moved or whatif.links not in (None, model.links, "hosts"):
         return None
+    if whatif.links == "hosts" and len(model.hosts) <= 1:  # a one-host job spread over hosts: its CPU is not theirs
+        return None
     return cpu_floor(busy_hosts(model.host_cpu))
 
 
@@ -388,7 +420,7 @@ def _layout_check(model: PSModel, whatif: PSWhatIf) -> list[str]:
     fitted on one medium: the job as it ran (its servers, bound, workers) replayed under that layout, against the
     run's own iterations. Far apart, the layout's figures are not backed: a warning with the gap, and the ratio to
     that replay as what can be read from them. (Other layouts are deployments the job did not run on.)"""
-    if whatif.links != "hosts" or model.links == "hosts" or not model.measured_iteration_us:
+    if whatif.links != "hosts" or model.links == "hosts" or not model.measured_iteration_us or len(model.hosts) <= 1:
         return []
     baseline = replay(ps_graph(model, PSWhatIf(links=whatif.links))).iteration_time_us
     gap = baseline / model.measured_iteration_us - 1
@@ -401,9 +433,11 @@ def _layout_check(model: PSModel, whatif: PSWhatIf) -> list[str]:
 
 
 def _compress(path: list[str]) -> list[str]:
-    """The critical path with runs of one worker's compute ops folded into one entry."""
+    """The critical path with runs of one worker's compute ops folded into one entry, transfers' joins left out."""
     out: list[str] = []
     for name in path:
+        if name.startswith(("push ", "pull ")) and name.endswith(" done"):  # a transfer's join (SEND and RECV)
+            continue
         head = name.split(":")[0].rsplit(".", 1)[0] if ":" in name else None
         if head and out and out[-1].startswith(head + ".") and ":" in out[-1]:
             out[-1] = f"{head}.compute (ops)"

@@ -7,9 +7,11 @@ how transfers run (`PSLinks`). Nodes [0, local_nodes) are the workers' local DFG
 Per key (in push order), per part:
   push     from every worker: on one shared medium one op on `link` (as many slots as the host moves transfers
            at once); with a link per role ("per-node") SEND on the worker's uplink `w<r>.tx`, RECV on the server's
-           downlink `s<s>.rx`; with a NIC per host ("hosts", asked where the roles ran on several hosts) SEND on
-           the worker's host's uplink `h<a>.tx`, RECV on the server's host's downlink `h<b>.rx`, or, both on one
-           host, one op on that host's loopback `h<a>.lo` (the host's cores as slots, priced at LOOPBACK_GBIT); as
+           downlink `s<s>.rx`; with a NIC per host ("hosts": the hosts the roles ran on, or a one-host job's roles
+           spread, a host per worker) SEND on the worker's host's uplink `h<a>.tx`, RECV on the server's host's
+           downlink `h<b>.rx`, or, both on one host, one op on that host's loopback `h<a>.lo` (the host's cores as
+           slots, priced at LOOPBACK_GBIT); SEND and RECV start together and the transfer ends when both have
+           (full-duplex links carry the bytes through both at once); as
            recorded at the worker ("worker-side": BytePS) one op on the worker's own push device. Priced
            alpha + bytes / bandwidth (alpha on the op that starts the transfer), or the measured time; a dist_sync
            push's alpha is its handling by the server instead, held by the server's engine `s<s>` before the bytes
@@ -122,6 +124,7 @@ class PSPlan:
     bandwidth_gbit: Optional[float] = None
     bandwidth_scale: float = 1.0
     layout: Optional[str] = None  # the links' layout asked (None: as the job ran)
+    spread: bool = False  # the hosts in `links` laid out by the network pass (a one-host job asked "hosts")
     # dist_sync: a key's update waits for every worker's push, every pull for the update; dist_async (False): each
     # push updated on its own as it arrives, the pusher's pull answered after it (MXNet's KVStoreDistServer)
     sync: bool = True
@@ -177,18 +180,26 @@ def _meta(meta: dict, plan: PSPlan) -> dict:
 def set_ps_network(graph: ReplayGraph, bandwidth_gbit: Optional[float] = None, bandwidth_scale: float = 1.0,
                    links: Optional[str] = None) -> ReplayGraph:
     """The network pass: the topology (re)generated for this bandwidth (absolute, or a factor on the job's own)
-    and links' layout ("shared", "per-node", "hosts" where the job's roles ran on several hosts; None: as the job
-    ran)."""
+    and links' layout ("shared", "per-node", "hosts": a NIC and a loopback per host, the hosts the roles ran on, or,
+    for a job that ran on one host, a host per worker with the servers spread over them as dprorun --hosts launches
+    them; None: as the job ran)."""
     plan = plan_of(graph)
     several = len(set(plan.links.worker_hosts) | set(plan.links.server_hosts)) > 1
-    if links == "hosts" and not several:
-        raise UnanswerableError("links 'hosts': every role of this job ran on one host, so no transfer crosses a "
-                                "NIC (ask 'per-node' for servers on machines of their own)")
     if links is not None and links not in LAYOUTS[:2] + ("hosts",):
         raise ValueError(f"links: one of {LAYOUTS[:2] + ('hosts',)}, not {links!r}")
     if plan.links.layout == "worker-side" and (links or bandwidth_gbit):
         raise UnanswerableError("the transfers were recorded at the worker (BytePS): only a factor on their "
                                 "bandwidth can be asked, not another layout or an absolute bandwidth")
+    if plan.spread and links != "hosts":  # a one-host job spread by an earlier pass: back on its one host
+        plan = replace(plan, spread=False, links=replace(plan.links, worker_hosts=[], server_hosts=[]))
+    elif links == "hosts" and not several:  # a one-host job spread out: a host per worker, the servers over them
+        if plan.workers < 2:
+            raise UnanswerableError("links 'hosts': one worker, so one host: no transfer would cross a NIC (ask "
+                                    "'per-node' for servers on machines of their own)")
+        worker_hosts = list(range(plan.workers))
+        plan = replace(plan, spread=True, links=replace(plan.links, worker_hosts=worker_hosts,
+                                                        server_hosts=launcher_server_hosts(worker_hosts,
+                                                                                           plan.servers)))
     plan = replace(plan, bandwidth_gbit=bandwidth_gbit, bandwidth_scale=bandwidth_scale, layout=links)
     return _with_plan(graph, plan, True)
 
@@ -324,11 +335,19 @@ def _bytes(g: GraphBuilder, plan: PSPlan, layout: str, name: str, w: int, s: int
         return op
     else:
         sender, receiver = (f"w{w}.tx", f"s{s}.rx") if up else (f"s{s}.tx", f"w{w}.rx")
-    send = g.op(name, "COMM", w, sender, alpha + seconds)
-    g.edge(after, send)
-    op = g.op(name + " RECV", "COMM", w, receiver, seconds)
-    g.edge(send, op)
-    return op
+    # the bytes cross the sender's link up and the receiver's link down at once (full duplex, pipelined): once the
+    # sender's link takes the transfer (its start: the fixed cost), its bytes hold that link (SEND) and the
+    # receiver's (RECV) side by side, the transfer done when both are (one after the other priced every transfer
+    # twice: a two-host job under "hosts" replayed at 110 ms for its 66 ms; RESULTS.md, session 50)
+    start = g.op(name, "COMM", w, sender, alpha)
+    g.edge(after, start)
+    send = g.op(name + " SEND", "COMM", w, sender, seconds)
+    recv = g.op(name + " RECV", "COMM", w, receiver, seconds)
+    done = g.op(name + " done", "VIRTUAL", w, None, 0.0)
+    for op in (send, recv):
+        g.edge(start, op)
+        g.edge(op, done)
+    return done
 
 
 def _share_host_cores(g: GraphBuilder, plan: PSPlan, layout: str) -> None:
