@@ -77,7 +77,10 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           # kv.pushpull by hand and an updater on the workers
           "mobilenet-zoo": [], "pushpull-hand": ["--pushpull"],
           # examples/mxnet_sparse_embedding.py: a row-sparse table pushed by rows, pulled with row_sparse_pull
-          "sparse-embedding": []}
+          "sparse-embedding": [],
+          # benchmarks/shapes/mx_session50.py: a language model whose decoder shares the embedding's weight (Adam);
+          # an MLP whose every 11th batch is short (40 of 96), the optimizer on the workers
+          "tied-lm": [], "ragged-batches": ["--ragged"]}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
@@ -93,7 +96,9 @@ SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            "static-nag": os.path.join(REPO, "benchmarks", "shapes", "mx_session39.py"),
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session43.py") for name in ("mobilenet-zoo",
                                                                                             "pushpull-hand")},
-           "sparse-embedding": os.path.join(REPO, "examples", "mxnet_sparse_embedding.py")}
+           "sparse-embedding": os.path.join(REPO, "examples", "mxnet_sparse_embedding.py"),
+           **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session50.py") for name in ("tied-lm",
+                                                                                            "ragged-batches")}}
 
 
 def example(model: str) -> str:
