@@ -98,6 +98,7 @@ class EmulatedCluster:
     cpu_period_us: int = CPU_PERIOD_US  # the quota's period: a throttled host waits up to (1 - cpus) x period
     ssh_identity: str = ""  # the client key sshd accepts (set when ssh=True)
     pin_cores: bool = False  # host k's processes on core k only (a host of its own cores: no bursts past its quota)
+    host_cpus: list[float] = field(default_factory=list)  # each host's own quota (cores), in place of cpus_per_host
     _made_ns: list[str] = field(default_factory=list)
     _made_cgroups: list[str] = field(default_factory=list)
     _daemons: list = field(default_factory=list)
@@ -139,9 +140,11 @@ class EmulatedCluster:
             raise PermissionError("the emulated cluster needs root (network namespaces, tc, cgroups)")
         if not 1 <= self.hosts <= 64:
             raise ValueError("--hosts must be in 1..64")
-        if self.cpus_per_host * self.hosts > (os.cpu_count() or 1):
-            raise ValueError(f"{self.hosts} hosts x {self.cpus_per_host} CPUs oversubscribe the "
-                             f"{os.cpu_count()} cores: the point of this cluster is that they do not")
+        if self.host_cpus and len(self.host_cpus) != self.hosts:
+            raise ValueError(f"host_cpus: {len(self.host_cpus)} quotas for {self.hosts} hosts")
+        if sum(self.cpus(k) for k in range(self.hosts)) > (os.cpu_count() or 1) + 1e-9:
+            raise ValueError(f"{self.hosts} hosts of {[self.cpus(k) for k in range(self.hosts)]} CPUs oversubscribe "
+                             f"the {os.cpu_count()} cores: the point of this cluster is that they do not")
         self._previous_sigterm = None
         if threading.current_thread() is threading.main_thread():
             # a terminated driver must still remove what it made: SIGTERM unwinds like Ctrl-C
@@ -239,10 +242,14 @@ class EmulatedCluster:
                     raise RuntimeError(f"sshd on emulated host {k} did not answer")
                 time.sleep(0.2)
 
+    def cpus(self, k: int) -> float:
+        """Host k's CPU quota (cores)."""
+        return self.host_cpus[k] if self.host_cpus else self.cpus_per_host
+
     def _make_cgroup(self, k: int) -> str:
         v1 = "/sys/fs/cgroup/cpu"
         period_us = self.cpu_period_us
-        quota_us = max(1000, int(self.cpus_per_host * period_us))
+        quota_us = max(1000, int(self.cpus(k) * period_us))
         if os.path.isfile(os.path.join(v1, "cpu.cfs_quota_us")):
             path = os.path.join(v1, f"{self.tag}h{k}")
             os.makedirs(path, exist_ok=True)

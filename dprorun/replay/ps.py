@@ -238,7 +238,7 @@ def compute_fit_disagrees(model: PSModel, reference_us: float) -> bool:
 def absolute_layout(model: PSModel, whatif: PSWhatIf) -> PSWhatIf:
     """An absolute bandwidth asked of a one-host profile of two workers or more, no layout named: the roles laid over
     a host per worker (links "hosts"), the deployment a NIC's bandwidth describes; one medium for every transfer came
-    out up to 56 % slow against such hosts (RESULTS.md, session 50). Else the what-if as asked."""
+    out up to 59 % slow against such hosts (RESULTS.md, session 50). Else the what-if as asked."""
     if (whatif.bandwidth_gbit is None or whatif.links is not None or model.links != "shared" or len(model.hosts) > 1
             or (whatif.workers or model.workers) < 2):
         return whatif
@@ -341,17 +341,20 @@ def spread_note(model: PSModel, whatif: PSWhatIf) -> str:
 # a one-host profile asked an absolute bandwidth, against plain launches on two emulated hosts with full-duplex links of
 # that rate, a worker and a server on each (benchmarks/ps_bandwidth_whatif.py; RESULTS.md, session 50)
 SPREAD_EVIDENCE = ("measured from loopback profiles against such hosts (two emulated hosts of 0.9 core, full-duplex "
-                   "links; 3 models, 3 rounds): at 1 Gbit/s -8.5 to +1.9 %, at 3 Gbit/s -7.0 to -3.8 % but a wide "
-                   "MLP with Adam -23.7 %, whose hosts' CPU held it back there (plain launches 55.8-70.8 ms): the "
-                   "target hosts' CPU is not in a one-host profile, so a fast network's figure is a lower bound")
+                   "links; 3 models, 2 runs of 3 rounds): at 1 Gbit/s -8.5 to +1.9 %, at 3 Gbit/s -15.3 to -2.4 % "
+                   "but a wide MLP with Adam -23.9 %, whose hosts' CPU held it back there: the target hosts' CPU is "
+                   "not in a one-host profile, so a fast network's figure is a lower bound")
 ABSOLUTE_ON_ONE_MEDIUM = (
     "caution: an absolute bandwidth on one medium for every transfer, asked of a profile whose roles shared one "
     "host's loopback: against two hosts with full-duplex links of that rate (a worker and a server each) this came "
-    "out -6.3 to +55.7 % (3 models at 1 and 3 Gbit/s; --links hosts: -8.5 to +1.9 % at 1 Gbit/s); on this project's "
+    "out -11.2 to +58.6 % (3 models at 1 and 3 Gbit/s; --links hosts: -8.5 to +1.9 % at 1 Gbit/s); on this project's "
     "half-duplex 1 Gbit/s namespace, one queue for both directions, loopback profiles came out 16-49 % fast")
 ABSOLUTE_PER_NODE = (
     "caution: every worker and server on a machine of its own, asked of a profile whose roles shared one host: "
-    "not measured against a job so laid out (--links hosts, a host per worker: -8.5 to +1.9 % at 1 Gbit/s)")
+    "against four emulated hosts so laid out (the workers' of 0.75 core, the servers' of 0.25) -0.6 / +2.4 % at 1 "
+    "Gbit/s for an MLP and a conv net, but -17.2 % for a wide MLP with Adam and -13 to -45 % at 3 Gbit/s, where the "
+    "servers' hosts' CPU held the job back: the servers' machines' CPU is not in a one-host profile, so read such a "
+    "figure as a lower bound")
 
 
 def server_work_ms(model: PSModel, device_busy_ms: dict[str, float]) -> dict[int, float]:
