@@ -64,7 +64,11 @@ def plain_shell(model: str, script_args: str, steps: int, servers_per_host: int,
 
 
 def plain_ms(cluster, args, servers_per_host: int) -> float:
-    shell = plain_shell(args.model, args.script_args, args.steps, servers_per_host)
+    return shell_median_ms(cluster, plain_shell(args.model, args.script_args, args.steps, servers_per_host))
+
+
+def shell_median_ms(cluster, shell: str) -> float:
+    """`shell` run on every emulated host (the servers' OpenMP at one thread); worker 0's printed median (ms)."""
     results = cluster.run(["bash", "-c", shell], 600, dict(os.environ, OMP_NUM_THREADS="1"))
     for result in results:
         found = re.search(r"median iteration ([0-9.]+) ms", result.stdout)

@@ -31,7 +31,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mxnet_multihost import EXAMPLE, PORT, gbit, mxnet_python, plain_ms  # noqa: E402  (the plain launches)
+from mxnet_multihost import EXAMPLE, PORT, gbit, mxnet_python, plain_ms, shell_median_ms  # noqa: E402
 
 MODELS = {"mlp": ("mlp", ""), "conv": ("conv", ""), "wide-adam": ("mlp", "--width 600 --optimizer adam")}
 LAYOUTS = {"one medium": ["--links", "shared"], "hosts": ["--links", "hosts"], "per-node": ["--links", "per-node"]}
@@ -40,19 +40,12 @@ LAYOUTS = {"one medium": ["--links", "shared"], "hosts": ["--links", "hosts"], "
 def per_node_ms(cluster, model: str, script_args: str, steps: int) -> float:
     """The job launched plainly on four emulated hosts, a role each: workers on hosts 0 and 1 (the scheduler beside
     worker 0), servers on 2 and 3; worker 0's median iteration (ms)."""
-    import re
-
     script = f"{mxnet_python()} -u {EXAMPLE} --steps {steps} --model {model} {script_args}"
     shell = (f"export DMLC_PS_ROOT_URI={{master_addr}} DMLC_PS_ROOT_PORT={PORT} DMLC_NUM_SERVER=2 DMLC_NUM_WORKER=2 "
              f"DMLC_NODE_HOST={{addr}} DMLC_INTERFACE=eth0; if [ {{node_rank}} = 0 ]; then DMLC_ROLE=scheduler "
              f"{script} & fi; if [ {{node_rank}} -lt 2 ]; then DMLC_ROLE=worker {script}; else DMLC_ROLE=server "
              f"{script}; fi; wait")
-    results = cluster.run(["bash", "-c", shell], 600, dict(os.environ, OMP_NUM_THREADS="1"))
-    for result in results:
-        found = re.search(r"median iteration ([0-9.]+) ms", result.stdout)
-        if found:
-            return float(found.group(1))
-    raise SystemExit("per-node launch failed: " + " | ".join(r.stderr[-800:] for r in results))
+    return shell_median_ms(cluster, shell)
 
 
 def loopback_profile(model: str, script_args: str, steps: int, run_dir: str) -> None:
