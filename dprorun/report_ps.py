@@ -53,7 +53,13 @@ def build_ps_report(run_dir: str, model=None) -> dict:
     check = data["prediction"]["self_check"]
     if check["status"] == "disagrees":  # else the page's header says it
         data["notes"].append(check["message"])
+    # a one-host profile's bandwidth curve is laid over a host per worker (ps.absolute_layout): the page says so
+    data["notes"] += [f"the bandwidth curve: {note}" for note in
+                      predict_ps(model, PSWhatIf(bandwidth_gbit=BANDWIDTHS_GBIT[0])).notes if note.startswith(SPREAD)]
     return data
+
+
+SPREAD = "the roles of this one-host profile laid over"  # ps.spread_note's opening
 
 
 def _manifest(run_dir: str) -> dict:

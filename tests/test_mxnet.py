@@ -212,6 +212,8 @@ def test_offline_commands_answer_for_the_ps_model(ps_run):
     replayed = {op[0] for op in data["replayed_timeline"]["ops"]}
     assert {"server 0", "server 1"} <= replayed, replayed
     assert [x for x, _ in data["whatif"]["servers"]] == [1, 2, 4, 8] and len(data["whatif"]["world_size"]) == 5
+    # one host's profile: its bandwidth curve laid over a host per worker, and the page says so
+    assert [n for n in data["notes"] if n.startswith("the bandwidth curve: the roles of this one-host profile laid")]
     assert data["prediction"]["self_check"]["status"] in ("fitted", "disagrees")
     assert data["prediction"]["critical_path"]["top"]
     text = dpro("report")
