@@ -233,3 +233,28 @@ def test_a_failing_mxnet_worker_stops_both_hosts_and_names_it(tmp_path):
         assert "RuntimeError: injected failure at step 10" in r.stderr, r.stderr[-2000:]
     assert "this node's roles were stopped" in "".join(r.stderr for r in results)
     assert len(list((tmp_path / "node0").glob("rank_*/events.json"))) == 2
+
+
+@pytest.mark.skipif(bool(UNAVAILABLE), reason=UNAVAILABLE)
+def test_an_emulated_cluster_takes_a_quota_per_host():
+    """`host_cpus`: each host its own CPU quota (a machine per role: the workers' hosts larger than the servers',
+    benchmarks/ps_bandwidth_whatif.py --per-node), written to each host's cgroup; quotas that oversubscribe the cores
+    or do not match the hosts are refused before anything is made."""
+    cores = os.cpu_count() or 1
+    quotas = [cores / 2, cores / 4, cores / 4]
+    with EmulatedCluster(3, 0.0, host_cpus=quotas) as cluster:
+        assert [cluster.cpus(k) for k in range(3)] == quotas
+        written = []
+        for path in cluster._made_cgroups:
+            if os.path.exists(os.path.join(path, "cpu.cfs_quota_us")):  # cgroup v1
+                with open(os.path.join(path, "cpu.cfs_quota_us")) as handle:
+                    written.append(int(handle.read()) / cluster.cpu_period_us)
+            else:  # v2: "quota period"
+                with open(os.path.join(path, "cpu.max")) as handle:
+                    quota, period = handle.read().split()
+                    written.append(int(quota) / int(period))
+        assert written == pytest.approx(quotas, rel=0.01)
+    with pytest.raises(ValueError, match="oversubscribe"):
+        EmulatedCluster(2, 0.0, host_cpus=[cores, 0.5]).__enter__()
+    with pytest.raises(ValueError, match="2 quotas for 3 hosts"):
+        EmulatedCluster(3, 0.0, host_cpus=[0.5, 0.5]).__enter__()
