@@ -33,6 +33,7 @@ def build_ps_report(run_dir: str, model=None) -> dict:
     result = replay(graph)
     path = critical_path_report(graph, result, top=15)
     manifest = _manifest(run_dir)
+    curve_notes: list[str] = []  # what the what-if curves assumed (_whatif_curves)
     measured = model.measured_iteration_us
     summary = {"job_id": manifest.get("job_id"), "command": manifest.get("command"), "world_size": model.workers,
                "iteration_time_ms": None if measured is None else round(measured / 1000, 3),
@@ -48,14 +49,12 @@ def build_ps_report(run_dir: str, model=None) -> dict:
                            "measured_iteration_time_ms": summary["iteration_time_ms"],
                            "spread_ms": as_run.spread_ms, "self_check": _self_check(model, as_run),
                            "critical_path": {k: v for k, v in path.items() if k != "path"}},
-            "whatif": _whatif_curves(model),
+            "whatif": _whatif_curves(model, curve_notes),
             "model": model.to_json(), "samples": [], "notes": list(as_run.notes)}
     check = data["prediction"]["self_check"]
     if check["status"] == "disagrees":  # else the page's header says it
         data["notes"].append(check["message"])
-    # a one-host profile's bandwidth curve is laid over a host per worker (ps.absolute_layout): the page says so
-    data["notes"] += [f"the bandwidth curve: {note}" for note in
-                      predict_ps(model, PSWhatIf(bandwidth_gbit=BANDWIDTHS_GBIT[0])).notes if note.startswith(SPREAD)]
+    data["notes"] += curve_notes
     return data
 
 
@@ -102,11 +101,19 @@ def _self_check(model, as_run) -> dict:
                                             "with that margin")}
 
 
-def _whatif_curves(model) -> dict:
+def _whatif_curves(model, notes: list[str]) -> dict:
+    """The page's what-if curves; a one-host profile's bandwidth curve is laid over a host per worker
+    (ps.absolute_layout): its first point's note saying so goes to `notes`."""
     from dprorun.replay.ps import PSWhatIf, predict_ps
 
     def curve(field: str, values) -> list:
-        return [[v, round(predict_ps(model, PSWhatIf(**{field: v})).iteration_ms, 4)] for v in values]
+        points = []
+        for v in values:
+            prediction = predict_ps(model, PSWhatIf(**{field: v}))
+            if field == "bandwidth_gbit" and not points:
+                notes.extend(f"the bandwidth curve: {note}" for note in prediction.notes if note.startswith(SPREAD))
+            points.append([v, round(prediction.iteration_ms, 4)])
+        return points
 
     return {"world_size": curve("workers", WORKERS), "bandwidth_gbit": curve("bandwidth_gbit", BANDWIDTHS_GBIT),
             "servers": curve("servers", SERVERS), "bucket_mb": [], "skipped": [], "folded": False}
