@@ -1441,3 +1441,42 @@ def test_torchruns_agent_flags_reach_torch_elastic_and_torchrun_alike():
     with pytest.raises(ValueError, match="does not launch through"):
         agent_options(build_parser().parse_args(["--backend", "horovod", "-np", "2", "--shutdown-timeout", "3",
                                                  "python", "train.py"]))
+
+
+def test_activation_meter_keeps_a_scripts_own_saved_tensor_hooks_in_force():
+    """A forward under the script's save_on_cpu (or hooks of its own): autograd calls only the innermost hook pair,
+    so the meter's replaced the script's for the metered forward (its pack never called: a GPU job offloading to fit
+    kept that forward's activations on the device). The meter now calls the script's pair and counts what it keeps
+    on the tensor's device: here the pack's own copies, which the backward unpacks."""
+    import torch
+
+    from dprorun.runtime.activations import SavedTensorMeter
+
+    calls = {"pack": 0, "unpack": 0}
+
+    def pack(tensor):
+        calls["pack"] += 1
+        return ("copied", tensor.clone())
+
+    def unpack(packed):
+        calls["unpack"] += 1
+        return packed[1]
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128))
+    inputs = torch.randn(8, 64, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        meter = SavedTensorMeter.for_module(model)
+        meter.start()
+        output = model(inputs)
+        saved = meter.stop()
+    packed = calls["pack"]
+    output.sum().backward()
+    assert packed >= 4 and calls["unpack"] == packed and inputs.grad is not None
+    # the copies of the input, the hidden activations and the weights: the script's pack copied the weights too
+    assert saved >= inputs.nbytes + 8 * 256 * 4
+    with torch.autograd.graph.save_on_cpu():
+        meter = SavedTensorMeter.for_module(model)
+        meter.start()
+        model(inputs).sum().backward()
+        # on the CPU save_on_cpu keeps the tensors themselves: the input and the ReLU's output, as with no hooks
+        assert meter.stop() == inputs.nbytes + 8 * 256 * 4
