@@ -56,7 +56,10 @@ replicate(), Horovod in a thread and in float64, a TF loop and a Keras fit in a 
 broadcast of a BatchNorm net, an optimizer step skipped every 4th step, a loop trained for 6 s (its stop all-reduced),
 Adafactor on a token model, bf16_compress_hook, Horovod of a torch.compile'd model and with hvd.broadcast_object
 every step, Keras fit over a Python generator and of MobileNetV2, Lightning's DDPStrategy with static_graph and
-gradient_as_bucket_view, Lightning clipping by norm, Hugging Face Trainer with torch_compile and Adafactor.
+gradient_as_bucket_view, Lightning clipping by norm, Hugging Face Trainer with torch_compile and Adafactor; session
+51: DDP's forward under save_on_cpu, a compiled optimizer step, ReduceLROnPlateau on an all-reduced validation loss,
+a custom autograd Function, SWA with update_bn; a TF Keras transformer with AdamW and a warm-up schedule of its own;
+Horovod gradients shared by hand (grouped_allreduce; reducescatter and allgather), named, not profiled.
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -293,6 +296,16 @@ JOBS = {
     "fsdp-eval-every-5": ([], "session49.py", ["--fsdp-eval"], "torch"),
     "fsdp-hf-gpt2-tied-adamw-warmup": ([], "session49.py", ["--fsdp-gpt2"], "transformers"),
     "fsdp-compiled-blocks": ([], "session49.py", ["--fsdp-compile"], "torch"),
+    # session 51
+    "ddp-save-on-cpu-adamw": ([], "ddp_session51.py", ["--save-on-cpu"], "torch"),
+    "ddp-compiled-optimizer-step": ([], "ddp_session51.py", ["--compiled-step"], "torch"),
+    "ddp-reduce-lr-on-plateau-validation": ([], "ddp_session51.py", ["--plateau"], "torch"),
+    "ddp-custom-autograd-function-rmsprop": ([], "ddp_session51.py", ["--custom-function"], "torch"),
+    "ddp-swa-update-bn": ([], "ddp_session51.py", ["--swa"], "torch"),
+    "tf-keras-transformer-adamw-warmup": (["--backend", "tf"], "tf_session51.py", ["--transformer"], "tensorflow"),
+    "horovod-grouped-allreduce-by-hand-named": (["--backend", "horovod"], "hvd_session51.py", ["--grouped"], "horovod"),
+    "horovod-reducescatter-by-hand-named": (["--backend", "horovod"], "hvd_session51.py", ["--reducescatter"],
+                                            "horovod"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
