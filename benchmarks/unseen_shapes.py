@@ -59,7 +59,8 @@ every step, Keras fit over a Python generator and of MobileNetV2, Lightning's DD
 gradient_as_bucket_view, Lightning clipping by norm, Hugging Face Trainer with torch_compile and Adafactor; session
 51: DDP's forward under save_on_cpu, a compiled optimizer step, ReduceLROnPlateau on an all-reduced validation loss,
 a custom autograd Function, SWA with update_bn; a TF Keras transformer with AdamW and a warm-up schedule of its own;
-Horovod gradients shared by hand (grouped_allreduce; reducescatter and allgather), named, not profiled.
+Horovod gradients shared by hand (grouped_allreduce; allreduce_async_ after the backward and from gradient hooks;
+reducescatter and allgather).
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -303,9 +304,12 @@ JOBS = {
     "ddp-custom-autograd-function-rmsprop": ([], "ddp_session51.py", ["--custom-function"], "torch"),
     "ddp-swa-update-bn": ([], "ddp_session51.py", ["--swa"], "torch"),
     "tf-keras-transformer-adamw-warmup": (["--backend", "tf"], "tf_session51.py", ["--transformer"], "tensorflow"),
-    "horovod-grouped-allreduce-by-hand-named": (["--backend", "horovod"], "hvd_session51.py", ["--grouped"], "horovod"),
-    "horovod-reducescatter-by-hand-named": (["--backend", "horovod"], "hvd_session51.py", ["--reducescatter"],
-                                            "horovod"),
+    "horovod-grouped-allreduce-by-hand": (["--backend", "horovod"], "hvd_session51.py", ["--grouped"], "horovod"),
+    "horovod-allreduce-async-by-hand": (["--backend", "horovod"], "hvd_session51.py", ["--async-after"], "horovod"),
+    "horovod-allreduce-async-in-grad-hooks": (["--backend", "horovod"], "hvd_session51.py", ["--async-hooks"],
+                                              "horovod"),
+    "horovod-reducescatter-allgather-by-hand": (["--backend", "horovod"], "hvd_session51.py", ["--reducescatter"],
+                                                "horovod"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -696,3 +696,56 @@ def test_a_ddp_job_that_imports_horovod_torch_is_profiled_as_ddp(tmp_path):
     assert "hvd.DistributedOptimizer" not in said and "the replay of the job as it ran (" in said, said[-3000:]
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert [t.get("framework", "ddp") for t in events["trackers"]] == ["ddp"]
+
+
+@needs_horovod
+def test_gradients_a_horovod_script_shares_itself_are_its_buckets(tmp_path):
+    """No hvd.DistributedOptimizer: the script averages its gradients with horovod.torch's own calls, here the
+    weights' by hvd.allreduce_async_ (each waited for by hvd.synchronize before the step) and the biases' by one
+    hvd.grouped_allreduce. It ran unprofiled ("nothing to profile", session 51's shapes); now each call is a bucket
+    of the step (runtime/gradient_calls.py), the async ones ended by their synchronize, and the job is replayed."""
+    script = tmp_path / "by_hand.py"
+    script.write_text(
+        "import torch, torch.nn as nn, horovod.torch as hvd\n"
+        "hvd.init(); torch.manual_seed(0); torch.set_num_threads(1)\n"
+        "model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))\n"
+        "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)\n"
+        "weights = [p for n, p in model.named_parameters() if n.endswith('weight')]\n"
+        "biases = [p for n, p in model.named_parameters() if n.endswith('bias')]\n"
+        "x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))\n"
+        "for step in range(12):\n"
+        "    opt.zero_grad()\n"
+        "    nn.functional.cross_entropy(model(x), y).backward()\n"
+        "    handles = [hvd.allreduce_async_(p.grad, op=hvd.Average, name=f'w{i}') for i, p in enumerate(weights)]\n"
+        "    for p, g in zip(biases, hvd.grouped_allreduce([p.grad for p in biases], op=hvd.Average, name='b')):\n"
+        "        p.grad.copy_(g)\n"
+        "    for h in handles:\n"
+        "        hvd.synchronize(h)\n"
+        "    opt.step()\n")
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "2", "--active", "5",
+                           "--kineto-iters", "1", "--clean", "2", "python", str(script)], run_dir, timeout=180,
+                          env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing to profile" not in proc.stderr
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    tracker = events["trackers"][0]
+    assert (tracker["framework"], tracker["backend"], tracker["asynchronous"], tracker["serial"]) == (
+        "collectives", "horovod", True, True)  # the async calls, and the grouped call that returns when done
+    assert [b["params"] for b in events["buckets"]] == [["0.weight"], ["2.weight"], ["4.weight"],
+                                                        ["0.bias", "2.bias", "4.bias"]]
+    assert [b["nbytes"] for b in events["buckets"]] == [64 * 256 * 4, 256 * 256 * 4, 256 * 8 * 4, (256 + 256 + 8) * 4]
+    records = [r for r in events["comm"] if r[0] == 3]  # (iteration, ddp, bucket, ready, enqueue, done)
+    assert sorted(r[2] for r in records) == [0, 1, 2, 3] and all(r[5] >= r[4] for r in records)
+    from dprorun.replay.build import build_job_model
+    from dprorun.replay.predict import predict
+    from dprorun.replay.whatif import WhatIf
+
+    model = build_job_model(load_run(str(run_dir)))
+    assert model.framework == "collectives" and "horovod.torch" in model.bucket_layout_fixed
+    prediction = predict(model, WhatIf(), detail="coarse")
+    assert prediction.buckets == 4 and model.window_iterations_us
+    # replayed from the window's own calls: near the window's iterations (a loose bound: 2 cores, Horovod's cycles)
+    window_us = sorted(model.window_iterations_us)[len(model.window_iterations_us) // 2]
+    assert 0.5 < prediction.predicted_iteration_time_ms * 1000 / window_us < 1.5

@@ -1077,15 +1077,15 @@ def test_a_forward_returning_a_dataclass_has_its_backward_seen():
     assert len(found) == 3
 
 
-def test_a_horovod_script_that_all_reduces_by_hand_is_told_why_nothing_was_profiled():
-    """horovod.torch initialised, gradients all-reduced in the loop (hvd.allreduce_async_ and synchronize) and no
-    hvd.DistributedOptimizer: the warning said "the training wrapper was built, but no step ran through it". (The
-    Horovod tracker joins the session only with a DistributedOptimizer now: the job has no tracker, and what the
-    script did is told from what the hooks watched.)"""
+def test_a_horovod_script_that_shares_no_gradients_is_told_why_nothing_was_profiled():
+    """horovod.torch initialised, no hvd.DistributedOptimizer, and no step after calls carrying the gradients (each
+    rank trained apart, or a loss averaged alone): the warning said "the training wrapper was built, but no step ran
+    through it". (The Horovod tracker joins the session only with a DistributedOptimizer; gradients shared by
+    horovod.torch's own calls join the tracker of the script's collectives: tests/test_horovod.py.)"""
     from dprorun.runtime.watch import ScriptUse, nothing_to_profile
 
     message = nothing_to_profile(ScriptUse(horovod_initialised=True))
-    assert "no hvd.DistributedOptimizer was built" in message and "by hand" in message
+    assert "no hvd.DistributedOptimizer was built" in message and "grouped_allreduce" in message
     assert "no hvd.DistributedOptimizer" not in nothing_to_profile(ScriptUse())
 
 
@@ -1377,7 +1377,7 @@ def test_a_sharded_steps_collectives_cover_their_whole_tensors_and_price_as_half
     import torch
 
     from dprorun.replay.template import ring_bytes
-    from dprorun.runtime.collectives import covered
+    from dprorun.runtime.gradient_calls import covered
     from dprorun.trace.model import Bucket
 
     flat, shard = torch.zeros(10), torch.zeros(5)
@@ -1387,10 +1387,11 @@ def test_a_sharded_steps_collectives_cover_their_whole_tensors_and_price_as_half
     # torch 2.13's names for those two (the others its deprecated aliases), and every name the watch patches
     assert covered("reduce_scatter_single", (shard, flat), {})[1] == 40
     assert covered("all_gather_single", (), {"output_tensor": flat, "input_tensor": shard})[1] == 40
-    from dprorun.runtime.collectives import GRADIENT_COLLECTIVES, PARAMETER_GATHERS
-    from dprorun.runtime.watch import ASYNC_OP_POSITION, SCRIPT_COLLECTIVES
+    from dprorun.runtime.gradient_calls import HOROVOD_KINDS, TORCH_KINDS
+    from dprorun.runtime.watch import ASYNC_OP_POSITION, HOROVOD_COLLECTIVES, SCRIPT_COLLECTIVES
 
-    assert set(GRADIENT_COLLECTIVES + PARAMETER_GATHERS) <= set(SCRIPT_COLLECTIVES) & set(ASYNC_OP_POSITION)
+    assert set(TORCH_KINDS) <= set(SCRIPT_COLLECTIVES) & set(ASYNC_OP_POSITION)
+    assert set(HOROVOD_KINDS) <= set(HOROVOD_COLLECTIVES)
     assert covered("all_gather", (), {"tensor_list": list(flat.chunk(2)), "tensor": shard})[1] == 40
     tensor, nbytes = covered("all_reduce", (shard,), {})
     assert tensor is shard and nbytes == 20

@@ -1,6 +1,9 @@
-"""Horovod (horovod.torch) shapes of session 51, gradients shared by hand (dprorun names them, does not profile
-them: it profiles Horovod through hvd.DistributedOptimizer): --grouped (no DistributedOptimizer: the
-gradients averaged by hand with one hvd.grouped_allreduce call a step, then Adam), --reducescatter (ZeRO-1 by hand:
+"""Horovod (horovod.torch) shapes of session 51, gradients shared by hand with no hvd.DistributedOptimizer (before
+this session dprorun said so and profiled nothing; now runtime/gradient_calls.py): --grouped (no DistributedOptimizer: the
+gradients averaged by hand with one hvd.grouped_allreduce call a step, then Adam), --async-after (an
+hvd.allreduce_async_ per gradient after the backward, each synchronized before the step; SGD with momentum),
+--async-hooks (the same calls made from each parameter's post-accumulate-grad hook, inside the backward: overlap by
+hand), --reducescatter (ZeRO-1 by hand:
 the flat gradient reduce-scattered with hvd.reducescatter, each rank's shard stepped with SGD, the parameters
 all-gathered with hvd.allgather). Run with `dprorun --backend horovod -np 2 python hvd_session51.py --grouped`. (Process sets: two pairs of 4 ranks, each
 pair's DistributedOptimizer given its set, failed in plain horovodrun on this Horovod 0.28.1 gloo build: "Process
@@ -9,7 +12,7 @@ import argparse, statistics, time
 import torch, torch.nn as nn
 import horovod.torch as hvd
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
-for flag in ("--grouped", "--reducescatter"):
+for flag in ("--grouped", "--async-after", "--async-hooks", "--reducescatter"):
     p.add_argument(flag, action="store_true")
 a = p.parse_args()
 hvd.init()
@@ -17,8 +20,15 @@ torch.manual_seed(0); torch.set_num_threads(1)
 net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
 x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 params = list(net.parameters())
+handles = []
 if a.grouped:
     opt = torch.optim.Adam(params, lr=1e-3)
+elif a.async_after or a.async_hooks:
+    opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    if a.async_hooks:
+        for i, q in enumerate(params):
+            q.register_post_accumulate_grad_hook(
+                lambda q, i=i: handles.append(hvd.allreduce_async_(q.grad, op=hvd.Average, name=f"grad.{i}")))
 else:
     flat = torch.cat([q.detach().reshape(-1) for q in params])
     shard_len = -(-flat.numel() // hvd.size())
@@ -36,6 +46,13 @@ for step in range(a.steps):
         averaged = hvd.grouped_allreduce([q.grad for q in params], op=hvd.Average, name="grads")
         for q, g in zip(params, averaged):
             q.grad = g
+        opt.step()
+    elif a.async_after or a.async_hooks:
+        if a.async_after:
+            handles = [hvd.allreduce_async_(q.grad, op=hvd.Average, name=f"grad.{i}") for i, q in enumerate(params)]
+        for handle in handles:
+            hvd.synchronize(handle)
+        handles.clear()
         opt.step()
     else:
         grad = torch.cat([q.grad.reshape(-1) for q in params])

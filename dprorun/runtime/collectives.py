@@ -1,7 +1,8 @@
 """Gradients shared by the script's own torch.distributed.all_reduce calls (no wrapper): the PyTorch tutorial's
 `average_gradients` (one all-reduce per parameter after the backward), flat buffers all-reduced by hand, async_op
-calls waited for before the step, calls from gradient hooks inside the backward (overlap by hand). Nothing in the
-script changes.
+calls waited for before the step, calls from gradient hooks inside the backward (overlap by hand); horovod.torch's
+own calls alike (hvd.allreduce, grouped_allreduce, their async forms waited for by hvd.synchronize, reducescatter and
+allgather, with no DistributedOptimizer: runtime/gradient_calls.py). Nothing in the script changes.
 
 The tracker watches from the moment torch.distributed and torch.autograd are imported, and takes part in the job only
 where no supported wrapper does (no DDP module, no hvd.DistributedOptimizer) and an optimizer step followed
@@ -43,19 +44,10 @@ from typing import Any, Optional
 from dprorun.layout import CommRecord
 from dprorun.runtime.session import RankSession
 from dprorun.runtime.steps import LeadingOptimizerSteps
+from dprorun.runtime.gradient_calls import (COVERED, GRADIENT_COLLECTIVES, HOROVOD_KINDS, KINDS, PARAMETER_GATHERS,
+                                             HandleWorks, bucket_entry, covered)
 from dprorun.runtime.watch import call_tensors
 
-# the torch.distributed calls taken for the gradients' buckets: all-reduces, and reduce-scatters (each rank keeping
-# its shard of the sum: ZeRO's optimizer sharding by hand)
-GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
-# the calls that gather the parameters again after a sharded step (each rank updated its shard): buckets after the
-# update, taken where a reduce-scatter shared the gradients
-PARAMETER_GATHERS = ("all_gather_into_tensor", "all_gather_single", "all_gather")
-# torch.distributed call -> where the tensor(s) it covers are (position, keyword): the gradients a reduce-scatter
-# sums (its input), the parameters an all-gather fills (its output)
-COVERED = {"all_reduce": (0, "tensor"), "reduce_scatter": (1, "input_list"), "reduce_scatter_tensor": (1, "input"),
-           "reduce_scatter_single": (1, "input"), "all_gather_into_tensor": (0, "output_tensor"),
-           "all_gather_single": (0, "output_tensor"), "all_gather": (0, "tensor_list")}
 # the share of the stepped optimizer's gradient bytes a step's all-reduces must carry for the job to be taken as one
 # sharing its gradients (a loss or a metric all-reduced between backward and step, in a job whose ranks train apart,
 # is not that)
@@ -118,6 +110,8 @@ class ScriptCollectivesTracker:
         self.begin_after_wait = False  # the step's last gather was launched: its iteration ends at the wait's return
         self.fsdp = False  # FSDP on the CPU: every gather and reduce-scatter of a step a blocking bucket (module doc)
         self.fsdp_group_sizes: set[int] = set()  # the sizes of FSDP's groups smaller than the job (HSDP's mesh)
+        self.horovod = False  # the gradient calls are horovod.torch's (no DistributedOptimizer: runtime/gradient_calls)
+        self.handle_works = HandleWorks()  # their async calls' handles, done at hvd.synchronize
 
     # ---- what DDPTracker also offers the session --------------------------------------------------------
     def describe(self) -> dict:
@@ -126,8 +120,11 @@ class ScriptCollectivesTracker:
                 "asynchronous": self.asynchronous, "sharded": self.sharded, "fsdp": self.fsdp, "blocking": self.fsdp,
                 "fsdp_subgroup_sizes": sorted(self.fsdp_group_sizes),
                 "calls": ("FSDP's all_gather, reduce_scatter" if self.fsdp else
-                          "torch.distributed.reduce_scatter, all_gather" if self.sharded
-                          else "torch.distributed.all_reduce")}
+                          self.call_name("reduce_scatter, all_gather", "reducescatter, allgather") if self.sharded
+                          else self.call_name("all_reduce", "allreduce"))}
+
+    def call_name(self, torch_name: str, horovod_name: str) -> str:
+        return f"horovod.torch.{horovod_name}" if self.horovod else f"torch.distributed.{torch_name}"
 
     def detail_tier_started(self) -> None:
         """Module scopes for the profiler's op names, and each parameter's gradient-ready time in the backward (what
@@ -225,7 +222,8 @@ class ScriptCollectivesTracker:
         if self.calls_in_step == 0:
             self.step_backward = (self.in_backward, None) if inside else self.backward
         self.calls_in_step += 1
-        self.scattered_in_step = self.scattered_in_step or name != "all_reduce"
+        self.horovod = self.horovod or name in HOROVOD_KINDS
+        self.scattered_in_step = self.scattered_in_step or KINDS[name] != "all_reduce"
         if not self.joined:
             self.bytes_in_step += covered(name, args, kwargs)[1]
             if self.step_hook is None:  # registered here, not inside an optimizer hook (torch iterates over them)
@@ -294,7 +292,7 @@ class ScriptCollectivesTracker:
                 INFERENCE_CALL_BASE if evaluating else 0)
         key = (0, index)
         if key not in session.records.buckets:
-            session.records.buckets[key] = _bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
+            session.records.buckets[key] = bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
             size = _group_size(name, args, kwargs)
             if size and size != session.world_size:  # HSDP: sharded within, replicated across, groups of its mesh
                 self.fsdp_group_sizes.add(size)
@@ -311,8 +309,8 @@ class ScriptCollectivesTracker:
         key = (0, index)
         tensor, nbytes = covered(name, args, kwargs)
         if key not in session.records.buckets:
-            names = self._names_sent(tensor, nbytes) or [f"{name}{index}"]
-            session.records.buckets[key] = _bucket_entry(name, tensor, nbytes, names)
+            names = self._names_of(name, args, kwargs, tensor, nbytes) or [f"{name}{index}"]
+            session.records.buckets[key] = bucket_entry(name, tensor, nbytes, names)
             self.step_new_keys.append(key)
             params = session.records.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
             sizes = self.param_bytes if names[0] in self.param_bytes else {names[0]: nbytes}
@@ -320,7 +318,7 @@ class ScriptCollectivesTracker:
                 if param not in params["bytes"]:
                     params["order"].append(param)
                     params["bytes"][param] = sizes[param]
-        work = result if hasattr(result, "get_future") else None
+        work = self.handle_works.work(name, result)
         if inside:
             start = now - us
         else:
@@ -340,8 +338,8 @@ class ScriptCollectivesTracker:
         key = (0, index)
         if key not in session.records.buckets:
             tensor, nbytes = covered(name, args, kwargs)
-            session.records.buckets[key] = _bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
-        work = result if hasattr(result, "get_future") else None
+            session.records.buckets[key] = bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
+        work = self.handle_works.work(name, result)
         start = max(self.next_ready_us, now - us) if work is not None and not waited else self.next_ready_us
         self._comm_record(index, start, now, work, waited, inside=False)
 
@@ -401,7 +399,7 @@ class ScriptCollectivesTracker:
         records.comm[:] = [record for record in records.comm if id(record) not in dropped]
         records.grad_ready[:] = [row for row in records.grad_ready if id(row) not in dropped]
         for record in self.step_records:
-            records.add_script_collective(record.iteration, "torch.distributed.all_reduce",
+            records.add_script_collective(record.iteration, self.call_name("all_reduce", "allreduce"),
                                           max(0.0, (record.done_us or record.enqueue_us) - record.enqueue_us))
         params = records.params.get(0, {"order": [], "bytes": {}})
         for key in self.step_new_keys:
@@ -420,6 +418,19 @@ class ScriptCollectivesTracker:
             session.records.grad_ready.extend((session.iteration, name, t) for name, t in self.ready_in_step
                                               if t >= start)
         self.ready_in_step.clear()
+
+    def _names_of(self, name: str, args: tuple, kwargs: dict, tensor, nbytes: int) -> list[str]:
+        """The parameters a gradient call carries: horovod.torch's grouped calls, each tensor of theirs named on its
+        own; any other call's tensor as `_names_sent` names it. [] where some tensor has no name."""
+        if not name.startswith("grouped_"):
+            return self._names_sent(tensor, nbytes)
+        names = []
+        for each in call_tensors(args, kwargs, *COVERED[name]):
+            found = self._names_sent(each, each.numel() * each.element_size())
+            if not found:
+                return []
+            names += found
+        return names
 
     def _names_sent(self, tensor, nbytes: int) -> list[str]:
         """The parameters whose gradients `tensor` carries: the one it is (by address), or, for a flat buffer, the
@@ -565,7 +576,7 @@ class ScriptCollectivesTracker:
             session.guard("watching FSDP's forwards", _watch_fsdp_grad_mode, self)
             self.gathers_per_step = self.gathers_since_step = self.pending_gathers = 0
         session.trackers.append(self)
-        self.backend = group_backend()
+        self.backend = "horovod" if self.horovod else group_backend()
         if self.backend == "unknown":
             self.backend = ""
         self._add_trained_model(optimizer)
@@ -612,6 +623,7 @@ def watch_gradient_collectives(session: RankSession) -> None:
     session.script_use.returned = tracker.collective_returned
     session.script_use.wants_work = tracker.wants_work
     session.script_use.work_waited = tracker.work_waited
+    session.script_use.synchronized = tracker.handle_works.synchronized
     original = autograd.backward
     compiler = sys.modules.get("torch.compiler")
 
@@ -653,24 +665,6 @@ def fsdp_blocks() -> bool:
     from dprorun.runtime.backends import group_backend, job_device_type
 
     return job_device_type() == "cpu" and group_backend() == "gloo"
-
-
-def covered(name: str, args: tuple, kwargs: dict) -> tuple[Any, int]:
-    """(the first tensor a collective covers, the bytes of all it covers): an all-reduce's tensor, a
-    reduce-scatter's input (the gradients summed), an all-gather's output (the parameters filled)."""
-    tensors = call_tensors(args, kwargs, *COVERED[name])
-    return (tensors[0] if tensors else None), sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _bucket_entry(name: str, tensor, nbytes: int, names: list[str]) -> dict:
-    """A bucket's description (the layout's): the bytes its call covers, and the kind of collective where it is not
-    an all-reduce (a reduce-scatter or an all-gather: half the ring's traffic, replay/build.py)."""
-    numel = nbytes // tensor.element_size() if tensor is not None and tensor.element_size() else 0
-    entry = {"nbytes": nbytes, "numel": numel, "params": names,
-             "dtype": str(getattr(tensor, "dtype", "")).replace("torch.", "")}
-    if name != "all_reduce":
-        entry["collective"] = "reduce_scatter" if name.startswith("reduce_scatter") else "all_gather"
-    return entry
 
 
 def _gradient_bytes(optimizer) -> int:

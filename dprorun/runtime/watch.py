@@ -34,7 +34,11 @@ TIMED_COLLECTIVES = ("all_to_all_single", "all_to_all", "barrier", "monitored_ba
 # horovod.torch's, timed likewise (the loss averaged for logging, features gathered for a contrastive loss): the
 # DistributedOptimizer and broadcast_parameters call horovod.torch.mpi_ops directly, never these names
 HOROVOD_COLLECTIVES = ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "broadcast", "broadcast_",
-                       "alltoall", "reducescatter", "barrier", "join", "broadcast_object", "allgather_object")
+                       "alltoall", "reducescatter", "barrier", "join", "broadcast_object", "allgather_object",
+                       # their async forms, a script's gradients shared by hand (runtime/gradient_calls.py): each
+                       # returns a handle, done at hvd.synchronize(handle) (`_synchronize_told`)
+                       "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
+                       "reducescatter_async", "allgather_async")
 # horovod.torch.mpi_ops' autograd Functions behind those: their backward runs a collective of its own
 HOROVOD_AUTOGRAD_FUNCTIONS = {"HorovodAllgather": "allgather", "HorovodGroupedAllgather": "grouped_allgather",
                               "HorovodAllreduce": "allreduce", "HorovodGroupedAllreduce": "grouped_allreduce",
@@ -68,6 +72,7 @@ class ScriptUse:
     # synchronous path does itself), so that its Work tells when it completed (an NCCL call returns once enqueued)?
     wants_work: Optional[Callable[[str, tuple, dict], bool]] = None
     work_waited: Optional[Callable[[], None]] = None  # told when such a call's wait returned
+    synchronized: Optional[Callable[[object], None]] = None  # told when hvd.synchronize(handle) returned
 
 
 def read_subprocess_scripts(folder: str) -> list[str]:
@@ -101,10 +106,11 @@ def nothing_to_profile(use: ScriptUse) -> str:
     if use.subprocess_scripts:
         return f"nothing to profile: {subprocess_script_advice(use.subprocess_scripts[0], 'N')}. The job ran unprofiled"
     if use.horovod_initialised and not (use.process_group or use.collectives):
-        return ("nothing to profile: horovod.torch was initialised, but no hvd.DistributedOptimizer was built: "
-                "gradients all-reduced by hand (hvd.allreduce_async_ and synchronize in the loop) are not profiled; "
-                "wrapping the optimizer in hvd.DistributedOptimizer, and dropping the loop's all-reduces, lets dprorun "
-                "profile and replay it. The job ran unprofiled")
+        return ("nothing to profile: horovod.torch was initialised, but no hvd.DistributedOptimizer was built, and no "
+                "optimizer step followed horovod.torch calls (allreduce, grouped_allreduce, their async forms, "
+                "reducescatter) made after or inside a backward pass that carried at least half of its gradients: "
+                "wrapping the optimizer in hvd.DistributedOptimizer, or sharing the gradients by such calls between "
+                "loss.backward() and the step, lets dprorun profile and replay it. The job ran unprofiled")
     seen = []
     if use.fsdp_wrappers:
         seen.append(f"{use.fsdp_wrappers} FSDP wrapper(s) (FullyShardedDataParallel / fully_shard)")
@@ -222,11 +228,28 @@ def watch_horovod_torch(use: ScriptUse) -> None:
     for name in HOROVOD_COLLECTIVES:
         if callable(getattr(module, name, None)):
             setattr(module, name, _counted_collective(module, name, use, counted=False))
+    if callable(getattr(module, "synchronize", None)):
+        module.synchronize = _synchronize_told(module.synchronize, use)
     mpi_ops = sys.modules.get("horovod.torch.mpi_ops")
     for function_name, name in HOROVOD_AUTOGRAD_FUNCTIONS.items():
         function = getattr(mpi_ops, function_name, None)
         if function is not None and callable(getattr(function, "backward", None)):
             function.backward = staticmethod(_timed_backward(function.backward, f"{module.__name__}.{name}", use))
+
+
+def _synchronize_told(synchronize, use: ScriptUse):
+    """hvd.synchronize(handle), `use.synchronized` told of the handle once it returned (an async call's end)."""
+    @functools.wraps(synchronize)
+    def told(handle, *args, **kwargs):
+        result = synchronize(handle, *args, **kwargs)
+        if use.synchronized is not None:
+            try:
+                use.synchronized(handle)
+            except Exception:  # a listener never reaches the script's call
+                pass
+        return result
+
+    return told
 
 
 def _lone_horovod_said(init, module, use: ScriptUse):
@@ -291,7 +314,8 @@ def call_tensors(args: tuple, kwargs: dict, position: int, keyword: str) -> list
 def _asks_for_work(use: ScriptUse, name: str, args: tuple, kwargs: dict) -> bool:
     """A synchronous call the tracker of the script's gradient all-reduces wants a Work of (`ScriptUse.wants_work`);
     never one given async_op, positionally or by name."""
-    if use.wants_work is None or kwargs.get("async_op") or len(args) > ASYNC_OP_POSITION.get(name, 0):
+    if use.wants_work is None or name not in ASYNC_OP_POSITION or kwargs.get("async_op") or \
+            len(args) > ASYNC_OP_POSITION[name]:
         return False
     try:
         return bool(use.wants_work(name, args, kwargs))
