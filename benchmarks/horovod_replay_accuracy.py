@@ -2,7 +2,8 @@
 prediction from a `dprorun --backend horovod` run of the same job, interleaved --reps times (medians).
 
 usage: OMP_NUM_THREADS=1 [sudo] python benchmarks/horovod_replay_accuracy.py [--nets loopback,1gbit] [--reps 3]
-       [--model mlp|transformer|resnet|convhead|tf-conv|tf-mlp-adam|tf-keras-fit]
+       [--model mlp|transformer|resnet|convhead|tf-conv|tf-mlp-adam|tf-keras-fit|hand-grouped|hand-async|hand-hooks|
+       hand-zero]
 (horovodrun, unlike torchrun, leaves OMP_NUM_THREADS alone; on 2 cores two ranks with 2 OpenMP threads each
 thrash (260-700 ms per iteration instead of 30), so both sides get OMP_NUM_THREADS=1 from the environment.)
 Last line: the median and max |error| over the networks.
@@ -30,6 +31,10 @@ def wrap(net: str, cmd: list[str]) -> list[str]:
 TF_EXAMPLE = os.path.join(REPO, "examples", "horovod_tf.py")
 TF_MODELS = {"tf-conv": ["--model", "conv"], "tf-mlp-adam": ["--model", "mlp", "--optimizer", "adam"],
              "tf-keras-fit": []}
+# gradients shared by the script's own horovod.torch calls, no DistributedOptimizer (benchmarks/shapes/hvd_session51.py)
+BY_HAND = os.path.join(REPO, "benchmarks", "shapes", "hvd_session51.py")
+BY_HAND_MODELS = {"hand-grouped": "--grouped", "hand-async": "--async-after", "hand-hooks": "--async-hooks",
+                  "hand-zero": "--reducescatter"}
 
 
 def example_args(model: str) -> list[str]:
@@ -39,6 +44,8 @@ def example_args(model: str) -> list[str]:
         return [os.path.join(REPO, "examples", "horovod_tf_keras.py")]
     if model in TF_MODELS:
         return [TF_EXAMPLE, *TF_MODELS[model]]
+    if model in BY_HAND_MODELS:
+        return [BY_HAND, BY_HAND_MODELS[model]]
     return [EXAMPLE, "--model", model]
 
 
@@ -84,9 +91,11 @@ def common_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--model", choices=("mlp", "transformer", "resnet", "convhead", *TF_MODELS), default="mlp",
+    parser.add_argument("--model", choices=("mlp", "transformer", "resnet", "convhead", *TF_MODELS, *BY_HAND_MODELS),
+                        default="mlp",
                         help="examples/horovod_mlp.py --model; tf-conv, tf-mlp-adam: examples/horovod_tf.py "
-                             "(horovod.tensorflow); tf-keras-fit: examples/horovod_tf_keras.py")
+                             "(horovod.tensorflow); tf-keras-fit: examples/horovod_tf_keras.py; hand-*: "
+                             "benchmarks/shapes/hvd_session51.py (gradients shared by horovod.torch calls by hand)")
     return parser
 
 

@@ -12,13 +12,14 @@ import argparse, statistics, time
 import torch, torch.nn as nn
 import horovod.torch as hvd
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
+p.add_argument("--batch-size", type=int, default=64)
 for flag in ("--grouped", "--async-after", "--async-hooks", "--reducescatter"):
     p.add_argument(flag, action="store_true")
 a = p.parse_args()
 hvd.init()
 torch.manual_seed(0); torch.set_num_threads(1)
 net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
-x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+x, y = torch.randn(a.batch_size, 256), torch.randint(0, 10, (a.batch_size,))
 params = list(net.parameters())
 handles = []
 if a.grouped:
