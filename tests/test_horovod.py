@@ -293,6 +293,16 @@ def test_a_sparse_gradient_under_horovod_is_an_allgather_of_its_rows_timed_in_or
     assert any("another model (a new hvd.DistributedOptimizer) at iteration 7" in w for w in events["warnings"])
 
 
+def _short_window_run(script, run_dir):
+    """`script` under `dprorun --backend horovod -np 2` with a window of 5 iterations after 2 (the first under the
+    profiler) and 2 clean ones; it must succeed."""
+    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "2", "--active", "5",
+                           "--kineto-iters", "1", "--clean", "2", "python", str(script)], run_dir, timeout=180,
+                          env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 @needs_horovod
 def test_horovod_collectives_the_script_calls_itself_are_timed_not_the_optimizers(tmp_path):
     """A contrastive loss over every rank's features (hvd.allgather) and the loss averaged for logging
@@ -316,10 +326,7 @@ def test_horovod_collectives_the_script_calls_itself_are_timed_not_the_optimizer
         "    loss.backward(); opt.step()\n"
         "    hvd.allreduce(loss.detach(), name='loss')\n")
     run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "2", "--active", "5",
-                           "--kineto-iters", "1", "--clean", "2", "python", str(script)], run_dir, timeout=180,
-                          env={"OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _short_window_run(script, run_dir)
     rows = json.loads((run_dir / "rank_0" / "events.json").read_text())["script_collectives"]
     assert {(row[1], row[2]) for row in rows} == {("horovod.torch.allgather", 1), ("horovod.torch.allreduce", 1),
                                                   ("horovod.torch.allgather (backward)", 1)}
@@ -724,10 +731,7 @@ def test_gradients_a_horovod_script_shares_itself_are_its_buckets(tmp_path):
         "        hvd.synchronize(h)\n"
         "    opt.step()\n")
     run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "2", "--active", "5",
-                           "--kineto-iters", "1", "--clean", "2", "python", str(script)], run_dir, timeout=180,
-                          env={"OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _short_window_run(script, run_dir)
     assert "nothing to profile" not in proc.stderr
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     tracker = events["trackers"][0]
