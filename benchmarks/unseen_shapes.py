@@ -58,7 +58,8 @@ Adafactor on a token model, bf16_compress_hook, Horovod of a torch.compile'd mod
 every step, Keras fit over a Python generator and of MobileNetV2, Lightning's DDPStrategy with static_graph and
 gradient_as_bucket_view, Lightning clipping by norm, Hugging Face Trainer with torch_compile and Adafactor; session
 51: DDP's forward under save_on_cpu, a compiled optimizer step, ReduceLROnPlateau on an all-reduced validation loss,
-a custom autograd Function, SWA with update_bn; a TF Keras transformer with AdamW and a warm-up schedule of its own;
+a custom autograd Function, SWA with update_bn, torch.distributed.checkpoint.async_save every 10 steps, the script's
+own full backward hook and forward hook on the DDP module; a TF Keras transformer with AdamW and a warm-up schedule of its own;
 Horovod gradients shared by hand (grouped_allreduce; allreduce_async_ after the backward and from gradient hooks;
 reducescatter and allgather).
 Frameworks that are not installed are skipped with a line saying so.
@@ -303,6 +304,8 @@ JOBS = {
     "ddp-reduce-lr-on-plateau-validation": ([], "ddp_session51.py", ["--plateau"], "torch"),
     "ddp-custom-autograd-function-rmsprop": ([], "ddp_session51.py", ["--custom-function"], "torch"),
     "ddp-swa-update-bn": ([], "ddp_session51.py", ["--swa"], "torch"),
+    "ddp-async-checkpoint-every-10": ([], "ddp_session51.py", ["--async-checkpoint"], "torch"),
+    "ddp-scripts-own-module-hooks": ([], "ddp_session51.py", ["--backward-hook"], "torch"),
     "tf-keras-transformer-adamw-warmup": (["--backend", "tf"], "tf_session51.py", ["--transformer"], "tensorflow"),
     "horovod-grouped-allreduce-by-hand": (["--backend", "horovod"], "hvd_session51.py", ["--grouped"], "horovod"),
     "horovod-allreduce-async-by-hand": (["--backend", "horovod"], "hvd_session51.py", ["--async-after"], "horovod"),

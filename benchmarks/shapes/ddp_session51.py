@@ -10,8 +10,13 @@ ReduceLROnPlateau; SGD with momentum.
 RMSprop.
 --swa: stochastic weight averaging from step 30 (AveragedModel, SWALR), the average's BatchNorm statistics rebuilt
 by update_bn at the end; a conv net with BatchNorm.
+--async-checkpoint: torch.distributed.checkpoint.async_save of the model's and optimizer's state every 10 steps (the
+previous save waited for first; a gloo group of their own, as torch advises for saves beside training), AdamW.
+--backward-hook: a full backward hook of the script's on the DDP module (the gradient norm of its output logged), and
+a forward hook of its own counting calls; SGD.
 """
 import argparse
+import os
 import statistics
 import time
 
@@ -21,7 +26,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 p = argparse.ArgumentParser()
-for flag in ("--save-on-cpu", "--compiled-step", "--plateau", "--custom-function", "--swa"):
+for flag in ("--save-on-cpu", "--compiled-step", "--plateau", "--custom-function", "--swa", "--async-checkpoint",
+             "--backward-hook"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--steps", type=int, default=60)
 a = p.parse_args()
@@ -71,7 +77,7 @@ else:
 model = DDP(net)
 loss_fn = nn.CrossEntropyLoss()
 schedule = None
-if a.save_on_cpu:
+if a.save_on_cpu or a.async_checkpoint:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 elif a.compiled_step:
     opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-3))
@@ -80,6 +86,12 @@ elif a.custom_function:
     opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
 else:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+grad_norms, forwards = [], [0]
+if a.backward_hook:
+    model.register_full_backward_hook(lambda module, grad_in, grad_out: grad_norms.append(grad_out[0].norm().item()))
+    model.register_forward_hook(lambda module, inputs, output: forwards.__setitem__(0, forwards[0] + 1))
+pending_save = None
+checkpoint_group = dist.new_group(backend="gloo") if a.async_checkpoint else None  # the saves' own group (torch's advice)
 plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=1) if a.plateau else None
 swa_model = torch.optim.swa_utils.AveragedModel(net) if a.swa else None
 swa_schedule = torch.optim.swa_utils.SWALR(opt, swa_lr=0.01, anneal_epochs=5) if a.swa else None
@@ -117,10 +129,24 @@ for step in range(a.steps):
         schedule.step()
     if plateau is not None and step % 10 == 9:
         plateau.step(validate())
+    if a.async_checkpoint and step % 10 == 9:
+        import tempfile
+
+        import torch.distributed.checkpoint as dcp
+
+        if pending_save is not None:
+            pending_save.result()
+        folder = os.path.join(tempfile.gettempdir(), f"dprorun-shape-dcp-{os.environ.get('MASTER_PORT', '0')}")
+        pending_save = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=folder,
+                                      process_group=checkpoint_group)
     if swa_model is not None and step >= 30:
         swa_model.update_parameters(net)
         swa_schedule.step()
     times.append(time.perf_counter() - start)
+if pending_save is not None:
+    pending_save.result()
+if a.backward_hook and len(grad_norms) != a.steps or forwards[0] not in (0, a.steps) and a.backward_hook:
+    raise SystemExit(f"the script's own hooks ran {len(grad_norms)} / {forwards[0]} times for {a.steps} steps")
 if swa_model is not None:
     torch.optim.swa_utils.update_bn([(torch.randn_like(x), y) for _ in range(4)], swa_model)
 if rank == 0:
