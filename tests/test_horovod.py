@@ -753,3 +753,8 @@ def test_gradients_a_horovod_script_shares_itself_are_its_buckets(tmp_path):
     # replayed from the window's own calls: near the window's iterations (a loose bound: 2 cores, Horovod's cycles)
     window_us = sorted(model.window_iterations_us)[len(model.window_iterations_us) // 2]
     assert 0.5 < prediction.predicted_iteration_time_ms * 1000 / window_us < 1.5
+    from dprorun.fsutil import UnanswerableError
+    from dprorun.optimize.horovod import rank_horovod_knobs
+
+    with pytest.raises(UnanswerableError, match="own horovod.torch calls"):  # --autotune says why it keeps the job's
+        rank_horovod_knobs(model)
