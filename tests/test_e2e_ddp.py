@@ -1328,3 +1328,42 @@ def test_a_second_ddp_module_stepped_now_and_then_is_replayed_and_said(tmp_path)
     with pytest.raises(UnanswerableError, match="second DDP module"):
         predict(model, WhatIf(bucket_mb=1.0))
     assert model.bucket_layout_fixed == "the buckets replayed are a second DDP module's"
+
+
+def test_a_metered_forward_that_raises_leaves_no_hooks_of_dprorun_behind(tmp_path):
+    """The window measures one forward's activations with saved-tensor hooks, taken off at the forward's end; a
+    forward that raised (a script skipping a bad batch, here the first three of the window) never reached that end,
+    so the hooks stayed on autograd's stack for the rest of the job (every later forward's saved tensors went through
+    them). They now come off at the next forward; the activations are measured on one that completes."""
+    script = tmp_path / "skip.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, torch.nn as nn\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "dist.init_process_group('gloo'); torch.manual_seed(0)\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.a, self.b = nn.Linear(32, 64), nn.Linear(64, 4)\n"
+        "    def forward(self, x):\n"
+        "        h = torch.relu(self.a(x))\n"
+        "        if x.shape[0] > 16:\n"
+        "            raise ValueError('batch too long')\n"
+        "        return self.b(h)\n"
+        "model = DDP(Net()); opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "skipped = 0\n"
+        "for step in range(14):\n"
+        "    x = torch.randn(20 if 2 <= step <= 4 else 16, 32)\n"
+        "    opt.zero_grad()\n"
+        "    try:\n"
+        "        loss = model(x).sum()\n"
+        "    except ValueError:\n"
+        "        skipped += 1\n"
+        "        continue\n"
+        "    loss.backward(); opt.step()\n"
+        "left = torch._C._autograd._top_saved_tensors_default_hooks(False)\n"
+        "assert skipped == 3 and left is None, left\n")
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "-q", "--warmup", "2", "--active", "5", "--kineto-iters", "1", "--clean", "2",
+                           "python", str(script)], run_dir, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    memory = json.loads((run_dir / "rank_0" / "events.json").read_text())["memory"]
+    assert memory.get("activation_bytes", 0) > 0

@@ -241,6 +241,9 @@ class DDPTracker:
         if self.update_meter is not None and self.update_meter.done:
             self.update_meter.stop()  # here, not inside the step: torch iterates over the step hooks then
             self.update_meter = None
+        if self.activation_meter is not None:  # the metered forward raised (a script skipping a bad batch): its hooks
+            meter, self.activation_meter = self.activation_meter, None  # come off autograd's stack before this one
+            session.guard("measuring activations", meter.stop)
         if not training:
             if self.primary:  # an evaluation through the trained model (a validation pass): its iteration is no
                 # training iteration as the others are (trace/rundir.inference_set_aside)
