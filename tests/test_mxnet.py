@@ -1457,3 +1457,39 @@ def test_servers_that_spin_on_the_workers_cores_are_named_and_one_thread_each_is
     save_strategy(Strategy(mxnet_server_threads=0), path)
     with pytest.raises(Exception, match="mxnet_server_threads 0"):
         load_strategy(path)
+
+
+def test_a_server_that_cannot_load_the_workers_optimizer_is_named(tmp_path):
+    """An optimizer class of the script's, sent to the servers (benchmarks/shapes/mx_session51.py): MXNet runs a
+    server inside `import mxnet`, before the script defines the class, so unpickling it raises in the server's
+    controller (a ctypes callback: reported through sys.unraisablehook) and the server goes on without an updater,
+    storing the summed gradients as the weights; the job exited 0 and its analysis said only "no server recorded its
+    updates". The server now keeps the error in server.json and the analysis names it with what it means."""
+    from types import SimpleNamespace
+
+    from dprorun.replay.ps_model import _server_costs
+    from dprorun.runtime.mxnet import ServerRecorder, watch_controller_errors
+
+    def server_controller():
+        pass
+
+    recorder = ServerRecorder(str(tmp_path), 0)
+    previous = sys.unraisablehook
+    reported = []
+    sys.unraisablehook = reported.append
+    try:
+        watch_controller_errors(recorder)
+        error = AttributeError("Can't get attribute 'SignMomentum' on <module '__main__'>")
+        sys.unraisablehook(SimpleNamespace(object=server_controller, exc_value=error, exc_type=AttributeError))
+        sys.unraisablehook(SimpleNamespace(object=print, exc_value=ValueError("other"), exc_type=ValueError))
+    finally:
+        sys.unraisablehook = previous
+    assert len(reported) == 2  # still reported as before
+    assert recorder.optimizer_error == "AttributeError: Can't get attribute 'SignMomentum' on <module '__main__'>"
+    recorder.write(at_exit=True)
+    doc = json.loads(next(tmp_path.rglob("server.json")).read_text())
+    notes: list = []
+    workers = {0: {"window": {"start_us": 1.0, "end_us": 2.0}}}  # a worker's window: no update of the server in it
+    _server_costs(str(tmp_path), workers, {0: doc}, {"optimizer_on_servers": True}, notes)
+    assert notes[0].startswith("warning: server(s) 0 could not load the optimizer the workers sent (AttributeError")
+    assert "did not train as written" in notes[0] and "update_on_kvstore=False" in notes[0]

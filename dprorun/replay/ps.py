@@ -23,6 +23,14 @@ from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey, PSLinks, PSPlan, en
     placed, set_placement, set_ps_network, set_workers
 from dprorun.stats import median
 
+# a server that could not load the optimizer the workers sent (runtime/mxnet.watch_controller_errors)
+OPTIMIZER_NOT_LOADED = (
+    "warning: server(s) {servers} could not load the optimizer the workers sent ({error}): they ran no update, and an "
+    "MXNet server without an updater stores the workers' summed gradients as the values each pull returns, so the "
+    "job did not train as written (its timing is replayed as it ran). MXNet runs a server inside `import mxnet`, "
+    "before the script defines anything: an optimizer class of the script's never reaches the servers; give the "
+    "Trainer update_on_kvstore=False to run it on the workers")
+
 
 @dataclass
 class WorkerOps:

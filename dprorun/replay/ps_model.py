@@ -28,7 +28,7 @@ from dprorun.layout import CLEAN_FILE, EVENTS_FILE, MX_PROFILE_FILE, PRIMARY_REP
     node_offset_us, rank_dir, server_dir
 from dprorun.replay.engine import replay
 from dprorun.replay.ps_cpu import busy_hosts, read_host_cpu
-from dprorun.replay.ps import PSModel, PSWhatIf, WorkerOps, calibration_graph, ps_graph
+from dprorun.replay.ps import OPTIMIZER_NOT_LOADED, PSModel, PSWhatIf, WorkerOps, calibration_graph, ps_graph
 from dprorun.replay.ps_topology import LOOPBACK_GBIT, PSKey
 from dprorun.stats import median, ranges_text
 from dprorun.trace.mxprofile import COPY_OP, NOT_COMPUTE, MXOp, comm_phases, numbered_files, \
@@ -392,6 +392,10 @@ def _server_costs(run_dir: str, workers: dict, server_docs: dict[int, dict], tra
     taken from their probes; where the optimizer ran on the workers (update_on_kvstore False: no updater reaches the
     servers' hooks), the merging priced from the workers' probe of the same engine and the update as the copy of
     the summed pushes into the stored value, which is what such a server does."""
+    failed = sorted(s for s, doc in server_docs.items() if doc.get("optimizer_error"))
+    if failed:
+        notes.append(OPTIMIZER_NOT_LOADED.format(servers=", ".join(map(str, failed)),
+                                                 error=server_docs[failed[0]]["optimizer_error"]))
     updates = _server_updates(run_dir, workers, server_docs)
     update_fit = _linear_fit(updates) if updates else (0.0, 0.0)
     copy_fit, add_fit = _server_memory(server_docs)

@@ -533,6 +533,8 @@ class ServerRecorder:
         self.updates_written: Optional[int] = None  # the updates in the file as last written before exit
         self.memory: list[list[float]] = []  # the engine's copy and add, probed: [bytes, copy µs, add µs]
         self.cpu_marks: list[list[float]] = [[self.started_us, process_cpu_s()]]  # [epoch µs, CPU s], >= 20 ms apart
+        # the optimizer the workers sent, not loaded (`watch_controller_errors`): "<Error>: <message>"
+        self.optimizer_error: Optional[str] = None
 
     def probe(self, array) -> bool:
         """The engine's copy and add probed at this array's size, if it is a size not probed yet (at most
@@ -598,7 +600,8 @@ class ServerRecorder:
         updates = self.records[:self.updates_written]
         doc = {"schema": SERVER_SCHEMA, "version": 1, "server": rank, "host": os.uname().nodename,
                "pid": os.getpid(), "started_us": self.started_us, "updates": updates, "dropped": self.dropped,
-               "memory": self.memory, "cpu_marks": self.cpu_marks, "clock": {"source": "time.time_ns"}}
+               "memory": self.memory, "cpu_marks": self.cpu_marks, "clock": {"source": "time.time_ns"},
+               **({"optimizer_error": self.optimizer_error} if self.optimizer_error else {})}
         path = os.path.join(folder, SERVER_FILE)
         tmp = path + f".{os.getpid()}.tmp"
         with open(tmp, "w") as handle:
@@ -649,6 +652,24 @@ def patch_mxnet_server(recorder: ServerRecorder) -> None:
     kv_class._set_updater = set_updater
 
 
+def watch_controller_errors(recorder: ServerRecorder) -> None:
+    """The server's controller (MXNet's ctypes callback that unpickles the optimizer the workers send) raising: ctypes
+    reports it through sys.unraisablehook and the server goes on with no updater, storing the workers' summed pushes
+    as the values each pull returns. The error is kept for the analysis to name (replay/ps_model.py), then reported
+    as before."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        try:
+            if "server_controller" in getattr(unraisable.object, "__qualname__", "") and not recorder.optimizer_error:
+                recorder.optimizer_error = f"{type(unraisable.exc_value).__name__}: {unraisable.exc_value}"
+        except Exception:
+            pass
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
 def install_server(environ) -> Optional[ServerRecorder]:
     """In a server process: record its updates and write them at exit (MXNet's server loop runs inside `import
     mxnet` and ends with sys.exit, so atexit runs); a server that wrote them at the end of the window writes its
@@ -659,6 +680,7 @@ def install_server(environ) -> Optional[ServerRecorder]:
     if not run_dir:
         return None
     recorder = ServerRecorder(run_dir, int(environ.get("DPRO_MX_INDEX", "0")))
+    watch_controller_errors(recorder)
 
     def write():
         try:
