@@ -1493,3 +1493,26 @@ def test_a_server_that_cannot_load_the_workers_optimizer_is_named(tmp_path):
     _server_costs(str(tmp_path), workers, {0: doc}, {"optimizer_on_servers": True}, notes)
     assert notes[0].startswith("warning: server(s) 0 could not load the optimizer the workers sent (AttributeError")
     assert "did not train as written" in notes[0] and "update_on_kvstore=False" in notes[0]
+
+
+def test_a_second_dist_kvstore_in_a_worker_is_said_before_mxnet_hangs_in_it(capsys):
+    """A script that makes its own mx.kv.create('dist_sync') (for its rank) and then hands the Trainer the name
+    kvstore='dist_sync' instead of the object: MXNet waits for good in the second dist kvstore, plain or under
+    dprorun, with no word. The worker's hooks say so at the second creation (and keep it in the rank's warnings);
+    a first dist kvstore, or a local one after it, passes without a word."""
+    from types import SimpleNamespace
+
+    from dprorun.runtime.mxnet import _warn_second_dist_kvstore
+
+    made = []
+    package = SimpleNamespace(create=lambda name="local", *args, **kwargs: made.append(name) or name)
+    tracker = SimpleNamespace(kvstore=None, session=SimpleNamespace(records=SimpleNamespace(warnings=[])))
+    _warn_second_dist_kvstore(tracker, package)
+    package.create("dist_sync")
+    tracker.kvstore = SimpleNamespace(type="dist_sync")  # what the tracker keeps of the first one
+    package.create("local")
+    assert capsys.readouterr().err == "" and tracker.session.records.warnings == []
+    package.create("dist_sync")
+    assert made == ["dist_sync", "local", "dist_sync"]
+    assert "second dist kvstore ('dist_sync')" in capsys.readouterr().err
+    assert "kvstore=kv" in tracker.session.records.warnings[0]

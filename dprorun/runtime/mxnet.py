@@ -25,6 +25,7 @@ Servers (DMLC_ROLE=server): the optimizer the workers send (`set_optimizer`) bec
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -348,6 +349,8 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
         session.guard("reading the kvstore's rank", tracker.kvstore_created, self)
 
     kv_class.__init__ = init
+    session.guard("watching the kvstores the script creates", _warn_second_dist_kvstore, tracker,
+                  sys.modules["mxnet.kvstore"])
     for op in ("init", "broadcast"):  # broadcast = init + pull (Module.fit with the optimizer on the servers)
         original = getattr(kv_class, op)
 
@@ -449,6 +452,30 @@ def _watch_inference(tracker: MXTracker) -> None:
         return module_forward(self, data_batch, is_train)
 
     Block.__call__, Module.forward = call, forward
+
+
+SECOND_DIST_KVSTORE = ("the script creates a second dist kvstore ({name!r}) in a process that has "
+                       "one ({first!r}): MXNet's parameter server waits for good there (a plain launch of such a "
+                       "job hangs too). Create one and pass it on: gluon.Trainer(..., kvstore=kv), Module.fit(kvstore="
+                       "kv)")
+
+
+def _warn_second_dist_kvstore(tracker: MXTracker, kvstore_package) -> None:
+    """mxnet.kvstore.create (what mx.kv.create and gluon.Trainer's kvstore='dist_sync' call): a second dist kvstore
+    in a process is said before MXNet hangs in it (a script's own mx.kv.create('dist_sync') for its rank, then a
+    Trainer given the name instead of the object)."""
+    original = kvstore_package.create
+
+    @functools.wraps(original)
+    def create(name="local", *args, **kwargs):
+        first = tracker.kvstore
+        if first is not None and "dist" in str(name):
+            problem = SECOND_DIST_KVSTORE.format(name=str(name), first=str(first.type))
+            print(f"[dprorun] warning: {problem}", file=sys.stderr, flush=True)
+            tracker.session.records.warnings.append(problem)
+        return original(name, *args, **kwargs)
+
+    kvstore_package.create = create
 
 
 def _patch_iteration(tracker: MXTracker, cls, method: str, ready_attr: str) -> None:
