@@ -28,8 +28,9 @@ OPTIMIZER_NOT_LOADED = (
     "warning: server(s) {servers} could not load the optimizer the workers sent ({error}): they ran no update, and an "
     "MXNet server without an updater stores the workers' summed gradients as the values each pull returns, so the "
     "job did not train as written (its timing is replayed as it ran). MXNet runs a server inside `import mxnet`, "
-    "before the script defines anything: an optimizer class of the script's never reaches the servers; give the "
-    "Trainer update_on_kvstore=False to run it on the workers")
+    "before the script defines anything: a class of the script's own (its optimizer, or a learning-rate scheduler "
+    "the optimizer holds) never reaches the servers; give the Trainer update_on_kvstore=False to run the optimizer "
+    "on the workers")
 
 
 @dataclass
