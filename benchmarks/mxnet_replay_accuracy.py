@@ -80,7 +80,10 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           "sparse-embedding": [],
           # benchmarks/shapes/mx_session50.py: a language model whose decoder shares the embedding's weight (Adam);
           # an MLP whose every 11th batch is short (40 of 96), the optimizer on the workers
-          "tied-lm": [], "ragged-batches": ["--ragged"]}
+          "tied-lm": [], "ragged-batches": ["--ragged"],
+          # benchmarks/shapes/mx_session51.py: an optimizer class of the script's own, run on the workers (on the
+          # servers MXNet cannot load it: dprorun warns, and that job trains nothing as written)
+          "own-optimizer-workers": ["--on-workers"]}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
@@ -98,7 +101,8 @@ SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
                                                                                             "pushpull-hand")},
            "sparse-embedding": os.path.join(REPO, "examples", "mxnet_sparse_embedding.py"),
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session50.py") for name in ("tied-lm",
-                                                                                            "ragged-batches")}}
+                                                                                            "ragged-batches")},
+           "own-optimizer-workers": os.path.join(REPO, "benchmarks", "shapes", "mx_session51.py")}
 
 
 def example(model: str) -> str:
