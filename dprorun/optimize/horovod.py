@@ -25,7 +25,7 @@ def rank_horovod_knobs(model: JobModel, thresholds_mb=THRESHOLDS_MB, cycles_ms=C
     """The `top` (threshold, cycle) settings by replayed iteration time, best first, each as a Strategy whose
     baseline is the replay of the knobs the job ran with. Settings within 1 % of the as-run prediction are not
     offered (nothing to gain worth a trial)."""
-    if model.framework == "collectives" and model.bucket_layout_fixed.startswith("the script's own horovod.torch"):
+    if model.framework == "collectives" and model.script_calls_library == "horovod.torch":
         raise UnanswerableError("the gradients are shared by the script's own horovod.torch calls (no "
                                 "hvd.DistributedOptimizer): dprorun cannot change those calls, and replays Horovod's "
                                 "fusion threshold and cycle time for a DistributedOptimizer's all-reduces only")

@@ -96,6 +96,7 @@ def _script_all_reduces(model: JobModel, trackers: list[dict]) -> None:
     calls = len(model.buckets)
     kinds = sorted({b.collective for b in model.buckets})
     library = "horovod.torch" if any(t.get("backend") == "horovod" for t in trackers) else "torch.distributed"
+    model.script_calls_library = library
     model.bucket_layout_fixed = (f"the script's own {library}.{' / '.join(kinds)} calls ({calls} a step) "
                                  "send the gradients: dprorun cannot change them")
     if any(t.get("blocking") for t in trackers):

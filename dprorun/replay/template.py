@@ -175,6 +175,7 @@ class JobModel:
     # bucket cannot be partitioned by dprorun's all-reduce (runtime/ddp.py registers no hook beside it)
     script_comm_hook: str = ""
     bucket_layout_fixed: str = ""  # why the job's bucket layout must stay as it ran ("" when it may change)
+    script_calls_library: str = ""  # framework "collectives": whose calls the script shares its gradients with
     # the process groups the script's DDP all-reduces in where smaller than the world (trace.model.ddp_groups):
     # each group's buckets a ring of its own ranks (replay/comm.py); no world-size what-if (the script forms them)
     ddp_groups: list[list[int]] = field(default_factory=list)

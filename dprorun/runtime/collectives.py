@@ -42,10 +42,10 @@ import sys
 from typing import Any, Optional
 
 from dprorun.layout import CommRecord
-from dprorun.runtime.session import RankSession
-from dprorun.runtime.steps import LeadingOptimizerSteps
 from dprorun.runtime.gradient_calls import (COVERED, GRADIENT_COLLECTIVES, HOROVOD_KINDS, KINDS, PARAMETER_GATHERS,
                                              HandleWorks, bucket_entry, covered)
+from dprorun.runtime.session import RankSession
+from dprorun.runtime.steps import LeadingOptimizerSteps
 from dprorun.runtime.watch import call_tensors
 
 # the share of the stepped optimizer's gradient bytes a step's all-reduces must carry for the job to be taken as one
