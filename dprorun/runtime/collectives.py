@@ -424,10 +424,11 @@ class ScriptCollectivesTracker:
         own; any other call's tensor as `_names_sent` names it. [] where some tensor has no name."""
         if not name.startswith("grouped_"):
             return self._names_sent(tensor, nbytes)
-        names = []
+        names, unnamed = [], list(self.unnamed)
         for each in call_tensors(args, kwargs, *COVERED[name]):
             found = self._names_sent(each, each.numel() * each.element_size())
             if not found:
+                self.unnamed[:] = unnamed  # the ones named so far stay for the step's later calls
                 return []
             names += found
         return names
