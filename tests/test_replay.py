@@ -489,6 +489,66 @@ def test_a_ddp_on_process_groups_of_its_own_is_read_from_the_hooks_and_gets_no_w
         predict(model, WhatIf(world_size=4))
 
 
+def test_a_ddp_job_that_steps_no_torch_optimizer_is_replayed_with_its_update_read_after_the_backward(mlp_run,
+                                                                                                    tmp_path):
+    """A DDP script stepping an optimizer class of its own (no torch.optim.Optimizer: a Lion written as a plain
+    class) or SGD applied in place by hand gave the hooks no update span, and its job had no replay ("no profiled
+    iteration has forward, backward and update spans"; benchmarks/shapes/ddp_session52.py --own-optimizer,
+    --manual-sgd). The reader now takes each such iteration's update from its backward's last all-reduce to the next
+    iteration, and the replay says so. Here: the real 2-rank run with its update spans taken out of the records."""
+    import shutil
+
+    from dprorun.replay.build import INFERRED_UPDATE_NOTE, build_job_model
+    from dprorun.trace.model import OpKind
+    from dprorun.trace.rundir import INFERRED_UPDATE
+
+    run_dir, _ = mlp_run
+    as_stepped = predict(build_job_model(load_run(str(run_dir)))).predicted_iteration_time_ms
+    copy = tmp_path / "no-optimizer"
+    shutil.copytree(run_dir, copy)
+    for rank in (0, 1):
+        path = copy / f"rank_{rank}" / "events.json"
+        doc = json.loads(path.read_text())
+        doc["spans"] = [row for row in doc["spans"] if not row[1].startswith("update")]
+        path.write_text(json.dumps(doc))
+    run = load_run(str(copy))
+    for trace in run.ranks.values():
+        ends = {i: end for i, _, end in trace.iterations}
+        updates = [op for op in trace.ops if op.kind is OpKind.UPDATE and op.stream == "phase"]
+        assert updates and all(op.name == INFERRED_UPDATE for op in updates)
+        assert trace.meta["inferred_update"] == len(updates) == len(trace.profiled_iterations)
+        for op in updates:
+            before = [o.args.get("callback_done_us", o.end_us) for o in trace.ops if o.iteration == op.iteration
+                      and o.source == "hooks" and (o.kind is OpKind.BW or o.kind in (OpKind.COMM, OpKind.QUEUE))]
+            assert op.start_us == min(max(before), ends[op.iteration]) and op.end_us == ends[op.iteration]
+    model = build_job_model(run)
+    assert INFERRED_UPDATE_NOTE in model.notes
+    inferred = predict(model).predicted_iteration_time_ms
+    assert abs(inferred / as_stepped - 1) < 0.02, (inferred, as_stepped)  # update + tail: the same span
+
+
+def test_ddp_buckets_keep_each_gradient_dtype_apart():
+    """DDP never puts gradients of two dtypes in one bucket (a bfloat16 trunk under a float32 head: 2 buckets at the
+    default 25 MB cap, each dtype with its own first cap); the re-bucketing what-ifs merged them (1 bucket)."""
+    order = ["head.b", "head.w", "trunk.b", "trunk.w", "stem.w"]
+    sizes = {"head.b": 40, "head.w": 600, "trunk.b": 20, "trunk.w": 300, "stem.w": 300}
+    dtypes = {"head.b": "float32", "head.w": "float32", "trunk.b": "bfloat16", "trunk.w": "bfloat16",
+              "stem.w": "float32"}
+    assert ddp_buckets(order, sizes, 10_000) == [order]
+    assert ddp_buckets(order, sizes, 10_000, dtypes=dtypes) == [["head.b", "head.w", "stem.w"],
+                                                                ["trunk.b", "trunk.w"]]
+    assert ddp_buckets(order, sizes, 500, 100, dtypes=dtypes) == [["head.b", "head.w"], ["trunk.b", "trunk.w"],
+                                                                  ["stem.w"]]
+    assert ddp_buckets(order, sizes, 700, 30, dtypes=dtypes) == [["head.b"], ["trunk.b", "trunk.w"],
+                                                                 ["head.w", "stem.w"]]
+    buckets = [BucketInfo("bucket0", 640, ["head.b", "head.w"], 1.0, dtype="float32"),
+               BucketInfo("bucket1", 320, ["trunk.b", "trunk.w"], 1.0, dtype="bfloat16")]
+    model = JobModel(2, {}, buckets, sizes, {}, CommModel(1.0, 1.0, "test"), 25.0)
+    assert model.param_dtypes() == {"head.b": "float32", "head.w": "float32", "trunk.b": "bfloat16",
+                                    "trunk.w": "bfloat16"}
+    assert JobModel(2, {}, buckets[:1], sizes, {}, CommModel(1.0, 1.0, "test"), 25.0).param_dtypes() is None
+
+
 def test_a_ring_per_ddp_group_prices_as_the_groups_own_world():
     """Four ranks in two DDP groups of two ([0, 1], [2, 3]): each bucket's all-reduce is a ring of 2 steps within
     its group (no link between the groups), priced as a ring of 2, so every modelled what-if predicts what a

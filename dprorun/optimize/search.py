@@ -69,7 +69,8 @@ def ddp_grouping(model: JobModel, cap_mb: float) -> list[list[str]]:
     """DDP's buckets for an explicit bucket_cap_mb (the first bucket gets the same cap; only DDP's default
     setting caps the first bucket at 1 MiB)."""
     cap = int(cap_mb * MB)
-    return ddp_buckets(ready_order(model), model.param_bytes, cap, sparse=model.sparse_gradients())
+    return ddp_buckets(ready_order(model), model.param_bytes, cap, sparse=model.sparse_gradients(),
+                       dtypes=model.param_dtypes())
 
 
 def whatif_for(strategy: Strategy, model: Optional[JobModel] = None) -> WhatIf:
@@ -275,7 +276,8 @@ class _Search:
         if model.framework != "collectives" or model.sharded_buckets():  # ZeRO by hand: no all-reduce to fuse
             return []
         said = []
-        ddp_default = ddp_buckets(ready_order(model), model.param_bytes, 25 * MB, MB, model.sparse_gradients())
+        ddp_default = ddp_buckets(ready_order(model), model.param_bytes, 25 * MB, MB, model.sparse_gradients(),
+                                  model.param_dtypes())
         ways = [(ddp_default, f"wrapping the model in DistributedDataParallel (its default buckets, {len(ddp_default)} "
                               "here, each all-reduced as soon as its gradients are ready in the backward)")]
         if len(self.measured) > 1:

@@ -78,6 +78,9 @@ def _horovod_costs(model: JobModel, run: RunTrace, calibration: list) -> None:
 
 
 SCRIPT_ALL_REDUCES = "the gradients are all-reduced by the script's own calls"
+INFERRED_UPDATE_NOTE = ("no torch.optim optimizer stepped (an optimizer of the script's own, or an update by "
+                        "hand): each iteration's update is read as the time from its backward's last all-reduce to "
+                        "the next iteration (the update, zero_grad and the next input together)")
 
 
 FSDP_BLOCKING = ("FSDP on the CPU: its {calls} calls a step ({gathers} all-gathers of the parameters, in the forward "
@@ -170,7 +173,7 @@ def build_job_model(run: RunTrace) -> JobModel:
     buckets, skipped = _synchronised(
         [BucketInfo(b.key, ring_bytes(b), list(b.params), median(transmit.get(b.key, []), 0.0), sparse=b.sparse,
                     wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0, hook_work=b.hook_work,
-                    collective=b.collective)
+                    collective=b.collective, dtype=b.dtype)
          for b in first.buckets], templates)
     # ring all-reduces (not a hook's own work: PowerSGD's 128 KB took 10-25 ms of factorising on 2 CPU cores)
     points = [(b.nbytes, t) for b in buckets if not b.sparse and not b.hook_work for t in transmit.get(b.key, [])]
@@ -202,6 +205,8 @@ def build_job_model(run: RunTrace) -> JobModel:
         _script_all_reduces(model, first.meta.get("trackers", []))
     if not fractions:
         model.notes.append("no per-parameter gradient-ready times: re-bucketing what-ifs are unavailable")
+    if any(run.ranks[r].meta.get("inferred_update") for r in ranks):
+        model.notes.append(INFERRED_UPDATE_NOTE)
     if tf_job and model.framework == "horovod":
         model.notes.append("warning: horovod.tensorflow: the job ran in Horovod's dynamic timeline mode, which its "
                            "all-reduce spans need; that mode alone made plain horovodrun jobs here 14-20 % slower, and "

@@ -57,6 +57,7 @@ class BucketInfo:
     # the all-reduce that sends the same bytes on the ring (half its own: ring_bytes), an all-gather runs after the
     # update
     collective: str = "all_reduce"
+    dtype: str = ""  # its gradients' dtype (DDP buckets each dtype apart)
 
 
 def ring_bytes(bucket) -> int:
@@ -142,6 +143,13 @@ class JobModel:
     def sharded_buckets(self) -> list[str]:
         """The buckets the script reduce-scatters or all-gathers itself (its optimizer sharded by hand, ZeRO)."""
         return [b.key for b in self.buckets if b.collective != "all_reduce"]
+
+    def param_dtypes(self) -> Optional[dict[str, str]]:
+        """Each parameter's gradient dtype, read off the measured buckets, where they hold more than one (DDP keeps
+        each dtype in buckets of its own); None where the job's gradients are of one dtype."""
+        if len({b.dtype for b in self.buckets if not b.sparse}) < 2:
+            return None
+        return {p: b.dtype for b in self.buckets for p in b.params}
 
     def sparse_gradients(self) -> dict[str, int]:
         """The parameters with sparse gradients (each its own bucket), with the bytes their bucket sent."""
@@ -610,21 +618,28 @@ def _ready_fractions(run: RunTrace) -> dict[str, float]:
 
 
 def ddp_buckets(param_order: list[str], param_bytes: dict[str, int], cap_bytes: int,
-                first_cap_bytes: Optional[int] = None, sparse=()) -> list[list[str]]:
+                first_cap_bytes: Optional[int] = None, sparse=(),
+                dtypes: Optional[dict[str, str]] = None) -> list[list[str]]:
     """Group parameters (in gradient-ready order) into buckets as DDP's reducer does: a bucket closes once its
     size reaches the cap (the first bucket's cap may be smaller); a parameter with a sparse gradient (in
-    `sparse`) gets a bucket of its own."""
-    buckets, current, size = [], [], 0
-    limit = first_cap_bytes if first_cap_bytes is not None else cap_bytes
+    `sparse`) gets a bucket of its own; parameters of different dtypes (`dtypes`: a model with a bfloat16 trunk and
+    a float32 head) never share a bucket: each dtype fills buckets of its own, with its own first cap. The buckets
+    come in the order they closed, those still open at the end after them by their first parameter (torch's
+    compute_bucket_assignment_by_size when DDP rebuilds its buckets in gradient-ready order)."""
+    closed: list[list[str]] = []
+    filling: dict[str, tuple[list[str], int, int]] = {}  # dtype -> (its open bucket, its bytes, its cap)
+    first = first_cap_bytes if first_cap_bytes is not None else cap_bytes
     for name in param_order:
         if name in sparse:
-            buckets.append([name])
+            closed.append([name])
             continue
+        key = (dtypes or {}).get(name, "")
+        current, size, limit = filling.get(key, ([], 0, first))
         current.append(name)
         size += param_bytes.get(name, 0)
         if size >= limit:
-            buckets.append(current)
+            closed.append(current)
             current, size, limit = [], 0, cap_bytes
-    if current:
-        buckets.append(current)
-    return buckets
+        filling[key] = (current, size, limit)
+    position = {name: k for k, name in enumerate(param_order)}
+    return closed + sorted((current for current, _, _ in filling.values() if current), key=lambda b: position[b[0]])

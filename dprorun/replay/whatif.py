@@ -178,9 +178,12 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
                      "gradient is ready)")
     else:
         cap = int(whatif.bucket_mb * MB)
-        groups = ddp_buckets(order, model.param_bytes, cap, sparse=sparse)
+        dtypes = model.param_dtypes()
+        groups = ddp_buckets(order, model.param_bytes, cap, sparse=sparse, dtypes=dtypes)
+        kinds = ", ".join(sorted(set(dtypes.values()))) if dtypes else ""
         notes.append(f"{len(groups)} buckets of up to {whatif.bucket_mb:g} MB, grouped in gradient-ready order "
-                     "as DDP's reducer does" + (" (each all-reduced as soon as its last gradient is ready, inside "
+                     "as DDP's reducer does" + (f" (each of the gradients' dtypes, {kinds}, in buckets of its own)"
+                                                if dtypes else "") + (" (each all-reduced as soon as its last gradient is ready, inside "
                                                 "the backward: the model wrapped in DistributedDataParallel)"
                                                 if model.framework == "collectives" else ""))
     syncs = []

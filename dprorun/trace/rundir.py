@@ -236,6 +236,7 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         if isinstance(row, list) and len(row) >= 2 and all(isinstance(x, (int, float)) for x in row[:2])]
     first_send = _add_p2p(trace, doc, profiled)
     _add_comm(trace, doc, comm, kineto, profiled, first_send)
+    _infer_updates(trace)
     if kineto is not None:
         _add_kineto_compute(trace, kineto, profiled, copy_ops=bool(kineto.gpu))
     if samples:
@@ -248,6 +249,45 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         trace.meta["host_sampler_status"] = samples.get("host_status")
     trace.ops.sort(key=lambda op: (op.start_us, op.end_us))
     return trace
+
+
+INFERRED_UPDATE = "update (inferred)"
+
+
+def _infer_updates(trace: RankTrace) -> None:
+    """A torch rank whose window stepped no torch.optim optimizer (an optimizer class of the script's own, or SGD
+    applied in place by hand) has forward and backward spans and no update: its iterations were not replayed ("no
+    profiled iteration has forward, backward and update spans"). The script's update runs once the backward has
+    returned, which DDP holds until its all-reduces are done: each such iteration's update is taken as the time from
+    its backward's end or its last collective's, whichever is later, to the next iteration (the script's update,
+    its zero_grad and its next input: no tail of its own), and the trace says so (meta["inferred_update"])."""
+    phases = [op for op in trace.ops if op.stream == "phase"]
+    if any(op.kind is OpKind.UPDATE for op in phases) or not any(op.kind is OpKind.BW for op in phases):
+        return
+    if any(t.get("framework", "ddp") not in ("ddp", "collectives") for t in trace.meta.get("trackers", [])):
+        return
+    ends = {i: end for i, _, end in trace.iterations}
+    backward_end: dict[int, float] = {}
+    for op in phases:
+        if op.kind is OpKind.BW:
+            backward_end[op.iteration] = max(backward_end.get(op.iteration, op.end_us), op.end_us)
+    for op in trace.ops:  # a collective is done where the hooks saw it done (the profiler's span of gloo's work
+        # may close after the next iteration began)
+        if op.iteration in backward_end and op.kind in (OpKind.COMM, OpKind.QUEUE) and op.source == "hooks":
+            done = float(op.args.get("callback_done_us", op.end_us))
+            backward_end[op.iteration] = max(backward_end[op.iteration], done)
+    inferred = 0
+    for iteration, start in sorted(backward_end.items()):
+        end = ends.get(iteration)
+        if end is None:
+            continue
+        start = min(start, end)
+        trace.ops.append(Op(name=INFERRED_UPDATE, kind=OpKind.UPDATE, rank=trace.rank, start_us=start, end_us=end,
+                            iteration=iteration, stream="phase", host=trace.host, source="hooks",
+                            args={"inferred": "no torch.optim optimizer stepped"}))
+        inferred += 1
+    if inferred:
+        trace.meta["inferred_update"] = inferred
 
 
 def _add_p2p(trace: RankTrace, doc: dict, profiled: set) -> dict[tuple[int, str], float]:
