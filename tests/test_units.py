@@ -1089,6 +1089,32 @@ def test_a_horovod_script_that_shares_no_gradients_is_told_why_nothing_was_profi
     assert "no hvd.DistributedOptimizer" not in nothing_to_profile(ScriptUse())
 
 
+def test_gradients_averaged_by_torchs_functional_collectives_are_named_when_nothing_was_profiled(monkeypatch):
+    """A script averaging its gradients with torch.distributed._functional_collectives.all_reduce (no DDP) ran
+    unprofiled, told only of the broadcasts it also made (benchmarks/shapes/ddp_session52.py --funcol). The
+    script's own functional calls are counted now (not those of torch's modules, DTensor's) and named with the
+    profiled alternatives."""
+    import sys
+    import types
+
+    from dprorun.runtime import watch
+
+    fake = types.ModuleType(watch.FUNCTIONAL_MODULE)
+    fake.all_reduce = lambda tensor, op, group: ("reduced", tensor)
+    monkeypatch.setitem(sys.modules, watch.FUNCTIONAL_MODULE, fake)
+    use = watch.ScriptUse()
+    watch.watch_functional_collectives(use)
+    watch.watch_functional_collectives(use)  # once only
+    assert fake.all_reduce("g", "sum", None) == ("reduced", "g")
+    torch_module = {"__name__": "torch.distributed.tensor._redistribute", "funcol": fake}
+    exec("def redistribute(t):\n    return funcol.all_reduce(t, 'sum', None)", torch_module)
+    torch_module["redistribute"]("d")
+    assert use.collectives == {"_functional_collectives.all_reduce": 1}
+    message = watch.nothing_to_profile(use)
+    assert "torch.distributed._functional_collectives.all_reduce x1" in message
+    assert "functional collectives (torch.distributed._functional_collectives: a tensor returned" in message
+
+
 def test_an_mxnet_job_on_a_local_kvstore_is_told_its_workers_trained_apart(tmp_path):
     """A Gluon job under --backend mxnet whose Trainer used kvstore 'local': each worker trained on its own and
     nothing reached the servers; the replay's refusal said only "this one made none on a dist kvstore"."""

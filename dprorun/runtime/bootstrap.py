@@ -196,6 +196,8 @@ def _script_watches(sess) -> dict[str, Callable[[], None]]:
             "torch.autograd": lambda: _watch_gradient_collectives(sess),
             "torch.autograd.profiler": lambda: sess.guard("watching the script's profiler", watch_torch, sess),
             "horovod.torch": lambda: sess.guard("watching horovod.torch", watch.watch_horovod_torch, use),
+            watch.FUNCTIONAL_MODULE: lambda: sess.guard("watching functional collectives",
+                                                        watch.watch_functional_collectives, use),
             **{name: functools.partial(sess.guard, "watching FSDP", watch.watch_fsdp, use, name)
                for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")},
             **{name: functools.partial(sess.guard, "watching model splits", watch.watch_model_splits, use, name)

@@ -31,6 +31,12 @@ FSDP_PACKAGE = "torch.distributed.fsdp"  # its wrappers' gathers and reduce-scat
 # (`ScriptUse.timed`), never taken for a way of sharing gradients
 TIMED_COLLECTIVES = ("all_to_all_single", "all_to_all", "barrier", "monitored_barrier", "all_gather_object",
                      "broadcast_object_list", "gather_object", "scatter_object_list", "gather", "scatter")
+# torch's functional collectives (torch.distributed._functional_collectives: a tensor returned, waited for where it
+# is used), which a script may average its gradients with: counted where the script calls them (not DTensor's or
+# another torch module's), named when nothing was profiled; not profiled
+FUNCTIONAL_MODULE = "torch.distributed._functional_collectives"
+FUNCTIONAL_COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather_tensor", "all_gather_into_tensor_coalesced",
+                          "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast")
 # horovod.torch's, timed likewise (the loss averaged for logging, features gathered for a contrastive loss): the
 # DistributedOptimizer and broadcast_parameters call horovod.torch.mpi_ops directly, never these names
 HOROVOD_COLLECTIVES = ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "broadcast", "broadcast_",
@@ -118,6 +124,7 @@ def nothing_to_profile(use: ScriptUse) -> str:
     if use.collectives:
         calls = ", ".join(f"torch.distributed.{name} x{count}" for name, count in sorted(use.collectives.items()))
         seen.append(f"collectives called by the script itself ({calls})")
+    functional = any(name.startswith("_functional_collectives.") for name in use.collectives)
     if use.process_group:
         seen.append(use.process_group)
     found = ("it saw " + "; ".join(seen)) if seen else "no distributed training was seen"
@@ -137,6 +144,11 @@ def nothing_to_profile(use: ScriptUse) -> str:
         advice = (" FSDP is profiled and replayed on the CPU (gloo), where each of its gathers and reduce-scatters "
                   "holds the rank until it is done; on GPUs FSDP overlaps them with the compute on streams of its "
                   "own, which dprorun does not model.")
+    elif functional:
+        advice = (" torch's functional collectives (torch.distributed._functional_collectives: a tensor returned and "
+                  "waited for where it is used) are not profiled; the same gradients averaged by "
+                  "torch.distributed.all_reduce between loss.backward() and the optimizer's step (async_op=True and "
+                  "a wait, for overlap), or a model wrapped in DistributedDataParallel, are profiled and replayed.")
     elif use.collectives:
         advice = (" dprorun profiles gradients the script all-reduces or reduce-scatters itself between "
                   "loss.backward() and the optimizer's step (torch.distributed.all_reduce, reduce_scatter); these "
@@ -215,6 +227,30 @@ def watch_torch_distributed(use: ScriptUse) -> None:
     for name in SCRIPT_COLLECTIVES + TIMED_COLLECTIVES:
         if callable(getattr(module, name, None)):
             setattr(module, name, _counted_collective(module, name, use, counted=name in SCRIPT_COLLECTIVES))
+
+
+def watch_functional_collectives(use: ScriptUse) -> None:
+    """The script's own calls of torch's functional collectives (FUNCTIONAL_COLLECTIVES) counted, under
+    "_functional_collectives.<name>"; calls made by torch's modules (DTensor's redistributions) are not the script's."""
+    module = sys.modules[FUNCTIONAL_MODULE]
+    for name in FUNCTIONAL_COLLECTIVES:
+        collective = getattr(module, name, None)
+        if callable(collective) and not getattr(collective, COUNTED, False):
+            setattr(module, name, _counted_functional(collective, name, use))
+
+
+def _counted_functional(collective, name: str, use: ScriptUse):
+    key = f"_functional_collectives.{name}"
+
+    @functools.wraps(collective)
+    def counted(*args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not caller.startswith(("torch.", "dprorun.")):
+            use.collectives[key] = use.collectives.get(key, 0) + 1
+        return collective(*args, **kwargs)
+
+    setattr(counted, COUNTED, True)
+    return counted
 
 
 def watch_horovod_torch(use: ScriptUse) -> None:
