@@ -61,7 +61,10 @@ gradient_as_bucket_view, Lightning clipping by norm, Hugging Face Trainer with t
 a custom autograd Function, SWA with update_bn, torch.distributed.checkpoint.async_save every 10 steps, the script's
 own full backward hook and forward hook on the DDP module; a TF Keras transformer with AdamW and a warm-up schedule of its own;
 Horovod gradients shared by hand (grouped_allreduce; allreduce_async_ after the backward and from gradient hooks;
-reducescatter and allgather).
+reducescatter and allgather); session 52: DDP stepped by an optimizer class of the script's own (a Lion that is no
+torch.optim.Optimizer), DDP with SGD applied in place and no optimizer object, DDP with a monitored_barrier every 10
+steps, DDP of a model with a bfloat16 trunk and a float32 head; a Keras fit whose Adam keeps an EMA of the weights,
+a TF loop with Lookahead written by hand.
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -313,6 +316,13 @@ JOBS = {
                                               "horovod"),
     "horovod-reducescatter-allgather-by-hand": (["--backend", "horovod"], "hvd_session51.py", ["--reducescatter"],
                                                 "horovod"),
+    # session 52
+    "ddp-own-optimizer-class-lion": ([], "ddp_session52.py", ["--own-optimizer"], "torch"),
+    "ddp-sgd-in-place-no-optimizer": ([], "ddp_session52.py", ["--manual-sgd"], "torch"),
+    "ddp-monitored-barrier-every-10": ([], "ddp_session52.py", ["--monitored-barrier"], "torch"),
+    "ddp-bf16-trunk-fp32-head": ([], "ddp_session52.py", ["--mixed-dtype"], "torch"),
+    "tf-keras-adam-ema": (["--backend", "tf"], "tf_session52.py", ["--ema"], "tensorflow"),
+    "tf-loop-lookahead-by-hand": (["--backend", "tf"], "tf_session52.py", ["--lookahead-loop"], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
