@@ -91,8 +91,8 @@ def common_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--model", choices=("mlp", "transformer", "resnet", "convhead", *TF_MODELS, *BY_HAND_MODELS),
-                        default="mlp",
+    parser.add_argument("--model", default="mlp",
+                        choices=("mlp", "transformer", "resnet", "convhead", "mixed", *TF_MODELS, *BY_HAND_MODELS),
                         help="examples/horovod_mlp.py --model; tf-conv, tf-mlp-adam: examples/horovod_tf.py "
                              "(horovod.tensorflow); tf-keras-fit: examples/horovod_tf_keras.py; hand-*: "
                              "benchmarks/shapes/hvd_session51.py (gradients shared by horovod.torch calls by hand)")

@@ -5,7 +5,9 @@ Runs unchanged under `horovodrun -np 2 --gloo python examples/horovod_mlp.py` an
 second half of the run (or of its last --report-last steps). `--model transformer` or `--model resnet` trains
 the DDP examples' Transformer encoder or small ResNet instead (same builders and batches, under Horovod);
 `--model convhead` a small conv trunk (two 3x3 convolutions) under a large linear head (16,384 -> 256 -> 10,
-4.2 M parameters in the head, batch 16 at 32x32): one big tensor late in backward, a shape none of the others have.
+4.2 M parameters in the head, batch 16 at 32x32): one big tensor late in backward, a shape none of the others have;
+`--model mixed` examples/mixed_dtype_mlp.py's model with a float16 trunk under a float32 head (Horovod has no
+bfloat16; it fuses each dtype apart).
 """
 import argparse
 import importlib
@@ -25,7 +27,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=24)
     parser.add_argument("--report-last", type=int, default=0,
                         help="median over the last N steps (default: the second half), e.g. after autotuning")
-    parser.add_argument("--model", choices=("mlp", "transformer", "resnet", "convhead"), default="mlp")
+    parser.add_argument("--model", choices=("mlp", "transformer", "resnet", "convhead", "mixed"), default="mlp")
     parser.add_argument("--compression", choices=("none", "fp16"), default="none",
                         help="hvd.Compression for the all-reduces (fp16: half the bytes sent)")
     args = parser.parse_args()
@@ -48,6 +50,9 @@ def main() -> None:
         def make_batch(batch_size, generator):
             return (torch.randn(batch_size, 3, 32, 32, generator=generator),
                     torch.randint(0, 10, (batch_size,), generator=generator))
+    elif args.model == "mixed":
+        example = importlib.import_module("mixed_dtype_mlp")
+        model, make_batch = example.MixedDtypeMLP(trunk_dtype=torch.float16), example.make_batch
     else:  # the DDP examples' model and batches (this file's directory is on sys.path when run as a script)
         example = importlib.import_module(f"{args.model}_small")
         model = example.Classifier() if args.model == "transformer" else example.build()

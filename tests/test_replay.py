@@ -415,6 +415,30 @@ def test_horovod_fusion_what_if_groups_by_cycle_and_threshold():
     assert fused < no_fusion  # fewer syncs: fewer step latencies
 
 
+def test_horovod_fusion_keeps_each_dtype_in_responses_of_its_own():
+    """Horovod fuses only tensors of one dtype (Controller::FuseResponses), passing over another dtype's while the
+    bytes fused and passed over fit the threshold; the fusion what-ifs fused a float16 trunk's gradients with a
+    float32 head's."""
+    from dprorun.replay.whatif import _fuse_cycle, horovod_fusion
+
+    mib = float(1 << 20)
+    cycle = [("h0", mib, "float32"), ("t0", mib, "float16"), ("h1", mib, "float32"), ("t1", mib, "float16")]
+    assert _fuse_cycle(cycle, 64 * mib) == [["h0", "h1"], ["t0", "t1"]]
+    assert _fuse_cycle(cycle, 2 * mib) == [["h0", "h1"], ["t0", "t1"]]  # 1 fused + 1 passed over fit 2 MiB
+    assert _fuse_cycle(cycle, 1.5 * mib) == [["h0"], ["t0"], ["h1"], ["t1"]]  # passing over t0 would not fit
+    one_dtype = [(name, size, "") for name, size, _ in cycle]
+    assert _fuse_cycle(one_dtype, 2 * mib) == [["h0", "t0"], ["h1", "t1"]]
+    model = _toy_model()  # 8 tensors of 1 MiB
+    model.framework = "horovod"
+    model.horovod_negotiation_us = 100.0
+    order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
+    model.buckets = [replace(b, dtype="float32" if k % 2 else "float16") for k, b in enumerate(model.buckets)]
+    dtypes = model.param_dtypes()
+    responses = [group for group, _, _ in horovod_fusion(model, threshold_bytes=64 << 20, cycle_us=10_000.0)]
+    by_dtype = [sorted(p for p in order if dtypes[p] == d) for d in set(dtypes.values())]
+    assert sorted(map(sorted, responses)) == sorted(by_dtype) and len(by_dtype) == 2
+
+
 def test_a_transport_on_the_compute_cores_is_named_in_what_if_predictions(mlp_run):
     """CPU transport (its calibration all-reduce keeps it busy) + no spare core -> the what-if says the replay's
     separate communication devices do not hold; a network-bound transport or spare cores -> no caution."""

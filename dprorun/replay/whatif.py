@@ -84,18 +84,18 @@ class Sync:
 def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> list[tuple[list[str], float, float]]:
     """Horovod's tensor fusion, as its background loop does it: every `cycle_us` the tensors that became ready
     since the last cycle are negotiated (one round among the ranks per cycle) and fused, in ready order, into
-    responses of at most `threshold_bytes`. Returns each response's tensors, its ready fraction of the backward
-    pass (the end of the cycle that picked it up, capped at the end of backward) and the delay after that
-    point before it can start: the cycle's negotiation (`JobModel.horovod_negotiation_us`) plus the part of the
-    cycle that runs past the end of backward."""
+    responses of at most `threshold_bytes`, each of one dtype (`_fuse_cycle`). Returns each response's tensors, its
+    ready fraction of the backward pass (the end of the cycle that picked it up, capped at the end of backward) and
+    the delay after that point before it can start: the cycle's negotiation (`JobModel.horovod_negotiation_us`) plus
+    the part of the cycle that runs past the end of backward."""
     backward = float(np.median([t.backward_us for t in model.templates.values()])) or 1.0
     negotiation = model.horovod_negotiation_us
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
     sparse = model.sparse_gradients()  # all-gathered, each a response of its own
     wire = model.wire_ratio()  # hvd.Compression.fp16: responses fill with the compressed bytes
+    dtypes = model.param_dtypes() or {}
     responses: list[tuple[list[str], float, float]] = []
-    current: list[str] = []
-    size = 0.0
+    pending: list[tuple[str, float, str]] = []  # the current cycle's dense tensors: (name, bytes, dtype)
     current_cycle, current_end, current_delay = None, 1.0, negotiation
     for name in order:
         ready_us = model.param_ready_fraction[name] * backward
@@ -104,19 +104,43 @@ def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> 
             end_us = cycle * cycle_us if cycle_us > 0 else ready_us
             responses.append(([name], min(1.0, end_us / backward), negotiation + max(0.0, end_us - backward)))
             continue
-        nbytes = wire * model.param_bytes.get(name, 0)
-        if current and (cycle != current_cycle or threshold_bytes <= 0 or size + nbytes > threshold_bytes):
-            responses.append((current, current_end, current_delay))
-            current, size = [], 0.0
-        if not current:
+        if pending and cycle != current_cycle:
+            responses += [(group, current_end, current_delay) for group in _fuse_cycle(pending, threshold_bytes)]
+            pending = []
+        if not pending:
             current_cycle = cycle
             cycle_end_us = cycle * cycle_us if cycle_us > 0 else ready_us
             current_end = min(1.0, cycle_end_us / backward)
             current_delay = negotiation + max(0.0, cycle_end_us - backward)
-        current.append(name)
-        size += nbytes
-    if current:
-        responses.append((current, current_end, current_delay))
+        pending.append((name, wire * model.param_bytes.get(name, 0), dtypes.get(name, "")))
+    if pending:
+        responses += [(group, current_end, current_delay) for group in _fuse_cycle(pending, threshold_bytes)]
+    return responses
+
+
+def _fuse_cycle(tensors: list[tuple[str, float, str]], threshold_bytes: float) -> list[list[str]]:
+    """One cycle's tensors (name, bytes, dtype; in ready order) fused as Horovod's controller does
+    (Controller::FuseResponses): a response takes the first tensor left, then the ones after it of its dtype while
+    they fit the threshold; a tensor of another dtype is passed over (left for a later response) while the bytes
+    fused and passed over still fit, and the first tensor beyond that ends the response."""
+    left = list(tensors)
+    responses = []
+    while left:
+        name, size, dtype = left.pop(0)
+        fused, skipped, skipped_bytes = [name], [], 0.0
+        while left and threshold_bytes > 0:
+            other, nbytes, other_dtype = left[0]
+            if other_dtype == dtype and size + nbytes <= threshold_bytes:
+                fused.append(other)
+                size += nbytes
+                left.pop(0)
+                continue
+            skipped_bytes += nbytes
+            if size + skipped_bytes > threshold_bytes:
+                break
+            skipped.append(left.pop(0))
+        left = skipped + left
+        responses.append(fused)
     return responses
 
 

@@ -195,11 +195,8 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     trace.clock = dict(doc.get("clock") or {})
     trace.memory = dict(doc.get("memory") or {})
     trace.warnings = list(doc.get("warnings") or [])
-    cadence = inference_cadence_warning(doc)
-    if cadence:
-        trace.warnings.append(cadence)
+    trace.warnings += [w for w in (inference_cadence_warning(doc),) if w]
     profiled = set(trace.profiled_iterations)
-
     comm = [CommRecord.from_row(row) for row in doc["comm"]]
     for iteration, name, start, end in split_forwards_that_step(doc["spans"], doc["grad_ready"], comm):
         if iteration not in profiled:
