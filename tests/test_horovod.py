@@ -522,8 +522,11 @@ def test_a_strategy_groups_horovod_allreduces_and_remote_ranks_ship_their_traces
     # a horovod.torch job runs without Horovod's timeline by default (its dynamic mode slows every iteration), and
     # says nothing of a missing one; each rank's cores and threads are recorded as for DDP
     assert not (run_dir / "horovod_timeline.json").exists() and "wrote no timeline" not in proc.stderr
-    cpu = json.load(open(run_dir / "rank_1" / "events.json"))["cpu"]
-    assert cpu["local_ranks"] == 2 and cpu["compute_threads"] == 1
+    events = json.load(open(run_dir / "rank_1" / "events.json"))
+    assert events["cpu"]["local_ranks"] == 2 and events["cpu"]["compute_threads"] == 1
+    # the float16 it sends timed against float32 of the same bytes (gloo sums float16 in software)
+    [[dtype, nbytes, us, float32_us]] = events["calibration_dtypes"]
+    assert dtype == "float16" and nbytes == 1 << 22 and us > 0 and float32_us > 0
 
 
 def test_the_horovod_timeline_mode_follows_the_framework_unless_asked(monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 from dprorun.replay.engine import GraphBuilder, critical_path_report, replay
 from dprorun.replay.template import BucketInfo, CommModel, JobModel, RankTemplate, ddp_buckets, fit_comm_model
-from dprorun.replay.whatif import WhatIf
+from dprorun.replay.whatif import WhatIf, plan_syncs
 from dprorun.replay.predict import predict, predict_replayed, self_check
 from dprorun.trace.rundir import load_run
 
@@ -437,6 +437,38 @@ def test_horovod_fusion_keeps_each_dtype_in_responses_of_its_own():
     responses = [group for group, _, _ in horovod_fusion(model, threshold_bytes=64 << 20, cycle_us=10_000.0)]
     by_dtype = [sorted(p for p in order if dtypes[p] == d) for d in set(dtypes.values())]
     assert sorted(map(sorted, responses)) == sorted(by_dtype) and len(by_dtype) == 2
+
+
+def test_horovod_responses_in_a_dtype_gloo_sums_slowly_are_priced_by_their_calibration():
+    """gloo sums float16 in software: a Horovod job's float16 responses (a float16 trunk, or hvd.Compression.fp16)
+    took 1.28 x a float32 one of the same bytes at 1 Gbit/s, 2.0 x on loopback, and the fusion what-ifs priced
+    every byte as the float32 calibration's (a mixed model's what-ifs 4-14 % short). The hooks now time calls in
+    each wire dtype against float32 ones; the modelled what-ifs scale that dtype's responses by the ratio."""
+    from types import SimpleNamespace
+
+    from dprorun.replay.build import _horovod_dtype_costs
+    from dprorun.runtime.calibration import horovod_wire_dtypes
+
+    buckets = {(0, 0): {"nbytes": 4096, "dtype": "float32"}, (0, 1): {"nbytes": 2048, "dtype": "float16"},
+               (0, 2): {"nbytes": 100, "dtype": "int64"}}
+    assert horovod_wire_dtypes(buckets) == ["float16"]
+    compressed = {(0, 0): {"nbytes": 2048, "buffer_nbytes": 4096, "dtype": "float32"}}
+    assert horovod_wire_dtypes(compressed) == ["float16"] and horovod_wire_dtypes({(0, 0): {"dtype": "float32"}}) == []
+    rank = lambda rows: SimpleNamespace(meta={"calibration_dtypes": rows})  # noqa: E731
+    run = SimpleNamespace(ranks={0: rank([["float16", 1 << 22, 90_000.0, 70_000.0]]),
+                                 1: rank([["float16", 1 << 22, 88_000.0, 70_000.0]])})
+    assert _horovod_dtype_costs(run, [0, 1]) == {"float16": pytest.approx(1.271, abs=1e-3)}
+    run.ranks[1] = rank([["float16", 1 << 22, 72_000.0, 70_000.0]])
+    run.ranks[0] = rank([["float16", 1 << 22, 73_000.0, 70_000.0]])
+    assert _horovod_dtype_costs(run, [0, 1]) == {}  # within 10 %: priced as float32
+    model = _toy_model()
+    model.framework, model.horovod_knobs = "horovod", (64 << 20, 10_000.0)
+    model.buckets = [replace(b, dtype="float16" if k == 0 else "float32") for k, b in enumerate(model.buckets)]
+    assert model.wire_dtype("p0") == "float16" and model.wire_dtype("p7") == "float32"
+    plain = sorted(sync.nbytes for sync in plan_syncs(model, WhatIf(horovod_fusion_mb=64), [])[0])
+    model.dtype_cost = {"float16": 1.5}
+    scaled = sorted(sync.nbytes for sync in plan_syncs(model, WhatIf(horovod_fusion_mb=64), [])[0])
+    assert plain == [4 << 20, 4 << 20] and scaled == [4 << 20, 6 << 20]
 
 
 def test_a_transport_on_the_compute_cores_is_named_in_what_if_predictions(mlp_run):

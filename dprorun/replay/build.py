@@ -66,6 +66,13 @@ def _horovod_costs(model: JobModel, run: RunTrace, calibration: list) -> None:
                                 model.horovod_knobs[1])
     if fitted is not None:
         model.comm, model.horovod_negotiation_us = fitted
+    model.dtype_cost = _horovod_dtype_costs(run, sorted(run.ranks))
+    if model.dtype_cost:
+        model.notes.append("Horovod responses in " + ", ".join(
+            f"{dtype} priced at x{cost:.2f} their bytes" for dtype, cost in sorted(model.dtype_cost.items())) +
+            " in modelled what-ifs: the calibration's calls in that dtype took that much longer than float32 ones "
+            "of the same bytes on the job's own network (gloo sums float16 in software); at another bandwidth that "
+            "share is not measured (2.0 x on loopback, 1.3 x at 1 Gbit/s here)")
     calls = ", ".join(f"{int(p[0])} B {p[1] / 1e3:.1f} ms" for p in calibration)
     if model.comm.source == LATENCY_BOUND:
         model.notes.append(f"warning: Horovod's calibration calls did not grow with their bytes beyond their scatter "
@@ -75,6 +82,23 @@ def _horovod_costs(model: JobModel, run: RunTrace, calibration: list) -> None:
         model.notes.append(f"warning: Horovod's calibration did not fit a line growing with size ({calls}): "
                            "communication is priced from the timeline's fused responses, which include waiting for "
                            "the other ranks (expect modelled what-ifs to overrate communication)")
+
+
+DTYPE_COST_MIN = 0.10  # a dtype's measured time a byte this far from float32's (either way) is priced as measured
+
+
+def _horovod_dtype_costs(run: RunTrace, ranks: list[int]) -> dict[str, float]:
+    """Per wire dtype other than float32 (a float16 trunk's gradients, or all of them under
+    hvd.Compression.fp16), its calibration calls' time over float32 calls of the same bytes, timed in turns
+    (runtime/calibration.calibrate_horovod_dtypes; the median over ranks), where it differs by more than
+    DTYPE_COST_MIN: gloo sums float16 in software, which the float32 calibration cannot see."""
+    ratios: dict[str, list[float]] = {}
+    for r in ranks:
+        for dtype, _, us, float32_us in run.ranks[r].meta.get("calibration_dtypes", []):
+            if us > 0 and float32_us > 0:
+                ratios.setdefault(dtype, []).append(us / float32_us)
+    costs = {dtype: float(np.median(values)) for dtype, values in ratios.items()}
+    return {dtype: round(cost, 3) for dtype, cost in costs.items() if abs(cost - 1) > DTYPE_COST_MIN}
 
 
 SCRIPT_ALL_REDUCES = "the gradients are all-reduced by the script's own calls"

@@ -151,6 +151,12 @@ class JobModel:
             return None
         return {p: b.dtype for b in self.buckets for p in b.params}
 
+    def wire_dtype(self, param: str) -> str:
+        """The dtype `param`'s gradient is sent in: its own, or float16 where the job compresses to half its bytes
+        (hvd.Compression.fp16, fp16_compress_hook)."""
+        dtype = next((b.dtype for b in self.buckets if param in b.params), "")
+        return "float16" if dtype == "float32" and abs(self.wire_ratio() - 0.5) < 0.01 else dtype
+
     def sparse_gradients(self) -> dict[str, int]:
         """The parameters with sparse gradients (each its own bucket), with the bytes their bucket sent."""
         return {b.params[0]: b.nbytes for b in self.buckets if b.sparse and len(b.params) == 1}
@@ -189,6 +195,9 @@ class JobModel:
     ddp_groups: list[list[int]] = field(default_factory=list)
     horovod_knobs: Optional[tuple[float, float]] = None  # as run: (fusion threshold bytes, cycle time µs)
     horovod_negotiation_us: float = 0.0  # per background-loop cycle: the ranks agreeing on what is ready
+    # Horovod: a wire dtype's calibrated time over float32's for the same bytes (gloo sums float16 in software), its
+    # responses' bytes scaled by it in the modelled what-ifs (replay/build._horovod_dtype_costs); {}: alike
+    dtype_cost: dict[str, float] = field(default_factory=dict)
     # op level: per measured rank the profiled ops of each phase (graph/local.py), and per phase the ratio of its
     # unprofiled duration to its profiled one (median over ranks): how much the replay scaled the profiler's ops
     op_profiles: dict[int, OpProfile] = field(default_factory=dict)

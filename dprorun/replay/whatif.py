@@ -168,7 +168,8 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
                      "negotiation per cycle)")
         sparse, wire = model.sparse_gradients(), model.wire_ratio()
         return [Sync(f"bucket{k}", sparse[group[0]] if group[0] in sparse
-                     else round(wire * sum(model.param_bytes[p] for p in group)), fraction, None, delay,
+                     else round(wire * model.dtype_cost.get(model.wire_dtype(group[0]), 1.0)
+                                * sum(model.param_bytes[p] for p in group)), fraction, None, delay,
                      sparse=group[0] in sparse)
                 for k, (group, fraction, delay) in enumerate(responses)], False
     sharded = model.sharded_buckets()

@@ -82,6 +82,46 @@ def calibrate_horovod(session: RankSession, reps: int = 5) -> list[list[float]]:
     return _timed_sizes(line_up, call, "cpu", reps)
 
 
+DTYPE_CALIBRATION_BYTES = 1 << 22
+HOROVOD_WIRE_DTYPES = ("float16", "float64")  # besides float32, the floating dtypes Horovod all-reduces on gloo
+
+
+def horovod_wire_dtypes(buckets: dict) -> list[str]:
+    """The dtypes other than float32 a Horovod job's gradients are sent in (session.records.buckets: a gradient's
+    own dtype, or float16 under hvd.Compression.fp16: half its bytes sent)."""
+    sent = set()
+    for entry in buckets.values():
+        compressed = entry.get("buffer_nbytes") and 2 * int(entry["nbytes"]) == int(entry["buffer_nbytes"])
+        sent.add("float16" if compressed else entry.get("dtype", ""))
+    return sorted(sent & set(HOROVOD_WIRE_DTYPES))
+
+
+def calibrate_horovod_dtypes(dtypes: list[str], reps: int = 5) -> list[list]:
+    """For each dtype: `reps` timed hvd.allreduce calls of DTYPE_CALIBRATION_BYTES in it and as many of float32,
+    taking turns, each after a one-float all-reduce that lines the ranks up: [[dtype, bytes, median µs, float32
+    median µs], ...]. gloo sums float16 in software: a float16 response took 1.28 x a float32 one of its bytes at
+    1 Gbit/s, which the float32 calibration cannot see (replay/build._horovod_dtype_costs)."""
+    import statistics
+
+    import torch
+
+    hvd = sys.modules["horovod.torch"]
+    rows = []
+    for dtype in dtypes:
+        tensors = {name: torch.zeros(DTYPE_CALIBRATION_BYTES // torch.tensor([], dtype=getattr(torch, name))
+                                     .element_size(), dtype=getattr(torch, name)) for name in (dtype, "float32")}
+        times: dict[str, list[float]] = {name: [] for name in tensors}
+        for k in range(reps):
+            for name, tensor in tensors.items():
+                hvd.allreduce(torch.zeros(1), name=f"dprorun.calibration.dtype.barrier.{dtype}.{name}.{k}")
+                start = time.perf_counter()
+                hvd.allreduce(tensor, name=f"dprorun.calibration.dtype.{dtype}.{name}", op=hvd.Sum)
+                times[name].append((time.perf_counter() - start) * 1e6)
+        rows.append([dtype, DTYPE_CALIBRATION_BYTES, statistics.median(times[dtype]),
+                     statistics.median(times["float32"])])
+    return rows
+
+
 def calibrate_under_compute(session: RankSession, reps: int = 5) -> list[list[float]]:
     """The same all-reduces while every rank computes (a CPU transport only; the GPU's are not on the cores):
     each rank starts one asynchronously and runs small matrix products until it completes, as a backward does

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Optional
 from dprorun.fsutil import atomic_write_bytes, atomic_write_json, make_private_dir
 from dprorun.runtime.cpubudget import cpu_budget, oversubscription_warning
 from dprorun.layout import CLEAN_FILE, rank_dir
-from dprorun.runtime.calibration import calibrate_allreduce, calibrate_horovod, calibrate_under_compute
+from dprorun.runtime.calibration import calibrate_allreduce, calibrate_horovod, calibrate_horovod_dtypes, \
+    calibrate_under_compute, horovod_wire_dtypes
 from dprorun.runtime.log import warn
 from dprorun.runtime.packing import BundleError, pack_files, unpack_files
 from dprorun.runtime.probes import probe_clocks
@@ -77,6 +78,8 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
             _record_cpu_budget(session)
             try:
                 session.records.calibration = calibrate_horovod(session)
+                session.records.calibration_dtypes = calibrate_horovod_dtypes(
+                    horovod_wire_dtypes(session.records.buckets))
             except Exception as exc:  # the cost model then relies on Horovod's timeline
                 session.records.warnings.append(f"Horovod all-reduce calibration failed: {exc}")
         _write_events_keeping_step(session)

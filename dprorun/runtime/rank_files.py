@@ -60,6 +60,7 @@ def events_document(session: RankSession) -> dict:
         "clock_probes": session.records.probes,
         "calibration": session.records.calibration,
         "calibration_under_compute": session.records.calibration_under_compute,
+        "calibration_dtypes": session.records.calibration_dtypes,
         "cpu": session.records.cpu_budget,
         "buckets": [dict(ddp=k[0], index=k[1], **v) for k, v in sorted(session.records.buckets.items())],
         "params": {str(k): v for k, v in session.records.params.items()},

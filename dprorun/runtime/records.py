@@ -25,6 +25,7 @@ class RankRecords:
     memory: dict[str, Any] = field(default_factory=dict)  # peaks, optimizer state, activations (bytes)
     calibration: list[list[float]] = field(default_factory=list)  # all-reduce [bytes, µs, ...] on an idle job
     calibration_under_compute: list[list[float]] = field(default_factory=list)  # the same while compute runs
+    calibration_dtypes: list[list] = field(default_factory=list)  # Horovod: [dtype, bytes, µs, float32 µs]
     cpu_budget: dict = field(default_factory=dict)  # runtime/cpubudget.py, at the end of the window
     disturbed_iterations: list[int] = field(default_factory=list)  # paused by dprorun's own work
     script_profiler_iterations: list[int] = field(default_factory=list)  # run (in part) under the script's profiler

@@ -223,14 +223,8 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
     trace.grad_ready = [(int(i), str(n), float(t)) for i, n, t in doc["grad_ready"] if i in profiled]
     trace.clock["probes"] = [p for p in doc.get("clock_probes", []) if isinstance(p, list) and len(p) == 5]
     trace.meta["comm_detail"] = doc.get("comm_detail", "bucket")
-    rows = [row for row in doc.get("calibration", []) if isinstance(row, list) and len(row) >= 2
-            and all(isinstance(x, (int, float)) for x in row)]
-    trace.meta["calibration"] = [[int(row[0]), float(row[1])] for row in rows]
-    trace.meta["calibration_transport_cpu"] = [[int(row[0]), float(row[2])] for row in rows if len(row) >= 3]
+    _read_calibration(trace, doc)
     trace.meta["cpu"] = dict(doc.get("cpu") or {})
-    trace.meta["calibration_under_compute"] = [
-        [int(row[0]), float(row[1])] for row in doc.get("calibration_under_compute", [])
-        if isinstance(row, list) and len(row) >= 2 and all(isinstance(x, (int, float)) for x in row[:2])]
     first_send = _add_p2p(trace, doc, profiled)
     _add_comm(trace, doc, comm, kineto, profiled, first_send)
     _infer_updates(trace)
@@ -246,6 +240,21 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
         trace.meta["host_sampler_status"] = samples.get("host_status")
     trace.ops.sort(key=lambda op: (op.start_us, op.end_us))
     return trace
+
+
+def _read_calibration(trace: RankTrace, doc: dict) -> None:
+    """The window's calibration calls (runtime/calibration.py) into trace.meta: [bytes, µs] idle, the transport's
+    CPU for each, the same beside compute, and Horovod's calls per wire dtype [dtype, bytes, µs, float32 µs]."""
+    rows = [row for row in doc.get("calibration", []) if isinstance(row, list) and len(row) >= 2
+            and all(isinstance(x, (int, float)) for x in row)]
+    trace.meta["calibration"] = [[int(row[0]), float(row[1])] for row in rows]
+    trace.meta["calibration_transport_cpu"] = [[int(row[0]), float(row[2])] for row in rows if len(row) >= 3]
+    trace.meta["calibration_under_compute"] = [
+        [int(row[0]), float(row[1])] for row in doc.get("calibration_under_compute", [])
+        if isinstance(row, list) and len(row) >= 2 and all(isinstance(x, (int, float)) for x in row[:2])]
+    trace.meta["calibration_dtypes"] = [[str(row[0]), int(row[1]), float(row[2]), float(row[3])]
+                                        for row in doc.get("calibration_dtypes", []) if isinstance(row, list)
+                                        and len(row) == 4 and all(isinstance(x, (int, float)) for x in row[1:])]
 
 
 INFERRED_UPDATE = "update (inferred)"
