@@ -64,7 +64,8 @@ Horovod gradients shared by hand (grouped_allreduce; allreduce_async_ after the 
 reducescatter and allgather); session 52: DDP stepped by an optimizer class of the script's own (a Lion that is no
 torch.optim.Optimizer), DDP with SGD applied in place and no optimizer object, DDP with a monitored_barrier every 10
 steps, DDP of a model with a bfloat16 trunk and a float32 head; a Keras fit whose Adam keeps an EMA of the weights,
-a TF loop with Lookahead written by hand.
+a TF loop with Lookahead written by hand; Horovod fine-tuning a head over a frozen conv trunk with AdamW, Horovod with one of
+two heads drawn each step, Horovod with its trunk frozen mid-run by requires_grad_(False).
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -323,6 +324,9 @@ JOBS = {
     "ddp-bf16-trunk-fp32-head": ([], "ddp_session52.py", ["--mixed-dtype"], "torch"),
     "tf-keras-adam-ema": (["--backend", "tf"], "tf_session52.py", ["--ema"], "tensorflow"),
     "tf-loop-lookahead-by-hand": (["--backend", "tf"], "tf_session52.py", ["--lookahead-loop"], "tensorflow"),
+    "horovod-frozen-trunk-adamw": (["--backend", "horovod"], "hvd_session52.py", ["--frozen-trunk"], "horovod"),
+    "horovod-dynamic-branch": (["--backend", "horovod"], "hvd_session52.py", ["--dynamic-branch"], "horovod"),
+    "horovod-trunk-frozen-mid-run": (["--backend", "horovod"], "hvd_session52.py", ["--frozen-after"], "horovod"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
