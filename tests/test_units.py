@@ -1113,6 +1113,12 @@ def test_gradients_averaged_by_torchs_functional_collectives_are_named_when_noth
     message = watch.nothing_to_profile(use)
     assert "torch.distributed._functional_collectives.all_reduce x1" in message
     assert "functional collectives (torch.distributed._functional_collectives: a tensor returned" in message
+    # gradients all-reduced by hand after each backward, then an update by hand: no optimizer step to close them
+    by_hand = watch.ScriptUse(collectives={"all_reduce": 840}, gradient_calls_after_backward=840)
+    assert "called 840 of them after its backward passes, and no torch.optim optimizer ever stepped" in \
+        watch.nothing_to_profile(by_hand)
+    by_hand.steps_after_gradient_calls = 3  # a loss all-reduced for logging in a job that steps: the general words
+    assert "these collectives were not that" in watch.nothing_to_profile(by_hand)
 
 
 def test_an_mxnet_job_on_a_local_kvstore_is_told_its_workers_trained_apart(tmp_path):

@@ -226,6 +226,7 @@ class ScriptCollectivesTracker:
         self.scattered_in_step = self.scattered_in_step or KINDS[name] != "all_reduce"
         if not self.joined:
             self.bytes_in_step += covered(name, args, kwargs)[1]
+            self.session.script_use.gradient_calls_after_backward += 1
             if self.step_hook is None:  # registered here, not inside an optimizer hook (torch iterates over them)
                 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -462,6 +463,7 @@ class ScriptCollectivesTracker:
         """torch's global post-hook of every optimizer step: the optimizer's step gets wrapped, on its class and on
         the instance where something wrapped it there (nothing else here: the session's own hooks are added or
         removed at the window's edges, and torch is iterating over them now)."""
+        self.session.script_use.steps_after_gradient_calls += 1
         if not self.joined and not (self.calls_in_step and not self.session.trackers):
             return
         cls = type(optimizer)

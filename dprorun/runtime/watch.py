@@ -63,6 +63,10 @@ class ScriptUse:
     # a model split across ranks: what was built ("tensor-parallel plan(s) (...)", "pipeline stage(s) (...)") -> count
     model_splits: dict[str, int] = field(default_factory=dict)
     collectives: dict[str, int] = field(default_factory=dict)  # torch.distributed.<name> calls the script made
+    # gradient collectives (all_reduce, ...) the script called after a backward, and optimizer steps after such calls
+    # (runtime/collectives.py): calls and no step is an update by hand, which only a DDP model gets profiled with
+    gradient_calls_after_backward: int = 0
+    steps_after_gradient_calls: int = 0
     process_group: str = ""  # "a gloo process group of 2 ranks", once init_process_group returned
     horovod_initialised: bool = False  # hvd.init (horovod.torch) returned
     # told of each such call (name, args, kwargs) before it runs: runtime/hook_bytes.py counts a comm hook's bytes
@@ -149,6 +153,12 @@ def nothing_to_profile(use: ScriptUse) -> str:
                   "waited for where it is used) are not profiled; the same gradients averaged by "
                   "torch.distributed.all_reduce between loss.backward() and the optimizer's step (async_op=True and "
                   "a wait, for overlap), or a model wrapped in DistributedDataParallel, are profiled and replayed.")
+    elif use.gradient_calls_after_backward and not use.steps_after_gradient_calls:
+        advice = (f" The script called {use.gradient_calls_after_backward} of them after its backward passes, and no "
+                  "torch.optim optimizer ever stepped after them (parameters updated by hand, or by an optimizer of "
+                  "the script's own that is no torch.optim.Optimizer): dprorun profiles gradients shared by hand up "
+                  "to an optimizer's step; a model wrapped in DistributedDataParallel is profiled and replayed "
+                  "whatever updates it.")
     elif use.collectives:
         advice = (" dprorun profiles gradients the script all-reduces or reduce-scatters itself between "
                   "loss.backward() and the optimizer's step (torch.distributed.all_reduce, reduce_scatter); these "
