@@ -63,7 +63,7 @@ own full backward hook and forward hook on the DDP module; a TF Keras transforme
 Horovod gradients shared by hand (grouped_allreduce; allreduce_async_ after the backward and from gradient hooks;
 reducescatter and allgather); session 52: DDP stepped by an optimizer class of the script's own (a Lion that is no
 torch.optim.Optimizer), DDP with SGD applied in place and no optimizer object, DDP with a monitored_barrier every 10
-steps, DDP of a model with a bfloat16 trunk and a float32 head; a Keras fit whose Adam keeps an EMA of the weights,
+steps, DDP of a model with a bfloat16 trunk and a float32 head, DDP of a model trained in eval mode; a Keras fit whose Adam keeps an EMA of the weights,
 a TF loop with Lookahead written by hand; Horovod fine-tuning a head over a frozen conv trunk with AdamW, Horovod with one of
 two heads drawn each step, Horovod with its trunk frozen mid-run by requires_grad_(False).
 Frameworks that are not installed are skipped with a line saying so.
@@ -322,6 +322,7 @@ JOBS = {
     "ddp-sgd-in-place-no-optimizer": ([], "ddp_session52.py", ["--manual-sgd"], "torch"),
     "ddp-monitored-barrier-every-10": ([], "ddp_session52.py", ["--monitored-barrier"], "torch"),
     "ddp-bf16-trunk-fp32-head": ([], "ddp_session52.py", ["--mixed-dtype"], "torch"),
+    "ddp-trained-in-eval-mode": ([], "ddp_session52.py", ["--eval-mode"], "torch"),
     "tf-keras-adam-ema": (["--backend", "tf"], "tf_session52.py", ["--ema"], "tensorflow"),
     "tf-loop-lookahead-by-hand": (["--backend", "tf"], "tf_session52.py", ["--lookahead-loop"], "tensorflow"),
     "horovod-frozen-trunk-adamw": (["--backend", "horovod"], "hvd_session52.py", ["--frozen-trunk"], "horovod"),

@@ -912,6 +912,49 @@ def test_iterations_follow_the_models_mode_and_the_model_the_script_trains_now(t
                    for w in trace.warnings), trace.warnings
 
 
+EVAL_MODE_TRAINING_SCRIPT = """
+import torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo")
+ddp = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.Dropout(0.1), nn.ReLU(),
+                                                        nn.Linear(256, 4)))
+ddp.eval()  # trained with dropout off, as fine-tuning scripts keep their statistics
+opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+for step in range(14):
+    if step == 9:  # an evaluation under no_grad stays an evaluation
+        with torch.no_grad():
+            ddp(torch.randn(8, 64))
+    opt.zero_grad()
+    ddp(torch.randn(8, 64)).sum().backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_a_ddp_model_trained_in_eval_mode_is_profiled(tmp_path):
+    """A script that trains its DDP model in eval mode (model.eval() once: dropout off, BatchNorm's statistics
+    fixed) had every forward read as an evaluation: no iteration, "no profiled iteration has forward, backward and
+    update spans" (benchmarks/shapes/ddp_session52.py --eval-mode). A forward in eval mode with gradients on is told
+    a training one once an optimizer stepped (or DDP all-reduced) after one; forwards under no_grad stay
+    evaluations."""
+    from dprorun.replay.build import build_job_model
+    from dprorun.replay.predict import predict
+    from dprorun.runtime.ddp import TRAINS_IN_EVAL_MODE
+
+    script = tmp_path / "eval_mode.py"
+    script.write_text(EVAL_MODE_TRAINING_SCRIPT)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "5", "--kineto-iters", "1", "--clean", "4", "-q",
+                           "python", str(script)], run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = load_run(str(run_dir))
+    for trace in run.ranks.values():
+        # the first step's forward was read as an evaluation (nothing had trained in eval mode yet); every later one
+        assert len(trace.iterations) >= 11 and TRAINS_IN_EVAL_MODE in trace.warnings, (trace.iterations,
+                                                                                      trace.warnings)
+        assert 7 in trace.meta["disturbed_iterations"]  # the iteration holding the evaluation is set aside
+    assert predict(build_job_model(run)).predicted_iteration_time_ms > 0
+
+
 OWN_ADDRESS_SCRIPT = """
 import datetime, os, torch.distributed as dist
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["OWN_PORT"], rank=int(os.environ["RANK"]),

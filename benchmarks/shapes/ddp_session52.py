@@ -11,6 +11,8 @@ copied back), AdamW.
 the backward, then SGD applied in place (the classic "average_gradients" tutorial loop with its update by hand).
 --monitored-barrier: DDP with a torch.distributed.monitored_barrier every 10 steps (gloo's barrier that names a
 missing rank: point-to-point messages under the hood), SGD.
+--eval-mode: DDP of a model trained in eval mode (model.eval() once before the loop, as scripts that keep dropout
+and BatchNorm statistics fixed while fine-tuning do: DDP still all-reduces the gradients), SGD.
 --mixed-dtype: DDP of a model whose trunk holds bfloat16 parameters and whose head holds float32 ones (DDP buckets
 each dtype apart), the trunk's output cast up; Adam.
 """
@@ -25,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 p = argparse.ArgumentParser()
 for flag in ("--own-optimizer", "--manual-sgd", "--funcol", "--by-hand-manual", "--monitored-barrier",
-             "--mixed-dtype"):
+             "--mixed-dtype", "--eval-mode"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--steps", type=int, default=60)
 a = p.parse_args()
@@ -81,6 +83,8 @@ net = MixedDtype() if a.mixed_dtype else nn.Sequential(nn.Linear(256, 384), *[Bl
 x, y = torch.randn(128, 256), torch.randint(0, 10, (128,))
 model = net if a.funcol or a.by_hand_manual else DDP(net)
 loss_fn = nn.CrossEntropyLoss()
+if a.eval_mode:
+    model.eval()
 if a.funcol or a.by_hand_manual:
     for q in net.parameters():  # the same start on every rank, as DDP's construction would give
         dist.broadcast(q.data, src=0)

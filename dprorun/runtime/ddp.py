@@ -26,6 +26,9 @@ COMPRESSING_HOOKS = {"fp16_compress_hook": ("float16", 2), "bf16_compress_hook":
 MAX_OUTPUT_TENSORS = 64
 
 
+TRAINS_IN_EVAL_MODE = ("note: the script trains its DDP model in eval mode (model.eval(): dropout off, BatchNorm's "
+                       "statistics fixed); its forwards with gradients on are read as training forwards, those under "
+                       "no_grad as evaluations")
 MAX_SYNCED_FORWARDS_A_STEP = 64  # beyond these without an optimizer step, a synchronised forward begins an iteration
 STEADY_MEMORY_ITERATIONS = 3  # forward starts (after the first optimizer step) read for the steady memory
 
@@ -75,6 +78,11 @@ class DDPTracker:
         self.builtin_hook = False
         self.hook_registered = False
         self.hook_decided = False
+        self.buckets_reduced = 0  # buckets through dprorun's comm hook (or the script's, timed): trained or not
+        # a forward in eval mode with gradients on: (the job's optimizer steps, buckets_reduced) then, to tell at
+        # the next forward whether it trained; once one did, the script trains in eval mode (`trains_in_eval_mode`)
+        self.eval_forward_with_grad: Optional[tuple[int, int]] = None
+        self.trains_in_eval_mode = False
         self.prev_forward_synced = True
         # the job's optimizer steps when this module's latest iteration began (RankSession.optimizer_steps), and the
         # synchronised training forwards since then
@@ -230,7 +238,12 @@ class DDPTracker:
         # DDP's mode or the wrapped model's: Lightning's validation puts the DDP wrapper in eval mode and then
         # restores the modes of its own module only (every later forward was read as eval: no iteration after it);
         # a script may train with its model in eval mode (frozen BatchNorm) under a wrapper in train mode
-        training = torch.is_grad_enabled() and (module.training or getattr(module, "module", module).training)
+        train_mode = module.training or getattr(module, "module", module).training
+        if self.primary and self.eval_forward_with_grad is not None:
+            self._did_the_eval_forward_train()
+        training = torch.is_grad_enabled() and (train_mode or self.trains_in_eval_mode)
+        if self.primary and not training and torch.is_grad_enabled():
+            self.eval_forward_with_grad = (session.optimizer_steps.total, self.buckets_reduced)
         if training and not self.primary and 0 < self.primary_forwards_at_init == session.primary_forwards:
             session.guard("counting iterations on the DDP model the script trains now", self._take_over)
         if training and self.primary and self._starts_iteration():
@@ -269,6 +282,18 @@ class DDPTracker:
                 self.activation_meter = SavedTensorMeter.for_module(module)
                 session.guard("measuring activations", self.activation_meter.start)
         return None
+
+    def _did_the_eval_forward_train(self) -> None:
+        """The previous forward ran in eval mode with gradients on, and was counted as an evaluation: where an
+        optimizer stepped or DDP all-reduced buckets since, it trained (a script that fine-tunes with dropout off and
+        BatchNorm's statistics fixed by model.eval(): every forward was read as an evaluation, and nothing was
+        profiled). From then on a forward with gradients on trains whatever its mode; evaluations under no_grad stay
+        evaluations."""
+        steps, buckets = self.eval_forward_with_grad
+        self.eval_forward_with_grad = None
+        if self.session.optimizer_steps.total != steps or self.buckets_reduced != buckets:
+            self.trains_in_eval_mode = True
+            self.session.records.warnings.append(TRAINS_IN_EVAL_MODE)
 
     def _starts_iteration(self) -> bool:
         """Does this training forward of the primary module start an iteration? Once the job has stepped an
@@ -420,6 +445,7 @@ class DDPTracker:
         meter = session.hook_bytes if user else None
 
         def dpro_timed_comm_hook(state, bucket):
+            self.buckets_reduced += 1
             if not session.detail_active:
                 return inner(state, bucket)
             ddp_index = self.index  # now: a module that took the primary's role over became DDP 0
