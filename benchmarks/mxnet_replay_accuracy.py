@@ -83,7 +83,9 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           "tied-lm": [], "ragged-batches": ["--ragged"],
           # benchmarks/shapes/mx_session51.py: an optimizer class of the script's own, run on the workers (on the
           # servers MXNet cannot load it: dprorun warns, and that job trains nothing as written)
-          "own-optimizer-workers": ["--on-workers"]}
+          "own-optimizer-workers": ["--on-workers"],
+          # benchmarks/shapes/mx_session52.py: an MLP with dropout trained under autograd.record(train_mode=False)
+          "predict-mode": []}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
@@ -102,7 +104,8 @@ SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            "sparse-embedding": os.path.join(REPO, "examples", "mxnet_sparse_embedding.py"),
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session50.py") for name in ("tied-lm",
                                                                                             "ragged-batches")},
-           "own-optimizer-workers": os.path.join(REPO, "benchmarks", "shapes", "mx_session51.py")}
+           "own-optimizer-workers": os.path.join(REPO, "benchmarks", "shapes", "mx_session51.py"),
+           "predict-mode": os.path.join(REPO, "benchmarks", "shapes", "mx_session52.py")}
 
 
 def example(model: str) -> str:

@@ -65,7 +65,9 @@ reducescatter and allgather); session 52: DDP stepped by an optimizer class of t
 torch.optim.Optimizer), DDP with SGD applied in place and no optimizer object, DDP with a monitored_barrier every 10
 steps, DDP of a model with a bfloat16 trunk and a float32 head, DDP of a model trained in eval mode; a Keras fit whose Adam keeps an EMA of the weights,
 a TF loop with Lookahead written by hand; Horovod fine-tuning a head over a frozen conv trunk with AdamW, Horovod with one of
-two heads drawn each step, Horovod with its trunk frozen mid-run by requires_grad_(False).
+two heads drawn each step, Horovod with its trunk frozen mid-run by requires_grad_(False), Horovod of a model
+trained in eval mode (MXNet's record(train_mode=False): benchmarks/mxnet_replay_accuracy.py --models
+predict-mode).
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -328,6 +330,7 @@ JOBS = {
     "horovod-frozen-trunk-adamw": (["--backend", "horovod"], "hvd_session52.py", ["--frozen-trunk"], "horovod"),
     "horovod-dynamic-branch": (["--backend", "horovod"], "hvd_session52.py", ["--dynamic-branch"], "horovod"),
     "horovod-trunk-frozen-mid-run": (["--backend", "horovod"], "hvd_session52.py", ["--frozen-after"], "horovod"),
+    "horovod-trained-in-eval-mode": (["--backend", "horovod"], "hvd_session52.py", ["--eval-mode"], "horovod"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

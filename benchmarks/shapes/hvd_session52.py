@@ -2,12 +2,13 @@
 the DistributedOptimizer given only the head's parameters, AdamW), --dynamic-branch (one of two heads drawn each step
 from a seeded generator the ranks share: the other head's gradients missing at the step, which Horovod all-reduces
 as zeros in synchronize()), --frozen-after (the trunk frozen after 15 steps by requires_grad_(False), the optimizer
-left as built: Horovod's hooks stop firing for it)."""
+left as built: Horovod's hooks stop firing for it), --eval-mode (the model trained in eval mode: model.eval() once,
+as fine-tuning scripts keep dropout off and BatchNorm's statistics fixed)."""
 import argparse, statistics, time
 import torch, torch.nn as nn
 import horovod.torch as hvd
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
-for flag in ("--frozen-trunk", "--dynamic-branch", "--frozen-after"):
+for flag in ("--frozen-trunk", "--dynamic-branch", "--frozen-after", "--eval-mode"):
     p.add_argument(flag, action="store_true")
 a = p.parse_args()
 hvd.init(); torch.manual_seed(0); torch.set_num_threads(1)
@@ -25,6 +26,8 @@ else:
     base = torch.optim.SGD([q for _, q in trainable], lr=0.01, momentum=0.9)
 opt = hvd.DistributedOptimizer(base, named_parameters=trainable)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+if a.eval_mode:
+    model.eval()
 draw = torch.Generator().manual_seed(1234)  # the same draws on every rank
 times = []
 for step in range(a.steps):
