@@ -167,10 +167,13 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
                      f"per step (cycles aligned with the start of backward; {model.horovod_negotiation_us:.0f} µs of "
                      "negotiation per cycle)")
         sparse, wire = model.sparse_gradients(), model.wire_ratio()
+
+        def cost(param: str) -> float:  # a wire dtype's calibrated time over float32's (build._horovod_dtype_costs)
+            return model.dtype_cost.get(model.wire_dtype(param), 1.0) if model.dtype_cost else 1.0
+
         return [Sync(f"bucket{k}", sparse[group[0]] if group[0] in sparse
-                     else round(wire * model.dtype_cost.get(model.wire_dtype(group[0]), 1.0)
-                                * sum(model.param_bytes[p] for p in group)), fraction, None, delay,
-                     sparse=group[0] in sparse)
+                     else round(wire * cost(group[0]) * sum(model.param_bytes[p] for p in group)), fraction, None,
+                     delay, sparse=group[0] in sparse)
                 for k, (group, fraction, delay) in enumerate(responses)], False
     sharded = model.sharded_buckets()
     own = whatif.buckets == [list(b.params) for b in model.buckets]  # the optimizer's search starts from these
@@ -205,12 +208,13 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
         cap = int(whatif.bucket_mb * MB)
         dtypes = model.param_dtypes()
         groups = ddp_buckets(order, model.param_bytes, cap, sparse=sparse, dtypes=dtypes)
-        kinds = ", ".join(sorted(set(dtypes.values()))) if dtypes else ""
+        kinds = f" (each of the gradients' dtypes, {', '.join(sorted(set(dtypes.values())))}, in buckets of its " \
+            "own)" if dtypes else ""
         notes.append(f"{len(groups)} buckets of up to {whatif.bucket_mb:g} MB, grouped in gradient-ready order "
-                     "as DDP's reducer does" + (f" (each of the gradients' dtypes, {kinds}, in buckets of its own)"
-                                                if dtypes else "") + (" (each all-reduced as soon as its last gradient is ready, inside "
-                                                "the backward: the model wrapped in DistributedDataParallel)"
-                                                if model.framework == "collectives" else ""))
+                     "as DDP's reducer does" + kinds + (" (each all-reduced as soon as its last gradient is ready, "
+                                                        "inside the backward: the model wrapped in "
+                                                        "DistributedDataParallel)"
+                                                        if model.framework == "collectives" else ""))
     syncs = []
     for k, group in enumerate(groups):
         missing = [p for p in group if p not in model.param_ready_fraction or p not in model.param_bytes]
