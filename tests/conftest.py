@@ -65,6 +65,16 @@ def run_dprorun(args, run_dir, timeout=180, env=None):
     return proc, time.monotonic() - start
 
 
+def run_script_job(tmp_path, source: str, window: list, timeout=120):
+    """A 2-rank dprorun job (quiet, the `window` options) of a script written from `source` into tmp_path; it must
+    exit 0. Returns (CompletedProcess, run directory)."""
+    script, run_dir = tmp_path / "script.py", tmp_path / "run"
+    script.write_text(source)
+    proc, _ = run_dprorun(["-np", "2", *window, "-q", "python", str(script)], run_dir, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc, run_dir
+
+
 @pytest.fixture(scope="session")
 def mlp_run(tmp_path_factory):
     """One real 2-rank profiled DDP job shared by the tests that only read its run directory."""

@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-from conftest import EXAMPLES, REPO, run_dprorun
+from conftest import EXAMPLES, REPO, run_dprorun, run_script_job
 from dprorun.fsutil import UnanswerableError
 from dprorun.trace.model import OpKind
 from dprorun.trace.rundir import load_run
@@ -891,12 +891,8 @@ def test_iterations_follow_the_models_mode_and_the_model_the_script_trains_now(t
     hooks held every model, its optimizer and gradients for the rest of the job (RSS +40 MiB a model in a 4-model
     job of 4 MB layers, flat under torchrun). The iterations holding a validation pass are left out of the
     statistics (trace/rundir.inference_set_aside)."""
-    script = tmp_path / "eval_wrapper.py"
-    script.write_text(EVAL_WRAPPER_SCRIPT)
-    run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "1", "--clean", "6", "-q",
-                           "python", str(script)], run_dir, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc, run_dir = run_script_job(tmp_path, EVAL_WRAPPER_SCRIPT,
+                                   ["--warmup", "2", "--active", "6", "--kineto-iters", "1", "--clean", "6"])
     assert proc.stdout.count("freed: [True, True, True, True]") == 2, proc.stdout[-2000:]
     run = load_run(str(run_dir))
     main_bytes = 4 * (64 * 64 + 64 + 64 * 4 + 4)
@@ -940,12 +936,8 @@ def test_a_ddp_model_trained_in_eval_mode_is_profiled(tmp_path):
     from dprorun.replay.predict import predict
     from dprorun.runtime.ddp import TRAINS_IN_EVAL_MODE
 
-    script = tmp_path / "eval_mode.py"
-    script.write_text(EVAL_MODE_TRAINING_SCRIPT)
-    run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "5", "--kineto-iters", "1", "--clean", "4", "-q",
-                           "python", str(script)], run_dir, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, run_dir = run_script_job(tmp_path, EVAL_MODE_TRAINING_SCRIPT,
+                                ["--warmup", "2", "--active", "5", "--kineto-iters", "1", "--clean", "4"])
     run = load_run(str(run_dir))
     for trace in run.ranks.values():
         # the first step's forward was read as an evaluation (nothing had trained in eval mode yet); every later one
