@@ -26,7 +26,7 @@ COMPRESSING_HOOKS = {"fp16_compress_hook": ("float16", 2), "bf16_compress_hook":
 MAX_OUTPUT_TENSORS = 64
 
 
-TRAINS_IN_EVAL_MODE = ("note: the script trains its DDP model in eval mode (model.eval(): dropout off, BatchNorm's "
+TRAINS_IN_EVAL_MODE = ("note: the script trains its DDP model in eval mode (model.eval, dropout off, BatchNorm's "
                        "statistics fixed); its forwards with gradients on are read as training forwards, those under "
                        "no_grad as evaluations")
 MAX_SYNCED_FORWARDS_A_STEP = 64  # beyond these without an optimizer step, a synchronised forward begins an iteration
@@ -286,7 +286,7 @@ class DDPTracker:
     def _did_the_eval_forward_train(self) -> None:
         """The previous forward ran in eval mode with gradients on, and was counted as an evaluation: where an
         optimizer stepped or DDP all-reduced buckets since, it trained (a script that fine-tunes with dropout off and
-        BatchNorm's statistics fixed by model.eval(): every forward was read as an evaluation, and nothing was
+        BatchNorm's statistics fixed by calling model.eval: every forward was read as an evaluation, and nothing was
         profiled). From then on a forward with gradients on trains whatever its mode; evaluations under no_grad stay
         evaluations."""
         steps, buckets = self.eval_forward_with_grad
