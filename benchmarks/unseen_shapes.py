@@ -64,7 +64,7 @@ Horovod gradients shared by hand (grouped_allreduce; allreduce_async_ after the 
 reducescatter and allgather); session 52: DDP stepped by an optimizer class of the script's own (a Lion that is no
 torch.optim.Optimizer), DDP with SGD applied in place and no optimizer object, DDP with a monitored_barrier every 10
 steps, DDP of a model with a bfloat16 trunk and a float32 head, DDP of a model trained in eval mode; a Keras fit whose Adam keeps an EMA of the weights,
-a TF loop with Lookahead written by hand; Horovod fine-tuning a head over a frozen conv trunk with AdamW, Horovod with one of
+a TF loop with Lookahead written by hand, a TF loop calling its model with training=False inside the tape; Horovod fine-tuning a head over a frozen conv trunk with AdamW, Horovod with one of
 two heads drawn each step, Horovod with its trunk frozen mid-run by requires_grad_(False), Horovod of a model
 trained in eval mode (MXNet's record(train_mode=False): benchmarks/mxnet_replay_accuracy.py --models
 predict-mode).
@@ -327,6 +327,8 @@ JOBS = {
     "ddp-trained-in-eval-mode": ([], "ddp_session52.py", ["--eval-mode"], "torch"),
     "tf-keras-adam-ema": (["--backend", "tf"], "tf_session52.py", ["--ema"], "tensorflow"),
     "tf-loop-lookahead-by-hand": (["--backend", "tf"], "tf_session52.py", ["--lookahead-loop"], "tensorflow"),
+    "tf-loop-trained-in-inference-mode": (["--backend", "tf"], "tf_session52.py", ["--inference-mode-loop"],
+                                          "tensorflow"),
     "horovod-frozen-trunk-adamw": (["--backend", "horovod"], "hvd_session52.py", ["--frozen-trunk"], "horovod"),
     "horovod-dynamic-branch": (["--backend", "horovod"], "hvd_session52.py", ["--dynamic-branch"], "horovod"),
     "horovod-trunk-frozen-mid-run": (["--backend", "horovod"], "hvd_session52.py", ["--frozen-after"], "horovod"),

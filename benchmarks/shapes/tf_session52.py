@@ -1,10 +1,12 @@
 """TensorFlow shapes of session 52 (MultiWorkerMirroredStrategy, 2 workers): --ema (Keras fit of an MLP whose Adam
 keeps an exponential moving average of the weights, use_ema=True, copied into the weights every 10 steps),
 --lookahead-loop (a custom loop of a step tf.function of its own that applies the gradients and then, every 5th
-step, pulls the fast weights toward slow copies kept in variables of its own: Lookahead written by hand)."""
+step, pulls the fast weights toward slow copies kept in variables of its own: Lookahead written by hand);
+--inference-mode-loop (the same loop without Lookahead, its model called with training=False inside the tape:
+trained in inference mode, as fine-tuning with BatchNormalization's statistics fixed does)."""
 import argparse, os, statistics, time
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
-for flag in ("--ema", "--lookahead-loop"):
+for flag in ("--ema", "--lookahead-loop", "--inference-mode-loop"):
     p.add_argument(flag, action="store_true")
 a = p.parse_args()
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1"); os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -39,10 +41,11 @@ if a.ema:
 else:
     def replica_step(x, y):
         with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)), global_batch_size=gb)
+            out = model(x, training=not a.inference_mode_loop)
+            loss = tf.nn.compute_average_loss(loss_fn(y, out), global_batch_size=gb)
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         counter.assign_add(1)
-        if counter % 5 == 0:  # Lookahead: slow <- slow + 0.5 (fast - slow); fast <- slow
+        if a.lookahead_loop and counter % 5 == 0:  # Lookahead: slow <- slow + 0.5 (fast - slow); fast <- slow
             for fast, kept in zip(model.trainable_variables, slow):
                 kept.assign_add(0.5 * (fast - kept))
                 fast.assign(kept)
