@@ -72,7 +72,7 @@ def _horovod_costs(model: JobModel, run: RunTrace, calibration: list) -> None:
             f"{dtype} priced at x{cost:.2f} their bytes" for dtype, cost in sorted(model.dtype_cost.items())) +
             " in modelled what-ifs: the calibration's calls in that dtype took that much longer than float32 ones "
             "of the same bytes on the job's own network (gloo sums float16 in software); at another bandwidth that "
-            "share is not measured (2.0 x on loopback, 1.3 x at 1 Gbit/s here)")
+            "share is not measured (2.0 x on loopback here, 1.04-1.07 x at 1 Gbit/s, where it is not applied)")
     calls = ", ".join(f"{int(p[0])} B {p[1] / 1e3:.1f} ms" for p in calibration)
     if model.comm.source == LATENCY_BOUND:
         model.notes.append(f"warning: Horovod's calibration calls did not grow with their bytes beyond their scatter "
