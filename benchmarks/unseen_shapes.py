@@ -67,7 +67,9 @@ steps, DDP of a model with a bfloat16 trunk and a float32 head, DDP of a model t
 a TF loop with Lookahead written by hand, a TF loop calling its model with training=False inside the tape; Horovod fine-tuning a head over a frozen conv trunk with AdamW, Horovod with one of
 two heads drawn each step, Horovod with its trunk frozen mid-run by requires_grad_(False), Horovod of a model
 trained in eval mode (MXNet's record(train_mode=False): benchmarks/mxnet_replay_accuracy.py --models
-predict-mode).
+predict-mode); session 53: the ranks spawned by the script from the one process launched (`-np 1`): pytorch.org's
+DDP tutorial (mp.spawn, a MASTER_PORT of its own), init_method="tcp://..." with a conv net and Adam, the fork start
+method keeping the launcher's address.
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -333,6 +335,10 @@ JOBS = {
     "horovod-dynamic-branch": (["--backend", "horovod"], "hvd_session52.py", ["--dynamic-branch"], "horovod"),
     "horovod-trunk-frozen-mid-run": (["--backend", "horovod"], "hvd_session52.py", ["--frozen-after"], "horovod"),
     "horovod-trained-in-eval-mode": (["--backend", "horovod"], "hvd_session52.py", ["--eval-mode"], "horovod"),
+    # one process launched, the ranks spawned by the script (session 53)
+    "ddp-tutorial-mp-spawn-own-port": (["-np", "1"], "ddp_spawned.py", ["--tutorial"], "torch"),
+    "ddp-mp-spawn-tcp-init-conv-adam": (["-np", "1"], "ddp_spawned.py", ["--tcp"], "torch"),
+    "ddp-mp-fork-launchers-address-adamw": (["-np", "1"], "ddp_spawned.py", ["--fork"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
@@ -353,7 +359,8 @@ def main() -> None:
                 print(f"| {name} | - | - | - | skipped: {needs} is not installed |", flush=True)
                 continue
             path = os.path.join(REPO, script) if "/" in script else os.path.join(SHAPES, script)
-            cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, name), *options, "-np", "2",
+            ranks = [] if "-np" in options else ["-np", "2"]
+            cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, name), *options, *ranks,
                    "python", path, "--steps", str(args.steps), *script_args]
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600,
                                  env=dict(os.environ, DPRO_REPORT="0"))

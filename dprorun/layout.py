@@ -19,6 +19,9 @@ SAMPLES_FILE = "samples.json"
 ALIGNMENT_FILE = "alignment.json"
 # a rank's warning, in events.json, for the exception its script raised (the hooks' excepthook; the launcher names it)
 SCRIPT_RAISED = "training script raised "
+# in the run directory, from rank 0 of ranks the script spawned itself (runtime/spawned.py): their world size
+SPAWNED_FILE = "spawned.json"
+SPAWNED_SCHEMA = "dprorun-spawned"
 SUBPROCESS_SCRIPTS_FILE = "subprocess_scripts.txt"  # in a rank's folder: scripts it ran in child interpreters
 # the hooks' warning where a script went on to train another model or set of parameters (runtime/session.py
 # writes it, replay/ps_model.py repeats it in the PS model's notes)

@@ -969,40 +969,50 @@ def test_a_rendezvous_at_an_address_of_the_scripts_own_is_named_when_it_starts(t
     assert "dprorun: error: rank" in proc.stderr
 
 
-SPAWN_SCRIPT = """
-import os
-import torch, torch.distributed as dist, torch.multiprocessing as mp, torch.nn as nn
-
-def train(rank, world):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    model = nn.parallel.DistributedDataParallel(nn.Linear(8, 8))
-    for _ in range(3):
-        model(torch.randn(4, 8)).sum().backward()
-    dist.barrier()  # both past their last all-reduce: gloo aborts a rank whose pair is torn down under its read
-    dist.destroy_process_group()
-
-if __name__ == "__main__":
-    mp.spawn(train, args=(2,), nprocs=2, join=True)
-"""
+SPAWNED = os.path.join(REPO, "benchmarks", "shapes", "ddp_spawned.py")
 
 
-def test_a_script_that_spawns_its_own_ranks_is_told_how_to_run_under_dprorun(tmp_path):
-    """The DDP tutorial's shape (torch.multiprocessing.spawn of the ranks, rank= and world_size= given): the
-    spawned processes are not dprorun's ranks and carry no hooks; the job runs, and rank 0 says so and how to
-    run the script instead (it said "no distributed training was seen")."""
-    script = tmp_path / "spawned.py"
-    script.write_text(SPAWN_SCRIPT)
-    proc, _ = run_dprorun(["-np", "1", "python", str(script)], tmp_path / "run", timeout=120)
+def _spawned_job(tmp_path, name: str, *script_args: str):
+    proc, _ = run_dprorun(["--warmup", "3", "--active", "5", "--clean", "6", "python", SPAWNED, *script_args],
+                          tmp_path / name, timeout=180)
     if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
-        # torch 2.13's gloo teardown race in the script's own spawned processes, which carry no hooks (one clean-
-        # clone run in about 40 of this test; 2 of 10 plain torchrun launches in benchmarks/abort_rate.py): once more
-        proc, _ = run_dprorun(["-np", "1", "python", str(script)], tmp_path / "run2", timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "is starting 2 process(es) of its own" in proc.stderr  # when they start, not only at the end
-    assert "started 2 process(es) of its own (torch.multiprocessing.spawn)" in proc.stderr
-    assert "dprorun -np 2 python" in proc.stderr and "nothing was profiled" in proc.stderr
+        # torch 2.13's gloo teardown race (2 of 10 plain torchrun launches in benchmarks/abort_rate.py): once more
+        proc, _ = run_dprorun(["--warmup", "3", "--active", "5", "--clean", "6", "python", SPAWNED, *script_args],
+                              tmp_path / f"{name}-again", timeout=180)
+    return proc
+
+
+def test_ranks_the_script_spawns_itself_are_profiled(tmp_path):
+    """pytorch.org's DDP tutorial shape: `dprorun python train.py` launches one process, which starts the ranks with
+    torch.multiprocessing.spawn and gives each init_process_group(rank=, world_size=) with a MASTER_PORT of its own.
+    Before, the ranks waited for a store at that port that nobody served (the launcher's agent store was assumed)
+    until the timeout, then nothing was profiled; now each spawned process is a profiled rank: the run holds both
+    ranks' records, the manifest the job's world size, and the job is replayed and checked."""
+    proc = _spawned_job(tmp_path, "tutorial", "--tutorial", "--steps", "24")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "is starting 2 process(es) of its own" in out and "nothing to profile" not in out
+    assert "(2 ranks, medians over the profiled window" in out
+    assert "replay of the job as it ran" in out
+    run_dir = proc.args[proc.args.index("--run-dir") + 1]
+    manifest = json.loads(open(os.path.join(run_dir, "manifest.json")).read())
+    assert manifest["world_size"] == 2 and manifest["launched_processes"] == 1
+    run = load_run(run_dir)
+    assert sorted(run.ranks) == [0, 1] and not run.missing_ranks
+    assert all(len(trace.profiled_iterations) >= 4 for trace in run.ranks.values())
+
+
+def test_forked_ranks_are_profiled_and_a_failing_one_is_named_with_the_traces_kept(tmp_path):
+    """mp.start_processes(start_method="fork"): each child holds the launched process's hooks, which become its
+    own rank's (their records and clock anew). Spawned rank 1 raises at step 12: the job exits non-zero naming the
+    error, and both ranks' records of the window are kept."""
+    proc = _spawned_job(tmp_path, "fork", "--fork", "--fail-at-step", "12", "--steps", "20")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "RuntimeError: rank 1 fails at step 12" in proc.stderr
+    assert "traces kept for ranks [0, 1]" in proc.stderr
+    run = load_run(proc.args[proc.args.index("--run-dir") + 1])
+    assert sorted(run.ranks) == [0, 1]
+    assert all(len(trace.profiled_iterations) >= 4 for trace in run.ranks.values())
 
 
 def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):

@@ -116,21 +116,48 @@ def install(environ=os.environ) -> Optional[object]:
     if pending:
         sys.meta_path.insert(0, _PatchOnImport(pending))
 
-    try:
-        from dprorun.runtime.samplers import Sampler
-
-        sess.sampler = Sampler(cfg.sample_interval_s, local_rank, sess.now_us,
-                               fast=lambda: sess.phase == "active")
-        sess.sampler.start()
-    except Exception as exc:
-        sess.records.warnings.append(f"sampler not started: {exc}")
-
+    _start_sampler(sess)
     atexit.register(_at_interpreter_exit, sess)
     _keep_records_at_os_exit(sess)
     _install_excepthook(sess)
     _install_sigterm(sess)
     _guard_output_files(sess)
     return sess
+
+
+def _start_sampler(sess) -> None:
+    try:
+        from dprorun.runtime.samplers import Sampler
+
+        sess.sampler = Sampler(sess.cfg.sample_interval_s, sess.local_rank, sess.now_us,
+                               fast=lambda: sess.phase == "active")
+        sess.sampler.start()
+    except Exception as exc:
+        sess.records.warnings.append(f"sampler not started: {exc}")
+
+
+def install_in_spawned_rank(environ) -> Optional[object]:
+    """A process the script spawned becomes a rank (runtime/spawned.py; `environ` names its rank). A fresh
+    interpreter (start methods spawn and forkserver) installs as a launched rank does. A forked one holds its parent's
+    session, to which the patches the parent applied are bound: that object is made this rank's (its records and
+    clock anew; the exit handlers the parent registered run for it now), provided the parent had trained nothing."""
+    inherited = _SESSION
+    if inherited is None or inherited.pid == os.getpid():
+        return install(environ)
+    if inherited.trackers or inherited.iteration >= 0:
+        return None  # forked from a rank that trained: its records are the parent's
+    from dprorun.config import ProfileConfig
+
+    # the watchers the parent applied hold these objects (runtime/watch.py, runtime/script_profiler.py): kept, emptied
+    use, profiler_state = inherited.script_use, inherited.script_profiler
+    type(inherited).__init__(inherited, ProfileConfig.from_env(environ), int(environ["RANK"]),
+                             int(environ["LOCAL_RANK"]), int(environ["WORLD_SIZE"]))
+    for kept, fresh in ((use, inherited.script_use), (profiler_state, inherited.script_profiler)):
+        kept.__dict__.update(fresh.__dict__)
+    inherited.script_use, inherited.script_profiler = use, profiler_state
+    os.environ["DPRO_HOOKED_PID"] = str(os.getpid())
+    _start_sampler(inherited)
+    return inherited
 
 
 def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[str, Callable[[], None]]:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
 from dprorun.fsutil import atomic_write_json, make_private_dir
-from dprorun.layout import CLEAN_FILE, PRIMARY_REPLACED, SCRIPT_RAISED, rank_dir
+from dprorun.layout import CLEAN_FILE, PRIMARY_REPLACED, SCRIPT_RAISED, rank_dir, ranks_with_records
 from dprorun.runtime import rank_files
 from dprorun.runtime.cpubudget import cgroup_cpu_stat, process_cpu_s
 from dprorun.runtime.records import RankRecords
@@ -479,10 +479,12 @@ class RankSession:
             return
         # a script that raised before its first step: its error says why nothing was profiled
         raised = any(isinstance(w, str) and w.startswith(SCRIPT_RAISED) for w in self.records.warnings)
-        if not self.trackers and self.rank == 0 and not self.disabled and not raised:
+        # a script whose spawned processes were the job's ranks: they wrote their records (runtime/spawned.py)
+        spawned_ranks = bool(self.script_use.spawned_processes and ranks_with_records(self.cfg.run_dir))
+        if not self.trackers and self.rank == 0 and not self.disabled and not raised and not spawned_ranks:
             self.script_use.subprocess_scripts = read_subprocess_scripts(self.rank_dir)
             warn(nothing_to_profile(self.script_use), self.rank)
-        elif self.iteration < 0 and self.rank == 0 and not self.disabled and not raised:
+        elif self.iteration < 0 and self.rank == 0 and not self.disabled and not raised and not spawned_ranks:
             warn(no_step_seen(self.trackers), self.rank)
         if self.phase == "active" or (self.disabled and self.profiler is not None):
             self._stop_window(write=True)

@@ -56,7 +56,7 @@ HOROVOD_AUTOGRAD_FUNCTIONS = {"HorovodAllgather": "allgather", "HorovodGroupedAl
 @dataclass
 class ScriptUse:
     """torch.distributed use seen in the script (counts of calls; the process group as it was made)."""
-    spawned_processes: int = 0  # started by torch.multiprocessing.spawn: not ranks dprorun launched
+    spawned_processes: int = 0  # started by torch.multiprocessing.spawn: ranks of their own (runtime/spawned.py)
     subprocess_scripts: list[str] = field(default_factory=list)  # scripts run in child interpreters (bootstrap)
     fsdp_wrappers: int = 0  # FullyShardedDataParallel / fully_shard calls
     problems: list[str] = field(default_factory=list)  # what the rank's records keep as warnings (events.json)
@@ -109,10 +109,9 @@ def nothing_to_profile(use: ScriptUse) -> str:
     FSDP, collectives called by hand (gradients averaged in the script), a bare process group, or nothing."""
     if use.spawned_processes:
         return (f"nothing to profile: the script started {use.spawned_processes} process(es) of its own "
-                f"(torch.multiprocessing.spawn), which dprorun does not profile: it profiles the ranks it launches. "
-                f"Let the script take its rank and world size from RANK, WORLD_SIZE and LOCAL_RANK (as under "
-                f"torchrun: init_process_group() without rank= and world_size=) instead of spawning them, and run "
-                f"it as `dprorun -np {use.spawned_processes} python <script>`. The job ran unprofiled")
+                f"(torch.multiprocessing.spawn), and none wrote a rank's records: each is profiled as a rank once it "
+                f"calls init_process_group and trains a wrapper the hooks support (a process forked from one that "
+                f"trained, or one that never called init_process_group, is not). The job ran unprofiled")
     if use.subprocess_scripts:
         return f"nothing to profile: {subprocess_script_advice(use.subprocess_scripts[0], 'N')}. The job ran unprofiled"
     if use.horovod_initialised and not (use.process_group or use.collectives):
@@ -190,19 +189,20 @@ def _backend_for_the_frameworks_loaded() -> str:
 
 def watch_spawns(use: ScriptUse) -> None:
     """Processes the script starts itself with torch.multiprocessing.spawn / start_processes (the DDP tutorial's
-    shape): they are not ranks dprorun launched and carry no hooks; said at the spawn and counted."""
+    shape): each runs the script's function through runtime/spawned.py, which makes it a profiled rank once it calls
+    init_process_group; counted, and said at the spawn."""
     module = sys.modules["torch.multiprocessing.spawn"]
     start_processes = module.start_processes
 
     @functools.wraps(start_processes)
     def counted(fn, args=(), nprocs=1, *more, **kwargs):
+        from dprorun.runtime.spawned import profiled_entry
+
         if not use.spawned_processes:
-            warn(f"the script is starting {nprocs} process(es) of its own (torch.multiprocessing.spawn): dprorun "
-                 "profiles the ranks it launches, not these. They inherit the launcher's rendezvous environment, as "
-                 "under torchrun (TORCHELASTIC_USE_AGENT_STORE: init_process_group joins the store at MASTER_ADDR:"
-                 "MASTER_PORT), so a script that sets a MASTER_PORT of its own waits there until it times out")
+            warn(f"the script is starting {nprocs} process(es) of its own (torch.multiprocessing.spawn): each is "
+                 "profiled as a rank once it calls init_process_group (the rank and world size it gives)")
         use.spawned_processes += int(nprocs)
-        return start_processes(fn, args, nprocs, *more, **kwargs)
+        return start_processes(profiled_entry(fn, nprocs), args, nprocs, *more, **kwargs)
 
     module.start_processes = counted
 

@@ -1,0 +1,99 @@
+"""Ranks the script starts itself (session 53): `dprorun python ddp_spawned.py --tutorial` (one process launched;
+it spawns the job's ranks).
+
+--tutorial: pytorch.org's "Getting Started with Distributed Data Parallel" shape: torch.multiprocessing.spawn of the
+ranks, MASTER_ADDR / MASTER_PORT set by the script (a port it found free), init_process_group("gloo", rank=rank,
+world_size=world_size), the ToyModel (Linear 512->1024, ReLU, Linear 1024->512), MSELoss, SGD.
+--tcp: the same with init_method="tcp://127.0.0.1:<port>" and no MASTER_* variables; Adam; a conv net.
+--fork: mp.start_processes(..., start_method="fork"), the address left as the launcher set it (MASTER_ADDR and
+MASTER_PORT inherited), AdamW.
+--fail-at-step N: rank 1 raises at step N (mp.spawn ends the others and raises in the launched process).
+--world N: the number of ranks spawned (2).
+"""
+import argparse
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(512, 1024)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(1024, 512)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1),
+                                      nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten())
+        self.head = nn.Linear(64 * 16, 10)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def train(rank: int, world_size: int, a: argparse.Namespace, port: int) -> None:
+    torch.set_num_threads(1)
+    if a.tcp:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    else:
+        if a.tutorial:
+            os.environ["MASTER_ADDR"] = "localhost"
+            os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.manual_seed(rank)
+    if a.tcp:
+        model, make = ConvNet(), (lambda: (torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))))
+        loss_fn, optimizer_class = nn.CrossEntropyLoss(), torch.optim.Adam
+    else:
+        model, make = ToyModel(), (lambda: (torch.randn(64, 512), torch.randn(64, 512)))
+        loss_fn, optimizer_class = nn.MSELoss(), (torch.optim.AdamW if a.fork else torch.optim.SGD)
+    ddp_model = DDP(model)
+    optimizer = optimizer_class(ddp_model.parameters(), lr=0.001)
+    times = []
+    for step in range(a.steps):
+        start = time.perf_counter()
+        if a.fail_at_step is not None and step == a.fail_at_step and rank == 1:
+            raise RuntimeError(f"rank 1 fails at step {step}")
+        inputs, labels = make()
+        optimizer.zero_grad()
+        loss_fn(ddp_model(inputs), labels).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        print(f"median step {1000 * statistics.median(times[len(times) // 2:]):.2f} ms")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    for flag in ("--tutorial", "--tcp", "--fork"):
+        p.add_argument(flag, action="store_true")
+    p.add_argument("--fail-at-step", type=int, default=None)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--steps", type=int, default=60)
+    args = p.parse_args()
+    if args.fork:
+        mp.start_processes(train, args=(args.world, args, 0), nprocs=args.world, start_method="fork")
+    else:
+        mp.spawn(train, args=(args.world, args, free_port()), nprocs=args.world, join=True)
