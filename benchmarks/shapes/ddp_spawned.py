@@ -5,8 +5,8 @@ it spawns the job's ranks).
 ranks, MASTER_ADDR / MASTER_PORT set by the script (a port it found free), init_process_group("gloo", rank=rank,
 world_size=world_size), the ToyModel (Linear 512->1024, ReLU, Linear 1024->512), MSELoss, SGD.
 --tcp: the same with init_method="tcp://127.0.0.1:<port>" and no MASTER_* variables; Adam; a conv net.
---fork: mp.start_processes(..., start_method="fork"), the address left as the launcher set it (MASTER_ADDR and
-MASTER_PORT inherited), AdamW.
+--fork: mp.start_processes(..., start_method="fork") (as in a notebook), MASTER_ADDR / MASTER_PORT given defaults
+with os.environ.setdefault before the start (under a launcher, its values stay), AdamW.
 --fail-at-step N: rank 1 raises at step N (mp.spawn ends the others and raises in the launched process).
 --world N: the number of ranks spawned (2).
 """
@@ -94,6 +94,8 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=60)
     args = p.parse_args()
     if args.fork:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         mp.start_processes(train, args=(args.world, args, 0), nprocs=args.world, start_method="fork")
     else:
         mp.spawn(train, args=(args.world, args, free_port()), nprocs=args.world, join=True)

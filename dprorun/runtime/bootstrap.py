@@ -140,24 +140,27 @@ def install_in_spawned_rank(environ) -> Optional[object]:
     """A process the script spawned becomes a rank (runtime/spawned.py; `environ` names its rank). A fresh
     interpreter (start methods spawn and forkserver) installs as a launched rank does. A forked one holds its parent's
     session, to which the patches the parent applied are bound: that object is made this rank's (its records and
-    clock anew; the exit handlers the parent registered run for it now), provided the parent had trained nothing."""
-    inherited = _SESSION
-    if inherited is None or inherited.pid == os.getpid():
+    clock anew; the exit handlers the parent registered run for it now), provided the parent had trained nothing; so
+    is a session of this process that recorded nothing yet, given another rank at init_process_group."""
+    current = _SESSION
+    if current is None:
         return install(environ)
-    if inherited.trackers or inherited.iteration >= 0:
-        return None  # forked from a rank that trained: its records are the parent's
+    if current.trackers or current.iteration >= 0:
+        return None  # forked from a rank that trained (its records are the parent's), or training already
     from dprorun.config import ProfileConfig
 
-    # the watchers the parent applied hold these objects (runtime/watch.py, runtime/script_profiler.py): kept, emptied
-    use, profiler_state = inherited.script_use, inherited.script_profiler
-    type(inherited).__init__(inherited, ProfileConfig.from_env(environ), int(environ["RANK"]),
-                             int(environ["LOCAL_RANK"]), int(environ["WORLD_SIZE"]))
-    for kept, fresh in ((use, inherited.script_use), (profiler_state, inherited.script_profiler)):
+    if current.pid == os.getpid() and current.sampler is not None:
+        current.sampler.stop()
+    # the watchers applied hold these objects (runtime/watch.py, runtime/script_profiler.py): kept, emptied
+    use, profiler_state = current.script_use, current.script_profiler
+    type(current).__init__(current, ProfileConfig.from_env(environ), int(environ["RANK"]),
+                           int(environ["LOCAL_RANK"]), int(environ["WORLD_SIZE"]))
+    for kept, fresh in ((use, current.script_use), (profiler_state, current.script_profiler)):
         kept.__dict__.update(fresh.__dict__)
-    inherited.script_use, inherited.script_profiler = use, profiler_state
+    current.script_use, current.script_profiler = use, profiler_state
     os.environ["DPRO_HOOKED_PID"] = str(os.getpid())
-    _start_sampler(inherited)
-    return inherited
+    _start_sampler(current)
+    return current
 
 
 def _framework_patches(sess, backend: Optional[str], mxnet_role: str) -> dict[str, Callable[[], None]]:
@@ -217,8 +220,9 @@ def _script_watches(sess) -> dict[str, Callable[[], None]]:
     from dprorun.runtime.script_profiler import watch_torch
 
     use = sess.script_use
+    launcher_port = os.environ.get("MASTER_PORT")  # at start-up, before the script could set one of its own
     return {"torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn",
-                                                              watch.watch_spawns, use),
+                                                              watch.watch_spawns, use, launcher_port),
             "torch.distributed": lambda: _watch_torch_distributed(sess),
             "torch.autograd": lambda: _watch_gradient_collectives(sess),
             "torch.autograd.profiler": lambda: sess.guard("watching the script's profiler", watch_torch, sess),

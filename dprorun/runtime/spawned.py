@@ -2,12 +2,13 @@
 `mp.spawn(train, nprocs=N)`, each process calling init_process_group(rank=i, world_size=N) with a MASTER_PORT of
 the script's own), launched as `dprorun python train.py`.
 
-The launched process (dprorun's rank 0) trains nothing itself; each spawned process becomes a profiled rank once it
-calls init_process_group: its session is installed there with the rank and world size the script gave (runtime/
-bootstrap.install), so its DDP is profiled and its traces gathered as a torchrun rank's are. Before that call the
-process sees the environment a plain `python train.py` gives it: the launcher's rank variables are taken away, and
-where the script set a rendezvous address of its own its rank 0 serves the store there (the launcher's agent store
-is only used where the script kept the launcher's MASTER_ADDR and MASTER_PORT).
+The launched process (dprorun's rank 0) trains nothing itself; each spawned process is a rank: it sees the
+environment a plain `python train.py` gives it (the launcher's rank variables taken away, and its agent's store:
+the rendezvous the script sets, or keeps, is served by its rank 0; where the script kept the launcher's MASTER_PORT,
+a free one stands in for it, the agent listening there), and its session is installed at once as rank i of the N
+spawned (runtime/bootstrap.install_in_spawned_rank), or as the rank and world size the script gives
+init_process_group where they differ (ranks numbered across hosts), so its DDP is profiled and its traces gathered as
+a torchrun rank's are. Its rank 0 writes the world size into the run directory for the launcher (finalize.py).
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-LAUNCHER_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                           "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME")
-SPAWNED_MARK = "DPRO_SPAWNED_RANK"  # "1" in the environment of a rank the script spawned
+# what the launcher gave the process it started, and a plain `python train.py` does not: its rank, and the store its
+# agent hosts, which the launcher's ranks join as clients
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_USE_AGENT_STORE")
 
 
 @dataclass(frozen=True)
@@ -27,23 +29,29 @@ class SpawnedFrom:
     """What a spawned process needs from the process that spawned it (pickled with the script's function)."""
     parent_pid: int
     nprocs: int
-    master_addr: Optional[str]  # the launcher's rendezvous address, as the launched process had it
-    master_port: Optional[str]
+    launcher_port: Optional[str]  # the MASTER_PORT the launcher gave (its agent's store listens there)
+    own_port: Optional[str]  # where the spawned ranks' store goes in its place (None: the script set its own)
 
 
-def profiled_entry(fn: Callable, nprocs: int) -> Callable:
+def profiled_entry(fn: Callable, nprocs: int, launcher_port: Optional[str]) -> Callable:
     """The function torch.multiprocessing.spawn runs in each process in place of the script's fn: picklable as the
     script's own is (a partial of two module-level functions)."""
-    origin = SpawnedFrom(os.getpid(), int(nprocs), os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+    from dprorun.procs import free_port
+
+    kept = launcher_port is not None and os.environ.get("MASTER_PORT") == launcher_port
+    origin = SpawnedFrom(os.getpid(), int(nprocs), launcher_port, str(free_port()) if kept else None)
     return functools.partial(run_spawned_rank, fn, origin)
 
 
 def run_spawned_rank(fn: Callable, origin: SpawnedFrom, index: int, *args: Any) -> Any:
-    """In a spawned process: the environment a plain launch gives it, init_process_group watched, then the
-    script's fn(index, *args)."""
-    for name in LAUNCHER_RANK_VARIABLES:
+    """In a spawned process: the environment a plain launch gives it, its session (rank `index` of the processes
+    spawned, until init_process_group says otherwise), then the script's fn(index, *args)."""
+    for name in LAUNCHER_VARIABLES:
         os.environ.pop(name, None)
+    if origin.own_port is not None and os.environ.get("MASTER_PORT") == origin.launcher_port:
+        os.environ["MASTER_PORT"] = origin.own_port  # the launcher's port is its agent's: the ranks' rank 0 serves
     try:
+        _install_rank_session(index, index, origin.nprocs, origin.nprocs)
         _watch_init_process_group(origin, index)
     except Exception as exc:  # never in the way of the script's own training
         from dprorun.runtime.log import warn
@@ -53,6 +61,9 @@ def run_spawned_rank(fn: Callable, origin: SpawnedFrom, index: int, *args: Any) 
 
 
 def _watch_init_process_group(origin: SpawnedFrom, index: int) -> None:
+    """A rank or world size the script gives init_process_group other than the process's index and the number
+    spawned (ranks numbered across hosts): the session takes them, nothing having been recorded yet. A script that
+    imported the function itself (`from torch.distributed import init_process_group`) keeps the index's."""
     import torch.distributed as dist
 
     original = dist.init_process_group
@@ -60,10 +71,10 @@ def _watch_init_process_group(origin: SpawnedFrom, index: int) -> None:
 
     @functools.wraps(original)
     def becomes_a_rank(*args, **kwargs):
-        dist.init_process_group = original  # once: the session installed below watches the call from here on
+        dist.init_process_group = original  # once: the session's own watcher sees the call from here on
         rank, world_size = _rank_and_world(signature, args, kwargs, index, origin.nprocs)
-        _rendezvous_as_a_plain_launch(origin, kwargs)
-        _install_rank_session(rank, index, world_size, origin.nprocs)
+        if (rank, world_size) != (index, origin.nprocs):
+            _install_rank_session(rank, index, world_size, origin.nprocs)
         return dist.init_process_group(*args, **kwargs)
 
     dist.init_process_group = becomes_a_rank
@@ -86,25 +97,12 @@ def _rank_and_world(signature: inspect.Signature, args: tuple, kwargs: dict, ind
     return int(rank), int(world_size)
 
 
-def _rendezvous_as_a_plain_launch(origin: SpawnedFrom, kwargs: dict) -> None:
-    """The launcher's agent hosts the store its own ranks join (TORCHELASTIC_USE_AGENT_STORE=True); the spawned
-    processes keep joining it only at the launcher's address, as they did before. A script that set an address of
-    its own (the tutorial's MASTER_PORT 12355, or init_method="tcp://..."), waited there for a store nobody served:
-    now its rank 0 serves it, as under a plain launch."""
-    method = kwargs.get("init_method")
-    own_address = (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")) != \
-        (origin.master_addr, origin.master_port)
-    if own_address or (isinstance(method, str) and not method.startswith("env://")) or "store" in kwargs:
-        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-
-
 def _install_rank_session(rank: int, index: int, world_size: int, nprocs: int) -> None:
     from dprorun.runtime import bootstrap
 
-    os.environ["LOCAL_WORLD_SIZE"] = str(nprocs)  # the ranks sharing this host's cores (runtime/cpubudget.py)
-    environ = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(index), WORLD_SIZE=str(world_size))
+    environ = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(index), WORLD_SIZE=str(world_size),
+                   LOCAL_WORLD_SIZE=str(nprocs))
     environ.pop("DPRO_HOOKED_PID", None)
-    environ[SPAWNED_MARK] = "1"
     session = bootstrap.install_in_spawned_rank(environ)
     if session is not None and rank == 0:
         _say_the_world_size(session.cfg.run_dir, world_size, nprocs)

@@ -187,7 +187,7 @@ def _backend_for_the_frameworks_loaded() -> str:
     return ""
 
 
-def watch_spawns(use: ScriptUse) -> None:
+def watch_spawns(use: ScriptUse, launcher_port: Optional[str]) -> None:
     """Processes the script starts itself with torch.multiprocessing.spawn / start_processes (the DDP tutorial's
     shape): each runs the script's function through runtime/spawned.py, which makes it a profiled rank once it calls
     init_process_group; counted, and said at the spawn."""
@@ -202,7 +202,7 @@ def watch_spawns(use: ScriptUse) -> None:
             warn(f"the script is starting {nprocs} process(es) of its own (torch.multiprocessing.spawn): each is "
                  "profiled as a rank once it calls init_process_group (the rank and world size it gives)")
         use.spawned_processes += int(nprocs)
-        return start_processes(profiled_entry(fn, nprocs), args, nprocs, *more, **kwargs)
+        return start_processes(profiled_entry(fn, nprocs, launcher_port), args, nprocs, *more, **kwargs)
 
     module.start_processes = counted
 
