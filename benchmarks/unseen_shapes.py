@@ -69,7 +69,8 @@ two heads drawn each step, Horovod with its trunk frozen mid-run by requires_gra
 trained in eval mode (MXNet's record(train_mode=False): benchmarks/mxnet_replay_accuracy.py --models
 predict-mode); session 53: the ranks spawned by the script from the one process launched (`-np 1`): pytorch.org's
 DDP tutorial (mp.spawn, a MASTER_PORT of its own), init_method="tcp://..." with a conv net and Adam, the fork start
-method keeping the launcher's address.
+method with a default address; Lightning's ddp_spawn and ddp_notebook, Ignite's Parallel(nproc_per_node=2),
+Accelerate's notebook_launcher.
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -338,7 +339,12 @@ JOBS = {
     # one process launched, the ranks spawned by the script (session 53)
     "ddp-tutorial-mp-spawn-own-port": (["-np", "1"], "ddp_spawned.py", ["--tutorial"], "torch"),
     "ddp-mp-spawn-tcp-init-conv-adam": (["-np", "1"], "ddp_spawned.py", ["--tcp"], "torch"),
-    "ddp-mp-fork-launchers-address-adamw": (["-np", "1"], "ddp_spawned.py", ["--fork"], "torch"),
+    "ddp-mp-fork-setdefault-address-adamw": (["-np", "1"], "ddp_spawned.py", ["--fork"], "torch"),
+    "lightning-ddp-spawn-adam": (["-np", "1"], "spawned_trainers.py", ["--lightning-ddp-spawn"], "lightning"),
+    "lightning-ddp-notebook-fork-sgd": (["-np", "1"], "spawned_trainers.py", ["--lightning-ddp-notebook"],
+                                        "lightning"),
+    "ignite-parallel-nproc-per-node-2": (["-np", "1"], "spawned_trainers.py", ["--ignite-nproc"], "ignite"),
+    "accelerate-notebook-launcher": (["-np", "1"], "spawned_trainers.py", ["--accelerate-notebook"], "accelerate"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

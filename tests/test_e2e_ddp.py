@@ -1015,6 +1015,23 @@ def test_forked_ranks_are_profiled_and_a_failing_one_is_named_with_the_traces_ke
     assert all(len(trace.profiled_iterations) >= 4 for trace in run.ranks.values())
 
 
+def test_lightning_ddp_spawn_trains_one_job_of_two_ranks_and_is_profiled(tmp_path):
+    """Lightning's Trainer(strategy="ddp_spawn", devices=2) launched as `dprorun python train.py`: Lightning reads
+    the launcher's torchrun-like environment in the launched process and again in each spawned one. Before, both
+    spawned processes read RANK 0 of WORLD_SIZE 1 (as under `torchrun --nproc-per-node 1`) and trained as two jobs
+    of one rank, unprofiled; now each spawned process gets its own rank variables: one job of two ranks, profiled."""
+    pytest.importorskip("lightning")
+    proc, _ = run_dprorun(["--warmup", "3", "--active", "5", "--clean", "6", "python",
+                           os.path.join(REPO, "benchmarks", "shapes", "spawned_trainers.py"), "--lightning-ddp-spawn",
+                           "--steps", "24"], tmp_path / "run", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in out and "MEMBER: 1/1" not in out
+    run = load_run(str(tmp_path / "run"))
+    assert sorted(run.ranks) == [0, 1]
+    assert all(len(trace.profiled_iterations) >= 4 for trace in run.ranks.values())
+
+
 def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):
     """--run-dir pointing at an earlier (here interrupted) run: refused with exit 2, nothing touched; --overwrite
     replaces it, and the new manifest is the new run's alone. The new run's ranks pose as two hosts

@@ -34,13 +34,16 @@ def conv() -> nn.Module:
                          nn.Linear(256, 10))
 
 
-def lightning(strategy: str, optimizer: str) -> None:
+def lightning_module(optimizer: str):
+    """A LightningModule class defined at module level (ddp_spawn pickles the module by its class's name)."""
+    global LitMLP
     import lightning as L
 
-    class Module(L.LightningModule):
-        def __init__(self):
+    class LitMLP(L.LightningModule):
+        def __init__(self, optimizer: str):
             super().__init__()
             self.net = mlp()
+            self.optimizer = optimizer
             self.times: list[float] = []
             self.started = 0.0
 
@@ -55,7 +58,7 @@ def lightning(strategy: str, optimizer: str) -> None:
             return nn.functional.cross_entropy(self.net(x), y)
 
         def configure_optimizers(self):
-            if optimizer == "adam":
+            if self.optimizer == "adam":
                 return torch.optim.Adam(self.parameters(), lr=1e-3)
             return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
@@ -63,11 +66,21 @@ def lightning(strategy: str, optimizer: str) -> None:
             if self.global_rank == 0:
                 print(f"median step {1000 * statistics.median(self.times[len(self.times) // 2:]):.2f} ms")
 
+    return LitMLP(optimizer)
+
+
+if a.lightning_ddp_spawn or a.lightning_ddp_notebook:
+    lightning_module("adam")  # defines LitMLP here too when the spawned processes import this file
+
+
+def lightning(strategy: str, optimizer: str) -> None:
+    import lightning as L
+
     n = 64 * a.steps * 2
     loader = DataLoader(TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,))), batch_size=64)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=a.steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Module(), loader)
+    trainer.fit(lightning_module(optimizer), loader)
 
 
 def ignite_training(local_rank: int) -> None:

@@ -2,13 +2,13 @@
 `mp.spawn(train, nprocs=N)`, each process calling init_process_group(rank=i, world_size=N) with a MASTER_PORT of
 the script's own), launched as `dprorun python train.py`.
 
-The launched process (dprorun's rank 0) trains nothing itself; each spawned process is a rank: it sees the
-environment a plain `python train.py` gives it (the launcher's rank variables taken away, and its agent's store:
-the rendezvous the script sets, or keeps, is served by its rank 0; where the script kept the launcher's MASTER_PORT,
-a free one stands in for it, the agent listening there), and its session is installed at once as rank i of the N
-spawned (runtime/bootstrap.install_in_spawned_rank), or as the rank and world size the script gives
-init_process_group where they differ (ranks numbered across hosts), so its DDP is profiled and its traces gathered as
-a torchrun rank's are. Its rank 0 writes the world size into the run directory for the launcher (finalize.py).
+The launched process (dprorun's rank 0) trains nothing itself; each spawned process is a rank: the launcher's rank
+variables it inherited are made its own (RANK, LOCAL_RANK, WORLD_SIZE, ...: the index and the number spawned), the
+store it rendezvous at is the launcher's agent's only where the script kept the launcher's MASTER_PORT (its rank 0
+serves any other, as under a plain launch), and its session is installed at once as rank i of the N spawned
+(runtime/bootstrap.install_in_spawned_rank), or as the rank and world size the script gives init_process_group where
+they differ (ranks numbered across hosts), so its DDP is profiled and its traces gathered as a torchrun rank's are.
+Its rank 0 writes the world size into the run directory for the launcher (finalize.py).
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-# what the launcher gave the process it started, and a plain `python train.py` does not: its rank, and the store its
-# agent hosts, which the launcher's ranks join as clients
-LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_USE_AGENT_STORE")
+# the launcher's rank variables, which a spawned process inherits from the process launched: each spawned process
+# gets its own in their place (a framework that read them in the launched process, as Lightning's ddp_spawn under a
+# torchrun-like environment does, reads them again in each spawned one: before, every process was rank 0 of 1)
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "ROLE_RANK")
+WORLD_VARIABLES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE")
 
 
 @dataclass(frozen=True)
@@ -30,27 +31,22 @@ class SpawnedFrom:
     parent_pid: int
     nprocs: int
     launcher_port: Optional[str]  # the MASTER_PORT the launcher gave (its agent's store listens there)
-    own_port: Optional[str]  # where the spawned ranks' store goes in its place (None: the script set its own)
 
 
 def profiled_entry(fn: Callable, nprocs: int, launcher_port: Optional[str]) -> Callable:
     """The function torch.multiprocessing.spawn runs in each process in place of the script's fn: picklable as the
     script's own is (a partial of two module-level functions)."""
-    from dprorun.procs import free_port
-
-    kept = launcher_port is not None and os.environ.get("MASTER_PORT") == launcher_port
-    origin = SpawnedFrom(os.getpid(), int(nprocs), launcher_port, str(free_port()) if kept else None)
-    return functools.partial(run_spawned_rank, fn, origin)
+    return functools.partial(run_spawned_rank, fn, SpawnedFrom(os.getpid(), int(nprocs), launcher_port))
 
 
 def run_spawned_rank(fn: Callable, origin: SpawnedFrom, index: int, *args: Any) -> Any:
     """In a spawned process: the environment a plain launch gives it, its session (rank `index` of the processes
     spawned, until init_process_group says otherwise), then the script's fn(index, *args)."""
-    for name in LAUNCHER_VARIABLES:
-        os.environ.pop(name, None)
-    if origin.own_port is not None and os.environ.get("MASTER_PORT") == origin.launcher_port:
-        os.environ["MASTER_PORT"] = origin.own_port  # the launcher's port is its agent's: the ranks' rank 0 serves
+    if "RANK" in os.environ:  # launched by dprorun (not the launcher's processes' own children)
+        os.environ.update({name: str(index) for name in RANK_VARIABLES})
+        os.environ.update({name: str(origin.nprocs) for name in WORLD_VARIABLES})
     try:
+        _store_where_the_script_meets(origin.launcher_port)
         _install_rank_session(index, index, origin.nprocs, origin.nprocs)
         _watch_init_process_group(origin, index)
     except Exception as exc:  # never in the way of the script's own training
@@ -58,6 +54,27 @@ def run_spawned_rank(fn: Callable, origin: SpawnedFrom, index: int, *args: Any) 
 
         warn(f"spawned process {index} is not profiled: {type(exc).__name__}: {exc}", index)
     return fn(index, *args)
+
+
+def _store_where_the_script_meets(launcher_port: Optional[str]) -> None:
+    """The launcher's agent hosts a store at its MASTER_PORT, which the launcher's ranks join as clients
+    (TORCHELASTIC_USE_AGENT_STORE=True, inherited). The spawned ranks join it where the script kept that port; where
+    it set an address of its own (the tutorial's MASTER_PORT 12355, init_method="tcp://...") their rank 0 serves the
+    store there, as under a plain launch: before, they waited for a store nobody served until the timeout."""
+    import importlib
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module (the package exports a function)
+    create = rendezvous._create_c10d_store
+
+    @functools.wraps(create)
+    def created_where_the_script_meets(hostname, port, *args, **kwargs):
+        if launcher_port is not None and str(port) == launcher_port:
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        else:
+            os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        return create(hostname, port, *args, **kwargs)
+
+    rendezvous._create_c10d_store = created_where_the_script_meets
 
 
 def _watch_init_process_group(origin: SpawnedFrom, index: int) -> None:
