@@ -111,7 +111,7 @@ def accelerate_loop() -> None:
     accelerator = Accelerator(cpu=True)
     model = mlp()
     optimizer = torch.optim.RMSprop(model.parameters(), lr=1e-3)
-    n = 64 * a.steps
+    n = 64 * a.steps * 2  # sharded over the 2 processes by accelerator.prepare
     loader = DataLoader(TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,))), batch_size=64)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     times = []

@@ -221,8 +221,9 @@ def _script_watches(sess) -> dict[str, Callable[[], None]]:
 
     use = sess.script_use
     launcher_port = os.environ.get("MASTER_PORT")  # at start-up, before the script could set one of its own
+    launched_world = sess.world_size
     return {"torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn",
-                                                              watch.watch_spawns, use, launcher_port),
+                                                              watch.watch_spawns, use, launcher_port, launched_world),
             "torch.distributed": lambda: _watch_torch_distributed(sess),
             "torch.autograd": lambda: _watch_gradient_collectives(sess),
             "torch.autograd.profiler": lambda: sess.guard("watching the script's profiler", watch_torch, sess),

@@ -90,6 +90,7 @@ class RankSession:
         self.remote_ranks: list[int] = []  # rank 0: ranks whose files came over the network (other disks)
         self.window_work_done = False  # probes, calibration and gather ran (or were attempted)
         self.teardown_alone = False  # the group's teardown came with ranks missing: its collectives were skipped
+        self.spawned_by_script = False  # a rank the script spawned itself (runtime/spawned.py)
         from dprorun.runtime import apply
 
         self.strategy, problem = apply.load()  # the optimizer's strategy this job runs with, if any
@@ -427,6 +428,10 @@ class RankSession:
     # ---- files -------------------------------------------------------------------------------------------
     def write_events(self) -> None:
         rank_files.write_events(self)
+        if self.spawned_by_script and self.rank == 0:  # the launcher learns the job's world size from its rank 0
+            from dprorun.runtime.spawned import say_the_world_size
+
+            say_the_world_size(self.cfg.run_dir, self.world_size)
 
     def clean_document(self, rank: Optional[int] = None, starts: Optional[list[float]] = None,
                        complete: bool = True, script_marks: Optional[list[int]] = None) -> dict:
@@ -481,10 +486,14 @@ class RankSession:
         raised = any(isinstance(w, str) and w.startswith(SCRIPT_RAISED) for w in self.records.warnings)
         # a script whose spawned processes were the job's ranks: they wrote their records (runtime/spawned.py)
         spawned_ranks = bool(self.script_use.spawned_processes and ranks_with_records(self.cfg.run_dir))
-        if not self.trackers and self.rank == 0 and not self.disabled and not raised and not spawned_ranks:
+        # a process spawned for other work than training (no process group): the launched process speaks
+        spawned_helper = self.spawned_by_script and not self.script_use.process_group
+        if not self.trackers and self.rank == 0 and not self.disabled and not raised and not spawned_ranks \
+                and not spawned_helper:
             self.script_use.subprocess_scripts = read_subprocess_scripts(self.rank_dir)
             warn(nothing_to_profile(self.script_use), self.rank)
-        elif self.iteration < 0 and self.rank == 0 and not self.disabled and not raised and not spawned_ranks:
+        elif self.iteration < 0 and self.rank == 0 and not self.disabled and not raised and not spawned_ranks \
+                and not spawned_helper:
             warn(no_step_seen(self.trackers), self.rank)
         if self.phase == "active" or (self.disabled and self.profiler is not None):
             self._stop_window(write=True)

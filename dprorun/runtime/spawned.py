@@ -8,7 +8,7 @@ store it rendezvous at is the launcher's agent's only where the script kept the 
 serves any other, as under a plain launch), and its session is installed at once as rank i of the N spawned
 (runtime/bootstrap.install_in_spawned_rank), or as the rank and world size the script gives init_process_group where
 they differ (ranks numbered across hosts), so its DDP is profiled and its traces gathered as a torchrun rank's are.
-Its rank 0 writes the world size into the run directory for the launcher (finalize.py).
+Its rank 0 writes the world size into the run directory with its records, for the launcher (finalize.py).
 """
 from __future__ import annotations
 
@@ -121,17 +121,17 @@ def _install_rank_session(rank: int, index: int, world_size: int, nprocs: int) -
                    LOCAL_WORLD_SIZE=str(nprocs))
     environ.pop("DPRO_HOOKED_PID", None)
     session = bootstrap.install_in_spawned_rank(environ)
-    if session is not None and rank == 0:
-        _say_the_world_size(session.cfg.run_dir, world_size, nprocs)
+    if session is not None:
+        session.spawned_by_script = True
 
 
-def _say_the_world_size(run_dir: str, world_size: int, nprocs: int) -> None:
-    """The launcher started fewer processes than the job has ranks: rank 0 tells it how many (layout.SPAWNED_FILE)."""
+def say_the_world_size(run_dir: str, world_size: int) -> None:
+    """The launcher started fewer processes than the job has ranks: their rank 0 tells it how many with its records
+    (layout.SPAWNED_FILE; a process spawned for other work writes none)."""
     from dprorun.fsutil import atomic_write_json
     from dprorun.layout import SPAWNED_FILE, SPAWNED_SCHEMA
 
-    atomic_write_json(os.path.join(run_dir, SPAWNED_FILE),
-                      {"schema": SPAWNED_SCHEMA, "world_size": world_size, "spawned_here": nprocs})
+    atomic_write_json(os.path.join(run_dir, SPAWNED_FILE), {"schema": SPAWNED_SCHEMA, "world_size": world_size})
 
 
 def read_spawned_world_size(run_dir: str) -> Optional[int]:
