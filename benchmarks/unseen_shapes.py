@@ -69,8 +69,9 @@ two heads drawn each step, Horovod with its trunk frozen mid-run by requires_gra
 trained in eval mode (MXNet's record(train_mode=False): benchmarks/mxnet_replay_accuracy.py --models
 predict-mode); session 53: the ranks spawned by the script from the one process launched (`-np 1`): pytorch.org's
 DDP tutorial (mp.spawn, a MASTER_PORT of its own), init_method="tcp://..." with a conv net and Adam, the fork start
-method with a default address; Lightning's ddp_spawn and ddp_notebook, Ignite's Parallel(nproc_per_node=2),
-Accelerate's notebook_launcher.
+method with a default address; a multiprocessing.Process per rank averaging gradients by hand (pytorch.org's
+"Writing Distributed Applications"), spawned and forked; Lightning's ddp_spawn and ddp_notebook, Ignite's
+Parallel(nproc_per_node=2), Accelerate's notebook_launcher.
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -340,6 +341,8 @@ JOBS = {
     "ddp-tutorial-mp-spawn-own-port": (["-np", "1"], "ddp_spawned.py", ["--tutorial"], "torch"),
     "ddp-mp-spawn-tcp-init-conv-adam": (["-np", "1"], "ddp_spawned.py", ["--tcp"], "torch"),
     "ddp-mp-fork-setdefault-address-adamw": (["-np", "1"], "ddp_spawned.py", ["--fork"], "torch"),
+    "ddp-tutorial-mp-process-gradients-by-hand": (["-np", "1"], "ddp_spawned.py", ["--process"], "torch"),
+    "ddp-mp-process-fork-gradients-by-hand": (["-np", "1"], "ddp_spawned.py", ["--process-fork"], "torch"),
     "lightning-ddp-spawn-adam": (["-np", "1"], "spawned_trainers.py", ["--lightning-ddp-spawn"], "lightning"),
     "lightning-ddp-notebook-fork-sgd": (["-np", "1"], "spawned_trainers.py", ["--lightning-ddp-notebook"],
                                         "lightning"),

@@ -202,29 +202,29 @@ def _say_nothing_was_profiled(job: JobConfig) -> None:
               "(rank 0's log says what it saw)", file=sys.stderr)
 
 
-def _with_the_scripts_spawned_ranks(job: JobConfig) -> JobConfig:
+def _with_the_scripts_spawned_ranks(job: JobConfig) -> tuple[JobConfig, dict]:
     """A script that started its ranks itself (torch.multiprocessing.spawn, runtime/spawned.py) from the process
-    dprorun launched on one node: the job's world is theirs, and a dry run predicts for it unless asked otherwise."""
+    dprorun launched on one node: the job's world is theirs, and a dry run predicts for it unless asked otherwise.
+    Also the manifest's note of the processes launched."""
     from dprorun.runtime.spawned import read_spawned_world_size
 
     world = read_spawned_world_size(job.output.run_dir) if job.launch.nnodes == 1 else None
     if world is None or world == job.launch.world_size:
-        return job
+        return job, {}
     predict = job.predict
     if predict.np == job.launch.world_size:
         predict = dataclasses.replace(predict, np=world)
-    return dataclasses.replace(job, launch=dataclasses.replace(job.launch, nproc_per_node=world), predict=predict)
+    return (dataclasses.replace(job, launch=dataclasses.replace(job.launch, nproc_per_node=world), predict=predict),
+            {"launched_processes": job.launch.world_size})
 
 
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
-    launched = job.launch.world_size
-    job = _with_the_scripts_spawned_ranks(job)
+    job, spawned = _with_the_scripts_spawned_ranks(job)
     status = "completed" if result.exit_code == 0 else "failed"
     with_events = ranks_with_records(job.output.run_dir)
     extra = {"exit_code": result.exit_code, "message": result.message, "elapsed_s": round(result.elapsed_s, 3),
-             "ranks_with_traces": with_events, "failed_rank": result.failed_rank, "relaunches": result.relaunches}
-    if launched != job.launch.world_size:
-        extra["launched_processes"] = launched  # the script spawned the job's ranks from them
+             "ranks_with_traces": with_events, "failed_rank": result.failed_rank, "relaunches": result.relaunches,
+             **spawned}
     for why in result.relaunches:  # said when it happened; again here, where the run's outcome is read
         print(f"dprorun: warning: {why}", file=sys.stderr)
     if job.launch.node_rank == 0:

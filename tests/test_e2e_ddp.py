@@ -1015,6 +1015,22 @@ def test_forked_ranks_are_profiled_and_a_failing_one_is_named_with_the_traces_ke
     assert all(len(trace.profiled_iterations) >= 4 for trace in run.ranks.values())
 
 
+@pytest.mark.parametrize("start", ["process", "process-fork"])
+def test_ranks_started_as_multiprocessing_processes_are_profiled(tmp_path, start):
+    """pytorch.org's "Writing Distributed Applications with PyTorch": a multiprocessing.Process per rank, each
+    setting MASTER_ADDR / MASTER_PORT and calling init_process_group(rank=, world_size=), gradients averaged by hand.
+    Before, `dprorun python train.py` waited for a store nobody served until its timeout (the agent store assumed);
+    now each process becomes the rank it gives init_process_group (spawn: a child interpreter watched from its
+    start; fork: watched at the fork), both ranks profiled."""
+    proc = _spawned_job(tmp_path, start, f"--{start}", "--steps", "24")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "nothing to profile" not in out and "(2 ranks, medians over the profiled window" in out
+    run = load_run(proc.args[proc.args.index("--run-dir") + 1])
+    assert sorted(run.ranks) == [0, 1]
+    assert all(len(trace.profiled_iterations) >= 4 for trace in run.ranks.values())
+
+
 def test_lightning_ddp_spawn_trains_one_job_of_two_ranks_and_is_profiled(tmp_path):
     """Lightning's Trainer(strategy="ddp_spawn", devices=2) launched as `dprorun python train.py`: Lightning reads
     the launcher's torchrun-like environment in the launched process and again in each spawned one. Before, both

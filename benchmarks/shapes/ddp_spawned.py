@@ -7,6 +7,10 @@ world_size=world_size), the ToyModel (Linear 512->1024, ReLU, Linear 1024->512),
 --tcp: the same with init_method="tcp://127.0.0.1:<port>" and no MASTER_* variables; Adam; a conv net.
 --fork: mp.start_processes(..., start_method="fork") (as in a notebook), MASTER_ADDR / MASTER_PORT given defaults
 with os.environ.setdefault before the start (under a launcher, its values stay), AdamW.
+--process: pytorch.org's "Writing Distributed Applications with PyTorch" shape: multiprocessing.Process per rank
+(mp.set_start_method("spawn")), init_process(rank, size, fn) setting MASTER_ADDR / MASTER_PORT, gradients averaged
+by hand (dist.all_reduce of each parameter's gradient after the backward), SGD with momentum.
+--process-fork: the same with the fork start method.
 --fail-at-step N: rank 1 raises at step N (mp.spawn ends the others and raises in the launched process).
 --world N: the number of ranks spawned (2).
 """
@@ -79,6 +83,40 @@ def train(rank: int, world_size: int, a: argparse.Namespace, port: int) -> None:
     dist.destroy_process_group()
 
 
+def average_gradients(model: nn.Module) -> None:
+    size = float(dist.get_world_size())
+    for param in model.parameters():
+        dist.all_reduce(param.grad.data, op=dist.ReduceOp.SUM)
+        param.grad.data /= size
+
+
+def run(rank: int, size: int, steps: int) -> None:
+    torch.manual_seed(1234)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(torch.randn(64, 512)), torch.randint(0, 10, (64,)))
+        loss.backward()
+        average_gradients(model)
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        print(f"median step {1000 * statistics.median(times[len(times) // 2:]):.2f} ms")
+
+
+def init_process(rank: int, size: int, fn, port: int, steps: int, backend: str = "gloo") -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group(backend, rank=rank, world_size=size)
+    fn(rank, size, steps)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,13 +125,24 @@ def free_port() -> int:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    for flag in ("--tutorial", "--tcp", "--fork"):
+    for flag in ("--tutorial", "--tcp", "--fork", "--process", "--process-fork"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--fail-at-step", type=int, default=None)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     args = p.parse_args()
-    if args.fork:
+    if args.process or args.process_fork:
+        mp.set_start_method("fork" if args.process_fork else "spawn")
+        port = free_port()
+        processes = []
+        for r in range(args.world):
+            process = mp.Process(target=init_process, args=(r, args.world, run, port, args.steps))
+            process.start()
+            processes.append(process)
+        for process in processes:
+            process.join()
+        raise SystemExit(max(process.exitcode for process in processes))
+    elif args.fork:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         mp.start_processes(train, args=(args.world, args, 0), nprocs=args.world, start_method="fork")

@@ -72,6 +72,21 @@ def _note_a_script_run_in_a_subprocess(owner: str, environ) -> None:
         pass
 
 
+def _watch_a_child_of_a_one_process_launch(environ) -> None:
+    """A child interpreter multiprocessing started (spawn, forkserver) in a DDP job dprorun launched as one process:
+    it may be a rank the script starts itself (runtime/spawned.py)."""
+    from dprorun.runtime.spawned import ONE_PROCESS_LAUNCH, child_patches
+
+    argv = " ".join(getattr(sys, "orig_argv", []) or sys.argv)
+    if ONE_PROCESS_LAUNCH not in environ or "multiprocessing" not in argv:
+        return
+    pending = child_patches(become_rank)
+    for name in [name for name in pending if name in sys.modules]:
+        pending.pop(name)()
+    if pending:
+        sys.meta_path.insert(0, _PatchOnImport(pending))
+
+
 def install(environ=os.environ) -> Optional[object]:
     global _SESSION
     horovod = "RANK" not in environ and "HOROVOD_RANK" in environ  # a horovodrun rank
@@ -89,6 +104,7 @@ def install(environ=os.environ) -> Optional[object]:
         from dprorun.runtime.gloo_exit import wait_for_idle_gloo_workers
 
         atexit.register(wait_for_idle_gloo_workers)
+        _watch_a_child_of_a_one_process_launch(environ)
         return None
     os.environ["DPRO_HOOKED_PID"] = str(os.getpid())
 
@@ -106,6 +122,10 @@ def install(environ=os.environ) -> Optional[object]:
     world = int(environ.get(prefix + "SIZE" if horovod else "WORLD_SIZE", environ.get("DMLC_NUM_WORKER", "1")))
     sess = RankSession(cfg, rank, local_rank, world)
     _SESSION = sess
+    if not (horovod or mxnet_role):
+        from dprorun.runtime.spawned import mark_a_one_process_launch
+
+        mark_a_one_process_launch(world, environ.get("DPRO_BACKEND"), become_rank)
 
     pending = {}
     for name, callback in _framework_patches(sess, environ.get("DPRO_BACKEND"), mxnet_role).items():
@@ -136,6 +156,55 @@ def _start_sampler(sess) -> None:
         sess.records.warnings.append(f"sampler not started: {exc}")
 
 
+def profiled_entry(fn: Callable, nprocs: int) -> Callable:
+    """The function torch.multiprocessing.spawn runs in each process in place of the script's fn, in a DDP job
+    dprorun launched as one process (runtime/watch.watch_spawns): picklable as the script's own is (a partial of two
+    module-level functions)."""
+    return functools.partial(run_spawned_rank, fn, int(nprocs))
+
+
+def run_spawned_rank(fn: Callable, nprocs: int, index: int, *args) -> object:
+    """In a process mp.spawn started: rank `index` of `nprocs` (until init_process_group says otherwise,
+    runtime/spawned.py), then the script's fn(index, *args)."""
+    try:
+        from dprorun.runtime.spawned import watch_torch_distributed
+
+        watch_torch_distributed(become_rank)
+        become_rank(index, nprocs, index, nprocs)
+    except Exception as exc:  # never in the way of the script's own training
+        from dprorun.runtime.log import warn
+
+        warn(f"spawned process {index} is not profiled: {type(exc).__name__}: {exc}", index)
+    return fn(index, *args)
+
+
+def become_rank(rank: int, world_size: int, local_rank: Optional[int] = None,
+                local_world: Optional[int] = None) -> None:
+    """This process, started by the script, is rank `rank` of `world_size` (on this host: `local_rank` of
+    `local_world`; not given, as given at the spawn, else the rank and world size themselves): its rank variables,
+    and its session (installed, or the one it holds made this rank's while nothing is recorded)."""
+    current = _SESSION
+    spawned = current is not None and current.pid == os.getpid() and current.spawned_by_script
+    if spawned and (current.rank, current.world_size) == (rank, world_size):
+        return
+    if local_rank is None:
+        local_rank = current.local_rank if spawned else rank
+    if local_world is None:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size) if spawned else world_size
+    # the launcher's rank variables, inherited, made this rank's (a framework that read them in the launched
+    # process, as Lightning's ddp_spawn under a torchrun-like environment does, reads them again in each spawned
+    # one: before, every process was rank 0 of 1)
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(local_rank), "ROLE_RANK": str(rank),
+                       "WORLD_SIZE": str(world_size), "ROLE_WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(local_world)})
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # decided at the store (runtime/spawned.py)
+    environ = dict(os.environ)
+    environ.pop("DPRO_HOOKED_PID", None)
+    session = install_in_spawned_rank(environ)
+    if session is not None:
+        session.spawned_by_script = True
+
+
 def install_in_spawned_rank(environ) -> Optional[object]:
     """A process the script spawned becomes a rank (runtime/spawned.py; `environ` names its rank). A fresh
     interpreter (start methods spawn and forkserver) installs as a launched rank does. A forked one holds its parent's
@@ -156,7 +225,10 @@ def install_in_spawned_rank(environ) -> Optional[object]:
     type(current).__init__(current, ProfileConfig.from_env(environ), int(environ["RANK"]),
                            int(environ["LOCAL_RANK"]), int(environ["WORLD_SIZE"]))
     for kept, fresh in ((use, current.script_use), (profiler_state, current.script_profiler)):
-        kept.__dict__.update(fresh.__dict__)
+        for name, value in fresh.__dict__.items():  # the counts emptied; the trackers' callbacks kept
+            old = kept.__dict__.get(name)
+            if not (callable(old) or (isinstance(old, list) and old and all(callable(item) for item in old))):
+                kept.__dict__[name] = value
     current.script_use, current.script_profiler = use, profiler_state
     os.environ["DPRO_HOOKED_PID"] = str(os.getpid())
     _start_sampler(current)
@@ -220,10 +292,10 @@ def _script_watches(sess) -> dict[str, Callable[[], None]]:
     from dprorun.runtime.script_profiler import watch_torch
 
     use = sess.script_use
-    launcher_port = os.environ.get("MASTER_PORT")  # at start-up, before the script could set one of its own
     launched_world = sess.world_size
     return {"torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn",
-                                                              watch.watch_spawns, use, launcher_port, launched_world),
+                                                              watch.watch_spawns, use, launched_world,
+                                                              profiled_entry),
             "torch.distributed": lambda: _watch_torch_distributed(sess),
             "torch.autograd": lambda: _watch_gradient_collectives(sess),
             "torch.autograd.profiler": lambda: sess.guard("watching the script's profiler", watch_torch, sess),

@@ -484,8 +484,9 @@ class RankSession:
             return
         # a script that raised before its first step: its error says why nothing was profiled
         raised = any(isinstance(w, str) and w.startswith(SCRIPT_RAISED) for w in self.records.warnings)
-        # a script whose spawned processes were the job's ranks: they wrote their records (runtime/spawned.py)
-        spawned_ranks = bool(self.script_use.spawned_processes and ranks_with_records(self.cfg.run_dir))
+        # the only process launched, training nothing itself, whose records are there: the processes it started
+        # were the job's ranks and wrote them (runtime/spawned.py)
+        spawned_ranks = bool(self.world_size == 1 and not self.trackers and ranks_with_records(self.cfg.run_dir))
         # a process spawned for other work than training (no process group): the launched process speaks
         spawned_helper = self.spawned_by_script and not self.script_use.process_group
         if not self.trackers and self.rank == 0 and not self.disabled and not raised and not spawned_ranks \

@@ -1,70 +1,80 @@
-"""Ranks the script starts itself with torch.multiprocessing.spawn (the shape of pytorch.org's DDP tutorial:
-`mp.spawn(train, nprocs=N)`, each process calling init_process_group(rank=i, world_size=N) with a MASTER_PORT of
-the script's own), launched as `dprorun python train.py`.
+"""Ranks the script starts itself from the one process dprorun launched (`dprorun python train.py`):
+torch.multiprocessing.spawn (pytorch.org's DDP tutorial: `mp.spawn(train, nprocs=N)`, each process calling
+init_process_group(rank=i, world_size=N) with a MASTER_PORT of its own; Lightning's ddp_spawn, Ignite's Parallel),
+or multiprocessing.Process (pytorch.org's "Writing Distributed Applications": `mp.Process(target=init_process,
+args=(rank, size, run))`), under any start method.
 
-The launched process (dprorun's rank 0) trains nothing itself; each spawned process is a rank: the launcher's rank
-variables it inherited are made its own (RANK, LOCAL_RANK, WORLD_SIZE, ...: the index and the number spawned), the
-store it rendezvous at is the launcher's agent's only where the script kept the launcher's MASTER_PORT (its rank 0
-serves any other, as under a plain launch), and its session is installed at once as rank i of the N spawned
-(runtime/bootstrap.install_in_spawned_rank), or as the rank and world size the script gives init_process_group where
-they differ (ranks numbered across hosts), so its DDP is profiled and its traces gathered as a torchrun rank's are.
-Its rank 0 writes the world size into the run directory with its records, for the launcher (finalize.py).
+The launched process trains nothing itself; each process it starts that trains is a rank: the launcher's rank
+variables it inherited are made its own (RANK, LOCAL_RANK, WORLD_SIZE, ...), the store it rendezvous at is the
+launcher's agent's only where the script kept the launcher's MASTER_PORT (its rank 0 serves any other, as under a
+plain launch: before, the ranks waited for a store nobody served until the timeout), and its session is installed
+(runtime/bootstrap.become_rank) as rank i of the N spawned from the start (mp.spawn gives the index), and
+as the rank and world size the script gives init_process_group where those are others or unknown before (a
+multiprocessing.Process), so its DDP is profiled and its traces gathered as a torchrun rank's are. Its rank 0 writes
+the world size into the run directory with its records, for the launcher (finalize.py). The session side lives
+in runtime/bootstrap.py, which hands `become_rank` to the watches here.
+
+How each process is reached: mp.spawn's function is replaced by a picklable stand-in (bootstrap.profiled_entry); a child
+interpreter of the launch (start methods spawn and forkserver) watches torch.distributed when it is imported
+(`child_patches`, from bootstrap.install); a forked child watches it at the fork (`watch_after_fork`).
 """
 from __future__ import annotations
 
 import functools
 import inspect
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-# the launcher's rank variables, which a spawned process inherits from the process launched: each spawned process
-# gets its own in their place (a framework that read them in the launched process, as Lightning's ddp_spawn under a
-# torchrun-like environment does, reads them again in each spawned one: before, every process was rank 0 of 1)
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "ROLE_RANK")
-WORLD_VARIABLES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE")
+# in the one process dprorun launched (a DDP job of one rank) and every process it starts: the port of the
+# launcher's agent store
+ONE_PROCESS_LAUNCH = "DPRO_ONE_PROCESS_LAUNCH"
+WATCHED = "_dprorun_spawned_watch"  # marks the functions wrapped here (each wrapped once a process)
 
 
-@dataclass(frozen=True)
-class SpawnedFrom:
-    """What a spawned process needs from the process that spawned it (pickled with the script's function)."""
-    parent_pid: int
-    nprocs: int
-    launcher_port: Optional[str]  # the MASTER_PORT the launcher gave (its agent's store listens there)
+Become = Callable[[int, int], None]  # makes this process rank r of a world of w (runtime/bootstrap.become_rank)
 
 
-def profiled_entry(fn: Callable, nprocs: int, launcher_port: Optional[str]) -> Callable:
-    """The function torch.multiprocessing.spawn runs in each process in place of the script's fn: picklable as the
-    script's own is (a partial of two module-level functions)."""
-    return functools.partial(run_spawned_rank, fn, SpawnedFrom(os.getpid(), int(nprocs), launcher_port))
+def mark_a_one_process_launch(world_size: int, backend: Optional[str], become: Become) -> None:
+    """In the process dprorun launched: a DDP job of one process may start its ranks itself."""
+    if world_size == 1 and backend in (None, "", "ddp"):
+        os.environ[ONE_PROCESS_LAUNCH] = os.environ.get("MASTER_PORT", "")
+        os.register_at_fork(after_in_child=functools.partial(watch_after_fork, become))
 
 
-def run_spawned_rank(fn: Callable, origin: SpawnedFrom, index: int, *args: Any) -> Any:
-    """In a spawned process: the environment a plain launch gives it, its session (rank `index` of the processes
-    spawned, until init_process_group says otherwise), then the script's fn(index, *args)."""
-    if "RANK" in os.environ:  # launched by dprorun (not the launcher's processes' own children)
-        os.environ.update({name: str(index) for name in RANK_VARIABLES})
-        os.environ.update({name: str(origin.nprocs) for name in WORLD_VARIABLES})
-    try:
-        _store_where_the_script_meets(origin.launcher_port)
-        _install_rank_session(index, index, origin.nprocs, origin.nprocs)
-        _watch_init_process_group(origin, index)
-    except Exception as exc:  # never in the way of the script's own training
-        from dprorun.runtime.log import warn
-
-        warn(f"spawned process {index} is not profiled: {type(exc).__name__}: {exc}", index)
-    return fn(index, *args)
+def child_patches(become: Become) -> dict[str, Callable[[], None]]:
+    """A child interpreter of a one-process launch (multiprocessing's spawn or forkserver): module -> the watch
+    applied once it is imported."""
+    return {"torch.distributed": functools.partial(watch_torch_distributed, become)}
 
 
-def _store_where_the_script_meets(launcher_port: Optional[str]) -> None:
-    """The launcher's agent hosts a store at its MASTER_PORT, which the launcher's ranks join as clients
-    (TORCHELASTIC_USE_AGENT_STORE=True, inherited). The spawned ranks join it where the script kept that port; where
-    it set an address of its own (the tutorial's MASTER_PORT 12355, init_method="tcp://...") their rank 0 serves the
-    store there, as under a plain launch: before, they waited for a store nobody served until the timeout."""
+def watch_after_fork(become: Become) -> None:
+    """A process forked from the launched one (or from a process it started): torch.distributed watched, if loaded
+    (a data loader's worker never calls init_process_group: nothing changes for it)."""
+    import sys
+
+    if ONE_PROCESS_LAUNCH in os.environ and "torch.distributed" in sys.modules:
+        try:
+            watch_torch_distributed(become)
+        except Exception:
+            pass
+
+
+def watch_torch_distributed(become: Become) -> None:
     import importlib
 
-    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module (the package exports a function)
+    _store_where_the_script_meets(importlib.import_module("torch.distributed.rendezvous"))
+    _watch_init_process_group(importlib.import_module("torch.distributed"), become)
+
+
+def _store_where_the_script_meets(rendezvous) -> None:
+    """The launcher's agent hosts a store at its MASTER_PORT, which the launcher's ranks join as clients
+    (TORCHELASTIC_USE_AGENT_STORE=True, inherited). The script's ranks join it where the script kept that port; where
+    it set an address of its own (the tutorial's MASTER_PORT 12355, init_method="tcp://...") their rank 0 serves the
+    store there, as under a plain launch."""
     create = rendezvous._create_c10d_store
+    if getattr(create, WATCHED, False):
+        return
+    launcher_port = os.environ.get(ONE_PROCESS_LAUNCH) or None
 
     @functools.wraps(create)
     def created_where_the_script_meets(hostname, port, *args, **kwargs):
@@ -74,55 +84,58 @@ def _store_where_the_script_meets(launcher_port: Optional[str]) -> None:
             os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         return create(hostname, port, *args, **kwargs)
 
+    setattr(created_where_the_script_meets, WATCHED, True)
     rendezvous._create_c10d_store = created_where_the_script_meets
 
 
-def _watch_init_process_group(origin: SpawnedFrom, index: int) -> None:
-    """A rank or world size the script gives init_process_group other than the process's index and the number
-    spawned (ranks numbered across hosts): the session takes them, nothing having been recorded yet. A script that
-    imported the function itself (`from torch.distributed import init_process_group`) keeps the index's."""
-    import torch.distributed as dist
-
+def _watch_init_process_group(dist, become: Become) -> None:
+    """At init_process_group the process becomes the rank the script gives (or, not given, the one it was given at
+    the spawn, else RANK and WORLD_SIZE as the script set them), nothing having been recorded yet. A script that
+    imported the function itself (`from torch.distributed import init_process_group`) is seen where mp.spawn started
+    it (the index's rank), not where it started a multiprocessing.Process."""
     original = dist.init_process_group
+    if getattr(original, WATCHED, False):
+        return
     signature = inspect.signature(original)
+
+    redirected = [False]  # the call passed on to the session's own watch, which comes back here
 
     @functools.wraps(original)
     def becomes_a_rank(*args, **kwargs):
-        dist.init_process_group = original  # once: the session's own watcher sees the call from here on
-        rank, world_size = _rank_and_world(signature, args, kwargs, index, origin.nprocs)
-        if (rank, world_size) != (index, origin.nprocs):
-            _install_rank_session(rank, index, world_size, origin.nprocs)
-        return dist.init_process_group(*args, **kwargs)
+        rank, world_size = _rank_and_world(signature, args, kwargs)
+        if rank is not None and world_size is not None and not redirected[0]:
+            become(rank, world_size)
+            if dist.init_process_group is not becomes_a_rank:  # a new session's watch wraps this one: through it
+                redirected[0] = True
+                try:
+                    return dist.init_process_group(*args, **kwargs)
+                finally:
+                    redirected[0] = False
+        return original(*args, **kwargs)
 
+    setattr(becomes_a_rank, WATCHED, True)
     dist.init_process_group = becomes_a_rank
 
 
-def _rank_and_world(signature: inspect.Signature, args: tuple, kwargs: dict, index: int,
-                    nprocs: int) -> tuple[int, int]:
-    """The rank and world size the script gives init_process_group (arguments first, then RANK and WORLD_SIZE if the
-    script set them itself), else the process's index and the number spawned."""
+def _rank_and_world(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[Optional[int], Optional[int]]:
+    """The rank and world size the script gives init_process_group (arguments first, then RANK and WORLD_SIZE as
+    the process has them: the spawn's, or the script's own)."""
     try:
         bound = signature.bind_partial(*args, **kwargs).arguments
     except TypeError:
         bound = {}
-    rank = bound.get("rank", -1)
-    world_size = bound.get("world_size", -1)
-    if rank is None or int(rank) < 0:
-        rank = int(os.environ.get("RANK", index))
-    if world_size is None or int(world_size) < 0:
-        world_size = int(os.environ.get("WORLD_SIZE", nprocs))
-    return int(rank), int(world_size)
+    rank, world_size = bound.get("rank"), bound.get("world_size")
+    rank = int(rank) if rank is not None and int(rank) >= 0 else _int_or_none(os.environ.get("RANK"))
+    world_size = int(world_size) if world_size is not None and int(world_size) > 0 else \
+        _int_or_none(os.environ.get("WORLD_SIZE"))
+    return rank, world_size
 
 
-def _install_rank_session(rank: int, index: int, world_size: int, nprocs: int) -> None:
-    from dprorun.runtime import bootstrap
-
-    environ = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(index), WORLD_SIZE=str(world_size),
-                   LOCAL_WORLD_SIZE=str(nprocs))
-    environ.pop("DPRO_HOOKED_PID", None)
-    session = bootstrap.install_in_spawned_rank(environ)
-    if session is not None:
-        session.spawned_by_script = True
+def _int_or_none(text: Optional[str]) -> Optional[int]:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def say_the_world_size(run_dir: str, world_size: int) -> None:

@@ -187,25 +187,24 @@ def _backend_for_the_frameworks_loaded() -> str:
     return ""
 
 
-def watch_spawns(use: ScriptUse, launcher_port: Optional[str], launched_world: int) -> None:
+def watch_spawns(use: ScriptUse, launched_world: int, profiled_entry: Callable[[Callable, int], Callable]) -> None:
     """Processes the script starts itself with torch.multiprocessing.spawn / start_processes (the DDP tutorial's
     shape): counted; where dprorun launched this one process alone (`dprorun python train.py`), each runs the
-    script's function through runtime/spawned.py, which makes it a profiled rank (said at the spawn). Processes
+    script's function through `profiled_entry` (runtime/bootstrap.py), which makes it a profiled rank (said at the
+    spawn). Processes
     spawned by ranks of a larger launch are helpers of those ranks: left as they are."""
     module = sys.modules["torch.multiprocessing.spawn"]
     start_processes = module.start_processes
 
     @functools.wraps(start_processes)
     def counted(fn, args=(), nprocs=1, *more, **kwargs):
-        from dprorun.runtime.spawned import profiled_entry
-
         if launched_world != 1:
             return start_processes(fn, args, nprocs, *more, **kwargs)
         if not use.spawned_processes:
             warn(f"the script is starting {nprocs} process(es) of its own (torch.multiprocessing.spawn): each that "
                  "trains is profiled as a rank (the rank and world size it gives init_process_group)")
         use.spawned_processes += int(nprocs)
-        return start_processes(profiled_entry(fn, nprocs, launcher_port), args, nprocs, *more, **kwargs)
+        return start_processes(profiled_entry(fn, nprocs), args, nprocs, *more, **kwargs)
 
     module.start_processes = counted
 
