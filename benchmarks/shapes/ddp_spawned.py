@@ -11,6 +11,8 @@ with os.environ.setdefault before the start (under a launcher, its values stay),
 (mp.set_start_method("spawn")), init_process(rank, size, fn) setting MASTER_ADDR / MASTER_PORT, gradients averaged
 by hand (dist.all_reduce of each parameter's gradient after the backward), SGD with momentum.
 --process-fork: the same with the fork start method.
+--elastic-api: the workers started by torch elastic's Python API from the script
+(torch.distributed.launcher.api.elastic_launch, its own c10d rendezvous and agent store), DDP of an MLP, SGD.
 --fail-at-step N: rank 1 raises at step N (mp.spawn ends the others and raises in the launched process).
 --world N: the number of ranks spawned (2).
 """
@@ -117,6 +119,24 @@ def init_process(rank: int, size: int, fn, port: int, steps: int, backend: str =
     dist.destroy_process_group()
 
 
+def elastic_worker(steps: int) -> None:
+    dist.init_process_group("gloo")  # from the environment the script's own agent gave the worker
+    torch.set_num_threads(1)
+    model = DDP(nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(32, 256)), torch.randint(0, 10, (32,))).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    if dist.get_rank() == 0:
+        print(f"median step {1000 * statistics.median(times[len(times) // 2:]):.2f} ms")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,13 +145,22 @@ def free_port() -> int:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    for flag in ("--tutorial", "--tcp", "--fork", "--process", "--process-fork"):
+    for flag in ("--tutorial", "--tcp", "--fork", "--process", "--process-fork", "--elastic-api"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--fail-at-step", type=int, default=None)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     args = p.parse_args()
-    if args.process or args.process_fork:
+    if args.elastic_api:
+        import uuid
+
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=args.world, run_id=str(uuid.uuid4()),
+                              rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+                              monitor_interval=0.1, start_method="spawn")
+        elastic_launch(config, elastic_worker)(args.steps)
+    elif args.process or args.process_fork:
         mp.set_start_method("fork" if args.process_fork else "spawn")
         port = free_port()
         processes = []

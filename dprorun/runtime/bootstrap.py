@@ -191,13 +191,16 @@ def become_rank(rank: int, world_size: int, local_rank: Optional[int] = None,
         local_rank = current.local_rank if spawned else rank
     if local_world is None:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size) if spawned else world_size
-    # the launcher's rank variables, inherited, made this rank's (a framework that read them in the launched
-    # process, as Lightning's ddp_spawn under a torchrun-like environment does, reads them again in each spawned
-    # one: before, every process was rank 0 of 1)
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(local_rank), "ROLE_RANK": str(rank),
-                       "WORLD_SIZE": str(world_size), "ROLE_WORLD_SIZE": str(world_size),
-                       "LOCAL_WORLD_SIZE": str(local_world)})
-    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # decided at the store (runtime/spawned.py)
+    from dprorun.runtime.spawned import started_by_another_agent
+
+    if not started_by_another_agent():  # a worker of an elastic agent the script ran has that agent's
+        # the launcher's rank variables, inherited, made this rank's (a framework that read them in the launched
+        # process, as Lightning's ddp_spawn under a torchrun-like environment does, reads them again in each spawned
+        # one: before, every process was rank 0 of 1)
+        os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(local_rank), "ROLE_RANK": str(rank),
+                           "WORLD_SIZE": str(world_size), "ROLE_WORLD_SIZE": str(world_size),
+                           "LOCAL_WORLD_SIZE": str(local_world)})
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # decided at the store (runtime/spawned.py)
     environ = dict(os.environ)
     environ.pop("DPRO_HOOKED_PID", None)
     session = install_in_spawned_rank(environ)

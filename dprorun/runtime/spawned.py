@@ -25,8 +25,8 @@ import inspect
 import os
 from typing import Callable, Optional
 
-# in the one process dprorun launched (a DDP job of one rank) and every process it starts: the port of the
-# launcher's agent store
+# in the one process dprorun launched (a DDP job of one rank) and every process it starts: "<port>,<run id>", the
+# port of the launcher's agent store and the launch's torch elastic run id
 ONE_PROCESS_LAUNCH = "DPRO_ONE_PROCESS_LAUNCH"
 WATCHED = "_dprorun_spawned_watch"  # marks the functions wrapped here (each wrapped once a process)
 
@@ -37,7 +37,8 @@ Become = Callable[[int, int], None]  # makes this process rank r of a world of w
 def mark_a_one_process_launch(world_size: int, backend: Optional[str], become: Become) -> None:
     """In the process dprorun launched: a DDP job of one process may start its ranks itself."""
     if world_size == 1 and backend in (None, "", "ddp"):
-        os.environ[ONE_PROCESS_LAUNCH] = os.environ.get("MASTER_PORT", "")
+        launch = (os.environ.get("MASTER_PORT", ""), os.environ.get("TORCHELASTIC_RUN_ID", ""))
+        os.environ[ONE_PROCESS_LAUNCH] = ",".join(launch)
         os.register_at_fork(after_in_child=functools.partial(watch_after_fork, become))
 
 
@@ -74,11 +75,13 @@ def _store_where_the_script_meets(rendezvous) -> None:
     create = rendezvous._create_c10d_store
     if getattr(create, WATCHED, False):
         return
-    launcher_port = os.environ.get(ONE_PROCESS_LAUNCH) or None
+    launcher_port, _ = launch_of_this_job()
 
     @functools.wraps(create)
     def created_where_the_script_meets(hostname, port, *args, **kwargs):
-        if launcher_port is not None and str(port) == launcher_port:
+        if started_by_another_agent():
+            pass  # an elastic agent the script ran (torch.distributed.launcher.api): its own store, its own word
+        elif launcher_port and str(port) == launcher_port:
             os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         else:
             os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
@@ -86,6 +89,19 @@ def _store_where_the_script_meets(rendezvous) -> None:
 
     setattr(created_where_the_script_meets, WATCHED, True)
     rendezvous._create_c10d_store = created_where_the_script_meets
+
+
+def launch_of_this_job() -> tuple[str, str]:
+    """(the launcher's MASTER_PORT, its torch elastic run id), as the launched process marked them."""
+    port, _, run_id = os.environ.get(ONE_PROCESS_LAUNCH, "").partition(",")
+    return port, run_id
+
+
+def started_by_another_agent() -> bool:
+    """A worker of a torch elastic agent the script runs itself (torch.distributed.launcher.api.elastic_launch): its
+    rank variables and store are that agent's (another run id than dprorun's launch)."""
+    _, run_id = launch_of_this_job()
+    return bool(run_id) and os.environ.get("TORCHELASTIC_RUN_ID", run_id) != run_id
 
 
 def _watch_init_process_group(dist, become: Become) -> None:
@@ -104,7 +120,7 @@ def _watch_init_process_group(dist, become: Become) -> None:
     def becomes_a_rank(*args, **kwargs):
         rank, world_size = _rank_and_world(signature, args, kwargs)
         if rank is not None and world_size is not None and not redirected[0]:
-            become(rank, world_size)
+            become(rank, world_size)  # the agent's rank variables kept where another agent started this worker
             if dist.init_process_group is not becomes_a_rank:  # a new session's watch wraps this one: through it
                 redirected[0] = True
                 try:
