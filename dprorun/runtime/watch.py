@@ -109,9 +109,10 @@ def nothing_to_profile(use: ScriptUse) -> str:
     FSDP, collectives called by hand (gradients averaged in the script), a bare process group, or nothing."""
     if use.spawned_processes:
         return (f"nothing to profile: the script started {use.spawned_processes} process(es) of its own "
-                f"(torch.multiprocessing.spawn), and none wrote a rank's records: each is profiled as a rank once it "
-                f"calls init_process_group and trains a wrapper the hooks support (a process forked from one that "
-                f"trained, or one that never called init_process_group, is not). The job ran unprofiled")
+                f"(torch.multiprocessing.spawn), and none wrote a rank's records: where dprorun launched one process "
+                f"(`dprorun python <script>`), each it starts is profiled as a rank once it calls init_process_group "
+                f"and trains a wrapper the hooks support (not one forked from a process that trained); a larger "
+                f"launch leaves them as they are. The job ran unprofiled")
     if use.subprocess_scripts:
         return f"nothing to profile: {subprocess_script_advice(use.subprocess_scripts[0], 'N')}. The job ran unprofiled"
     if use.horovod_initialised and not (use.process_group or use.collectives):
@@ -199,6 +200,12 @@ def watch_spawns(use: ScriptUse, launched_world: int, profiled_entry: Callable[[
     @functools.wraps(start_processes)
     def counted(fn, args=(), nprocs=1, *more, **kwargs):
         if launched_world != 1:
+            if not use.spawned_processes:
+                warn(f"the script is starting {nprocs} process(es) of its own (torch.multiprocessing.spawn) in each of "
+                     f"the {launched_world} processes dprorun launched: left as they are (helpers of each rank). If "
+                     "they are the job's ranks (init_process_group in them), launch one process, `dprorun python "
+                     "<script>`: each it starts is then profiled as a rank")
+            use.spawned_processes += int(nprocs)
             return start_processes(fn, args, nprocs, *more, **kwargs)
         if not use.spawned_processes:
             warn(f"the script is starting {nprocs} process(es) of its own (torch.multiprocessing.spawn): each that "
