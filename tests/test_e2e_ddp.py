@@ -1008,7 +1008,8 @@ def test_forked_ranks_are_profiled_and_a_failing_one_is_named_with_the_traces_ke
     error, and both ranks' records of the window are kept."""
     proc = _spawned_job(tmp_path, "fork", "--fork", "--fail-at-step", "12", "--steps", "20")
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "RuntimeError: rank 1 fails at step 12" in proc.stderr
+    assert "the script's spawned process 1 (pid " in proc.stderr
+    assert "failed: RuntimeError: rank 1 fails at step 12" in proc.stderr
     assert "traces kept for ranks [0, 1]" in proc.stderr
     run = load_run(proc.args[proc.args.index("--run-dir") + 1])
     assert sorted(run.ranks) == [0, 1]

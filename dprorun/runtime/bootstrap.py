@@ -466,8 +466,14 @@ def _write_torchelastic_error(exc: BaseException, tb=None) -> None:
     if not path:
         return
     stack = "".join(traceback.format_exception(type(exc), exc, tb))
+    message = f"{type(exc).__name__}: {exc}"
+    if type(exc).__module__ == "torch.multiprocessing.spawn" and hasattr(exc, "error_index"):
+        # a process the script spawned failed (its traceback in the message): named, with its error's last line
+        said = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        message = f"the script's spawned process {exc.error_index} (pid {getattr(exc, 'error_pid', '?')}) failed: " \
+                  f"{said[-1] if said else type(exc).__name__}"
     with open(path, "w") as handle:
-        json.dump({"message": {"message": f"{type(exc).__name__}: {exc}",
+        json.dump({"message": {"message": message,
                                "extraInfo": {"py_callstack": stack, "timestamp": str(int(time.time()))}}},
                   handle)
 
