@@ -1016,7 +1016,7 @@ def test_forked_ranks_are_profiled_and_a_failing_one_is_named_with_the_traces_ke
     assert all(len(trace.profiled_iterations) >= 4 for trace in run.ranks.values())
 
 
-@pytest.mark.parametrize("start", ["process", "process-fork", "elastic-api"])
+@pytest.mark.parametrize("start", ["process", "process-fork", "elastic-api", "subprocess-launcher"])
 def test_ranks_started_as_multiprocessing_processes_are_profiled(tmp_path, start):
     """pytorch.org's "Writing Distributed Applications with PyTorch": a multiprocessing.Process per rank, each
     setting MASTER_ADDR / MASTER_PORT and calling init_process_group(rank=, world_size=), gradients averaged by hand.
@@ -1024,7 +1024,9 @@ def test_ranks_started_as_multiprocessing_processes_are_profiled(tmp_path, start
     now each process becomes the rank it gives init_process_group (spawn: a child interpreter watched from its
     start; fork: watched at the fork), both ranks profiled. And workers of a torch elastic agent the script runs
     itself (elastic_launch): they keep that agent's store (taken from them, rank 0 failed with EADDRINUSE on the
-    agent's port) and are profiled as its ranks (before this session: unprofiled)."""
+    agent's port) and are profiled as its ranks (before this session: unprofiled). And a launcher of the script's
+    own, running each rank as a subprocess with RANK, WORLD_SIZE and a MASTER_PORT in its environment (hung as the
+    tutorial did)."""
     proc = _spawned_job(tmp_path, start, f"--{start}", "--steps", "24")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr

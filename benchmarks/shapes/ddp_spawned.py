@@ -13,6 +13,9 @@ by hand (dist.all_reduce of each parameter's gradient after the backward), SGD w
 --process-fork: the same with the fork start method.
 --elastic-api: the workers started by torch elastic's Python API from the script
 (torch.distributed.launcher.api.elastic_launch, its own c10d rendezvous and agent store), DDP of an MLP, SGD.
+--subprocess-launcher: a launcher of the script's own: each rank this same file run again with subprocess.Popen
+(`--subprocess-worker`), RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT in its environment, which
+init_process_group reads (DDP of an MLP, SGD).
 --fail-at-step N: rank 1 raises at step N (mp.spawn ends the others and raises in the launched process).
 --world N: the number of ranks spawned (2).
 """
@@ -145,13 +148,27 @@ def free_port() -> int:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    for flag in ("--tutorial", "--tcp", "--fork", "--process", "--process-fork", "--elastic-api"):
+    for flag in ("--tutorial", "--tcp", "--fork", "--process", "--process-fork", "--elastic-api",
+                 "--subprocess-launcher", "--subprocess-worker"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--fail-at-step", type=int, default=None)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     args = p.parse_args()
-    if args.elastic_api:
+    if args.subprocess_launcher:
+        import subprocess
+        import sys
+
+        port = str(free_port())
+        workers = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--subprocess-worker", "--steps",
+                                     str(args.steps)],
+                                    env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.world),
+                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+                   for r in range(args.world)]
+        raise SystemExit(max(worker.wait() for worker in workers))
+    elif args.subprocess_worker:
+        elastic_worker(args.steps)
+    elif args.elastic_api:
         import uuid
 
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch

@@ -73,12 +73,12 @@ def _note_a_script_run_in_a_subprocess(owner: str, environ) -> None:
 
 
 def _watch_a_child_of_a_one_process_launch(environ) -> None:
-    """A child interpreter multiprocessing started (spawn, forkserver) in a DDP job dprorun launched as one process:
-    it may be a rank the script starts itself (runtime/spawned.py)."""
+    """A child interpreter in a DDP job dprorun launched as one process (multiprocessing's spawn or forkserver, or a
+    script the launched one ran with subprocess, as a launcher of its own does): it may be a rank the script starts
+    itself (runtime/spawned.py)."""
     from dprorun.runtime.spawned import ONE_PROCESS_LAUNCH, child_patches
 
-    argv = " ".join(getattr(sys, "orig_argv", []) or sys.argv)
-    if ONE_PROCESS_LAUNCH not in environ or "multiprocessing" not in argv:
+    if ONE_PROCESS_LAUNCH not in environ:
         return
     pending = child_patches(become_rank)
     for name in [name for name in pending if name in sys.modules]:

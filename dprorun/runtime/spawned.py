@@ -2,7 +2,8 @@
 torch.multiprocessing.spawn (pytorch.org's DDP tutorial: `mp.spawn(train, nprocs=N)`, each process calling
 init_process_group(rank=i, world_size=N) with a MASTER_PORT of its own; Lightning's ddp_spawn, Ignite's Parallel),
 or multiprocessing.Process (pytorch.org's "Writing Distributed Applications": `mp.Process(target=init_process,
-args=(rank, size, run))`), under any start method.
+args=(rank, size, run))`), under any start method, or a launcher of the script's own running each rank as a
+subprocess (`python train.py` with RANK, WORLD_SIZE and MASTER_PORT in its environment).
 
 The launched process trains nothing itself; each process it starts that trains is a rank: the launcher's rank
 variables it inherited are made its own (RANK, LOCAL_RANK, WORLD_SIZE, ...), the store it rendezvous at is the
@@ -15,7 +16,7 @@ the world size into the run directory with its records, for the launcher (finali
 in runtime/bootstrap.py, which hands `become_rank` to the watches here.
 
 How each process is reached: mp.spawn's function is replaced by a picklable stand-in (bootstrap.profiled_entry); a child
-interpreter of the launch (start methods spawn and forkserver) watches torch.distributed when it is imported
+interpreter of the launch (start methods spawn and forkserver, a subprocess) watches torch.distributed when imported
 (`child_patches`, from bootstrap.install); a forked child watches it at the fork (`watch_after_fork`).
 """
 from __future__ import annotations
