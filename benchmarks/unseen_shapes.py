@@ -71,7 +71,8 @@ predict-mode); session 53: the ranks spawned by the script from the one process 
 DDP tutorial (mp.spawn, a MASTER_PORT of its own), init_method="tcp://..." with a conv net and Adam, the fork start
 method with a default address; a multiprocessing.Process per rank averaging gradients by hand (pytorch.org's
 "Writing Distributed Applications"), spawned and forked; workers started by torch elastic's Python API
-(elastic_launch) from the script; a launcher of the script's own running each rank as a subprocess; Lightning's
+(elastic_launch) and torchrun's main from the script; a launcher of the script's own running each rank as a
+subprocess; Lightning's
 ddp_spawn and ddp_notebook, Ignite's Parallel(nproc_per_node=2), Accelerate's notebook_launcher.
 Frameworks that are not installed are skipped with a line saying so.
 
@@ -346,6 +347,7 @@ JOBS = {
     "ddp-mp-process-fork-gradients-by-hand": (["-np", "1"], "ddp_spawned.py", ["--process-fork"], "torch"),
     "ddp-torch-elastic-api-from-the-script": (["-np", "1"], "ddp_spawned.py", ["--elastic-api"], "torch"),
     "ddp-own-launcher-subprocess-ranks": (["-np", "1"], "ddp_spawned.py", ["--subprocess-launcher"], "torch"),
+    "ddp-torchrun-main-from-the-script": (["-np", "1"], "ddp_spawned.py", ["--torchrun-main"], "torch"),
     "lightning-ddp-spawn-adam": (["-np", "1"], "spawned_trainers.py", ["--lightning-ddp-spawn"], "lightning"),
     "lightning-ddp-notebook-fork-sgd": (["-np", "1"], "spawned_trainers.py", ["--lightning-ddp-notebook"],
                                         "lightning"),

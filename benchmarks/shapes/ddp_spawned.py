@@ -16,6 +16,8 @@ by hand (dist.all_reduce of each parameter's gradient after the backward), SGD w
 --subprocess-launcher: a launcher of the script's own: each rank this same file run again with subprocess.Popen
 (`--subprocess-worker`), RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT in its environment, which
 init_process_group reads (DDP of an MLP, SGD).
+--torchrun-main: torchrun run from the script (torch.distributed.run.main([...]): an elastic agent of the script's
+own, each rank this file run again as a subprocess with `--subprocess-worker`).
 --fail-at-step N: rank 1 raises at step N (mp.spawn ends the others and raises in the launched process).
 --world N: the number of ranks spawned (2).
 """
@@ -149,13 +151,19 @@ def free_port() -> int:
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     for flag in ("--tutorial", "--tcp", "--fork", "--process", "--process-fork", "--elastic-api",
-                 "--subprocess-launcher", "--subprocess-worker"):
+                 "--subprocess-launcher", "--subprocess-worker", "--torchrun-main"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--fail-at-step", type=int, default=None)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     args = p.parse_args()
-    if args.subprocess_launcher:
+    if args.torchrun_main:
+        from torch.distributed.run import main as torchrun
+
+        torchrun([f"--nproc-per-node={args.world}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
+                  "--monitor-interval=0.1", os.path.abspath(__file__), "--subprocess-worker",
+                  "--steps", str(args.steps)])
+    elif args.subprocess_launcher:
         import subprocess
         import sys
 
