@@ -33,7 +33,9 @@ def test_report_data_from_a_real_run(report):
     assert len(whatif["world_size"]) >= 3 and len(whatif["bandwidth_gbit"]) >= 3 and len(whatif["bucket_mb"]) >= 3
     sizes = dict(whatif["world_size"])
     assert sorted(sizes) == [2, 4, 8, 16, 32, 64, 128] and not whatif["skipped"]
-    assert sizes[16] > sizes[2]  # more ring steps
+    # more ring steps: compared among the modelled points (2 is the run as it ran, its measured transmissions: a
+    # clean-clone suite's run once measured slower ones than the model gives for 16 ranks, 31.05 against 30.50 ms)
+    assert sizes[16] > sizes[4]
     assert data["samples"] and data["summary"]["memory"]
     transport = data["prediction"]["comm_model"]["transport"]  # recorded by every run now
     assert transport is not None
