@@ -30,8 +30,6 @@ from typing import Callable, Optional
 # port of the launcher's agent store and the launch's torch elastic run id
 ONE_PROCESS_LAUNCH = "DPRO_ONE_PROCESS_LAUNCH"
 WATCHED = "_dprorun_spawned_watch"  # marks the functions wrapped here (each wrapped once a process)
-
-
 Become = Callable[[int, int], None]  # makes this process rank r of a world of w (runtime/bootstrap.become_rank)
 
 
@@ -44,8 +42,8 @@ def mark_a_one_process_launch(world_size: int, backend: Optional[str], become: B
 
 
 def child_patches(become: Become) -> dict[str, Callable[[], None]]:
-    """A child interpreter of a one-process launch (multiprocessing's spawn or forkserver): module -> the watch
-    applied once it is imported."""
+    """A child interpreter of a one-process launch (multiprocessing's spawn or forkserver, or a subprocess): module ->
+    the watch applied once it is imported."""
     return {"torch.distributed": functools.partial(watch_torch_distributed, become)}
 
 

@@ -56,7 +56,7 @@ HOROVOD_AUTOGRAD_FUNCTIONS = {"HorovodAllgather": "allgather", "HorovodGroupedAl
 @dataclass
 class ScriptUse:
     """torch.distributed use seen in the script (counts of calls; the process group as it was made)."""
-    spawned_processes: int = 0  # started by torch.multiprocessing.spawn: ranks of their own (runtime/spawned.py)
+    spawned_processes: int = 0  # by torch.multiprocessing.spawn (in a one-process launch, ranks: runtime/spawned.py)
     subprocess_scripts: list[str] = field(default_factory=list)  # scripts run in child interpreters (bootstrap)
     fsdp_wrappers: int = 0  # FullyShardedDataParallel / fully_shard calls
     problems: list[str] = field(default_factory=list)  # what the rank's records keep as warnings (events.json)
@@ -192,8 +192,7 @@ def watch_spawns(use: ScriptUse, launched_world: int, profiled_entry: Callable[[
     """Processes the script starts itself with torch.multiprocessing.spawn / start_processes (the DDP tutorial's
     shape): counted; where dprorun launched this one process alone (`dprorun python train.py`), each runs the
     script's function through `profiled_entry` (runtime/bootstrap.py), which makes it a profiled rank (said at the
-    spawn). Processes
-    spawned by ranks of a larger launch are helpers of those ranks: left as they are."""
+    spawn). Processes spawned by ranks of a larger launch are helpers of those ranks: left as they are (said too)."""
     module = sys.modules["torch.multiprocessing.spawn"]
     start_processes = module.start_processes
 
