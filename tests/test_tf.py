@@ -129,8 +129,11 @@ def test_a_script_that_runs_its_own_tf_profiler_keeps_it_and_dprorun_profiles_af
                           "--steps", "22", "--width", "64", "--own-profiler", "2,4"], run_dir, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     folders = [line.split(" in ")[-1] for line in proc.stdout.splitlines() if "own profile in" in line]
-    assert len(folders) == 2
-    for folder in folders:
+    # a launch dprorun made again after TensorFlow's profiler stop killed a worker (its own defect, about 1 launch
+    # in 8: the manifest's relaunches) printed its workers' lines too: the last launch's two are checked
+    relaunches = json.loads((run_dir / "manifest.json").read_text()).get("relaunches") or []
+    assert len(folders) == 2 or (relaunches and len(folders) > 2), (folders, relaunches)
+    for folder in folders[-2:]:
         assert any(name.endswith(".xplane.pb") for _, _, names in os.walk(folder) for name in names)
     for rank in (0, 1):
         events = json.loads((run_dir / f"rank_{rank}" / "events.json").read_text())
