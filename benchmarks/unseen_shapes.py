@@ -73,7 +73,9 @@ method with a default address; a multiprocessing.Process per rank averaging grad
 "Writing Distributed Applications"), spawned and forked; workers started by torch elastic's Python API
 (elastic_launch) and torchrun's main from the script; a launcher of the script's own running each rank as a
 subprocess; Lightning's
-ddp_spawn and ddp_notebook, Ignite's Parallel(nproc_per_node=2), Accelerate's notebook_launcher.
+ddp_spawn and ddp_notebook, Ignite's Parallel(nproc_per_node=2), Accelerate's notebook_launcher; session 54:
+scripts that copy the model they train: an EMA by torch.optim.swa_utils.AveragedModel of the DDP model and of the
+model Horovod trains, the best model kept by copy.deepcopy and the whole model written by torch.save (DDP, Horovod).
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -353,6 +355,13 @@ JOBS = {
                                         "lightning"),
     "ignite-parallel-nproc-per-node-2": (["-np", "1"], "spawned_trainers.py", ["--ignite-nproc"], "ignite"),
     "accelerate-notebook-launcher": (["-np", "1"], "spawned_trainers.py", ["--accelerate-notebook"], "accelerate"),
+    # scripts that copy the model they train (session 54)
+    "ddp-ema-averagedmodel-of-ddp": ([], "copies_session54.py", ["--ema-of-ddp"], "torch"),
+    "ddp-deepcopy-best-and-torch-save-whole": ([], "copies_session54.py", ["--snapshot"], "torch"),
+    "horovod-ema-averagedmodel": (["--backend", "horovod"], "copies_session54.py", ["--horovod", "--ema"],
+                                  "horovod"),
+    "horovod-deepcopy-best-and-torch-save-whole": (["--backend", "horovod"], "copies_session54.py",
+                                                   ["--horovod", "--save-whole"], "horovod"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -272,6 +272,53 @@ def test_the_comm_hook_goes_in_with_the_window_not_before(tmp_path):
     assert events["trackers"][0]["timed_buckets"] is False and events["comm"] == []
 
 
+COPIES_SCRIPT = """
+import copy, io, os, sys
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+dist.init_process_group("gloo")
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4)))
+model.register_comm_hook(None, fp16_compress_hook)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(12):
+    opt.zero_grad(); model(torch.randn(8, 64)).sum().backward(); opt.step()
+    ema = copy.deepcopy(model)  # an EMA or best-model snapshot of the wrapped model, every step (the window's too)
+    saved = io.BytesIO(); torch.save(model, saved)
+    hooks = [len(m._forward_pre_hooks) + len(m._forward_hooks) for m in ema.modules()]
+    assert not hasattr(ema, "_dpro_tracker") and sum(hooks) == 0, (step, hooks)
+    assert ema._comm_hooks == [(fp16_compress_hook, None)], ema._comm_hooks
+    assert b"dprorun" not in saved.getvalue(), step
+    torch.jit.script(model.module)  # TorchScript of the wrapped module (its scopes' hooks on in the profiled steps)
+    if dist.get_rank() == 0 and step == 11:
+        open(sys.argv[1], "wb").write(saved.getvalue())
+dist.destroy_process_group()
+"""
+
+
+def test_a_copy_of_the_wrapped_model_is_the_one_a_plain_launch_makes(tmp_path):
+    """copy.deepcopy(ddp_model) and torch.save(ddp_model) failed under dprorun ("cannot pickle 'ProcessGroup'
+    object": its comm hook's state in DDP's list; the tracker and its locks; closures on the modules): a copy now
+    leaves the hooks' parts out (runtime/copies.py), before, in and after the window, and keeps the script's own
+    comm hook; the file torch.save writes names nothing of dprorun's and loads in a plain interpreter; the
+    original is still profiled. TorchScript of the wrapped module compiles without the hooks' scopes."""
+    script, saved, run_dir = tmp_path / "copies.py", tmp_path / "model.pt", tmp_path / "run"
+    script.write_text(COPIES_SCRIPT)
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "2", "--clean", "2", "-q",
+                           "python", str(script), str(saved)], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert events["trackers"][0]["user_comm_hook_name"] == "fp16_compress_hook" and events["comm"]
+    plain = {k: v for k, v in os.environ.items() if not k.startswith(("DPRO", "PYTHONPATH"))}
+    load = ("import sys; sys.modules['dprorun'] = None  # no import of dprorun can succeed\n"
+            "import torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+            "model = torch.load(sys.argv[1], weights_only=False)\n"
+            "print(type(model).__name__, model._comm_hooks[0][0].__name__)")
+    loaded = subprocess.run([sys.executable, "-c", load, str(saved)], capture_output=True, text=True, env=plain,
+                            timeout=120)
+    assert loaded.stdout.split() == ["DistributedDataParallel", "fp16_compress_hook"], loaded.stderr[-2000:]
+
+
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
 def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path, signame):
     """SIGTERM (exit 143) and Ctrl-C / SIGINT (exit 130): forwarded, ranks stopped, traces kept."""

@@ -343,6 +343,36 @@ def test_horovod_collectives_the_script_calls_itself_are_timed_not_the_optimizer
 
 
 @needs_horovod
+def test_a_copy_of_the_model_horovod_trains_is_the_one_horovodrun_makes(tmp_path):
+    """copy.deepcopy(model) and torch.save(model) of the model a DistributedOptimizer trains failed under dprorun
+    ("cannot pickle '_thread.lock' object": the hooks' forward pre-hook on it, a bound method of the tracker, took
+    the session along), and torch.jit.script(model) failed compiling that hook ("UnsupportedNodeError"); a copy
+    and TorchScript now leave the hook out (runtime/copies.py) and the original keeps it: a validation pass
+    between steps is still counted."""
+    script = tmp_path / "copies.py"
+    script.write_text(
+        "import copy, io, torch, torch.nn as nn, horovod.torch as hvd\n"
+        "hvd.init(); torch.manual_seed(0); torch.set_num_threads(1)\n"
+        "model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))\n"
+        "opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters()),\n"
+        "                               named_parameters=model.named_parameters())\n"
+        "x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))\n"
+        "for step in range(12):\n"
+        "    opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()\n"
+        "    ema = copy.deepcopy(model); saved = io.BytesIO(); torch.save(model, saved)\n"
+        "    assert sum(len(m._forward_pre_hooks) for m in ema.modules()) == 0 and b'dprorun' not in saved.getvalue()\n"
+        "    if step == 4:\n"
+        "        with torch.no_grad():\n"
+        "            model(x)\n"
+        "scripted = torch.jit.script(model)  # TorchScript compiles a module's forward hooks: ours are left out\n"
+        "assert sum(len(m._forward_pre_hooks) for m in model.modules()) == 1  # and back on the model\n")
+    run_dir = tmp_path / "run"
+    _short_window_run(script, run_dir)
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert events["comm"] and sum(n for _, n in events["inference_passes"]) == 1, events["inference_passes"]
+
+
+@needs_horovod
 def test_a_gan_of_two_distributed_optimizers_is_read_step_by_step(tmp_path):
     """benchmarks/shapes/hvd_session36.py --gan: a DistributedOptimizer each for the discriminator and the generator,
     stepped in turn. Each optimizer step was an iteration (9.40 ms against the script's own 20.67 ms step), and

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from dprorun.layout import CommRecord, sparse_bucket_fields
 from dprorun.runtime.apply import resolve_group
+from dprorun.runtime.copies import USER_HOOK, own_hook
 from dprorun.runtime.scopes import outside_compiled
 from dprorun.runtime.session import RankSession
 
@@ -122,8 +123,8 @@ class DDPTracker:
             session.guard("setting up the ring comm detail", self._setup_ring)
         session.guard("counting optimizer steps", session.count_optimizer_steps)
         self._replicated = None  # replicate()'s module (weakly), where the script calls that and not DDP
-        ddp.register_forward_pre_hook(outside_compiled(self._pre_forward), with_kwargs=True)
-        ddp.register_forward_hook(outside_compiled(self._post_forward))
+        ddp.register_forward_pre_hook(own_hook(outside_compiled(self._pre_forward)), with_kwargs=True)
+        ddp.register_forward_hook(own_hook(outside_compiled(self._post_forward)))
 
     @property
     def ddp(self) -> Optional[Any]:
@@ -150,8 +151,8 @@ class DDPTracker:
         record = self.session.records.params[self.index]
         record["order"] = [renamed.get(name, name) for name in record["order"]]
         record["bytes"] = {renamed.get(name, name): nbytes for name, nbytes in record["bytes"].items()}
-        module.register_forward_pre_hook(outside_compiled(self._pre_forward), with_kwargs=True)
-        module.register_forward_hook(outside_compiled(self._post_forward))
+        module.register_forward_pre_hook(own_hook(outside_compiled(self._pre_forward)), with_kwargs=True)
+        module.register_forward_hook(own_hook(outside_compiled(self._post_forward)))
 
     def _memory_at_init(self) -> None:
         import psutil
@@ -467,7 +468,9 @@ class DDPTracker:
             session.records.comm.append(record)
             return future
 
-        return dpro_timed_comm_hook
+        if user:  # a copy of the module (copies.py) gets the script's hook back in DDP's list
+            setattr(dpro_timed_comm_hook, USER_HOOK, inner)
+        return own_hook(dpro_timed_comm_hook)
 
     def _record_bucket(self, key: tuple[int, int], bucket) -> None:
         buffer = bucket.buffer()

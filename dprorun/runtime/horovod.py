@@ -21,6 +21,7 @@ import functools
 import sys
 
 from dprorun.layout import CommRecord, sparse_bucket_fields
+from dprorun.runtime.copies import own_hook
 from dprorun.runtime.horovod_timeline import WindowTimeline
 from dprorun.runtime.session import RankSession
 from dprorun.runtime.turns import StepTurns
@@ -131,7 +132,7 @@ class HorovodTracker:
             if id(root) not in self.hooked_models:
                 self.hooked_models.add(id(root))
                 try:
-                    root.register_forward_pre_hook(self._pre_forward)
+                    root.register_forward_pre_hook(own_hook(self._pre_forward))
                 except RuntimeError as exc:  # a TorchScript module takes no hooks
                     self.session.records.warnings.append(f"validation passes not counted on a model that takes no "
                                                          f"forward hook ({type(root).__name__}: {exc})")

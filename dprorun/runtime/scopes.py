@@ -6,6 +6,7 @@ iterations the replay is built from."""
 from __future__ import annotations
 
 from dprorun.layout import SCOPE_PREFIX
+from dprorun.runtime.copies import own_hook
 
 
 def outside_compiled(hook):
@@ -46,6 +47,6 @@ def add_module_scopes(root) -> list:
 
         # traced where the model is compiled (dynamo ignores record_function there, the graph unbroken): run
         # eagerly, they broke it at every module boundary of the iterations profiled
-        handles.append(module.register_forward_pre_hook(enter))
-        handles.append(module.register_forward_hook(leave, always_call=True))
+        handles.append(module.register_forward_pre_hook(own_hook(enter)))
+        handles.append(module.register_forward_hook(own_hook(leave), always_call=True))
     return handles
