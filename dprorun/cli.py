@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Optional, Sequence
 
-from dprorun.argtypes import non_negative_float, positive_float
+from dprorun.argtypes import mark_command, non_negative_float, positive_float
 from dprorun.fsutil import TraceError
 from dprorun.config import AutotuneConfig, HorovodConfig, JobConfig, LaunchConfig, OutputConfig, PredictConfig, \
     TIMELINE_MODES, ProfileConfig, horovod_knob_args
@@ -485,15 +485,15 @@ def torchrun_argv(argv: Sequence[str]) -> list[str]:
     parser.prog = "torchrun (dprorun)"
     parser.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
                         help="as torchrun's: run the command itself, not with Python")
-    argv = list(argv)
+    argv = mark_command(parser, argv)
     args = parser.parse_args(argv)
-    if not args.command:
+    command = list(args.command[1:]) if args.command[:1] == ["--"] else list(args.command)
+    if not command:
         parser.error("no training script given")
     head = [a for a in argv[:len(argv) - len(args.command)] if a not in ("--no-python", "--no_python")]
-    command = list(args.command)
-    if not args.no_python and not args.module and command[0] != "--":
+    if not args.no_python and not args.module:
         command = [sys.executable] + command  # torchrun runs the script with Python
-    return head + (command if command[0] == "--" else ["--"] + command)
+    return head + ["--"] + command
 
 
 def torch_launch_argv(argv: Sequence[str]) -> list[str]:
@@ -547,7 +547,7 @@ def _own_flags_last(own: list[str], launch_line: list[str]) -> list[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = mark_command(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     launcher, launcher_args = _nested_launcher(args.command)
     own = argv[:len(argv) - len(args.command)]

@@ -17,6 +17,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from dprorun.argtypes import parse_launch_line
+
 PASSED_WITH_VALUE = ("--start-timeout", "--output-filename", "--config-file", "--cache-capacity",
                      "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds", "--num-nccl-streams",
                      "--thread-affinity", "--gloo-timeout-seconds", "--log-level", "--binding-args")
@@ -73,7 +75,7 @@ def horovodrun_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """A horovodrun launch line -> (dprorun's argv, the environment it needs: HOROVOD_TIMELINE where a timeline
     file was asked for, which the launch copies the whole job's timeline to). Usage errors exit as argparse's."""
     parser = _horovodrun_parser()
-    args = parser.parse_args(list(argv))
+    args = parse_launch_line(parser, argv)
     for flag, why in REFUSED.items():
         if getattr(args, f"refused_{flag.strip('-').replace('-', '_')}", None):
             parser.error(f"{flag}: {why}")
@@ -101,7 +103,8 @@ def horovodrun_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     if args.timeline_filename:  # the user asked for Horovod's timeline of the whole job, in that file
         out += ["--horovod-full-timeline"]
         env["HOROVOD_TIMELINE"] = os.path.abspath(args.timeline_filename)
-    return out + ["--"] + list(args.command), env
+    command = list(args.command[1:]) if args.command[:1] == ["--"] else list(args.command)
+    return out + ["--"] + command, env
 
 
 ACCELERATE_REFUSED_SWITCHES = ("--use_fsdp", "--use_deepspeed", "--use_megatron_lm", "--use_xpu", "--tpu",
@@ -178,7 +181,7 @@ def accelerate_launch_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, st
     Megatron-LM and TPU launches are refused (dprorun profiles DDP); so are accelerate's own multi-node launchers'
     flags. Usage errors exit as argparse's."""
     parser = _accelerate_parser()
-    args = parser.parse_args(list(argv))
+    args = parse_launch_line(parser, argv)
     refused = [f for f in ACCELERATE_REFUSED if getattr(args, f"refused_{f.strip('-')}") not in (None, False)]
     if refused:
         parser.error(f"{', '.join(refused)}: not under dprorun, which launches and profiles DDP ranks itself; "
@@ -280,7 +283,7 @@ def fabric_run_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     own torchrun started ranks no hook saw, inside a rank of dprorun's. --devices is per node, as in Fabric; DataParallel
     ("dp"), DeepSpeed and FSDP strategies are refused (dprorun profiles DDP)."""
     parser = _fabric_run_parser()
-    args = parser.parse_args(list(argv))
+    args = parse_launch_line(parser, argv)
     strategy = str(args.strategy or "")
     if any(strategy.startswith(name) for name in FABRIC_REFUSED_STRATEGIES):
         parser.error(f"--strategy {strategy}: dprorun launches and profiles DDP ranks, not {strategy}; use ddp (or "

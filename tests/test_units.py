@@ -1378,6 +1378,34 @@ def test_dprorun_s_own_flags_win_over_a_nested_launch_line_s():
     assert job.launch.world_size == 3 and job.command[1:] == ["train.py"]
 
 
+def test_a_scripts_own_arguments_are_never_read_as_the_launchers():
+    """`dprorun -np 2 python train.py --horovod` was refused: argparse read the script's --horovod as an ambiguous
+    abbreviation of dprorun's --horovod-timeline / --horovodrun-flag before the command took it (so --auto, --local,
+    --log). The command's words are the script's under every launch line; dprorun's own options, abbreviated too,
+    still read before it; an explicit `--` as before."""
+    import sys as system
+
+    from dprorun.argtypes import command_start, parse_launch_line
+    from dprorun.cli import build_parser, job_from_args, main, torchrun_argv
+    from dprorun.launch_lines import accelerate_launch_argv, horovodrun_argv
+
+    own = ["--horovod", "--auto", "--local", "--log", "--clean", "3", "--json", "-h", "-np", "4", "--", "x"]
+    parser = build_parser()
+    for line in (["--warm", "2", "-np", "2", "python", "train.py", *own], ["--warmup=2", "-np", "2", "--", "python",
+                                                                             "train.py", *own]):
+        job = job_from_args(parse_launch_line(parser, line))
+        assert (job.command, job.launch.world_size, job.profile.warmup) == (["python", "train.py", *own], 2, 2)
+        assert job.profile.clean != 3 and not job.output.json_summary
+    assert command_start(parser, ["-H", "a:1,b:1", "-q", "-m", "pkg.train", "--auto"]) == 4
+    assert command_start(parser, ["-np", "2"]) is None
+    assert torchrun_argv(["--nproc_per_node", "2", "t.py", *own]) == \
+        ["--nproc_per_node", "2", "--", system.executable, "t.py", *own]
+    assert horovodrun_argv(["-np", "2", "python", "t.py", *own])[0][-len(own) - 3:] == ["--", "python", "t.py", *own]
+    assert accelerate_launch_argv(["--num_processes", "2", "t.py", *own])[0][-len(own) - 1:] == ["t.py", *own]
+    with pytest.raises(SystemExit):  # dprorun's own options are still checked: an ambiguous one before the command
+        main(["--auto", "python", "t.py"])
+
+
 def test_a_buffer_all_reduced_by_hand_is_named_after_the_parameters_it_carries():
     """runtime/collectives.py: a call on a parameter's gradient is named after it (by address); a flat buffer after
     the run of not yet named parameters (model order) whose bytes add up to its own; a tensor no run fits (a loss)
