@@ -1406,6 +1406,43 @@ def test_a_scripts_own_arguments_are_never_read_as_the_launchers():
         main(["--auto", "python", "t.py"])
 
 
+def test_a_modules_copy_and_its_torchscript_leave_the_hooks_own_hooks_out():
+    """runtime/copies.py: a module carrying one of the hooks' forward hooks (marked by own_hook: a bound method
+    wrapped) beside the script's own hook: copy.deepcopy, pickle and torch.jit.script see the script's hook alone;
+    the original keeps both, in their order; a dict of the script's keyed by the same ints is copied whole."""
+    import copy
+    import operator
+    import pickle
+
+    import torch
+
+    from dprorun.runtime.copies import own_hook
+
+    class Counter:
+        def __init__(self):
+            self.calls, self.lock = 0, __import__("threading").Lock()  # a lock: unpicklable, as the session's
+
+        def pre_forward(self, module, inputs):
+            self.calls += 1
+
+    counter, module = Counter(), torch.nn.Sequential(torch.nn.Linear(3, 2))
+    ours = module.register_forward_pre_hook(own_hook(counter.pre_forward))
+    module[0].register_forward_hook(own_hook(lambda m, i, o: None), always_call=True)
+    scripts = module.register_forward_pre_hook(operator.is_)  # the script's own (picklable) hook
+    module.table = {ours.id: "the script's", scripts.id: "values"}
+    for made in (copy.deepcopy(module), pickle.loads(pickle.dumps(module, protocol=2))):
+        assert list(made._forward_pre_hooks) == [scripts.id] and not made[0]._forward_hooks
+        assert not made[0]._forward_hooks_always_called and made.table == module.table
+    assert list(module._forward_pre_hooks) == [ours.id, scripts.id] and len(module[0]._forward_hooks) == 1
+    module.pop(0)  # TorchScript compiles hooks: the script's would not compile either
+    module.append(torch.nn.Linear(3, 2))
+    scripts.remove()
+    scripted = torch.jit.script(module)
+    assert not scripted._forward_pre_hooks and list(module._forward_pre_hooks) == [ours.id]
+    module(torch.randn(1, 3))
+    assert counter.calls == 1
+
+
 def test_a_buffer_all_reduced_by_hand_is_named_after_the_parameters_it_carries():
     """runtime/collectives.py: a call on a parameter's gradient is named after it (by address); a flat buffer after
     the run of not yet named parameters (model order) whose bytes add up to its own; a tensor no run fits (a loss)

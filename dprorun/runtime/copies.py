@@ -46,15 +46,15 @@ def own_hook(hook: Callable) -> Callable:
 
 def without_our_parts(state: dict[str, Any]) -> dict[str, Any]:
     """A module's state for its copy (`state` is `__getstate__`'s, a shallow copy of the module's __dict__):
-    our hooks out of every hook table (each table a new dict, the module's own untouched), DDP's tracker out,
+    our hooks out of its forward-hook tables (each a new dict, the module's own untouched), DDP's tracker out,
     our comm-hook wrapper in DDP's list replaced by the script's own hook (or dropped where it is ours alone)."""
     state.pop(TRACKER_ATTRIBUTE, None)
-    ours = {key for value in state.values() if isinstance(value, dict)
-            for key, hook in value.items() if getattr(hook, HOOK_MARK, False)}
-    if ours:
-        for name, value in list(state.items()):
-            if isinstance(value, dict) and not ours.isdisjoint(value.keys()):  # a table of hooks (or their flags)
-                state[name] = type(value)((key, item) for key, item in value.items() if key not in ours)
+    ours = {key for name in HOOK_TABLES[:2] if isinstance(state.get(name), dict)
+            for key, hook in state[name].items() if getattr(hook, HOOK_MARK, False)}
+    for name in HOOK_TABLES if ours else ():  # the hook tables alone: a dict of the script's keyed by ints stays
+        table = state.get(name)
+        if isinstance(table, dict) and not ours.isdisjoint(table.keys()):
+            state[name] = type(table)((key, item) for key, item in table.items() if key not in ours)
     comm_hooks = state.get("_comm_hooks")
     if isinstance(comm_hooks, list) and any(getattr(pair[0], HOOK_MARK, False) for pair in comm_hooks):
         kept = []
