@@ -319,6 +319,51 @@ def test_a_copy_of_the_wrapped_model_is_the_one_a_plain_launch_makes(tmp_path):
     assert loaded.stdout.split() == ["DistributedDataParallel", "fp16_compress_hook"], loaded.stderr[-2000:]
 
 
+LATE_HOOK_SCRIPT = """
+import copy, torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+dist.init_process_group("gloo")
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+calls = []
+
+def counted_allreduce(state, bucket):
+    calls.append(bucket.index())
+    return allreduce_hook(state, bucket)
+
+for step in range(12):
+    if step == 5:  # after a warm-up with DDP's own all-reduce (dprorun's went in with the window at step 2)
+        model.register_comm_hook(None, counted_allreduce)
+        try:
+            model.register_comm_hook(None, counted_allreduce)
+            raise SystemExit("a second registration was taken")
+        except RuntimeError as exc:
+            assert "only be called once" in str(exc), exc
+    opt.zero_grad(); model(torch.randn(8, 64)).sum().backward(); opt.step()
+assert len(calls) == 7, calls  # one bucket a step, from step 5 on
+assert copy.deepcopy(model)._comm_hooks[0] == (counted_allreduce, None)  # (DDP lists the refused one too)
+dist.destroy_process_group()
+"""
+
+
+def test_a_comm_hook_the_script_registers_after_the_window_began_runs_from_then_on(tmp_path):
+    """DDP takes one comm hook: a script registering its own after dprorun's had gone in with the window failed
+    ("register_comm_hook or register_builtin_comm_hook can only be called once"), where under torchrun it runs.
+    dprorun's registered hook now hands over to the script's (timed, from the next bucket on: 7 calls for 7
+    steps), a second registration still raises as DDP's, a copy of the module carries the script's hook, and the
+    rank says where in the run the hook changed."""
+    script, run_dir = tmp_path / "late_hook.py", tmp_path / "run"
+    script.write_text(LATE_HOOK_SCRIPT)
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "1", "--clean", "2", "-q",
+                           "python", str(script)], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert events["trackers"][0]["user_comm_hook_name"] == "counted_allreduce"
+    assert any("registered its comm hook (counted_allreduce) at iteration 4, inside the profiling window" in w
+               for w in events["warnings"]), events["warnings"]
+    assert {record[0] for record in events["comm"]} >= set(range(2, 8))  # buckets timed before and after it
+
+
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
 def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path, signame):
     """SIGTERM (exit 143) and Ctrl-C / SIGINT (exit 130): forwarded, ranks stopped, traces kept."""

@@ -2,7 +2,8 @@
 
 Patched into the class when torch.nn.parallel.distributed is imported:
   - __init__: attaches a DDPTracker to every DDP module the script (or Lightning / HF Trainer) builds;
-  - register_comm_hook: wraps a user's comm hook with bucket timing instead of replacing it.
+  - register_comm_hook: wraps a user's comm hook with bucket timing instead of replacing it (registered after
+    the tracker's own went in, the script's takes over inside it: DDP takes one registration).
 Without a user hook the tracker registers its own all-reduce hook (DDP's default semantics) wrapped with timing
 at the first forward of the profiling window (DDP's built-in path runs until then). During the profiling window
 the tracker records per bucket: enqueue time (the hook is called when the bucket is ready), and completion (the
@@ -17,7 +18,7 @@ from typing import Any, Callable, Optional
 
 from dprorun.layout import CommRecord, sparse_bucket_fields
 from dprorun.runtime.apply import resolve_group
-from dprorun.runtime.copies import USER_HOOK, own_hook
+from dprorun.runtime.copies import HOOK_MARK, USER_HOOK, own_hook
 from dprorun.runtime.scopes import outside_compiled
 from dprorun.runtime.session import RankSession
 
@@ -79,6 +80,8 @@ class DDPTracker:
         self.builtin_hook = False
         self.hook_registered = False
         self.hook_decided = False
+        # (hook, state) the comm hook dprorun registered with DDP runs: its own, or the script's registered later
+        self.active_comm_hook: Optional[tuple[Callable, Any]] = None
         self.buckets_reduced = 0  # buckets through dprorun's comm hook (or the script's, timed): trained or not
         # a forward in eval mode with gradients on: (the job's optimizer steps, buckets_reduced) then, to tell at
         # the next forward whether it trained; once one did, the script trains in eval mode (`trains_in_eval_mode`)
@@ -420,7 +423,7 @@ class DDPTracker:
                     return partitioned_allreduce(state, bucket, pieces)
                 return _allreduce_mean(state, bucket)
 
-            _ORIGINAL["register_comm_hook"](self.ddp, self.ddp.process_group, self.timed(strategy_allreduce))
+            self._register_swappable(self.timed(strategy_allreduce))
             return
 
         if ring is not None:
@@ -432,7 +435,41 @@ class DDPTracker:
             hook = ring_in_window
         else:
             hook = allreduce_mean
-        _ORIGINAL["register_comm_hook"](self.ddp, self.ddp.process_group, self.timed(hook))
+        self._register_swappable(self.timed(hook))
+
+    def _register_swappable(self, hook: Callable) -> None:
+        """Register with DDP a comm hook that runs `hook` (with the module's process group), or, once the script
+        registers a comm hook of its own later (`take_over_comm_hook`), the script's: DDP takes one registration,
+        and the script's, after dprorun's had gone in with the window, raised "can only be called once"."""
+        self.active_comm_hook = (hook, self.ddp.process_group)
+
+        def dpro_comm_hook(state, bucket):
+            active, active_state = self.active_comm_hook
+            return active(active_state, bucket)
+
+        _ORIGINAL["register_comm_hook"](self.ddp, self.ddp.process_group, own_hook(dpro_comm_hook))
+
+    def take_over_comm_hook(self, state, hook: Callable) -> None:
+        """The script registers its comm hook after dprorun's went in: DDP's checks of it, then it runs (timed) from
+        the next bucket on; a copy of the module gets it (copies.py); the window's iterations before it ran
+        dprorun's all-reduce: said."""
+        ddp, session = self.ddp, self.session
+        ddp._check_comm_hook(hook)
+        self.user_hook, self.user_hook_name = True, getattr(hook, "__name__", type(hook).__name__)
+        self.active_comm_hook = (self.timed(hook, user=True), state)
+        registered = [entry for entry in ddp._comm_hooks if getattr(entry[0], HOOK_MARK, False)]
+        for entry in registered:
+            setattr(entry[0], USER_HOOK, hook)
+        ddp._comm_hooks[:] = [(h, state) if (h, s) in registered else (h, s) for h, s in ddp._comm_hooks]
+        if getattr(ddp, "logger", None) is not None:
+            ddp.logger._set_comm_hook_name(getattr(hook, "__qualname__", self.user_hook_name))
+        where = {"warmup": "before the window",
+                 "active": "inside the profiling window (its iterations before it ran dprorun's all-reduce)",
+                 "clean": "in the clean iterations after the window (the window ran dprorun's all-reduce)"}.get(
+            session.phase, "after the window and its clean iterations")
+        session.records.warnings.append(f"the script registered its comm hook ({self.user_hook_name}) at iteration "
+                                        f"{session.iteration}, {where}, after dprorun's had gone in: it runs from "
+                                        f"there on, through dprorun's (DDP takes one comm hook)")
 
     def timed(self, inner: Callable, user: bool = False) -> Callable:
         """inner (the script's hook when `user`, else ours) timed per bucket in the profiled iterations; a
@@ -583,6 +620,8 @@ def patch_ddp_class(session: RankSession) -> None:
     @functools.wraps(_ORIGINAL["register_comm_hook"])
     def register_comm_hook(self, state, hook):
         tracker = getattr(self, "_dpro_tracker", None)
+        if tracker is not None and tracker.hook_registered and not tracker.user_hook:
+            return tracker.take_over_comm_hook(state, hook)  # ours went in with the window: the script's runs in it
         if tracker is not None and not tracker.hook_registered:
             tracker.user_hook = True
             tracker.user_hook_name = getattr(hook, "__name__", type(hook).__name__)
