@@ -75,7 +75,8 @@ method with a default address; a multiprocessing.Process per rank averaging grad
 subprocess; Lightning's
 ddp_spawn and ddp_notebook, Ignite's Parallel(nproc_per_node=2), Accelerate's notebook_launcher; session 54:
 scripts that copy the model they train: an EMA by torch.optim.swa_utils.AveragedModel of the DDP model and of the
-model Horovod trains, the best model kept by copy.deepcopy and the whole model written by torch.save (DDP, Horovod).
+model Horovod trains, the best model kept by copy.deepcopy and the whole model written by torch.save (DDP, Horovod),
+DDP with torch's fp16_compress_hook registered by the script at step 10 (in the window) and at step 40 (after it).
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -362,6 +363,9 @@ JOBS = {
                                   "horovod"),
     "horovod-deepcopy-best-and-torch-save-whole": (["--backend", "horovod"], "copies_session54.py",
                                                    ["--horovod", "--save-whole"], "horovod"),
+    "ddp-fp16-comm-hook-registered-at-step-10": ([], "ddp_session54.py", ["--late-comm-hook"], "torch"),
+    "ddp-fp16-comm-hook-registered-at-step-40": ([], "ddp_session54.py", ["--late-comm-hook", "--late", "40"],
+                                                 "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
