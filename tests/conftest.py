@@ -75,6 +75,24 @@ def run_script_job(tmp_path, source: str, window: list, timeout=120):
     return proc, run_dir
 
 
+OWN_EXCEPTHOOK_WRAPPER = """
+import os, runpy, sys
+def own_hook(exc_type, exc, tb):  # as rich.traceback.install() or a logger's: the script prints its errors itself
+    print("own hook:", exc_type.__name__, exc, file=sys.stderr, flush=True)
+sys.excepthook = own_hook
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as python does for the script it runs
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def with_own_excepthook(tmp_path, script: str) -> str:
+    """A script that installs an excepthook of its own, then runs `script` with the arguments given after it."""
+    wrapper = tmp_path / "own_excepthook.py"
+    wrapper.write_text(OWN_EXCEPTHOOK_WRAPPER)
+    return str(wrapper)
+
+
 @pytest.fixture(scope="session")
 def mlp_run(tmp_path_factory):
     """One real 2-rank profiled DDP job shared by the tests that only read its run directory."""

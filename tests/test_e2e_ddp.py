@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-from conftest import EXAMPLES, REPO, run_dprorun, run_script_job
+from conftest import EXAMPLES, REPO, run_dprorun, run_script_job, with_own_excepthook
 from dprorun.fsutil import UnanswerableError
 from dprorun.trace.model import OpKind
 from dprorun.trace.rundir import load_run
@@ -99,6 +99,18 @@ def test_failing_rank_stops_group_is_named_and_traces_kept(tmp_path):
         assert out.returncode == 0 or (out.returncode == 2 and "error:" in out.stderr), out.stderr
         if out.returncode == 0:
             assert json.loads(out.stdout)
+
+
+def test_a_rank_whose_script_prints_its_own_errors_is_named_with_its_error(tmp_path):
+    """A script with an excepthook of its own (rich.traceback.install(), a logger's) replaced the rank's: the
+    failing rank was named without its error. Its uncaught exception is now noted at exit (runtime/raised.py)."""
+    script = os.path.join(EXAMPLES, "mlp_many_layers.py")
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "1", "--active", "3", "python", with_own_excepthook(tmp_path, script),
+                           script, "--steps", "50", "--fail-at-step", "5", "--fail-rank", "1"], tmp_path / "run",
+                          timeout=60)
+    assert proc.returncode == 1 and "own hook: RuntimeError" in proc.stderr, proc.stderr[-2000:]
+    assert "rank 1 (local rank 1, pid" in proc.stderr and "exited with code 1: RuntimeError: injected failure at step 5" \
+        in proc.stderr, proc.stderr[-2000:]
 
 
 def test_examples_run_unchanged_under_plain_torchrun():

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import CHROMIUM, EXAMPLES, REPO, render_page, run_dprorun
+from conftest import CHROMIUM, EXAMPLES, REPO, render_page, run_dprorun, with_own_excepthook
 from dprorun.fsutil import UnanswerableError
 from dprorun.procs import free_port
 from dprorun.replay.engine import replay
@@ -412,6 +412,21 @@ def test_a_killed_server_stops_the_job_names_it_and_keeps_the_workers_traces(tmp
     assert (run_dir / "rank_0" / "events.json").exists() and (run_dir / "rank_1" / "events.json").exists()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["ranks_with_traces"] == [0, 1]
+
+
+@needs_mxnet
+def test_an_mxnet_worker_whose_script_prints_its_own_errors_leaves_with_its_error_named(tmp_path):
+    """A script with an excepthook of its own replaced the worker's: the raising worker was left to MXNet's exit
+    ("killed by signal SIGABRT"), its error said nowhere. It now leaves at once with the error noted
+    (runtime/raised.py, from the exit handler that runs before MXNet's)."""
+    script = os.path.join(EXAMPLES, "mxnet_gluon.py")
+    proc, _ = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "1", "--warmup", "2", "--active", "4",
+                           "--kineto-iters", "1", "--clean", "2", "python", with_own_excepthook(tmp_path, script),
+                           script, "--steps", "20", "--model", "mlp", "--fail-at-step", "9"], tmp_path / "run",
+                          timeout=120)
+    assert proc.returncode == 1 and "own hook: RuntimeError" in proc.stderr, proc.stderr[-2000:]
+    assert "exited with code 1: RuntimeError: injected failure at step 9" in proc.stderr, proc.stderr[-2000:]
+    assert "SIGABRT" not in proc.stderr
 
 
 @needs_mxnet

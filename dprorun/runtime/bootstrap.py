@@ -18,6 +18,8 @@ import signal
 import sys
 from typing import Callable, Optional
 
+from dprorun.runtime.raised import leave_an_mxnet_worker_that_raised, note_script_raised, note_uncaught_at_exit
+
 _SESSION = None
 
 
@@ -426,56 +428,21 @@ def _guard_output_files(sess) -> None:
 
 
 def _install_excepthook(sess) -> None:
-    from dprorun.layout import SCRIPT_RAISED
-
+    """The rank's uncaught exception noted (runtime/raised.py) before the previous hook prints it; a script that
+    puts a hook of its own in place later (rich.traceback.install(), a logger's) is still seen, at exit."""
     previous = sys.excepthook
 
     def excepthook(exc_type, exc, tb):
         if os.getpid() != sess.pid:  # a process forked from the rank: the rank's error file is not its own
             previous(exc_type, exc, tb)
             return
-        try:
-            sess.records.warnings.append(f"{SCRIPT_RAISED}{exc_type.__name__}: {exc}")
-            _write_torchelastic_error(exc, tb)
-        except Exception:
-            pass
+        note_script_raised(sess, exc, tb)
         previous(exc_type, exc, tb)
         if sess.framework == "mxnet":
-            # an MXNet worker that raises never exits by itself: its kvstore's shutdown waits for the other workers
-            # at a barrier they will not reach, and the job hangs. Keep what was recorded, then leave now, so the
-            # launcher sees the failure and stops every role.
-            try:
-                sys.stderr.flush()
-                sess.at_exit()
-            finally:
-                os._exit(1)
+            leave_an_mxnet_worker_that_raised(sess)
 
     sys.excepthook = excepthook
-
-
-def _write_torchelastic_error(exc: BaseException, tb=None) -> None:
-    """Per-rank error file in torchelastic's format, so the launcher names the failing rank and its error. Written
-    here, not through torch's ErrorHandler: its record_exception reads the traceback from sys.exc_info(), which an
-    excepthook does not have (the file's stack said "NoneType: None"), and its initialize() enables faulthandler on
-    the rank's stderr (a warning, "Unable to enable fault handler", under a script whose main() is @record's)."""
-    import json
-    import time
-    import traceback
-
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    stack = "".join(traceback.format_exception(type(exc), exc, tb))
-    message = f"{type(exc).__name__}: {exc}"
-    if type(exc).__module__ == "torch.multiprocessing.spawn" and hasattr(exc, "error_index"):
-        # a process the script spawned failed (its traceback in the message): named, with its error's last line
-        said = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        message = f"the script's spawned process {exc.error_index} (pid {getattr(exc, 'error_pid', '?')}) failed: " \
-                  f"{said[-1] if said else type(exc).__name__}"
-    with open(path, "w") as handle:
-        json.dump({"message": {"message": message,
-                               "extraInfo": {"py_callstack": stack, "timestamp": str(int(time.time()))}}},
-                  handle)
+    atexit.register(note_uncaught_at_exit, sess)  # runs before _at_interpreter_exit (registered earlier)
 
 
 def _install_sigterm(sess) -> None:

@@ -406,16 +406,21 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
     import atexit
 
     # registered after MXNet's own exit handler (at `import mxnet`), so it runs first: see drain_engine_at_exit
-    atexit.register(drain_engine_at_exit)
+    atexit.register(drain_engine_at_exit, session)
     return tracker
 
 
-def drain_engine_at_exit() -> None:
+def drain_engine_at_exit(session: "RankSession") -> None:
     """The worker's pending engine operations (the last step's pushes and pulls) finish before MXNet's exit handler
     shuts its engine down. A script that ends without mx.nd.waitall() otherwise hangs at exit now and then, under
     plain MXNet too: one worker waits in the shutdown's WaitForAll for an operation that never completes while the
     other waits for it at the kvstore's closing barrier (examples/mxnet_batchnorm_clip.py: 3 of 3 plain launches
-    hung, 0 of 3 under the hooks; benchmarks/mxnet_exit.py)."""
+    hung, 0 of 3 under the hooks; benchmarks/mxnet_exit.py). A worker whose script raised (printed by a hook of
+    the script's own: ours did not see it) leaves at once instead, its error noted (runtime/raised.py)."""
+    from dprorun.runtime.raised import leave_an_mxnet_worker_that_raised, note_uncaught_at_exit
+
+    if note_uncaught_at_exit(session):
+        leave_an_mxnet_worker_that_raised(session)
     import mxnet as mx
 
     try:

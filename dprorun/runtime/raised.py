@@ -1,0 +1,77 @@
+"""A rank whose script raised: the exception noted in its records ("training script raised ...", which the launcher
+and the summary name) and written to torch elastic's error file; an MXNet worker leaves at once.
+
+The rank's own sys.excepthook does this as the exception is printed. A script that installs an excepthook of its own
+afterwards (`rich.traceback.install()`, a logger's) replaced it: the failing rank was named without its error
+(an MXNet worker: "killed by signal SIGABRT" in MXNet's exit, the ValueError it raised said nowhere). Python keeps
+the uncaught exception it printed in sys.last_value whichever hook printed it; at exit, an exception no hook of
+ours noted is noted from there (`note_uncaught_at_exit`: an exit handler of the rank's, and, in an MXNet worker,
+the one that runs before MXNet's own).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def note_script_raised(session, exc: BaseException, tb=None) -> bool:
+    """Note the script's uncaught exception once (False where it already was, or in a process forked from the
+    rank, whose error file is not its own)."""
+    from dprorun.layout import SCRIPT_RAISED
+
+    if os.getpid() != session.pid:
+        return False
+    if any(isinstance(w, str) and w.startswith(SCRIPT_RAISED) for w in session.records.warnings):
+        return False
+    try:
+        session.records.warnings.append(f"{SCRIPT_RAISED}{type(exc).__name__}: {exc}")
+        write_torchelastic_error(exc, tb)
+    except Exception:  # noting must never hide the script's own error
+        pass
+    return True
+
+
+def note_uncaught_at_exit(session) -> bool:
+    """At exit: the exception Python printed last (sys.last_value), where no hook of ours saw it, noted; True
+    where the script raised (whoever noted it)."""
+    exc = getattr(sys, "last_value", None)
+    if exc is None or isinstance(exc, SystemExit) or os.getpid() != session.pid:
+        return False
+    note_script_raised(session, exc, getattr(sys, "last_traceback", None))
+    return True
+
+
+def leave_an_mxnet_worker_that_raised(session) -> None:
+    """An MXNet worker that raised never exits by itself: its kvstore's shutdown waits for the other workers at a
+    barrier they will not reach, and the job hangs (or MXNet's exit aborts it). Keep what was recorded, then
+    leave now, so the launcher sees the failure, with its cause, and stops every role."""
+    try:
+        sys.stderr.flush()
+        session.at_exit()
+    finally:
+        os._exit(1)
+
+
+def write_torchelastic_error(exc: BaseException, tb=None) -> None:
+    """Per-rank error file in torchelastic's format, so the launcher names the failing rank and its error. Written
+    here, not through torch's ErrorHandler: its record_exception reads the traceback from sys.exc_info(), which an
+    excepthook does not have (the file's stack said "NoneType: None"), and its initialize() enables faulthandler on
+    the rank's stderr (a warning, "Unable to enable fault handler", under a script whose main() is @record's)."""
+    import json
+    import time
+    import traceback
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    stack = "".join(traceback.format_exception(type(exc), exc, tb))
+    message = f"{type(exc).__name__}: {exc}"
+    if type(exc).__module__ == "torch.multiprocessing.spawn" and hasattr(exc, "error_index"):
+        # a process the script spawned failed (its traceback in the message): named, with its error's last line
+        said = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        message = f"the script's spawned process {exc.error_index} (pid {getattr(exc, 'error_pid', '?')}) failed: " \
+                  f"{said[-1] if said else type(exc).__name__}"
+    with open(path, "w") as handle:
+        json.dump({"message": {"message": message,
+                               "extraInfo": {"py_callstack": stack, "timestamp": str(int(time.time()))}}},
+                  handle)
