@@ -49,8 +49,7 @@ def without_our_parts(state: dict[str, Any]) -> dict[str, Any]:
     our hooks out of its forward-hook tables (each a new dict, the module's own untouched), DDP's tracker out,
     our comm-hook wrapper in DDP's list replaced by the script's own hook (or dropped where it is ours alone)."""
     state.pop(TRACKER_ATTRIBUTE, None)
-    ours = {key for name in HOOK_TABLES[:2] if isinstance(state.get(name), dict)
-            for key, hook in state[name].items() if getattr(hook, HOOK_MARK, False)}
+    ours = _our_hook_ids(state.get)
     for name in HOOK_TABLES if ours else ():  # the hook tables alone: a dict of the script's keyed by ints stays
         table = state.get(name)
         if isinstance(table, dict) and not ours.isdisjoint(table.keys()):
@@ -65,6 +64,14 @@ def without_our_parts(state: dict[str, Any]) -> dict[str, Any]:
                 kept.append((hook, hook_state))
         state["_comm_hooks"] = kept
     return state
+
+
+def _our_hook_ids(table_named: Callable[[str, Any], Any]) -> set[int]:
+    """The handle ids of our hooks in a module's forward-hook tables (`table_named(name, default)`: a module's
+    attribute, or an entry of its state)."""
+    tables = [table_named(name, None) for name in HOOK_TABLES[:2]]
+    return {key for table in tables if isinstance(table, dict)
+            for key, hook in table.items() if getattr(hook, HOOK_MARK, False)}
 
 
 def patch_getstate(cls: type) -> None:
@@ -102,8 +109,7 @@ def without_our_hooks(root) -> Iterator[None]:
     saved = []
     if isinstance(root, torch.nn.Module):
         for module in root.modules():
-            ours = {key for name in HOOK_TABLES[:2] for key, hook in getattr(module, name, {}).items()
-                    if getattr(hook, HOOK_MARK, False)}
+            ours = _our_hook_ids(functools.partial(getattr, module))
             for name in HOOK_TABLES if ours else ():
                 table = getattr(module, name, None)
                 if isinstance(table, dict) and not ours.isdisjoint(table.keys()):
