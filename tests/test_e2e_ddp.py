@@ -301,6 +301,8 @@ for step in range(12):
     assert ema._comm_hooks == [(fp16_compress_hook, None)], ema._comm_hooks
     assert b"dprorun" not in saved.getvalue(), step
     torch.jit.script(model.module)  # TorchScript of the wrapped module (its scopes' hooks on in the profiled steps)
+    traced = torch.jit.trace(model.module, torch.randn(8, 64))  # the hooks' profiler scopes not in its graph
+    assert "record_function" not in traced.code, (step, traced.code)
     if dist.get_rank() == 0 and step == 11:
         open(sys.argv[1], "wb").write(saved.getvalue())
 dist.destroy_process_group()
@@ -312,7 +314,8 @@ def test_a_copy_of_the_wrapped_model_is_the_one_a_plain_launch_makes(tmp_path):
     object": its comm hook's state in DDP's list; the tracker and its locks; closures on the modules): a copy now
     leaves the hooks' parts out (runtime/copies.py), before, in and after the window, and keeps the script's own
     comm hook; the file torch.save writes names nothing of dprorun's and loads in a plain interpreter; the
-    original is still profiled. TorchScript of the wrapped module compiles without the hooks' scopes."""
+    original is still profiled. TorchScript of the wrapped module compiles without the hooks' scopes, and a trace
+    of it has none of their profiler annotations in its graph."""
     script, saved, run_dir = tmp_path / "copies.py", tmp_path / "model.pt", tmp_path / "run"
     script.write_text(COPIES_SCRIPT)
     proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "2", "--clean", "2", "-q",

@@ -26,7 +26,8 @@ def add_module_scopes(root) -> list:
     """Forward pre/post hooks on every submodule of `root` (not `root` itself) that open and close a profiler
     annotation named after the submodule; returns the handles (`handle.remove()`). TorchScript modules take no
     hooks (torch.jit.script'ed layers: "register_forward_pre_hook is not supported on ScriptModules", which
-    disabled the whole profile): their ops keep the scope of the module around them, or none."""
+    disabled the whole profile): their ops keep the scope of the module around them, or none. While the script
+    traces the module (torch.jit.trace), the hooks open nothing: the annotations had gone into its traced graph."""
     import torch
     from torch.autograd.profiler import record_function
 
@@ -37,12 +38,14 @@ def add_module_scopes(root) -> list:
             continue
 
         def enter(mod, inputs, name=name):
+            if torch.jit.is_tracing():  # the script's torch.jit.trace: the annotation would be in its graph
+                return
             scope = record_function(SCOPE_PREFIX + name)
             scope.__enter__()
             open_scopes.append(scope)
 
         def leave(mod, inputs, output):
-            if open_scopes:
+            if open_scopes and not torch.jit.is_tracing():
                 open_scopes.pop().__exit__(None, None, None)
 
         # traced where the model is compiled (dynamo ignores record_function there, the graph unbroken): run
