@@ -113,6 +113,45 @@ def test_a_rank_whose_script_prints_its_own_errors_is_named_with_its_error(tmp_p
         in proc.stderr, proc.stderr[-2000:]
 
 
+SEEDED_SCRIPT = """
+import hashlib, random, sys, torch, torch.nn as nn, torch.distributed as dist
+dist.init_process_group("gloo")
+torch.manual_seed(0); random.seed(0)
+model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Dropout(0.3), nn.Linear(128, 10))
+ddp = nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+losses = []
+for step in range(16):
+    x, y = torch.randn(32, 32), torch.randint(0, 10, (32,))
+    loss = nn.functional.cross_entropy(ddp(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    losses.append(round(loss.item(), 7))
+weights = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
+with open(f"{sys.argv[1]}/rank{dist.get_rank()}.txt", "w") as out:
+    print(sum(losses), weights, torch.rand(1).item(), random.random(), file=out)
+dist.destroy_process_group()
+"""
+
+
+def test_a_seeded_script_trains_to_the_weights_a_plain_launch_reaches(tmp_path):
+    """dprorun's end-of-window work (calibration under compute) drew a random operand from the script's global
+    generator: every dropout mask and batch after the window differed from torchrun's, and the job ended on other
+    losses and weights. The script's random streams are now kept across that work (runtime/rng.py)."""
+    script, profiled, plain = tmp_path / "seeded.py", tmp_path / "profiled", tmp_path / "plain"
+    script.write_text(SEEDED_SCRIPT)
+    profiled.mkdir(), plain.mkdir()
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "4", "--kineto-iters", "1", "--clean", "3",
+                           "python", str(script), str(profiled)], tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRO", "PYTHONPATH"))}
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               str(script), str(plain)], capture_output=True, text=True, timeout=120, env=env)
+    assert torchrun.returncode == 0, torchrun.stderr[-2000:]
+    for rank in (0, 1):
+        expected = (plain / f"rank{rank}.txt").read_text()
+        assert (profiled / f"rank{rank}.txt").read_text() == expected, (rank, expected)
+
+
 def test_examples_run_unchanged_under_plain_torchrun():
     """One relaunch is allowed for torch 2.13's gloo abort at exit (SIGABRT after the script printed its result,
     no dprorun involved: 1 of 3 clean-clone CI runs of 2026-12-03 hit it here), never for anything else."""

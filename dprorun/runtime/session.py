@@ -441,13 +441,15 @@ class RankSession:
         """Stop the samplers, probe clock offsets, calibrate, write the events, ship remote ranks' files to rank
         0's node; rank 0 then times model variants if asked. All before the clean iterations."""
         from dprorun.runtime.gather import finish_job_window
+        from dprorun.runtime.rng import script_random_state_kept
 
         if self.window_work_done:
             return
         self.window_work_done = True
         if self.sampler is not None:
             self.sampler.stop()
-        finish_job_window(self)
+        with script_random_state_kept():  # seeded scripts draw what they draw under torchrun
+            finish_job_window(self)
         if not self.cfg.measure_variants:
             return
         from dprorun.runtime.gather import hold_ranks_while_rank0_measures
