@@ -418,6 +418,43 @@ def test_a_comm_hook_the_script_registers_after_the_window_began_runs_from_then_
     assert {record[0] for record in events["comm"]} >= set(range(2, 8))  # buckets timed before and after it
 
 
+LATE_BUILTIN_HOOK_SCRIPT = """
+import torch, torch.nn as nn, torch.distributed as dist
+dist.init_process_group("gloo")
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+in_half = []
+for step in range(12):
+    if step == 5:
+        model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+        try:
+            model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+            raise SystemExit("a second registration was taken")
+        except RuntimeError as exc:
+            assert "only be called once" in str(exc), exc
+    opt.zero_grad(); model(torch.randn(8, 64)).sum().backward()
+    grad = model.module[0].weight.grad
+    in_half.append(bool(torch.equal(grad.half().float(), grad)))  # what a float16 all-reduce leaves
+    opt.step()
+assert in_half == [False] * 5 + [True] * 7, in_half
+dist.destroy_process_group()
+"""
+
+
+def test_a_builtin_comm_hook_the_script_registers_after_the_window_began_runs_from_then_on(tmp_path):
+    """The same for DDP's private `_register_builtin_comm_hook` (a C++ hook, which cannot run through dprorun's):
+    torch's Python hook of the same arithmetic takes over (the gradients are float16 values from that step on,
+    as the C++ FP16_COMPRESS leaves them), timed, said; a second registration raises as DDP's."""
+    script, run_dir = tmp_path / "late_builtin.py", tmp_path / "run"
+    script.write_text(LATE_BUILTIN_HOOK_SCRIPT)
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "1", "--clean", "2", "-q",
+                           "python", str(script)], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert events["trackers"][0]["user_comm_hook_name"] == "built-in FP16_COMPRESS (run as torch's fp16_compress_hook)"
+    assert {record[0] for record in events["comm"]} >= set(range(2, 8))
+
+
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
 def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path, signame):
     """SIGTERM (exit 143) and Ctrl-C / SIGINT (exit 130): forwarded, ranks stopped, traces kept."""

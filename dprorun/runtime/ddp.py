@@ -449,13 +449,13 @@ class DDPTracker:
 
         _ORIGINAL["register_comm_hook"](self.ddp, self.ddp.process_group, own_hook(dpro_comm_hook))
 
-    def take_over_comm_hook(self, state, hook: Callable) -> None:
+    def take_over_comm_hook(self, state, hook: Callable, name: str = "") -> None:
         """The script registers its comm hook after dprorun's went in: DDP's checks of it, then it runs (timed) from
         the next bucket on; a copy of the module gets it (copies.py); the window's iterations before it ran
         dprorun's all-reduce: said."""
         ddp, session = self.ddp, self.session
         ddp._check_comm_hook(hook)
-        self.user_hook, self.user_hook_name = True, getattr(hook, "__name__", type(hook).__name__)
+        self.user_hook, self.user_hook_name = True, name or getattr(hook, "__name__", type(hook).__name__)
         self.active_comm_hook = (self.timed(hook, user=True), state)
         registered = [entry for entry in ddp._comm_hooks if getattr(entry[0], HOOK_MARK, False)]
         for entry in registered:
@@ -633,6 +633,16 @@ def patch_ddp_class(session: RankSession) -> None:
     @functools.wraps(_ORIGINAL["_register_builtin_comm_hook"])
     def _register_builtin_comm_hook(self, comm_hook_type):
         tracker = getattr(self, "_dpro_tracker", None)
+        if tracker is not None and tracker.hook_registered and not tracker.user_hook:
+            # ours went in with the window and a C++ hook cannot run through it: torch's Python hook of the same
+            # arithmetic (default_hooks) takes over, as a late register_comm_hook does
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = {"ALLREDUCE": default_hooks.allreduce_hook,
+                    "FP16_COMPRESS": default_hooks.fp16_compress_hook}.get(getattr(comm_hook_type, "name", ""))
+            if hook is not None:
+                return tracker.take_over_comm_hook(self.process_group, hook, f"built-in {comm_hook_type.name} "
+                                                   f"(run as torch's {hook.__name__})")
         if tracker is not None:
             tracker.builtin_hook = True
             session.records.warnings.append("a built-in C++ comm hook is in use: bucket enqueue times are not "
