@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 from dprorun.argtypes import mark_command, non_negative_float, positive_float
 from dprorun.fsutil import TraceError
+from dprorun.procs import refuse_script_from_stdin
 from dprorun.config import AutotuneConfig, HorovodConfig, JobConfig, LaunchConfig, OutputConfig, PredictConfig, \
     TIMELINE_MODES, ProfileConfig, horovod_knob_args
 from dprorun.scheduler_env import SchedulerEnv, detect_scheduler, horovod_plan
@@ -312,6 +313,7 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
     job = JobConfig(command=command, launch=launch_config(args),
                     output=OutputConfig(quiet=args.quiet, json_summary=args.json), horovod=horovod_config(args),
                     autotune=autotune_config(args), strategy_file=_strategy_file(args))
+    refuse_script_from_stdin(command, 3 if args.backend == "mxnet" else job.launch.nproc_per_node)
     job.profile = profile_config_from_env_and_args(args)
     if args.backend == "mxnet" and args.kineto_iters is None and "DPRO_KINETO_ITERS" not in os.environ:
         # mx.profiler costs MXNet's operators little (profiled iterations were no slower), and the PS model wants

@@ -134,6 +134,35 @@ def split_command(command: list[str]) -> tuple[str, list[str]]:
     return exe, command[1:]
 
 
+PYTHON_OPTIONS_TAKING_A_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def python_script_word(python_args: list[str]) -> Optional[str]:
+    """What Python runs given these arguments: the script's path, "-c" or "-m", "-" (standard input), or None
+    (no script: the interactive interpreter, which also reads standard input)."""
+    index = 0
+    while index < len(python_args):
+        word = python_args[index]
+        if word in ("-c", "-m", "-") or not word.startswith("-"):
+            return word
+        index += 2 if word in PYTHON_OPTIONS_TAKING_A_VALUE else 1
+    return None
+
+
+def refuse_script_from_stdin(command: list[str], processes_here: int) -> None:
+    """`dprorun -np 2 python - < train.py`: every rank inherits the one standard input and reads part of the
+    script (a SyntaxError in each), or one reads all of it and the others an empty script, which ends at once while
+    the first waits for them in its rendezvous until the timeout (a hang). Refused before anything starts."""
+    head = command[0] if command else ""
+    if processes_here < 2 or head.endswith(".py") or not os.path.basename(head).startswith("python"):
+        return
+    word = python_script_word(command[1:])
+    if word is None or word == "-":
+        raise ValueError(f"the command reads its script from standard input ({' '.join(command)[:80]}), which the "
+                         f"{processes_here} processes on this host would share, each reading a part of it: give "
+                         "the script as a file (dprorun -np 2 python train.py)")
+
+
 def stop_process_tree(pid: int, grace_s: float = 5.0) -> None:
     """SIGTERM to a process and every process under it, SIGKILL to those still there after grace_s."""
     import psutil

@@ -1578,3 +1578,25 @@ def test_activation_meter_keeps_a_scripts_own_saved_tensor_hooks_in_force():
         model(inputs).sum().backward()
         # on the CPU save_on_cpu keeps the tensors themselves: the input and the ReLU's output, as with no hooks
         assert meter.stop() == inputs.nbytes + 8 * 256 * 4
+
+
+def test_a_script_read_from_standard_input_is_refused_where_ranks_would_share_it(tmp_path):
+    """`dprorun -np 2 python - < train.py`: the ranks shared one standard input; each read a part of the script
+    (a SyntaxError each) or one read all of it while the other ran an empty script and left, and the first waited
+    for it in the rendezvous until the launch's timeout (a hang of 300 s here). Refused before anything starts;
+    one rank may read it; a script given as a file, -c or -m behind Python's own options runs as before."""
+    import pytest as pt
+
+    from dprorun.argtypes import parse_launch_line
+    from dprorun.cli import build_parser, job_from_args
+
+    parser = build_parser()
+    for command in (["python", "-"], ["python", "-u", "-", "--steps", "3"], ["python3"], ["python", "-W", "ignore"]):
+        with pt.raises(ValueError, match="reads its script from standard input"):
+            job_from_args(parse_launch_line(parser, ["-np", "2", *command]))
+        with pt.raises(ValueError, match="reads its script from standard input"):
+            job_from_args(parse_launch_line(parser, ["--backend", "mxnet", "-np", "1", *command]))
+        assert job_from_args(parse_launch_line(parser, ["-np", "1", *command])).command == command
+    for command in (["python", "-W", "ignore", "-X", "dev", "train.py"], ["python", "-c", "print(1)"],
+                    ["python", "-u", "-m", "pkg.train"], ["train.py", "-"], ["bash", "-"]):
+        assert job_from_args(parse_launch_line(parser, ["-np", "2", *command])).command == command
