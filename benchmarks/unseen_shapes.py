@@ -366,6 +366,9 @@ JOBS = {
     "ddp-fp16-comm-hook-registered-at-step-10": ([], "ddp_session54.py", ["--late-comm-hook"], "torch"),
     "ddp-fp16-comm-hook-registered-at-step-40": ([], "ddp_session54.py", ["--late-comm-hook", "--late", "40"],
                                                  "torch"),
+    "ddp-nanogpt-require-backward-grad-sync-accumulate-4": ([], "ddp_session55.py", ["--nanogpt"], "torch"),
+    "ddp-builtin-fp16-hook-registered-at-step-10": ([], "ddp_session55.py", ["--late-builtin-hook"], "torch"),
+    "ddp-tensorboard-add-graph-in-the-window": ([], "ddp_session55.py", ["--tensorboard-graph"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
