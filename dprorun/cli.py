@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import Optional, Sequence
 
+from dprorun import __version__
 from dprorun.argtypes import mark_command, non_negative_float, positive_float
 from dprorun.fsutil import TraceError
 from dprorun.procs import refuse_script_from_stdin
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Launch a distributed training job like torchrun, profile it (compute, per-bucket "
                     "communication, host/GPU samples) and gather every rank's trace into one run directory.",
         epilog=f"example: {USAGE_EXAMPLE}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _job_arguments(parser.add_argument_group("job"))
     add_torchrun_arguments(parser.add_argument_group("torchrun's other flags (a torchrun launch line runs as it is)"))
     _mxnet_arguments(parser.add_argument_group("mxnet (with --backend mxnet)"))

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from dprorun import __version__
 from dprorun.argtypes import non_negative_float, positive_float, positive_int
 from dprorun.analysis import RunAnalysis, optimize_run
 from dprorun.fsutil import TraceError, UnanswerableError
@@ -405,6 +406,7 @@ def _replay_arguments(rp: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpro", description="Analyse a dprorun run directory.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     summary = sub.add_parser("summary", help="per-rank iteration time and compute/communication breakdown")
     summary.add_argument("run_dir")

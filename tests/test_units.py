@@ -1600,3 +1600,19 @@ def test_a_script_read_from_standard_input_is_refused_where_ranks_would_share_it
     for command in (["python", "-W", "ignore", "-X", "dev", "train.py"], ["python", "-c", "print(1)"],
                     ["python", "-u", "-m", "pkg.train"], ["train.py", "-"], ["bash", "-"]):
         assert job_from_args(parse_launch_line(parser, ["-np", "2", *command])).command == command
+
+
+def test_both_commands_say_their_version_and_a_scripts_own_version_flag_stays_the_scripts(capsys):
+    import pytest as pt
+
+    from dprorun import __version__
+    from dprorun.argtypes import parse_launch_line
+    from dprorun.cli import build_parser, job_from_args
+    from dprorun.offline_cli import build_parser as build_dpro_parser
+
+    for parser, prog in ((build_parser(), "dprorun"), (build_dpro_parser(), "dpro")):
+        with pt.raises(SystemExit) as leaving:
+            parser.parse_args(["--version"])
+        assert leaving.value.code == 0 and capsys.readouterr().out.strip() == f"{prog} {__version__}"
+    job = job_from_args(parse_launch_line(build_parser(), ["-np", "2", "python", "train.py", "--version"]))
+    assert job.command == ["python", "train.py", "--version"]
