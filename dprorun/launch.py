@@ -23,7 +23,7 @@ from dprorun.config import ElasticAgentOptions, JobConfig
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 from dprorun.layout import rank_folders
 # the shared process helpers, importable from here as before
-from dprorun.procs import LaunchResult, Watchdog, error_line, error_message, exit_abort_hint, free_port, \
+from dprorun.procs import LaunchResult, Watchdog, error_line, error_message, exit_abort_hint, free_port, last_words, \
     rank_environment, signal_name, split_command, stop_process_tree
 
 
@@ -298,6 +298,9 @@ def _launch_elastic_now(job: JobConfig) -> LaunchResult:
             else:
                 how = f"exited with code {code}"
             detail = error_message(failure)
+            if not detail and code > 0:
+                said = last_words(os.path.join(job.output.run_dir, "logs"), failure.local_rank)
+                detail = f"its last line on stderr: {said}" if said else ""
             message = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}"
             if detail:
                 message += f": {detail}" + missing_module_hint(detail, job.launch.backend)

@@ -15,7 +15,7 @@ import time
 from typing import Optional
 
 from dprorun.config import JobConfig
-from dprorun.procs import LaunchResult, Watchdog, error_message, free_port, rank_environment, signal_name, \
+from dprorun.procs import LaunchResult, Watchdog, error_message, free_port, last_words, rank_environment, signal_name, \
     split_command
 
 MXNET_VENV_DEFAULT = os.path.join("~", ".cache", "dprorun", "mxnet-venv")
@@ -288,8 +288,9 @@ def _failed_role(result, roles: list[tuple[str, int]], run_dir: str) -> LaunchRe
         each, the earliest."""
         slot, failure = item
         code = failure.exitcode
-        rank = 0 if code > 0 and error_message(failure) else 1 if code < 0 and code != -signal.SIGTERM else \
-            2 if code != -signal.SIGTERM else 3
+        stopped = code in (-signal.SIGTERM, 128 + signal.SIGTERM)  # 143: a worker's SIGTERM watcher (bootstrap.py)
+        rank = 0 if code > 0 and error_message(failure) else 1 if code < 0 and not stopped else \
+            2 if not stopped else 3
         return (rank, failure.timestamp, slot)
 
     slot, failure = min(result.failures.items(), key=order)
@@ -301,6 +302,9 @@ def _failed_role(result, roles: list[tuple[str, int]], run_dir: str) -> LaunchRe
     code = failure.exitcode
     how = f"was killed by signal {signal_name(-code)}" if code < 0 else f"exited with code {code}"
     detail = error_message(failure)
+    if not detail and code > 0 and code != 128 + signal.SIGTERM:
+        said = last_words(os.path.join(run_dir, "logs"), slot)
+        detail = f"its last line on stderr: {said}" if said else ""
     message = f"{name} (pid {failure.pid}) {how}" + (f": {detail}" if detail else "")
     message += "; every other role was stopped"
     return LaunchResult(128 - code if code < 0 else (code or 1), message, None,

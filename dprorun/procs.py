@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -247,30 +248,47 @@ def error_line(error: str) -> str:
 CXX_TERMINATE = "terminate called without an active exception"
 
 
-def exit_abort_hint(log_dir: str, local_rank: int) -> str:
-    """Why a rank that aborted (SIGABRT) most likely did, read off the end of its stderr log in torch elastic's log
-    folder (`<log_dir>/<run>/attempt_<n>/<local_rank>/stderr.log`): a C++ thread that was still running when the
-    interpreter shut down (in torch jobs: a process group's worker thread, the group kept alive past the script's
-    end). Empty when the log does not say so or is not there (the ranks' output was not kept)."""
+def _stderr_tail(log_dir: str, local_rank: int) -> str:
+    """The last 8 KiB of a rank's stderr log in torch elastic's log folder
+    (`<log_dir>/<run>/attempt_<n>/<local_rank>/stderr.log`; this launch's: an autotune run holds several); empty
+    where it is not there (the ranks' output was not kept)."""
     import glob
 
     logs = glob.glob(os.path.join(glob.escape(log_dir), "*", "attempt_*", str(local_rank), "stderr.log"))
     try:
         if not logs:
             return ""
-        path = max(logs, key=os.path.getmtime)  # this launch's (an autotune run holds several)
+        path = max(logs, key=os.path.getmtime)
         with open(path, "rb") as handle:
             handle.seek(max(0, os.path.getsize(path) - 8192))
-            tail = handle.read().decode("utf-8", "replace")
+            return handle.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    if CXX_TERMINATE not in tail:
+
+
+def exit_abort_hint(log_dir: str, local_rank: int) -> str:
+    """Why a rank that aborted (SIGABRT) most likely did, read off the end of its stderr log: a C++ thread that was
+    still running when the interpreter shut down (in torch jobs: a process group's worker thread, the group kept
+    alive past the script's end). Empty when the log does not say so or is not there."""
+    if CXX_TERMINATE not in _stderr_tail(log_dir, local_rank):
         return ""
     return (f"its log's last lines say '{CXX_TERMINATE}': a C++ thread was still running as the process exited. In "
             "a torch job that is usually a process group's worker thread, the group still alive (a model that holds "
             "it, or no dist.destroy_process_group()); the job aborts the same way under torchrun, though less often "
             "under dprorun, whose ranks wait at exit until gloo's threads are asleep (DPRO_GLOO_EXIT_WAIT_S, 2 s). "
             "Destroy the group at the end, after dropping what holds it")
+
+
+def last_words(log_dir: str, local_rank: int) -> str:
+    """The last line a rank that exited with a code and no recorded error wrote to stderr: what `sys.exit("...")`,
+    `raise SystemExit("...")` or argparse's `parser.error` print as the process leaves (no exception reaches a hook,
+    so no error file names it). dprorun's own lines and torch's logging lines (W/I/E1206 12:00:00...) are passed
+    over."""
+    for line in reversed(_stderr_tail(log_dir, local_rank).splitlines()):
+        line = line.strip()
+        if line and not line.startswith("[dprorun") and not re.match(r"[WIEF]\d{4} \d\d:\d\d:\d\d", line):
+            return line[:300]
+    return ""
 
 
 def signal_name(signum: int) -> str:

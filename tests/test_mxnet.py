@@ -429,6 +429,45 @@ def test_an_mxnet_worker_whose_script_prints_its_own_errors_leaves_with_its_erro
     assert "SIGABRT" not in proc.stderr
 
 
+MX_EXIT_SCRIPT = """
+import sys, mxnet as mx
+from mxnet import autograd, gluon, nd
+kv = mx.kv.create("dist_sync")
+net = gluon.nn.Dense(10)
+net.initialize()
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
+for step in range(30):
+    if kv.rank == 1 and step == 3:
+        try:
+            sys.exit("caught by the script: it trains on")
+        except SystemExit:
+            pass
+    if kv.rank == 1 and step == 9:
+        sys.exit("dataset shard 1 is empty: stopping")
+    with autograd.record():
+        loss = net(nd.random.uniform(shape=(4, 8))).sum()
+    loss.backward()
+    trainer.step(4)
+"""
+
+
+@needs_mxnet
+def test_an_mxnet_worker_leaving_through_sys_exit_stops_the_job_with_its_message(tmp_path):
+    """`sys.exit("...")` in one worker mid-job reaches no excepthook: the worker then waited in its kvstore's
+    closing barrier for the other, still training, and the job hung (under plain MXNet too; 200 s until a timeout
+    here). It now leaves at once with Python's exit code, its message named by the launcher; a sys.exit the script
+    catches changes nothing."""
+    script, run_dir = tmp_path / "exits.py", tmp_path / "run"
+    script.write_text(MX_EXIT_SCRIPT)
+    proc, elapsed = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "1", "--warmup", "2", "--active", "4",
+                                 "--kineto-iters", "1", "--clean", "2", "python", str(script)], run_dir, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "(the kvstore's worker 1" in proc.stderr or "worker 1 (pid" in proc.stderr, proc.stderr[-2000:]
+    assert "exited with code 1: dataset shard 1 is empty: stopping; every other role was stopped" in proc.stderr
+    assert "caught by the script" not in proc.stderr.split("dprorun: error:")[-1]
+    assert elapsed < 90 and (run_dir / "rank_1" / "events.json").exists()
+
+
 @needs_mxnet
 def test_a_worker_that_raises_stops_the_job_and_a_data_loaders_terminated_forks_do_not(tmp_path):
     """One job for two things (launches are the suite's cost). A gluon DataLoader with worker processes, a new

@@ -1616,3 +1616,24 @@ def test_both_commands_say_their_version_and_a_scripts_own_version_flag_stays_th
         assert leaving.value.code == 0 and capsys.readouterr().out.strip() == f"{prog} {__version__}"
     job = job_from_args(parse_launch_line(build_parser(), ["-np", "2", "python", "train.py", "--version"]))
     assert job.command == ["python", "train.py", "--version"]
+
+
+def test_a_rank_leaving_with_a_message_and_no_exception_is_named_with_its_last_words(tmp_path):
+    """`sys.exit("dataset shard 1 is empty")`, `raise SystemExit(...)` or argparse's error leave with a code and no
+    exception any hook sees: the launcher said only "exited with code 1". It now quotes the rank's last stderr line,
+    passing over dprorun's own lines (its "nothing to profile" warning at exit) and torch's logging; a bare
+    exception's type is said without a dangling colon."""
+    from dprorun.procs import last_words
+    from dprorun.runtime.raised import exception_line
+
+    rank_dir = tmp_path / "logs" / "job_x" / "attempt_0" / "1"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "stderr.log").write_text(
+        "usage: train.py [-h] --data DATA\ntrain.py: error: the following arguments are required: --data\n"
+        "W1206 22:41:35.123000 1855 site-packages/torch/distributed/run.py:874] something\n"
+        "[dprorun rank 1] warning: nothing to profile: the job never built a wrapper\n\n")
+    assert last_words(str(tmp_path / "logs"), 1) == "train.py: error: the following arguments are required: --data"
+    assert last_words(str(tmp_path / "logs"), 0) == ""
+    assert last_words(str(tmp_path / "none"), 1) == ""
+    assert exception_line(KeyboardInterrupt()) == "KeyboardInterrupt"
+    assert exception_line(ValueError("bad shard")) == "ValueError: bad shard"

@@ -405,8 +405,11 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
     _watch_inference(tracker)
     import atexit
 
+    from dprorun.runtime.raised import watch_sys_exit
+
     # registered after MXNet's own exit handler (at `import mxnet`), so it runs first: see drain_engine_at_exit
     atexit.register(drain_engine_at_exit, session)
+    watch_sys_exit(session)
     return tracker
 
 
@@ -417,10 +420,12 @@ def drain_engine_at_exit(session: "RankSession") -> None:
     other waits for it at the kvstore's closing barrier (examples/mxnet_batchnorm_clip.py: 3 of 3 plain launches
     hung, 0 of 3 under the hooks; benchmarks/mxnet_exit.py). A worker whose script raised (printed by a hook of
     the script's own: ours did not see it) leaves at once instead, its error noted (runtime/raised.py)."""
-    from dprorun.runtime.raised import leave_an_mxnet_worker_that_raised, note_uncaught_at_exit
+    from dprorun.runtime.raised import leave_an_mxnet_worker_that_exited_failing, leave_an_mxnet_worker_that_raised, \
+        note_uncaught_at_exit
 
     if note_uncaught_at_exit(session):
         leave_an_mxnet_worker_that_raised(session)
+    leave_an_mxnet_worker_that_exited_failing(session)
     import mxnet as mx
 
     try:

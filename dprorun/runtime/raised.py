@@ -14,6 +14,13 @@ import os
 import sys
 
 
+def exception_line(exc: BaseException) -> str:
+    """"Type: message" as Python's last traceback line says it: the type alone where the message is empty (a bare
+    KeyboardInterrupt read "KeyboardInterrupt:")."""
+    said = str(exc)
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+
+
 def note_script_raised(session, exc: BaseException, tb=None) -> bool:
     """Note the script's uncaught exception once (False where it already was, or in a process forked from the
     rank, whose error file is not its own)."""
@@ -24,7 +31,7 @@ def note_script_raised(session, exc: BaseException, tb=None) -> bool:
     if any(isinstance(w, str) and w.startswith(SCRIPT_RAISED) for w in session.records.warnings):
         return False
     try:
-        session.records.warnings.append(f"{SCRIPT_RAISED}{type(exc).__name__}: {exc}")
+        session.records.warnings.append(f"{SCRIPT_RAISED}{exception_line(exc)}")
         write_torchelastic_error(exc, tb)
     except Exception:  # noting must never hide the script's own error
         pass
@@ -41,7 +48,7 @@ def note_uncaught_at_exit(session) -> bool:
     return True
 
 
-def leave_an_mxnet_worker_that_raised(session) -> None:
+def leave_an_mxnet_worker_that_raised(session, code: int = 1) -> None:
     """An MXNet worker that raised never exits by itself: its kvstore's shutdown waits for the other workers at a
     barrier they will not reach, and the job hangs (or MXNet's exit aborts it). Keep what was recorded, then
     leave now, so the launcher sees the failure, with its cause, and stops every role."""
@@ -49,7 +56,65 @@ def leave_an_mxnet_worker_that_raised(session) -> None:
         sys.stderr.flush()
         session.at_exit()
     finally:
-        os._exit(1)
+        os._exit(code)
+
+
+class _CaughtExit:
+    """Rides on the SystemExit that sys.exit raises in an MXNet worker. Freed while Python code runs (the script
+    caught the SystemExit and went on), it takes the noted status back; freed by the interpreter's own handling of
+    an uncaught SystemExit, just before the exit handlers run, no Python frame is running and the status stays."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def __del__(self):
+        try:
+            sys._getframe(1)
+        except ValueError:  # the interpreter's exit: the script left through this SystemExit
+            return
+        self.session.script_exit_status = None
+
+
+def watch_sys_exit(session) -> None:
+    """In an MXNet worker: what the script's main thread passes to sys.exit, kept on the session
+    (`script_exit_status`) while the SystemExit is on its way out (`_CaughtExit`; the next iteration also clears
+    it). `sys.exit("dataset shard 1 is empty")` in one worker reaches no excepthook, and the worker then waited in
+    the kvstore's closing barrier for workers still training: the job hung, under plain MXNet too."""
+    import functools
+    import threading
+
+    original = sys.exit
+
+    @functools.wraps(original)
+    def exit_noted(status=None):
+        if os.getpid() != session.pid or threading.current_thread() is not threading.main_thread():
+            original(status)
+        session.script_exit_status = status
+        try:
+            original(status)
+        except SystemExit as leaving:
+            leaving._dpro_caught_exit = _CaughtExit(session)
+            raise
+
+    sys.exit = exit_noted
+
+
+def leave_an_mxnet_worker_that_exited_failing(session) -> None:
+    """At exit (before MXNet's own handler): a worker whose script called sys.exit with a message or a non-zero
+    code leaves at once with Python's exit code for it (1 for a message), its cause noted and written to torch
+    elastic's error file (the launcher names the worker with it)."""
+    status = session.script_exit_status
+    if status is None or status == 0:
+        return
+    code = status if isinstance(status, int) else 1
+    said = f"the script called sys.exit({status!r})"
+    session.records.warnings.append(said)
+    if not isinstance(status, int):
+        try:
+            write_torchelastic_error_message(str(status))
+        except Exception:  # noting must never hide the script's own exit
+            pass
+    leave_an_mxnet_worker_that_raised(session, code & 0xFF or 1)
 
 
 def write_torchelastic_error(exc: BaseException, tb=None) -> None:
@@ -57,20 +122,28 @@ def write_torchelastic_error(exc: BaseException, tb=None) -> None:
     here, not through torch's ErrorHandler: its record_exception reads the traceback from sys.exc_info(), which an
     excepthook does not have (the file's stack said "NoneType: None"), and its initialize() enables faulthandler on
     the rank's stderr (a warning, "Unable to enable fault handler", under a script whose main() is @record's)."""
-    import json
-    import time
     import traceback
 
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
         return
     stack = "".join(traceback.format_exception(type(exc), exc, tb))
-    message = f"{type(exc).__name__}: {exc}"
+    message = exception_line(exc)
     if type(exc).__module__ == "torch.multiprocessing.spawn" and hasattr(exc, "error_index"):
         # a process the script spawned failed (its traceback in the message): named, with its error's last line
         said = [line.strip() for line in str(exc).splitlines() if line.strip()]
         message = f"the script's spawned process {exc.error_index} (pid {getattr(exc, 'error_pid', '?')}) failed: " \
                   f"{said[-1] if said else type(exc).__name__}"
+    write_torchelastic_error_message(message, stack)
+
+
+def write_torchelastic_error_message(message: str, stack: str = "") -> None:
+    """torch elastic's error file (TORCHELASTIC_ERROR_FILE, where the launcher set one) with this message."""
+    import json
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
     with open(path, "w") as handle:
         json.dump({"message": {"message": message,
                                "extraInfo": {"py_callstack": stack, "timestamp": str(int(time.time()))}}},

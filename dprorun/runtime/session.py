@@ -91,6 +91,7 @@ class RankSession:
         self.window_work_done = False  # probes, calibration and gather ran (or were attempted)
         self.teardown_alone = False  # the group's teardown came with ranks missing: its collectives were skipped
         self.spawned_by_script = False  # a rank the script spawned itself (runtime/spawned.py)
+        self.script_exit_status: Any = None  # sys.exit's argument in an MXNet worker (runtime/raised.py)
         from dprorun.runtime import apply
 
         self.strategy, problem = apply.load()  # the optimizer's strategy this job runs with, if any
@@ -136,6 +137,7 @@ class RankSession:
         now = self.now_us()
         self._close_mark("update", now)
         self.iteration += 1
+        self.script_exit_status = None  # a sys.exit the script caught: it trains on
         self.records.add_iteration_start(now, process_cpu_s())
         if self.script_profiler.on:
             self.records.mark_script_profiled(self.iteration)
