@@ -152,6 +152,29 @@ def test_a_seeded_script_trains_to_the_weights_a_plain_launch_reaches(tmp_path):
         assert (profiled / f"rank{rank}.txt").read_text() == expected, (rank, expected)
 
 
+def test_a_rank_leaving_through_sys_exit_with_a_message_is_named_with_it(tmp_path):
+    """`sys.exit("...")` reaches no excepthook: the rank was named "exited with code 1" and no more. Its message
+    is now noted as a SystemExit (runtime/raised.py) and named; a sys.exit the script catches is not."""
+    script = tmp_path / "exits.py"
+    script.write_text("import sys, torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))\n"
+                      "for step in range(20):\n"
+                      "    if dist.get_rank() == 1 and step == 2:\n"
+                      "        try:\n"
+                      "            sys.exit('caught: trains on')\n"
+                      "        except SystemExit:\n"
+                      "            pass\n"
+                      "    if dist.get_rank() == 1 and step == 8:\n"
+                      "        sys.exit('dataset shard 1 is empty: stopping')\n"
+                      "    model(torch.randn(4, 8)).sum().backward()\n")
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "4", "--kineto-iters", "1", "--clean", "1",
+                           "python", str(script)], tmp_path / "run", timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "rank 1 (local rank 1, pid" in proc.stderr and "exited with code 1: SystemExit: dataset shard 1 is empty: " \
+        "stopping" in proc.stderr and "caught: trains on" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_examples_run_unchanged_under_plain_torchrun():
     """One relaunch is allowed for torch 2.13's gloo abort at exit (SIGABRT after the script printed its result,
     no dprorun involved: 1 of 3 clean-clone CI runs of 2026-12-03 hit it here), never for anything else."""

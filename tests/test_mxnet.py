@@ -463,7 +463,8 @@ def test_an_mxnet_worker_leaving_through_sys_exit_stops_the_job_with_its_message
                                  "--kineto-iters", "1", "--clean", "2", "python", str(script)], run_dir, timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "(the kvstore's worker 1" in proc.stderr or "worker 1 (pid" in proc.stderr, proc.stderr[-2000:]
-    assert "exited with code 1: dataset shard 1 is empty: stopping; every other role was stopped" in proc.stderr
+    assert "exited with code 1: SystemExit: dataset shard 1 is empty: stopping; every other role was stopped" in \
+        proc.stderr, proc.stderr[-2000:]
     assert "caught by the script" not in proc.stderr.split("dprorun: error:")[-1]
     assert elapsed < 90 and (run_dir / "rank_1" / "events.json").exists()
 

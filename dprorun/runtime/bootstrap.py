@@ -18,7 +18,8 @@ import signal
 import sys
 from typing import Callable, Optional
 
-from dprorun.runtime.raised import leave_an_mxnet_worker_that_raised, note_script_raised, note_uncaught_at_exit
+from dprorun.runtime.raised import leave_an_mxnet_worker_that_raised, note_script_raised, note_uncaught_at_exit, \
+    watch_sys_exit
 
 _SESSION = None
 
@@ -442,6 +443,7 @@ def _install_excepthook(sess) -> None:
             leave_an_mxnet_worker_that_raised(sess)
 
     sys.excepthook = excepthook
+    watch_sys_exit(sess)
     atexit.register(note_uncaught_at_exit, sess)  # runs before _at_interpreter_exit (registered earlier)
 
 

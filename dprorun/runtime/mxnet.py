@@ -405,11 +405,8 @@ def patch_mxnet_worker(session: "RankSession") -> MXTracker:
     _watch_inference(tracker)
     import atexit
 
-    from dprorun.runtime.raised import watch_sys_exit
-
     # registered after MXNet's own exit handler (at `import mxnet`), so it runs first: see drain_engine_at_exit
     atexit.register(drain_engine_at_exit, session)
-    watch_sys_exit(session)
     return tracker
 
 

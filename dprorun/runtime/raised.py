@@ -43,7 +43,7 @@ def note_uncaught_at_exit(session) -> bool:
     where the script raised (whoever noted it)."""
     exc = getattr(sys, "last_value", None)
     if exc is None or isinstance(exc, SystemExit) or os.getpid() != session.pid:
-        return False
+        return note_script_exit(session)
     note_script_raised(session, exc, getattr(sys, "last_traceback", None))
     return True
 
@@ -60,7 +60,7 @@ def leave_an_mxnet_worker_that_raised(session, code: int = 1) -> None:
 
 
 class _CaughtExit:
-    """Rides on the SystemExit that sys.exit raises in an MXNet worker. Freed while Python code runs (the script
+    """Rides on the SystemExit that the script's sys.exit raises. Freed while Python code runs (the script
     caught the SystemExit and went on), it takes the noted status back; freed by the interpreter's own handling of
     an uncaught SystemExit, just before the exit handlers run, no Python frame is running and the status stays."""
 
@@ -76,10 +76,11 @@ class _CaughtExit:
 
 
 def watch_sys_exit(session) -> None:
-    """In an MXNet worker: what the script's main thread passes to sys.exit, kept on the session
+    """What the script's main thread passes to sys.exit, kept on the session
     (`script_exit_status`) while the SystemExit is on its way out (`_CaughtExit`; the next iteration also clears
-    it). `sys.exit("dataset shard 1 is empty")` in one worker reaches no excepthook, and the worker then waited in
-    the kvstore's closing barrier for workers still training: the job hung, under plain MXNet too."""
+    it). `sys.exit("dataset shard 1 is empty")` reaches no excepthook: the rank was named without its cause, and an
+    MXNet worker waited in the kvstore's closing barrier for workers still training (the job hung, under plain
+    MXNet too)."""
     import functools
     import threading
 
@@ -99,22 +100,24 @@ def watch_sys_exit(session) -> None:
     sys.exit = exit_noted
 
 
+def note_script_exit(session) -> bool:
+    """At exit: a script that left through `sys.exit("message")` (`watch_sys_exit`) noted as "SystemExit: message",
+    in its records and torch elastic's error file, as a raise would be (the launchers name the rank with it; under
+    horovodrun, from the records). An exit code alone is not noted: the launchers quote the rank's last stderr
+    line (argparse's error before its sys.exit(2))."""
+    status = getattr(session, "script_exit_status", None)
+    if status is None or isinstance(status, int) or os.getpid() != session.pid:
+        return False
+    note_script_raised(session, SystemExit(status))
+    return True
+
+
 def leave_an_mxnet_worker_that_exited_failing(session) -> None:
-    """At exit (before MXNet's own handler): a worker whose script called sys.exit with a message or a non-zero
-    code leaves at once with Python's exit code for it (1 for a message), its cause noted and written to torch
-    elastic's error file (the launcher names the worker with it)."""
-    status = session.script_exit_status
-    if status is None or status == 0:
-        return
-    code = status if isinstance(status, int) else 1
-    said = f"the script called sys.exit({status!r})"
-    session.records.warnings.append(said)
-    if not isinstance(status, int):
-        try:
-            write_torchelastic_error_message(str(status))
-        except Exception:  # noting must never hide the script's own exit
-            pass
-    leave_an_mxnet_worker_that_raised(session, code & 0xFF or 1)
+    """At exit (before MXNet's own handler): a worker whose script called sys.exit with a non-zero code leaves at
+    once with that code (with a message: `note_uncaught_at_exit` noted it and the worker left with 1)."""
+    status = getattr(session, "script_exit_status", None)
+    if isinstance(status, int) and status != 0:
+        leave_an_mxnet_worker_that_raised(session, status & 0xFF or 1)
 
 
 def write_torchelastic_error(exc: BaseException, tb=None) -> None:
