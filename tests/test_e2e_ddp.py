@@ -105,12 +105,12 @@ def test_a_rank_whose_script_prints_its_own_errors_is_named_with_its_error(tmp_p
     """A script with an excepthook of its own (rich.traceback.install(), a logger's) replaced the rank's: the
     failing rank was named without its error. Its uncaught exception is now noted at exit (runtime/raised.py)."""
     script = os.path.join(EXAMPLES, "mlp_many_layers.py")
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "1", "--active", "3", "python", with_own_excepthook(tmp_path, script),
-                           script, "--steps", "50", "--fail-at-step", "5", "--fail-rank", "1"], tmp_path / "run",
-                          timeout=60)
+    hooked = with_own_excepthook(tmp_path, script)
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "1", "--active", "3", "python", hooked, script, "--steps", "50",
+                           "--fail-at-step", "5", "--fail-rank", "1"], tmp_path / "run", timeout=60)
     assert proc.returncode == 1 and "own hook: RuntimeError" in proc.stderr, proc.stderr[-2000:]
-    assert "rank 1 (local rank 1, pid" in proc.stderr and "exited with code 1: RuntimeError: injected failure at step 5" \
-        in proc.stderr, proc.stderr[-2000:]
+    assert "rank 1 (local rank 1, pid" in proc.stderr, proc.stderr[-2000:]
+    assert "exited with code 1: RuntimeError: injected failure at step 5" in proc.stderr, proc.stderr[-2000:]
 
 
 SEEDED_SCRIPT = """
@@ -616,7 +616,8 @@ def test_a_fabric_run_line_runs_as_dprorun_reads_it(tmp_path):
     pytest.importorskip("lightning", reason="lightning is not installed (pip install -e '.[test]')")
     script = tmp_path / "fab.py"
     script.write_text("import lightning as L\nfabric = L.Fabric()\n"
-                      "print(f'rank {fabric.global_rank} of {fabric.world_size} on {fabric.device.type}', flush=True)\n")
+                      "print(f'rank {fabric.global_rank} of {fabric.world_size} on {fabric.device.type}',\n"
+                      "      flush=True)\n")
     proc, _ = run_dprorun(["fabric", "run", "--accelerator", "cpu", "--devices", "2", str(script)], tmp_path / "run",
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -1276,8 +1277,9 @@ def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):
     assert (run_dir / "manifest.json").read_text() == old_manifest
     assert (run_dir / "rank_0" / "events.json").read_text() == "{}"
     proc, _ = run_dprorun(["--overwrite", "-np", "2", "--warmup", "1", "--active", "2", "--clean", "1", "-q",
-                           "--no-comm-hook", "--job-id", "new-job", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"),
-                           "--steps", "6"], run_dir, timeout=120, env={"DPRO_TEST_HOSTS": "hostA,hostB"})
+                           "--no-comm-hook", "--job-id", "new-job", "python",
+                           os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "6"], run_dir, timeout=120,
+                          env={"DPRO_TEST_HOSTS": "hostA,hostB"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["job_id"] == "new-job" and manifest["started_at"] != "2026-11-29T10:00:00+0000"
