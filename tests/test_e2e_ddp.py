@@ -423,24 +423,6 @@ dist.destroy_process_group()
 """
 
 
-def test_a_comm_hook_the_script_registers_after_the_window_began_runs_from_then_on(tmp_path):
-    """DDP takes one comm hook: a script registering its own after dprorun's had gone in with the window failed
-    ("register_comm_hook or register_builtin_comm_hook can only be called once"), where under torchrun it runs.
-    dprorun's registered hook now hands over to the script's (timed, from the next bucket on: 7 calls for 7
-    steps), a second registration still raises as DDP's, a copy of the module carries the script's hook, and the
-    rank says where in the run the hook changed."""
-    script, run_dir = tmp_path / "late_hook.py", tmp_path / "run"
-    script.write_text(LATE_HOOK_SCRIPT)
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "1", "--clean", "2", "-q",
-                           "python", str(script)], run_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
-    assert events["trackers"][0]["user_comm_hook_name"] == "counted_allreduce"
-    assert any("registered its comm hook (counted_allreduce) at iteration 4, inside the profiling window" in w
-               for w in events["warnings"]), events["warnings"]
-    assert {record[0] for record in events["comm"]} >= set(range(2, 8))  # buckets timed before and after it
-
-
 LATE_BUILTIN_HOOK_SCRIPT = """
 import torch, torch.nn as nn, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -464,18 +446,28 @@ dist.destroy_process_group()
 """
 
 
-def test_a_builtin_comm_hook_the_script_registers_after_the_window_began_runs_from_then_on(tmp_path):
-    """The same for DDP's private `_register_builtin_comm_hook` (a C++ hook, which cannot run through dprorun's):
-    torch's Python hook of the same arithmetic takes over (the gradients are float16 values from that step on,
-    as the C++ FP16_COMPRESS leaves them), timed, said; a second registration raises as DDP's."""
-    script, run_dir = tmp_path / "late_builtin.py", tmp_path / "run"
-    script.write_text(LATE_BUILTIN_HOOK_SCRIPT)
+@pytest.mark.parametrize("script_text, hook_name", [
+    (LATE_HOOK_SCRIPT, "counted_allreduce"),
+    (LATE_BUILTIN_HOOK_SCRIPT, "built-in FP16_COMPRESS (run as torch's fp16_compress_hook)"),
+], ids=["python", "builtin"])
+def test_a_comm_hook_the_script_registers_after_the_window_began_runs_from_then_on(tmp_path, script_text, hook_name):
+    """DDP takes one comm hook: a script registering its own after dprorun's had gone in with the window failed
+    ("register_comm_hook or register_builtin_comm_hook can only be called once"), where under torchrun it runs.
+    dprorun's registered hook now hands over to the script's (timed, from the next bucket on: 7 calls for 7
+    steps), a second registration still raises as DDP's, a copy of the module carries the script's hook, and the
+    rank says where in the run the hook changed. The same for DDP's private `_register_builtin_comm_hook` (a C++
+    hook, which cannot run through dprorun's): torch's Python hook of the same arithmetic takes over (the gradients
+    are float16 values from that step on, as the C++ FP16_COMPRESS leaves them)."""
+    script, run_dir = tmp_path / "late_hook.py", tmp_path / "run"
+    script.write_text(script_text)
     proc, _ = run_dprorun(["-np", "2", "--warmup", "2", "--active", "6", "--kineto-iters", "1", "--clean", "2", "-q",
                            "python", str(script)], run_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
-    assert events["trackers"][0]["user_comm_hook_name"] == "built-in FP16_COMPRESS (run as torch's fp16_compress_hook)"
-    assert {record[0] for record in events["comm"]} >= set(range(2, 8))
+    assert events["trackers"][0]["user_comm_hook_name"] == hook_name
+    assert any(f"registered its comm hook ({hook_name}) at iteration 4, inside the profiling window" in w
+               for w in events["warnings"]), events["warnings"]
+    assert {record[0] for record in events["comm"]} >= set(range(2, 8))  # buckets timed before and after it
 
 
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
