@@ -443,7 +443,7 @@ for step in range(30):
         except SystemExit:
             pass
     if kv.rank == 1 and step == 9:
-        sys.exit("dataset shard 1 is empty: stopping")
+        exit("dataset shard 1 is empty: stopping")  # site's builtin, as sys.exit
     with autograd.record():
         loss = net(nd.random.uniform(shape=(4, 8))).sum()
     loss.backward()
@@ -455,8 +455,8 @@ for step in range(30):
 def test_an_mxnet_worker_leaving_through_sys_exit_stops_the_job_with_its_message(tmp_path):
     """`sys.exit("...")` in one worker mid-job reaches no excepthook: the worker then waited in its kvstore's
     closing barrier for the other, still training, and the job hung (under plain MXNet too; 200 s until a timeout
-    here). It now leaves at once with Python's exit code, its message named by the launcher; a sys.exit the script
-    catches changes nothing."""
+    here). It now leaves at once with Python's exit code, its message named by the launcher (the builtin `exit`
+    too); a sys.exit the script catches changes nothing."""
     script, run_dir = tmp_path / "exits.py", tmp_path / "run"
     script.write_text(MX_EXIT_SCRIPT)
     proc, elapsed = run_dprorun(["--backend", "mxnet", "-np", "2", "--servers", "1", "--warmup", "2", "--active", "4",

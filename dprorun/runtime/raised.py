@@ -98,6 +98,30 @@ def watch_sys_exit(session) -> None:
             raise
 
     sys.exit = exit_noted
+    import builtins
+
+    for name in ("exit", "quit"):  # site's Quitter objects, `exit("message")` in a script: the same SystemExit
+        quitter = getattr(builtins, name, None)
+        if quitter is not None and not isinstance(quitter, _NotedQuitter):
+            setattr(builtins, name, _NotedQuitter(quitter, exit_noted))
+
+
+class _NotedQuitter:
+    """builtins.exit / quit as site made them (stdin closed, then SystemExit), through `watch_sys_exit`'s sys.exit;
+    printed as the original is."""
+
+    def __init__(self, quitter, exit_noted):
+        self.quitter, self.exit_noted = quitter, exit_noted
+
+    def __repr__(self):
+        return repr(self.quitter)
+
+    def __call__(self, code=None):
+        try:
+            sys.stdin.close()
+        except Exception:
+            pass
+        self.exit_noted(code)
 
 
 def note_script_exit(session) -> bool:
