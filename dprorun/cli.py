@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 from dprorun import __version__
 from dprorun.argtypes import mark_command, non_negative_float, positive_float
 from dprorun.fsutil import TraceError
-from dprorun.procs import refuse_script_from_stdin
+from dprorun.procs import StdoutThatOutlivesItsReader, refuse_script_from_stdin
 from dprorun.config import AutotuneConfig, HorovodConfig, JobConfig, LaunchConfig, OutputConfig, PredictConfig, \
     TIMELINE_MODES, ProfileConfig, horovod_knob_args
 from dprorun.scheduler_env import SchedulerEnv, detect_scheduler, horovod_plan
@@ -550,6 +550,8 @@ def _own_flags_last(own: list[str], launch_line: list[str]) -> list[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    if not isinstance(sys.stdout, StdoutThatOutlivesItsReader):  # `dprorun ... | head`
+        sys.stdout, sys.stderr = StdoutThatOutlivesItsReader(sys.stdout), StdoutThatOutlivesItsReader(sys.stderr)
     parser = build_parser()
     argv = mark_command(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)

@@ -164,6 +164,40 @@ def refuse_script_from_stdin(command: list[str], processes_here: int) -> None:
                          "the script as a file (dprorun -np 2 python train.py)")
 
 
+class StdoutThatOutlivesItsReader:
+    """dprorun's standard output (and error), kept writable when its reader leaves (`dprorun ... | head`): the write
+    that meets the closed pipe, and every one after it, goes to /dev/null. Before, the first print after the reader
+    left raised BrokenPipeError: torch elastic's log tailers printed a traceback per rank, and the summary's print
+    ended dprorun in a traceback, exit 1, after a job that had completed. Everything else is the stream's own."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _closed_reader(self) -> None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())  # the stream's buffered bytes flush into nothing at exit
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._closed_reader()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._closed_reader()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def stop_process_tree(pid: int, grace_s: float = 5.0) -> None:
     """SIGTERM to a process and every process under it, SIGKILL to those still there after grace_s."""
     import psutil

@@ -175,6 +175,23 @@ def test_a_rank_leaving_through_sys_exit_with_a_message_is_named_with_it(tmp_pat
         "stopping" in proc.stderr and "caught: trains on" not in proc.stderr, proc.stderr[-2000:]
 
 
+def test_a_reader_that_leaves_early_costs_the_job_nothing(tmp_path):
+    """`dprorun ... | head -1`: the first print after the reader left raised BrokenPipeError (a traceback per rank
+    from torch elastic's log tailers, dprorun's own at the summary, exit 1 after a completed job). Writes to the
+    closed pipe now go nowhere: exit 0, the run directory complete, no traceback."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "-np", "2", "--warmup", "1", "--active",
+           "2", "--clean", "1", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "8"]
+    with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, DPRO_REPORT="0")) as proc:
+        first = proc.stdout.readline()
+        proc.stdout.close()  # the reader leaves, as head does
+        code = proc.wait(timeout=120)
+    assert first and code == 0
+    assert (run_dir / "summary.json").exists() and json.loads((run_dir / "manifest.json").read_text())["status"] \
+        == "completed"
+
+
 def test_examples_run_unchanged_under_plain_torchrun():
     """One relaunch is allowed for torch 2.13's gloo abort at exit (SIGABRT after the script printed its result,
     no dprorun involved: 1 of 3 clean-clone CI runs of 2026-12-03 hit it here), never for anything else."""
