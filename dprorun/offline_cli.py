@@ -11,6 +11,7 @@ from dprorun import __version__
 from dprorun.argtypes import non_negative_float, positive_float, positive_int
 from dprorun.analysis import RunAnalysis, optimize_run
 from dprorun.fsutil import TraceError, UnanswerableError
+from dprorun.procs import StdoutThatOutlivesItsReader
 from dprorun.import_cli import cmd_import_byteps, cmd_import_horovod, cmd_import_kineto, parse_stage_scale
 
 
@@ -579,6 +580,8 @@ def _ps_command(args: argparse.Namespace) -> Optional[int]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    if not isinstance(sys.stdout, StdoutThatOutlivesItsReader):  # `dpro graph RUN | head`
+        sys.stdout, sys.stderr = StdoutThatOutlivesItsReader(sys.stdout), StdoutThatOutlivesItsReader(sys.stderr)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
