@@ -297,10 +297,8 @@ def _launch_elastic_now(job: JobConfig) -> LaunchResult:
                 code = 128 - code
             else:
                 how = f"exited with code {code}"
-            detail = error_message(failure)
-            if not detail and code > 0:
-                said = last_words(os.path.join(job.output.run_dir, "logs"), failure.local_rank)
-                detail = f"its last line on stderr: {said}" if said else ""
+            detail = error_message(failure) or (
+                last_words(os.path.join(job.output.run_dir, "logs"), failure.local_rank) if code > 0 else "")
             message = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}"
             if detail:
                 message += f": {detail}" + missing_module_hint(detail, job.launch.backend)

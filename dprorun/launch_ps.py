@@ -301,10 +301,8 @@ def _failed_role(result, roles: list[tuple[str, int]], run_dir: str) -> LaunchRe
         name += f" (the kvstore's worker {kvstore_rank}: its traces are rank_{kvstore_rank})"
     code = failure.exitcode
     how = f"was killed by signal {signal_name(-code)}" if code < 0 else f"exited with code {code}"
-    detail = error_message(failure)
-    if not detail and code > 0 and code != 128 + signal.SIGTERM:
-        said = last_words(os.path.join(run_dir, "logs"), slot)
-        detail = f"its last line on stderr: {said}" if said else ""
+    detail = error_message(failure) or (
+        last_words(os.path.join(run_dir, "logs"), slot) if 0 < code != 128 + signal.SIGTERM else "")
     message = f"{name} (pid {failure.pid}) {how}" + (f": {detail}" if detail else "")
     message += "; every other role was stopped"
     return LaunchResult(128 - code if code < 0 else (code or 1), message, None,

@@ -314,14 +314,14 @@ def exit_abort_hint(log_dir: str, local_rank: int) -> str:
 
 
 def last_words(log_dir: str, local_rank: int) -> str:
-    """The last line a rank that exited with a code and no recorded error wrote to stderr: what `sys.exit("...")`,
-    `raise SystemExit("...")` or argparse's `parser.error` print as the process leaves (no exception reaches a hook,
-    so no error file names it). dprorun's own lines and torch's logging lines (W/I/E1206 12:00:00...) are passed
-    over."""
+    """"its last line on stderr: ..." for a rank that exited with a code and no recorded error: what `raise
+    SystemExit("...")` or argparse's `parser.error` print as the process leaves (no exception reaches a hook, so no
+    error file names it); "" where it wrote none. dprorun's own lines and torch's logging lines (W/I/E1206
+    12:00:00...) are passed over."""
     for line in reversed(_stderr_tail(log_dir, local_rank).splitlines()):
         line = line.strip()
         if line and not line.startswith("[dprorun") and not re.match(r"[WIEF]\d{4} \d\d:\d\d:\d\d", line):
-            return line[:300]
+            return f"its last line on stderr: {line[:300]}"
     return ""
 
 

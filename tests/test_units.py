@@ -1632,7 +1632,8 @@ def test_a_rank_leaving_with_a_message_and_no_exception_is_named_with_its_last_w
         "usage: train.py [-h] --data DATA\ntrain.py: error: the following arguments are required: --data\n"
         "W1206 22:41:35.123000 1855 site-packages/torch/distributed/run.py:874] something\n"
         "[dprorun rank 1] warning: nothing to profile: the job never built a wrapper\n\n")
-    assert last_words(str(tmp_path / "logs"), 1) == "train.py: error: the following arguments are required: --data"
+    assert last_words(str(tmp_path / "logs"), 1) == \
+        "its last line on stderr: train.py: error: the following arguments are required: --data"
     assert last_words(str(tmp_path / "logs"), 0) == ""
     assert last_words(str(tmp_path / "none"), 1) == ""
     assert exception_line(KeyboardInterrupt()) == "KeyboardInterrupt"

@@ -416,7 +416,8 @@ def drain_engine_at_exit(session: "RankSession") -> None:
     plain MXNet too: one worker waits in the shutdown's WaitForAll for an operation that never completes while the
     other waits for it at the kvstore's closing barrier (examples/mxnet_batchnorm_clip.py: 3 of 3 plain launches
     hung, 0 of 3 under the hooks; benchmarks/mxnet_exit.py). A worker whose script raised (printed by a hook of
-    the script's own: ours did not see it) leaves at once instead, its error noted (runtime/raised.py)."""
+    the script's own: ours did not see it) or called sys.exit with a message or a non-zero code leaves at once
+    instead, its error noted (runtime/raised.py)."""
     from dprorun.runtime.raised import leave_an_mxnet_worker_that_exited_failing, leave_an_mxnet_worker_that_raised, \
         note_uncaught_at_exit
 

@@ -91,7 +91,7 @@ class RankSession:
         self.window_work_done = False  # probes, calibration and gather ran (or were attempted)
         self.teardown_alone = False  # the group's teardown came with ranks missing: its collectives were skipped
         self.spawned_by_script = False  # a rank the script spawned itself (runtime/spawned.py)
-        self.script_exit_status: Any = None  # sys.exit's argument in an MXNet worker (runtime/raised.py)
+        self.script_exit_status: Any = None  # what the script passed to sys.exit (runtime/raised.py)
         from dprorun.runtime import apply
 
         self.strategy, problem = apply.load()  # the optimizer's strategy this job runs with, if any
