@@ -129,6 +129,7 @@ for step in range(16):
 weights = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
 with open(f"{sys.argv[1]}/rank{dist.get_rank()}.txt", "w") as out:
     print(sum(losses), weights, torch.rand(1).item(), random.random(), file=out)
+del ddp, opt  # the group's last holders, before it is destroyed (torch 2.13's gloo abort at exit otherwise)
 dist.destroy_process_group()
 """
 
@@ -144,8 +145,11 @@ def test_a_seeded_script_trains_to_the_weights_a_plain_launch_reaches(tmp_path):
                            "python", str(script), str(profiled)], tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-3000:]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRO", "PYTHONPATH"))}
-    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               str(script), str(plain)], capture_output=True, text=True, timeout=120, env=env)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+           str(plain)]
+    torchrun = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    if torchrun.returncode != 0 and "SIGABRT" in torchrun.stderr:  # torch 2.13's gloo abort at exit, as in
+        torchrun = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)  # the test below
     assert torchrun.returncode == 0, torchrun.stderr[-2000:]
     for rank in (0, 1):
         expected = (plain / f"rank{rank}.txt").read_text()
