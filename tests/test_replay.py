@@ -696,6 +696,11 @@ def test_a_backward_run_inside_the_ddp_models_forward_is_named_when_nothing_can_
     trace.meta["trackers"] = [{"framework": "tf", "eager_steps": True}]
     with pytest.raises(UnanswerableError, match="the TensorFlow steps ran eagerly .* compile the step"):
         measure_rank(trace, [5], {})
+    # TensorFlow's profiler off in the launch (--no-kineto, or dprorun's last launch after its stop crashed twice)
+    trace.meta["trackers"] = [{"framework": "tf"}]
+    trace.meta["window"] = {"kineto": False}
+    with pytest.raises(UnanswerableError, match="TensorFlow's profiler, the only source .* was off in this launch"):
+        measure_rank(trace, [5], {})
 
 
 def test_a_bucket_all_reduced_twice_in_an_iteration_is_modelled_by_its_last_round():

@@ -13,16 +13,23 @@ from conftest import EXAMPLES, REPO, ScriptProfilerSession, run_dprorun
 
 tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed (pip install -e '.[tf]')")
 
+NO_PROFILE_LAUNCH = "launching the job again without TensorFlow's profiler"
 WINDOW = ["--warmup", "3", "--active", "8", "--kineto-iters", "3", "--clean", "7"]
 
 
-def run_tf_job(args, run_dir, timeout=400, env=None):
+def run_tf_job(args, run_dir, timeout=400, env=None, needs_profile=True):
     """`run_dprorun` for a TF job, launched again once when a worker was killed by a signal. A worker that dies
     inside TensorFlow's profiler stop gets the job relaunched by dprorun itself (launch.py); this covers the rarer
-    crashes elsewhere (a collective aborted as its peer vanished, SIGABRT; benchmarks/RESULTS.md, TensorFlow)."""
+    crashes elsewhere (a collective aborted as its peer vanished, SIGABRT; benchmarks/RESULTS.md, TensorFlow).
+    A test that reads the op-level profile (needs_profile) also gets the job launched again once when TensorFlow's
+    stop crashed two launches in a row and dprorun's last launch ran without the profiler (as designed: about 1 job
+    in 20 here; the project's CI met it on the module's shared job after session 55)."""
     proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout, env=env)
     if proc.returncode != 0 and "killed by signal" in proc.stderr:
         print(f"TF launch retried after a worker crash: {proc.stderr.strip().splitlines()[-3:]}")
+        proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout, env=env)
+    elif needs_profile and NO_PROFILE_LAUNCH in proc.stderr:
+        print("TF launch retried: TensorFlow's profiler stop crashed twice, the last launch had no profiler")
         proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout, env=env)
     return proc, elapsed
 
@@ -269,7 +276,7 @@ def test_a_tf_keras_fit_job_runs_unchanged_and_a_worker_dying_in_the_profilers_s
     run_dir = tmp_path / "fit"
     proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python", os.path.join(EXAMPLES, "tf_keras_fit.py"),
                           "--steps", "57", "--steps-per-execution", "3"], run_dir, timeout=400,
-                         env={"DPRO_TEST_FAULT": "tf-stop-crash:1"})
+                         env={"DPRO_TEST_FAULT": "tf-stop-crash:1"}, needs_profile=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "launching the job again with the profiler (launch 2 of at most 3" in proc.stderr, proc.stderr[-3000:]
     assert proc.stdout.count("median iteration time:") == 1  # the script ran to its end once: the last launch
@@ -322,7 +329,8 @@ def test_dry_run_predicts_and_the_workers_leave_after_the_window_of_the_model_th
     run_dir = tmp_path / "dry"
     proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "--dry-run", "python",
                           os.path.join(EXAMPLES, "tf_keras_finetune.py"), "--head-steps", "2", "--steps", "60",
-                          "--width", "512", "--batch-size", "64", "--epochs", "12"], run_dir, timeout=400)
+                          "--width", "512", "--batch-size", "64", "--epochs", "12"], run_dir, timeout=400,
+                         needs_profile=False)
     if "launched the job again without TensorFlow's profiler" in proc.stderr:  # TensorFlow's own stop crash, twice
         # (CI, session 30): the last launch has no profiled phases to replay: a clear error and a non-zero exit
         assert proc.returncode == 1 and "dprorun: error: no prediction: " in proc.stderr, proc.stderr[-3000:]

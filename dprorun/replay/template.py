@@ -261,6 +261,18 @@ def _eager_tf_steps(trace: RankTrace) -> str:
     return ""
 
 
+def _tf_profiler_off(trace: RankTrace) -> str:
+    """Why a TensorFlow worker's steps have no phases: TensorFlow's profiler, their only source, was off
+    (--no-kineto, or dprorun's last launch after the profiler's stop had crashed a worker in two launches)."""
+    tf = any(t.get("framework") == "tf" or t.get("tf") for t in trace.meta.get("trackers", []))
+    if tf and not trace.meta.get("window", {}).get("kineto", True):
+        return (": TensorFlow's profiler, the only source of a worker's forward, backward and update, was off in this "
+                "launch (--no-kineto, or dprorun's last launch after TensorFlow's profiler stop crashed a worker "
+                "twice, a TensorFlow defect): the run's own iterations are measured (dpro summary), not replayed; "
+                "launch the job again for a replay")
+    return ""
+
+
 def _backward_inside_forward(slots: dict[int, dict]) -> str:
     """Why an iteration has no backward span, where its buckets were handed over inside its DDP model's forward: the
     model's forward runs the backward and the optimizer steps itself (Lightning's manual optimization, whose
@@ -321,7 +333,7 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             free[k] = c["done"]
     if not samples:
         raise UnanswerableError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans"
-                                + (_eager_tf_steps(trace) or _backward_inside_forward(slots)))
+                                + (_eager_tf_steps(trace) or _tf_profiler_off(trace) or _backward_inside_forward(slots)))
     orders = [tuple(t.bucket_ready_order) for t in samples.values()]
     order = max(set(orders), key=orders.count)
     same = [t.backward_segments_us for t in samples.values() if tuple(t.bucket_ready_order) == order]
