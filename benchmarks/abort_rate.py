@@ -3,7 +3,9 @@ torchrun, and a plain-torchrun job that starts and stops torch.profiler every 3 
 with a Python comm hook like dprorun's (profiler-hook-stress). The held-* launchers run HELD_SCRIPT, a 2-rank DDP
 job that leaves its model (and so its gloo group) alive at exit: under plain torchrun (held-torchrun), under dprorun
 (held-dprorun, which waits for gloo's worker threads at exit: dprorun/runtime/gloo_exit.py) and under dprorun without
-that wait (held-dprorun-nowait, DPRO_GLOO_EXIT_WAIT_S=0); --busy N runs N busy loops beside the launches.
+that wait (held-dprorun-nowait, DPRO_GLOO_EXIT_WAIT_S=0); frozen-dprorun and frozen-no-comm-hook run FROZEN_SCRIPT (2
+ranks, a trunk of 6 frozen layers under a trained head: one 20 KB bucket) under dprorun's default window, with and
+without its comm hook; --busy N runs N busy loops beside the launches.
 
 The job is tests/test_align_graph.py's SHORT_SCRIPT (4 Linear layers, 11 steps, the process group torn down at the
 end) with that test's window. Rounds alternate the launchers; each launch's outcome is its exit code and, for a
@@ -12,6 +14,7 @@ exception").
 
     python benchmarks/abort_rate.py --reps 12 [--launchers NAME,...] [--core-dumps DIR]
     python benchmarks/abort_rate.py --reps 30 --busy 2 --launchers held-torchrun,held-dprorun,held-dprorun-nowait
+    python benchmarks/abort_rate.py --reps 40 --busy 2 --launchers frozen-dprorun,frozen-no-comm-hook --core-dumps DIR
     (the names above; default: the first four; --core-dumps: launches run in DIR with core files allowed, so that an
     aborting rank leaves a core there (the kernel's core_pattern "core") for gdb)
 
@@ -56,6 +59,26 @@ for step in range(150):
     opt.step()
 dist.destroy_process_group()
 """
+# session 56's probe: heap corruption in a rank ("malloc(): invalid size (unsorted)") at the window's profiler stop,
+# 4 times in about 200 launches of this shape, most beside busy loops
+FROZEN_SCRIPT = """
+import torch, torch.nn as nn, torch.distributed as dist
+dist.init_process_group("gloo")
+trunk = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(6)])
+net = nn.Sequential(trunk, nn.Linear(512, 10))
+for p in trunk.parameters():
+    p.requires_grad_(False)
+model = nn.parallel.DistributedDataParallel(net)
+opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.01)
+x, y = torch.randn(128, 512), torch.randint(0, 10, (128,))
+for step in range(30):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+dist.barrier()
+del model
+dist.destroy_process_group()
+"""
 # the test's DDP job without its idle `import horovod.torch` (the CI's abort at exit was that job's): its model, and so
 # its gloo group, alive at exit
 HELD_SCRIPT = "\n".join(line for line in DDP_IMPORTING_HOROVOD.splitlines() if "horovod" not in line)
@@ -83,6 +106,10 @@ def launch(launcher: str, tmp: str, index: int, core_dir: str = "") -> tuple[int
                 env["DPRO_GLOO_EXIT_WAIT_S"] = "0"
             cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, f"{launcher}-{index}"), "-np",
                    "2", "-q", "python", held]
+    elif launcher.startswith("frozen-"):
+        cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, f"{launcher}-{index}"), "-np", "2",
+               "-q", *(["--no-comm-hook"] if launcher == "frozen-no-comm-hook" else []), "python",
+               os.path.join(tmp, "frozen.py")]
     elif launcher in ("dprorun", "no-comm-hook"):
         env.update(DPRO_TEST_HOSTS="h0,h1,h2,h3", DPRO_TEST_CLOCK_SKEW_US="0,5000,-3000,1200")
         cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, f"{launcher}-{index}"), "-np", "4",
@@ -122,6 +149,8 @@ def main() -> None:
             handle.write(STRESS_SCRIPT)
         with open(os.path.join(tmp, "held.py"), "w") as handle:
             handle.write(HELD_SCRIPT)
+        with open(os.path.join(tmp, "frozen.py"), "w") as handle:
+            handle.write(FROZEN_SCRIPT)
         busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
         try:
             for rep in range(args.reps):
