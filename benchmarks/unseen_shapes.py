@@ -369,6 +369,9 @@ JOBS = {
     "ddp-nanogpt-require-backward-grad-sync-accumulate-4": ([], "ddp_session55.py", ["--nanogpt"], "torch"),
     "ddp-builtin-fp16-hook-registered-at-step-10": ([], "ddp_session55.py", ["--late-builtin-hook"], "torch"),
     "ddp-tensorboard-add-graph-in-the-window": ([], "ddp_session55.py", ["--tensorboard-graph"], "torch"),
+    "ddp-frozen-trunk-rewrapped-after-4-steps": ([], "session56.py", ["--rewrap"], "torch"),
+    "ddp-frozen-trunk-20kb-bucket": ([], "session56.py", ["--frozen-head"], "torch"),
+    "tf-keras-fit-called-per-epoch": (["--backend", "tf"], "session56.py", ["--tf-fit-loop"], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
