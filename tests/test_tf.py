@@ -22,14 +22,14 @@ def run_tf_job(args, run_dir, timeout=400, env=None, needs_profile=True):
     inside TensorFlow's profiler stop gets the job relaunched by dprorun itself (launch.py); this covers the rarer
     crashes elsewhere (a collective aborted as its peer vanished, SIGABRT; benchmarks/RESULTS.md, TensorFlow).
     A test that reads the op-level profile (needs_profile) also gets the job launched again once when TensorFlow's
-    stop crashed two launches in a row and dprorun's last launch ran without the profiler (as designed: about 1 job
-    in 20 here; the project's CI met it on the module's shared job after session 55)."""
+    stop crashed every profiled launch and dprorun's last launch ran without the profiler (as designed; the project's
+    CI met it on the module's shared job after session 55, when two crashes were enough)."""
     proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout, env=env)
     if proc.returncode != 0 and "killed by signal" in proc.stderr:
         print(f"TF launch retried after a worker crash: {proc.stderr.strip().splitlines()[-3:]}")
         proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout, env=env)
     elif needs_profile and NO_PROFILE_LAUNCH in proc.stderr:
-        print("TF launch retried: TensorFlow's profiler stop crashed twice, the last launch had no profiler")
+        print("TF launch retried: TensorFlow's profiler stop crashed each profiled launch, the last had no profiler")
         proc, elapsed = run_dprorun(["--overwrite", *args], run_dir, timeout=timeout, env=env)
     return proc, elapsed
 
@@ -278,19 +278,19 @@ def test_a_tf_keras_fit_job_runs_unchanged_and_a_worker_dying_in_the_profilers_s
                           "--steps", "57", "--steps-per-execution", "3"], run_dir, timeout=400,
                          env={"DPRO_TEST_FAULT": "tf-stop-crash:1"}, needs_profile=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "launching the job again with the profiler (launch 2 of at most 3" in proc.stderr, proc.stderr[-3000:]
+    assert "launching the job again with the profiler (launch 2 of at most 4" in proc.stderr, proc.stderr[-3000:]
     assert proc.stdout.count("median iteration time:") == 1  # the script ran to its end once: the last launch
     assert (run_dir / "failed_launch_1" / "rank_1" / "tf_profiler_stopping").exists()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     relaunches = manifest["relaunches"]
     assert manifest["status"] == "completed" and "(launch 1;" in relaunches[0], relaunches
-    if len(relaunches) > 1:  # TensorFlow's own defect hit the profiled relaunch too (3 launches in 23 here; CI run of
-        # session 28): the last launch ran without its profiler, so there is no op-level profile to check
-        assert len(relaunches) == 2 and "(launch 2;" in relaunches[1], relaunches
-        assert "without TensorFlow's profiler" in relaunches[1], relaunches
-        pytest.skip("TensorFlow's profiler stop crashed the profiled relaunch as well (its own defect, about 1 launch "
-                    "in 8): the relaunch path was checked, the op-level profile could not be")
-    assert all((run_dir / f"rank_{rank}" / "xplane.pb").exists() for rank in (0, 1))  # the second launch's
+    if any("without TensorFlow's profiler" in r for r in relaunches):  # TensorFlow's own defect hit both profiled
+        # relaunches too (3 launches in 23 here; CI run of session 28): the last launch ran without its profiler, so
+        # there is no op-level profile to check
+        assert len(relaunches) == 3 and "(launch 3;" in relaunches[2], relaunches
+        pytest.skip("TensorFlow's profiler stop crashed the profiled relaunches as well (its own defect, about 1 "
+                    "launch in 8): the relaunch path was checked, the op-level profile could not be")
+    assert all((run_dir / f"rank_{rank}" / "xplane.pb").exists() for rank in (0, 1))  # the last launch's
     from dprorun.trace.rundir import load_run
 
     run = load_run(str(run_dir))
@@ -331,7 +331,7 @@ def test_dry_run_predicts_and_the_workers_leave_after_the_window_of_the_model_th
                           os.path.join(EXAMPLES, "tf_keras_finetune.py"), "--head-steps", "2", "--steps", "60",
                           "--width", "512", "--batch-size", "64", "--epochs", "12"], run_dir, timeout=400,
                          needs_profile=False)
-    if "launched the job again without TensorFlow's profiler" in proc.stderr:  # TensorFlow's own stop crash, twice
+    if "launched the job again without TensorFlow's profiler" in proc.stderr:  # TensorFlow's own stop crash, 3 times
         # (CI, session 30): the last launch has no profiled phases to replay: a clear error and a non-zero exit
         assert proc.returncode == 1 and "dprorun: error: no prediction: " in proc.stderr, proc.stderr[-3000:]
     else:

@@ -498,10 +498,10 @@ def test_a_tf_step_function_first_called_after_the_window_began_is_another_model
     assert session.replaced == [5] and session.iteration == 6  # a syncing function's first call was an iteration
 
 
-def test_a_second_crash_in_tensorflows_profiler_stop_gives_a_last_launch_without_the_profiler(tmp_path):
+def test_a_third_crash_in_tensorflows_profiler_stop_gives_a_last_launch_without_the_profiler(tmp_path):
     """launch.relaunch_after_tf_stop_crash, the decisions around one failed launch: a worker that died with the stop's
-    mark in its folder (a signal, not the launcher's SIGTERM) -> the job again with the profiler; the same in the
-    second launch -> the third without it; the failed launch's folders moved aside each time; a rank stopped by
+    mark in its folder (a signal, not the launcher's SIGTERM) -> the job again with the profiler, twice; the same in
+    the third launch -> the fourth without it (before session 56 the third: two crashes in a row met the CI); the failed launch's folders moved aside each time; a rank stopped by
     the launcher's SIGTERM at teardown, another backend or a job across hosts -> no relaunch."""
     import signal
 
@@ -520,8 +520,10 @@ def test_a_second_crash_in_tensorflows_profiler_stop_gives_a_last_launch_without
     assert relaunch_after_tf_stop_crash(job, crash(1, -signal.SIGSEGV)).startswith("rank(s) [1] died inside")
     assert job.profile.launch_attempt == 2 and job.profile.kineto
     assert (tmp_path / "failed_launch_1" / "rank_1" / "tf_profiler_stopping").exists()
+    assert "with the profiler (launch 3 of at most 4" in relaunch_after_tf_stop_crash(job, crash(1, -signal.SIGABRT))
+    assert job.profile.launch_attempt == 3 and job.profile.kineto
     assert "without TensorFlow's profiler" in relaunch_after_tf_stop_crash(job, crash(1, -signal.SIGABRT))
-    assert job.profile.launch_attempt == 3 and not job.profile.kineto
+    assert job.profile.launch_attempt == 4 and not job.profile.kineto
     assert relaunch_after_tf_stop_crash(job, crash(0, -signal.SIGTERM)) == ""  # stopped at teardown, not a crash
     job.launch.backend = "torch"
     assert relaunch_after_tf_stop_crash(job, crash(1, -signal.SIGSEGV)) == ""

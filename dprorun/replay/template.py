@@ -263,13 +263,13 @@ def _eager_tf_steps(trace: RankTrace) -> str:
 
 def _tf_profiler_off(trace: RankTrace) -> str:
     """Why a TensorFlow worker's steps have no phases: TensorFlow's profiler, their only source, was off
-    (--no-kineto, or dprorun's last launch after the profiler's stop had crashed a worker in two launches)."""
+    (--no-kineto, or dprorun's last launch after the profiler's stop had crashed a worker in every profiled one)."""
     tf = any(t.get("framework") == "tf" or t.get("tf") for t in trace.meta.get("trackers", []))
     if tf and not trace.meta.get("window", {}).get("kineto", True):
         return (": TensorFlow's profiler, the only source of a worker's forward, backward and update, was off in this "
                 "launch (--no-kineto, or dprorun's last launch after TensorFlow's profiler stop crashed a worker "
-                "twice, a TensorFlow defect): the run's own iterations are measured (dpro summary), not replayed; "
-                "launch the job again for a replay")
+                "in each profiled one, a TensorFlow defect): the run's own iterations are measured (dpro summary), "
+                "not replayed; launch the job again for a replay")
     return ""
 
 
