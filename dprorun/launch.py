@@ -222,9 +222,16 @@ def _register_loopback_rendezvous() -> None:
         listener.listen(1024)
         timeout = handler.timeout if isinstance(handler.timeout, datetime.timedelta) else \
             datetime.timedelta(seconds=float(handler.timeout))
-        handler._store = TCPStore("127.0.0.1", handler.master_port, handler.world_size, True, timeout,
-                                  multi_tenant=True, master_listen_fd=listener.fileno())
-        handler._dprorun_listener = listener  # the store serves on this socket: keep it open with the handler
+        try:
+            handler._store = TCPStore("127.0.0.1", handler.master_port, handler.world_size, True, timeout,
+                                      multi_tenant=True, master_listen_fd=listener.fileno())
+        except BaseException:
+            listener.close()
+            raise
+        # the store owns the socket from here on and closes it when it goes (checked): the Python object lets it go,
+        # or its own close at garbage collection closed the number again, whatever held it by then (a ResourceWarning
+        # at every job's end under PYTHONWARNINGS / -X dev, and a hazard for a second launch in one process)
+        listener.detach()
         return handler
 
     try:

@@ -1640,3 +1640,30 @@ def test_a_rank_leaving_with_a_message_and_no_exception_is_named_with_its_last_w
     assert last_words(str(tmp_path / "none"), 1) == ""
     assert exception_line(KeyboardInterrupt()) == "KeyboardInterrupt"
     assert exception_line(ValueError("bad shard")) == "ValueError: bad shard"
+
+
+def test_the_loopback_rendezvous_store_owns_its_listening_socket():
+    """dprorun's single-host rendezvous hands TCPStore a socket bound to 127.0.0.1; the store closes that descriptor
+    when it goes. The Python socket object kept beside it closed the same number again at garbage collection (a
+    ResourceWarning at every job's end under PYTHONWARNINGS or -X dev, and a second close of whatever held the number
+    by then, for a second launch in one process). Now the object lets the descriptor go: no warning, and the
+    descriptor is closed once, by the store."""
+    import gc
+    import warnings
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+
+    from dprorun.launch import LOOPBACK_RENDEZVOUS, _register_loopback_rendezvous
+    from dprorun.procs import free_port
+
+    _register_loopback_rendezvous()
+    params = RendezvousParameters(backend=LOOPBACK_RENDEZVOUS, endpoint=f"127.0.0.1:{free_port('127.0.0.1')}",
+                                  run_id="unit", min_nodes=1, max_nodes=1, rank=0, timeout=10)
+    handler = rendezvous_handler_registry.create_handler(params)
+    handler._store.set("key", "value")
+    assert handler._store.get("key") == b"value"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        del handler
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
