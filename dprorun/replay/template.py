@@ -332,8 +332,8 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
             transmit[i][key] = max(1.0, c["done"] - max(everyone, free[k]))
             free[k] = c["done"]
     if not samples:
-        raise UnanswerableError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans"
-                                + (_eager_tf_steps(trace) or _tf_profiler_off(trace) or _backward_inside_forward(slots)))
+        why = _eager_tf_steps(trace) or _tf_profiler_off(trace) or _backward_inside_forward(slots)
+        raise UnanswerableError(f"rank {trace.rank}: no profiled iteration has forward, backward and update spans{why}")
     orders = [tuple(t.bucket_ready_order) for t in samples.values()]
     order = max(set(orders), key=orders.count)
     same = [t.backward_segments_us for t in samples.values() if tuple(t.bucket_ready_order) == order]
