@@ -5,7 +5,10 @@ job that leaves its model (and so its gloo group) alive at exit: under plain tor
 (held-dprorun, which waits for gloo's worker threads at exit: dprorun/runtime/gloo_exit.py) and under dprorun without
 that wait (held-dprorun-nowait, DPRO_GLOO_EXIT_WAIT_S=0); frozen-dprorun and frozen-no-comm-hook run FROZEN_SCRIPT (2
 ranks, a trunk of 6 frozen layers under a trained head: one 20 KB bucket) under dprorun's default window, with and
-without its comm hook; --busy N runs N busy loops beside the launches.
+without its comm hook, and frozen-no-stop-wait under dprorun without the wait for gloo's idle worker threads before
+the profiler's stop (DPRO_PROFILER_STOP_WAIT_S=0: the code before session 57); --busy N runs N busy loops beside the
+launches; --malloc-check runs every launch under glibc's checking allocator (libc_malloc_debug.so, MALLOC_CHECK_=3),
+which turns the rare heap corruption into a frequent abort or SIGSEGV.
 
 The job is tests/test_align_graph.py's SHORT_SCRIPT (4 Linear layers, 11 steps, the process group torn down at the
 end) with that test's window. Rounds alternate the launchers; each launch's outcome is its exit code and, for a
@@ -15,6 +18,7 @@ exception").
     python benchmarks/abort_rate.py --reps 12 [--launchers NAME,...] [--core-dumps DIR]
     python benchmarks/abort_rate.py --reps 30 --busy 2 --launchers held-torchrun,held-dprorun,held-dprorun-nowait
     python benchmarks/abort_rate.py --reps 40 --busy 2 --launchers frozen-dprorun,frozen-no-comm-hook --core-dumps DIR
+    python benchmarks/abort_rate.py --reps 20 --launchers frozen-dprorun,frozen-no-stop-wait --malloc-check
     (the names above; default: the first four; --core-dumps: launches run in DIR with core files allowed, so that an
     aborting rank leaves a core there (the kernel's core_pattern "core") for gdb)
 
@@ -83,7 +87,7 @@ dist.destroy_process_group()
 # its gloo group, alive at exit
 HELD_SCRIPT = "\n".join(line for line in DDP_IMPORTING_HOROVOD.splitlines() if "horovod" not in line)
 WINDOW = ["--warmup", "3", "--active", "5", "--kineto-iters", "2", "--clean", "3", "-q"]
-CAUSES = ("malloc(): [^\n]*", "terminate called without an active exception", "double free[^\n]*",
+CAUSES = ("malloc(): [^\n]*", "killed by signal [A-Z]+", "terminate called without an active exception", "double free[^\n]*",
           "Segmentation fault")
 
 
@@ -93,10 +97,13 @@ def _allow_core_files() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
 
-def launch(launcher: str, tmp: str, index: int, core_dir: str = "") -> tuple[int, str]:
+MALLOC_DEBUG = {"LD_PRELOAD": "libc_malloc_debug.so.0", "MALLOC_CHECK_": "3"}  # glibc's checking allocator
+
+
+def launch(launcher: str, tmp: str, index: int, core_dir: str = "", malloc_check: bool = False) -> tuple[int, str]:
     short, stress = os.path.join(tmp, "short.py"), os.path.join(tmp, "stress.py")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
-    env = dict(os.environ, DPRO_REPORT="0")
+    env = dict(os.environ, DPRO_REPORT="0", **(MALLOC_DEBUG if malloc_check else {}))
     if launcher.startswith("held-"):
         held = os.path.join(tmp, "held.py")
         if launcher == "held-torchrun":
@@ -107,6 +114,8 @@ def launch(launcher: str, tmp: str, index: int, core_dir: str = "") -> tuple[int
             cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, f"{launcher}-{index}"), "-np",
                    "2", "-q", "python", held]
     elif launcher.startswith("frozen-"):
+        if launcher == "frozen-no-stop-wait":  # the profiler's stop not waiting for gloo's idle workers
+            env["DPRO_PROFILER_STOP_WAIT_S"] = "0"
         cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", os.path.join(tmp, f"{launcher}-{index}"), "-np", "2",
                "-q", *(["--no-comm-hook"] if launcher == "frozen-no-comm-hook" else []), "python",
                os.path.join(tmp, "frozen.py")]
@@ -135,6 +144,8 @@ def main() -> None:
     parser.add_argument("--launchers", default="dprorun,no-comm-hook,torchrun,profiler-stress")
     parser.add_argument("--busy", type=int, default=0, help="busy loops run beside the launches")
     parser.add_argument("--core-dumps", default="", help="a folder: launches run there, core files allowed")
+    parser.add_argument("--malloc-check", action="store_true",
+                        help="launches under glibc's checking allocator (libc_malloc_debug, MALLOC_CHECK_=3)")
     args = parser.parse_args()
     core_dir = os.path.abspath(args.core_dumps) if args.core_dumps else ""
     if core_dir:
@@ -155,7 +166,7 @@ def main() -> None:
         try:
             for rep in range(args.reps):
                 for name in launchers if rep % 2 == 0 else reversed(launchers):
-                    code, cause = launch(name, tmp, rep, core_dir)
+                    code, cause = launch(name, tmp, rep, core_dir, args.malloc_check)
                     aborted[name] += code != 0
                     print(f"| {rep} | {name} | {code} | {cause} |", flush=True)
         finally:

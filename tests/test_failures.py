@@ -112,6 +112,30 @@ def test_the_exit_waits_for_gloo_workers_until_they_sleep_and_no_longer(tmp_path
     assert wait_for_idle_gloo_workers(task_dir=str(running)) == 0.0
 
 
+def test_the_profilers_stop_waits_for_gloo_workers_first(monkeypatch):
+    """A comm hook's callback and the work's teardown still running on a gloo worker thread when the window's
+    profile stopped corrupted the rank's heap (SIGSEGV freeing the profile's results, "malloc(): invalid size"):
+    benchmarks/abort_rate.py --launchers frozen-dprorun,frozen-no-stop-wait --malloc-check. The stop now waits,
+    bounded, for the workers to sleep; DPRO_PROFILER_STOP_WAIT_S=0 turns the wait off."""
+    import threading
+
+    from dprorun.runtime import torch_profiler
+
+    calls = []
+    monkeypatch.setattr(torch_profiler, "wait_for_idle_gloo_workers", lambda timeout: calls.append(("wait", timeout)))
+
+    class Profile:
+        def stop(self):
+            calls.append(("stop",))
+
+    profiler = torch_profiler.TorchProfiler(session=None)
+    profiler.profile, profiler.thread = Profile(), threading.current_thread()
+    profiler.stop_profiler(write=False)
+    assert calls == [("wait", torch_profiler.PROFILER_STOP_WAIT_S), ("stop",)] and profiler.profile is None
+    monkeypatch.setenv("DPRO_PROFILER_STOP_WAIT_S", "0")
+    assert torch_profiler.profiler_stop_wait_s() == 0.0
+
+
 GLOO_THREADS_AT_EXIT = """
 import torch, torch.distributed as dist
 from dprorun.runtime.gloo_exit import gloo_worker_states, wait_for_idle_gloo_workers

@@ -12,11 +12,22 @@ from typing import TYPE_CHECKING
 
 from dprorun.fsutil import free_mb, make_private_dir
 from dprorun.layout import KINETO_FILE
+from dprorun.runtime.gloo_exit import wait_for_idle_gloo_workers
 from dprorun.runtime.log import warn
 from dprorun.runtime.script_profiler import ProfilerBusy, torch_busy
 
 if TYPE_CHECKING:
     from dprorun.runtime.session import RankSession
+
+PROFILER_STOP_WAIT_S = 0.2  # at most this long for gloo's worker threads to go idle before the profile stops
+
+
+def profiler_stop_wait_s() -> float:
+    """DPRO_PROFILER_STOP_WAIT_S, else PROFILER_STOP_WAIT_S (0: no wait; benchmarks/abort_rate.py compares)."""
+    try:
+        return max(0.0, float(os.environ.get("DPRO_PROFILER_STOP_WAIT_S", PROFILER_STOP_WAIT_S)))
+    except ValueError:
+        return PROFILER_STOP_WAIT_S
 
 
 def _say_why_torch_errs_off_the_main_thread(rank: int) -> None:
@@ -66,6 +77,9 @@ class TorchProfiler:
         profile, self.profile = self.profile, None
         if profile is None:
             return
+        # gloo's worker threads finish what they ran first: a comm hook's callback and the work's teardown
+        # (runtime/gloo_exit.py) still running on one when the profile stopped corrupted the rank's heap
+        wait_for_idle_gloo_workers(profiler_stop_wait_s())
         profile.stop()  # from another thread too: a profile left running ended the process in SIGSEGV at its exit
         started = self.thread
         if started is not None and started is not threading.current_thread():
