@@ -448,10 +448,10 @@ def test_a_shutdown_while_a_rank_waits_in_an_allreduce_ends_in_bounded_time(tmp_
     script = tmp_path / "thread_raises.py"
     script.write_text(HOROVOD_THREAD_RAISES)
     proc, elapsed = run_dprorun(["--backend", "horovod", "-np", "2", "python", str(script)], tmp_path / "run",
-                                timeout=150, env={"OMP_NUM_THREADS": "1", "DPRO_TEARDOWN_WAIT_S": "6"})
+                                timeout=150, env={"OMP_NUM_THREADS": "1", "DPRO_TEARDOWN_WAIT_S": "3"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert elapsed < 60, elapsed
-    assert "another rank did not reach Horovod's shutdown within 6 s of rank 0" in proc.stderr, proc.stderr[-2000:]
+    assert "another rank did not reach Horovod's shutdown within 3 s of rank 0" in proc.stderr, proc.stderr[-2000:]
     assert "[0]<stdout>:done" in proc.stdout and "[1]<stdout>:done" in proc.stdout
 
 

@@ -1620,6 +1620,23 @@ def test_both_commands_say_their_version_and_a_scripts_own_version_flag_stays_th
     assert job.command == ["python", "train.py", "--version"]
 
 
+def test_the_dprorun_command_ends_with_its_objects_kept_from_the_collector(monkeypatch):
+    """`dprorun` as a command (console_main, the entry point and `python -m dprorun.cli`): main's exit code, then the
+    objects it holds frozen, so that the interpreter's teardown does not walk torch's module graph (0.25 s of every
+    launch's end)."""
+    import gc
+
+    from dprorun import cli
+
+    monkeypatch.setattr(cli, "main", lambda: 3)
+    try:
+        assert cli.console_main() == 3 and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    setup = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.cfg")).read()
+    assert "dprorun = dprorun.cli:console_main" in setup
+
+
 def test_a_rank_leaving_with_a_message_and_no_exception_is_named_with_its_last_words(tmp_path):
     """`sys.exit("dataset shard 1 is empty")`, `raise SystemExit(...)` or argparse's error leave with a code and no
     exception any hook sees: the launcher said only "exited with code 1". It now quotes the rank's last stderr line,
