@@ -372,6 +372,9 @@ JOBS = {
     "ddp-frozen-trunk-rewrapped-after-4-steps": ([], "session56.py", ["--rewrap"], "torch"),
     "ddp-frozen-trunk-20kb-bucket": ([], "session56.py", ["--frozen-head"], "torch"),
     "tf-keras-fit-called-per-epoch": (["--backend", "tf"], "session56.py", ["--tf-fit-loop"], "tensorflow"),
+    "ddp-wgan-gp-gradient-penalty-double-backward": ([], "session57.py", ["--gradient-penalty"], "torch"),
+    "ddp-experts-routed-per-rank-find-unused": ([], "session57.py", ["--experts"], "torch"),
+    "ddp-weight-norm-parametrizations-and-pruning": ([], "session57.py", ["--parametrized"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
