@@ -104,7 +104,7 @@ def main() -> None:
     if rank == 0:
         print(f"median iteration time: {1000 * statistics.median(times[len(times) // 2:]):.2f} ms")
     dist.barrier()
-    del model
+    model = None  # the wrapper, and with it its hold on the group, let go before the teardown
     dist.destroy_process_group()
 
 
