@@ -617,13 +617,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return finalize_run(job, result)
 
 
-def console_main() -> int:
+def console_main(argv: Optional[Sequence[str]] = None) -> int:
     """`dprorun` as a command: main(), then the collector kept off the objects this process holds for its teardown.
     The launcher holds torch's module graph (torch elastic imports torch); collecting its cycles at interpreter exit
     took 0.25 s of every command's end (measured: 0.45 s from the summary to the exit, 0.2 s frozen). Nothing the
     launcher wrote waits on a finalizer: its files are closed where written, and the interpreter still flushes
-    stdout and stderr."""
-    code = main()
+    stdout and stderr. The drop-in launchers (launchers/) end the same way, with the argv they translated."""
+    code = main(argv)
     import gc
 
     gc.freeze()

@@ -1628,7 +1628,7 @@ def test_the_dprorun_command_ends_with_its_objects_kept_from_the_collector(monke
 
     from dprorun import cli
 
-    monkeypatch.setattr(cli, "main", lambda: 3)
+    monkeypatch.setattr(cli, "main", lambda argv=None: 3)
     try:
         assert cli.console_main() == 3 and gc.get_freeze_count() > 0
     finally:
