@@ -7,7 +7,8 @@ follow the window with no profiling, and over the few iterations with torch.prof
 over the rounds and their ratios.
 
 usage: python benchmarks/overhead.py [--reps 5] [--np 2] [--steps 40] [--examples mlp_many_layers,...]
-[--script-args "..."]
+[--script-args "..."] [--compare-args "--no-kineto"]
+(--compare-args: a second dprorun configuration launched in the same rounds, its order alternating, on a row of its own)
 (an entry of --examples ending in .py is a script's path from the repository root, e.g. benchmarks/shapes/x.py)
 """
 from __future__ import annotations
@@ -70,28 +71,36 @@ def main() -> None:
     parser.add_argument("--examples", default=",".join(EXAMPLES))
     parser.add_argument("--dprorun-args", default="", help="extra dprorun flags, e.g. '--no-kineto'")
     parser.add_argument("--script-args", default="", help="the script's own flags, e.g. '--model conv --adam'")
+    parser.add_argument("--compare-args", default=None,
+                        help="a second set of dprorun flags launched in the same rounds (a row of its own, '+ FLAGS')")
     args = parser.parse_args()
-    extra = args.dprorun_args.split()
+    configs = [args.dprorun_args.split()]
+    if args.compare_args is not None:
+        configs.append(args.compare_args.split())
     rows = []
     print(f"{'example':20} {'torchrun ms':>12} {'window ms':>10} {'clean ms':>9} {'window/torchrun':>16} "
           f"{'window/clean':>13} {'profiler-on ms':>14} {'profiler/torchrun':>17}")
     for example in args.examples.split(","):
-        plain, window, clean, kineto = [], [], [], []
-        for _ in range(args.reps):
+        plain = []
+        measured = [([], [], []) for _ in configs]  # per config: window, clean, profiler-on
+        for rep in range(args.reps):
             plain.append(plain_torchrun(example, args.np, args.steps, tuple(args.script_args.split())))
-            w, c, k = under_dprorun(example, args.np, args.steps, extra, tuple(args.script_args.split()))
-            window.append(w)
-            clean.append(c)
-            kineto.append(k)
-        p, w, c = statistics.median(plain), statistics.median(window), statistics.median(clean)
-        k = statistics.median(kineto)
-        rows.append({"example": example, "torchrun_ms": p, "window_ms": w, "clean_ms": c,
-                     "raw": {"torchrun": plain, "window": window, "clean": clean}})
-        print(f"{example:20} {p:12.2f} {w:10.2f} {c:9.2f} {100 * (w / p - 1):+15.1f}% {100 * (w / c - 1):+12.1f}% "
-              f"{k:14.2f} {100 * (k / p - 1):+16.1f}%", flush=True)
+            order = list(enumerate(configs)) if rep % 2 == 0 else list(enumerate(configs))[::-1]
+            for index, extra in order:
+                for column, value in zip(measured[index], under_dprorun(example, args.np, args.steps, extra,
+                                                                        tuple(args.script_args.split()))):
+                    column.append(value)
+        p = statistics.median(plain)
+        for extra, (window, clean, kineto) in zip(configs, measured):
+            w, c, k = statistics.median(window), statistics.median(clean), statistics.median(kineto)
+            label = example if extra is configs[0] else f"+ {' '.join(extra) or '(defaults)'}"
+            rows.append({"example": example, "dprorun_args": extra, "torchrun_ms": p, "window_ms": w, "clean_ms": c,
+                         "raw": {"torchrun": plain, "window": window, "clean": clean}})
+            print(f"{label:20} {p:12.2f} {w:10.2f} {c:9.2f} {100 * (w / p - 1):+15.1f}% {100 * (w / c - 1):+12.1f}% "
+                  f"{k:14.2f} {100 * (k / p - 1):+16.1f}%", flush=True)
     with open(os.path.join(tempfile.gettempdir(), "dprorun_overhead.json"), "w") as handle:
         json.dump(rows, handle, indent=1)
-    overall = statistics.median(r["window_ms"] / r["torchrun_ms"] for r in rows)
+    overall = statistics.median(r["window_ms"] / r["torchrun_ms"] for r in rows if r["dprorun_args"] == configs[0])
     print(f"median overhead of the active window vs plain torchrun: {100 * (overall - 1):+.1f} %")
 
 
