@@ -599,12 +599,11 @@ def test_a_horovod_tensorflow_job_is_profiled_and_replayed(tmp_path):
     from dprorun.trace.model import OpKind
 
     run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["--backend", "horovod", "-np", "2", "-q", "--warmup", "3", "--active", "7",
-                           "--kineto-iters", "3", "--clean", "2", "python", os.path.join(EXAMPLES, "horovod_tf.py"),
-                           "--steps", "14", "--width", "64"], run_dir, env={"OMP_NUM_THREADS": "1"})
+    line = ["--backend", "horovod", "-np", "2", "-q", "--warmup", "3", "--active", "7", "--kineto-iters", "3",
+            "--clean", "2", "python", os.path.join(EXAMPLES, "horovod_tf.py"), "--steps", "14", "--width", "64"]
+    proc, _ = run_dprorun(line, run_dir, env={"OMP_NUM_THREADS": "1"})
     if "launching the job again without TensorFlow's profiler" in proc.stderr:  # its stop crashed each time (test_tf.py)
-        proc, _ = run_dprorun(["--overwrite", *proc.args[proc.args.index("--run-dir") + 2:]], run_dir,
-                              env={"OMP_NUM_THREADS": "1"})
+        proc, _ = run_dprorun(["--overwrite", *line], run_dir, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "median step" in proc.stdout and "nothing to profile" not in proc.stderr
     events = json.loads((run_dir / "rank_1" / "events.json").read_text())
