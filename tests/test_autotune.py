@@ -55,16 +55,19 @@ class Net(nn.Module):  # called with keywords only, as Hugging Face models are
     def __init__(self):
         super().__init__()
         self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+        self.extra = nn.Linear(4, 4)  # used every other step, by one rank at a time
 
-    def forward(self, *, features):
-        return self.body(features)
+    def forward(self, *, features, extra=False):
+        out = self.body(features)
+        return self.extra(out) if extra else out
 
 
-model = nn.parallel.DistributedDataParallel(Net())
+model = nn.parallel.DistributedDataParallel(Net(), find_unused_parameters=True)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(32, 64), torch.randint(0, 4, (32,))
 for step in range(14):
-    opt.zero_grad(); nn.functional.cross_entropy(model(features=x), y).backward(); opt.step()
+    extra = (step + dist.get_rank()) % 2 == 0
+    opt.zero_grad(); nn.functional.cross_entropy(model(features=x, extra=extra), y).backward(); opt.step()
 print("trained", step + 1, "steps")
 """
 
@@ -75,8 +78,11 @@ def test_compute_variants_are_measured(tmp_path):
     model called as model(features=x) was timed with no arguments: every variant a TypeError). The script gives
     its process group a 2 s timeout: the other ranks wait for rank 0's variants (3-6 s of compiling here) at a
     barrier of dprorun's own; they went on to the script's next all-reduce and timed out there ("Timed out waiting
-    2000ms"), failing a job torchrun runs. (A strategy's compiled_modules and bf16 reach the model through the
-    hooks: test_strategy_file_is_applied_by_the_hooks.)"""
+    2000ms"), failing a job torchrun runs. The model leaves a layer unused on one rank or the other
+    (find_unused_parameters=True): measured on the live parameters, the variants' backward marked every
+    parameter used in DDP's accounting and the next iteration failed ("Encountered gradient which is undefined,
+    but still allreduced by DDP reducer"); they run on detached aliases now. (A strategy's compiled_modules and
+    bf16 reach the model through the hooks: test_strategy_file_is_applied_by_the_hooks.)"""
     run_dir = tmp_path / "measured"
     script = tmp_path / "keywords.py"
     script.write_text(KEYWORD_MODEL_SCRIPT)

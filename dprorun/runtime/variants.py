@@ -6,8 +6,13 @@ passes scale the replay's forward/backward by these ratios instead of guessing a
 Runs on rank 0 only, after the profiling window's traces are gathered, when the profile config asks for it
 (`dprorun --measure-variants`, and --autotune's profiling phase). The model is called directly (not through
 DDP, so nothing is all-reduced) on the last batch the window saw, with a stand-in loss (the mean of the first
-floating output); parameters, buffers, gradients and RNG states are restored afterwards, so training continues
-as if nothing happened. Writes variants.json into the rank's directory:
+floating output), through `torch.func.functional_call` with the parameters as new leaves on the same storage
+(`detached_parameters`): the backward fills those leaves' gradients, never the live parameters', whose gradient
+accumulators carry DDP's reducer hooks (and any of the script's own). Run on the live parameters, a measurement
+marked them as used in DDP's unused-parameter accounting (which counts hooks that fire outside an iteration, for
+no_sync): with find_unused_parameters=True the next iteration failed ("Encountered gradient which is undefined,
+but still allreduced by DDP reducer"). Buffers and RNG states are restored afterwards, so training continues as
+if nothing happened. Writes variants.json into the rank's directory:
 
   {"schema": "dprorun-variants", "version": 1, "reps": 10, "device": "cpu" | "cuda",
    "variants": {"eager": {"forward_us": .., "backward_us": ..},
@@ -82,10 +87,11 @@ def fusion_blocks(module) -> list[str]:
     return best if len(best) >= 2 else []
 
 
-def _compiled_blocks_call(module, blocks: list[str]) -> Callable:
+def _compiled_blocks_call(module, blocks: list[str], aliases: dict) -> Callable:
     """Calls the model with each block's forward compiled separately (installed for the call only, so the
     model is left as it was between calls)."""
     import torch
+    from torch.func import functional_call
 
     modules = dict(module.named_modules())
     compiled = {name: torch.compile(modules[name].forward) for name in blocks}
@@ -95,7 +101,7 @@ def _compiled_blocks_call(module, blocks: list[str]) -> Callable:
         for name, fn in compiled.items():
             modules[name].forward = fn
         try:
-            return module(*a, **kw)
+            return functional_call(module, aliases, a, kw)
         finally:
             for name, before in previous.items():
                 if before is None:
@@ -106,25 +112,34 @@ def _compiled_blocks_call(module, blocks: list[str]) -> Callable:
     return call
 
 
-def _variant_call(name: str, module, device_type: str) -> Callable:
+def detached_parameters(module) -> dict:
+    """{name: the parameter as a new leaf on its storage}: what a variant's call reads, and whose gradients its
+    backward fills, leaving the live parameters' gradient accumulators (DDP's hooks) out of it."""
+    return {name: param.detach().requires_grad_(param.requires_grad) for name, param in module.named_parameters()}
+
+
+def _variant_call(name: str, module, device_type: str, aliases: dict) -> Callable:
     import torch
+    from torch.func import functional_call
 
     if name == "eager":
-        return module
+        return lambda *a, **kw: functional_call(module, aliases, a, kw)
     if name == "compiled":
-        return torch.compile(module)
+        compiled = torch.compile(module)  # its parameters are its _orig_mod's
+        renamed = {f"_orig_mod.{key}": value for key, value in aliases.items()}
+        return lambda *a, **kw: functional_call(compiled, renamed, a, kw)
     if name == "compiled_blocks":
         blocks = fusion_blocks(module)
         if not blocks:
             raise ValueError("the model has no blocks to compile separately (fewer than two)")
-        return _compiled_blocks_call(module, blocks)
+        return _compiled_blocks_call(module, blocks, aliases)
     if name == "bf16":
         if device_type == "cuda" and not torch.cuda.is_bf16_supported():
             raise RuntimeError("this GPU has no bf16")
 
         def autocast_call(*a, **kw):
             with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
-                return module(*a, **kw)
+                return functional_call(module, aliases, a, kw)
 
         return autocast_call
     raise ValueError(f"unknown variant {name}")
@@ -144,16 +159,17 @@ def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
                              variants: tuple[str, ...] = ("eager", "compiled", "compiled_blocks", "bf16")) -> dict:
     """{variant: {"forward_us", "backward_us", "first_call_s"} or {"error": why}}: each variant called once
     untimed (torch.compile compiles then), then the variants take turns `reps` times (drift hits all alike);
-    medians. The module's parameters, buffers, gradients and RNG states are restored whatever happens."""
+    medians. Calls run on `detached_parameters` (the live parameters' gradients and hooks untouched); the
+    module's parameters, buffers and RNG states are restored whatever happens."""
     import torch
 
     if "forward" in vars(module):  # the call is redirected for this forward only: calling it again undoes that
         return {name: {"error": REDIRECTED_FORWARD} for name in variants}
-    params = [p for p in module.parameters() if p.requires_grad]
+    aliases = detached_parameters(module)
+    params = [p for p in aliases.values() if p.requires_grad]
     device = params[0].device if params else torch.device("cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     saved_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-    saved_grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     out: dict[str, dict] = {}
@@ -161,7 +177,7 @@ def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
     try:
         for name in variants:
             try:
-                call = _variant_call(name, module, device.type)
+                call = _variant_call(name, module, device.type, aliases)
                 started = time.perf_counter()
                 _call_once(call, args, kwargs, params, sync)
                 calls[name] = call
@@ -185,8 +201,6 @@ def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
     finally:
         with torch.no_grad():
             module.load_state_dict(saved_state)
-        for p, g in zip(params, saved_grads):
-            p.grad = g
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
