@@ -221,11 +221,15 @@ def test_fusion_blocks_and_the_per_block_compiled_call_leave_the_model_as_it_was
         return compiled
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    call = variants._compiled_blocks_call(net, variants.fusion_blocks(net))
+    aliases = variants.detached_parameters(net)
+    call = variants._compiled_blocks_call(net, variants.fusion_blocks(net), aliases)
     x = torch.randn(2, 5, 4)
     out = call(x)
     assert out.shape == (2, 5, 2) and len(calls) == 3
     assert all("forward" not in net.encoder.layers[k].__dict__ for k in range(3))  # the class's forward again
+    out.sum().backward()  # into the aliases (same storage), never the live parameters (DDP's hooks sit there)
+    assert all(p.grad is None for p in net.parameters()) and aliases["head.weight"].grad is not None
+    assert aliases["head.weight"].data_ptr() == net.head.weight.data_ptr()
     net(x)
     assert len(calls) == 3
 
