@@ -44,11 +44,16 @@ def gloo_worker_states(task_dir: str = "/proc/self/task") -> list[str]:
     return states
 
 
-def exit_wait_s() -> float:
+def wait_s_from_env(variable: str, default: float) -> float:
+    """Seconds to wait, from the environment variable `variable` (0: no wait), else `default`."""
     try:
-        return max(0.0, float(os.environ.get("DPRO_GLOO_EXIT_WAIT_S", IDLE_WAIT_S)))
+        return max(0.0, float(os.environ.get(variable, default)))
     except ValueError:
-        return IDLE_WAIT_S
+        return default
+
+
+def exit_wait_s() -> float:
+    return wait_s_from_env("DPRO_GLOO_EXIT_WAIT_S", IDLE_WAIT_S)
 
 
 def wait_for_idle_gloo_workers(timeout_s: Optional[float] = None,

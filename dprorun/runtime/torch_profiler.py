@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from dprorun.fsutil import free_mb, make_private_dir
 from dprorun.layout import KINETO_FILE
-from dprorun.runtime.gloo_exit import wait_for_idle_gloo_workers
+from dprorun.runtime.gloo_exit import wait_for_idle_gloo_workers, wait_s_from_env
 from dprorun.runtime.log import warn
 from dprorun.runtime.script_profiler import ProfilerBusy, torch_busy
 
@@ -24,10 +24,7 @@ PROFILER_STOP_WAIT_S = 0.2  # at most this long for gloo's worker threads to go 
 
 def profiler_stop_wait_s() -> float:
     """DPRO_PROFILER_STOP_WAIT_S, else PROFILER_STOP_WAIT_S (0: no wait; benchmarks/abort_rate.py compares)."""
-    try:
-        return max(0.0, float(os.environ.get("DPRO_PROFILER_STOP_WAIT_S", PROFILER_STOP_WAIT_S)))
-    except ValueError:
-        return PROFILER_STOP_WAIT_S
+    return wait_s_from_env("DPRO_PROFILER_STOP_WAIT_S", PROFILER_STOP_WAIT_S)
 
 
 def _say_why_torch_errs_off_the_main_thread(rank: int) -> None:
