@@ -69,8 +69,10 @@ def _job_arguments(job) -> None:
                      help="as torchrun's: read as --master-addr / --master-port (nodes are ranked by --node-rank)")
     job.add_argument("--rdzv-backend", "--rdzv_backend", default=None, help="accepted as torchrun's (c10d)")
     job.add_argument("--rdzv-id", "--rdzv_id", default=None, help="as torchrun's: the job id (--job-id)")
-    job.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
-                     help="as torchrun's; dprorun restarts no rank: 0 only")
+    job.add_argument("--max-restarts", "--max_restarts", type=int, default=None,
+                     help="as torchrun's: after a rank fails, torch elastic stops every rank and starts them again, "
+                          "this many times at most (default 0); the run keeps the last attempt's profile, an earlier "
+                          "attempt's files go to RUN/failed_attempt_<n>/ (--backend ddp)")
     # --nnodes, --node-rank, --master-addr, --master-port: None when left out, then SLURM's or a PyTorchJob's values
     job.add_argument("--nnodes", type=_node_count, default=None,
                      help="number of nodes (torchrun-style multi-node; default 1, or SLURM's / a PyTorchJob's); "
@@ -277,9 +279,6 @@ def _torchrun_rendezvous(args: argparse.Namespace) -> bool:
     """torchrun's rendezvous flags on a launch line: the endpoint read as the master's address and port (explicit
     --master-* flags win), the id as the job id; True where nodes were left to the rendezvous to rank (no
     --node-rank), which dprorun does not do across nodes."""
-    if args.max_restarts:
-        raise ValueError(f"--max-restarts {args.max_restarts}: dprorun restarts no rank (a profile of a job whose "
-                         "ranks restarted would mix attempts); run with 0, as a failed job stops with its rank named")
     if args.rdzv_id and not args.job_id:
         args.job_id = args.rdzv_id
     endpoint = args.rdzv_endpoint

@@ -136,6 +136,7 @@ class ElasticAgentOptions:
     virtual_local_rank: bool = False  # --virtual-local-rank: LOCAL_RANK 0 in every rank, one GPU visible each
     event_log_handler: Optional[str] = None  # --event-log-handler
     shutdown_timeout_s: Optional[int] = None  # --shutdown-timeout: SIGTERM to SIGKILL at teardown (dprorun: 5 s)
+    max_restarts: Optional[int] = None  # --max-restarts: torch elastic restarts the ranks after a failure (None: 0)
 
     def given(self) -> bool:
         return self != ElasticAgentOptions()

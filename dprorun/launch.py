@@ -23,8 +23,8 @@ from dprorun.config import ElasticAgentOptions, JobConfig
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 from dprorun.layout import rank_folders
 # the shared process helpers, importable from here as before
-from dprorun.procs import LaunchResult, Watchdog, error_line, error_message, exit_abort_hint, free_port, last_words, \
-    rank_environment, signal_name, split_command, stop_process_tree
+from dprorun.procs import LaunchResult, Watchdog, error_line, error_message, exit_abort_hint, failed_attempts, \
+    free_port, last_words, rank_environment, signal_name, split_command, stop_process_tree
 
 
 def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) -> str:
@@ -113,7 +113,7 @@ def launch(job: JobConfig) -> LaunchResult:
         relaunches.append(why)
         result = _launch_once(job)
         elapsed_s += result.elapsed_s
-    result.relaunches, result.elapsed_s = relaunches, elapsed_s
+    result.relaunches, result.elapsed_s = relaunches + result.relaunches, elapsed_s
     return result
 
 
@@ -201,43 +201,61 @@ LOOPBACK_RENDEZVOUS = "dprorun-static-loopback"
 
 
 def _register_loopback_rendezvous() -> None:
-    """A static rendezvous whose store listens on the loopback address only.
+    """A static rendezvous whose store listens on the loopback address only, a new store for each attempt.
 
     torch's TCPStore server listens on every interface whatever address it is given; for a single-node job
     nothing outside this host needs it, so the store is handed a socket bound to 127.0.0.1 (TCPStore's
-    `master_listen_fd`), through torch elastic's own rendezvous registry."""
-    import datetime
-
-    from torch.distributed import TCPStore
+    `master_listen_fd`), through torch elastic's own rendezvous registry. When torch elastic restarts the ranks
+    (--max-restarts), the next attempt gets a store of its own on a new port: its ranks take their store as it is
+    (torch's rendezvous counts on a new store for each retry), and torch's static rendezvous hands them the last
+    attempt's, whose keys then held the dead ranks' addresses (gloo "connectFullMesh failed ... Connection refused"
+    in the new attempt, under torchrun too)."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
+
+    def next_rendezvous(handler):
+        handler.rounds = getattr(handler, "rounds", 0) + 1
+        if handler.rounds > 1:  # a restart: a new store on a new port
+            handler.master_port = 0
+            _open_loopback_store(handler)
+        return type(handler).__mro__[1].next_rendezvous(handler)
 
     def create(params):
         handler = create_rdzv_handler(params)  # torch's static rendezvous, reporting this backend's name
         handler.__class__ = type("LoopbackStaticTCPRendezvous", (type(handler),),
-                                 {"get_backend": lambda self: LOOPBACK_RENDEZVOUS})
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", handler.master_port))
-        listener.listen(1024)
-        timeout = handler.timeout if isinstance(handler.timeout, datetime.timedelta) else \
-            datetime.timedelta(seconds=float(handler.timeout))
-        try:
-            handler._store = TCPStore("127.0.0.1", handler.master_port, handler.world_size, True, timeout,
-                                      multi_tenant=True, master_listen_fd=listener.fileno())
-        except BaseException:
-            listener.close()
-            raise
-        # the store owns the socket from here on and closes it when it goes (checked): the Python object lets it go,
-        # or its own close at garbage collection closed the number again, whatever held it by then (a ResourceWarning
-        # at every job's end under PYTHONWARNINGS / -X dev, and a hazard for a second launch in one process)
-        listener.detach()
+                                 {"get_backend": lambda self: LOOPBACK_RENDEZVOUS, "next_rendezvous": next_rendezvous})
+        _open_loopback_store(handler)
         return handler
 
     try:
         rendezvous_handler_registry.register(LOOPBACK_RENDEZVOUS, create)
     except ValueError:
         pass  # already registered in this process (autotune launches several times)
+
+
+def _open_loopback_store(handler) -> None:
+    """The handler's TCPStore, listening on 127.0.0.1 at its port (0: a free one, then the handler's port)."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", handler.master_port))
+    listener.listen(1024)
+    handler.master_port = listener.getsockname()[1]
+    timeout = handler.timeout if isinstance(handler.timeout, datetime.timedelta) else \
+        datetime.timedelta(seconds=float(handler.timeout))
+    try:
+        handler._store = TCPStore("127.0.0.1", handler.master_port, handler.world_size, True, timeout,
+                                  multi_tenant=True, master_listen_fd=listener.fileno())
+    except BaseException:
+        listener.close()
+        raise
+    # the store owns the socket from here on and closes it when it goes (checked): the Python object lets it go,
+    # or its own close at garbage collection closed the number again, whatever held it by then (a ResourceWarning
+    # at every job's end under PYTHONWARNINGS / -X dev, and a hazard for a second launch in one process)
+    listener.detach()
 
 
 def _launch_elastic(job: JobConfig) -> LaunchResult:
@@ -291,33 +309,12 @@ def _launch_elastic_now(job: JobConfig) -> LaunchResult:
     settings.update(_agent_settings(job.launch.agent))
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
     config = LaunchConfig(**{key: value for key, value in settings.items() if key in known})
-    with Watchdog(job.launch.timeout_s) as watchdog:
+    with Watchdog(job.launch.timeout_s) as watchdog, _pids_the_agent_stops() as stopped_pids:
         try:
             elastic_launch(config, entrypoint)(*args)
-            return LaunchResult(0, "all ranks finished")
+            result = LaunchResult(0, "all ranks finished")
         except ChildFailedError as err:
-            rank, failure = _root_failure(err)
-            code = failure.exitcode
-            hint = ""
-            if code < 0:
-                how = f"was killed by signal {signal_name(-code)}"
-                if -code == signal.SIGABRT:
-                    hint = exit_abort_hint(os.path.join(job.output.run_dir, "logs"), failure.local_rank)
-                code = 128 - code
-            else:
-                how = f"exited with code {code}"
-            detail = error_message(failure) or (
-                last_words(os.path.join(job.output.run_dir, "logs"), failure.local_rank) if code > 0 else "")
-            message = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}"
-            if detail:
-                message += f": {detail}" + missing_module_hint(detail, job.launch.backend)
-            others = sorted(r for r in err.failures if r != rank)
-            if others:
-                message += f" (also failed: ranks {others})"
-            if hint:
-                message += f"; {hint}"
-            return LaunchResult(code or 1, message, rank,
-                                {r: {"exitcode": f.exitcode, "pid": f.pid} for r, f in err.failures.items()})
+            result = _child_failed(err, job, stopped_pids)
         except SignalException as exc:
             signum = int(exc.sigval)
             if watchdog.fired:
@@ -325,6 +322,73 @@ def _launch_elastic_now(job: JobConfig) -> LaunchResult:
             return LaunchResult(128 + signum, f"interrupted by {signal_name(signum)}; all ranks stopped")
         except Exception as exc:  # rendezvous / store errors: before any rank ran
             return LaunchResult(1, _launch_error(exc, job, port))
+    return _with_restarts(result, job, getattr(config.logs_specs, "_run_log_dir", None))
+
+
+@contextlib.contextmanager
+def _pids_the_agent_stops():
+    """The pids torch elastic's agent sends its closing signal (SIGTERM, then SIGKILL where a process is still there
+    after the shutdown timeout), read off its log records as it stops the ranks after a failure: those ranks ended
+    because of the stop, whatever signal ended them."""
+    import logging
+
+    stopped: set[int] = set()
+
+    def note(record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Sending process %s closing signal") and record.args:
+            stopped.add(int(record.args[0]))
+        return True
+
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    logger.addFilter(note)
+    try:
+        yield stopped
+    finally:
+        logger.removeFilter(note)
+
+
+def _child_failed(err, job: JobConfig, stopped_pids: frozenset = frozenset()) -> LaunchResult:
+    """The launch's result where a rank failed: the rank whose failure stopped the job named, with its cause."""
+    rank, failure = _root_failure(err, stopped_pids)
+    code = failure.exitcode
+    hint = ""
+    if code < 0:
+        how = f"was killed by signal {signal_name(-code)}"
+        if -code == signal.SIGABRT:
+            hint = exit_abort_hint(os.path.join(job.output.run_dir, "logs"), failure.local_rank)
+        code = 128 - code
+    else:
+        how = f"exited with code {code}"
+    detail = error_message(failure) or (
+        last_words(os.path.join(job.output.run_dir, "logs"), failure.local_rank) if code > 0 else "")
+    message = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}"
+    if detail:
+        message += f": {detail}" + missing_module_hint(detail, job.launch.backend)
+    others = sorted(r for r in err.failures if r != rank)
+    if others:
+        message += f" (also failed: ranks {others})"
+    if hint:
+        message += f"; {hint}"
+    return LaunchResult(code or 1, message, rank,
+                        {r: {"exitcode": f.exitcode, "pid": f.pid} for r, f in err.failures.items()})
+
+
+def _with_restarts(result: LaunchResult, job: JobConfig, run_log_dir: Optional[str]) -> LaunchResult:
+    """A launch torch elastic restarted (--max-restarts): each failed attempt named in the result's relaunches (the
+    run's summary and manifest say them), with where its files went; the outcome says which attempt it was."""
+    from dprorun.layout import FAILED_ATTEMPT_DIR
+
+    failed = failed_attempts(run_log_dir, job.launch.node_rank * job.launch.nproc_per_node, CONSEQUENTIAL_ERRORS)
+    if not failed:
+        return result
+    for attempt in failed:
+        kept = os.path.join(job.output.run_dir, FAILED_ATTEMPT_DIR.format(attempt.attempt))
+        where = f"; its files are in {kept}" if os.path.isdir(kept) else "; it left no profile"
+        result.relaunches.append(f"torch elastic restarted the ranks after attempt {attempt.attempt} failed "
+                                 f"(--max-restarts {job.launch.agent.max_restarts}): {attempt.cause}{where}")
+    last = failed[-1].attempt + 1
+    result.message += f" (attempt {last}, after {len(failed)} restart{'s' if len(failed) > 1 else ''})"
+    return result
 
 
 # what a rank raises because another rank failed first: Horovod shut down, a gloo peer's connection closed,
@@ -350,17 +414,21 @@ def missing_module_hint(detail: str, backend: str) -> str:
     return ""
 
 
-def _root_failure(err) -> tuple[int, object]:
+def _root_failure(err, stopped_pids=frozenset()) -> tuple[int, object]:
     """The failure that caused the stop. A rank killed by a signal (SIGKILL from the OOM killer, SIGSEGV) comes
     first: the others then fail because their peer vanished (gloo raises) or because the agent stopped them
     (SIGTERM), and either can be stamped earlier, as a killed rank leaves no error file. Then ranks that exited
     with an error of their own, then those whose error says a peer failed first (a TensorFlow collective aborted as
     its peer's socket closed can be stamped before the peer's own error: seen in CI), then the rest; the earliest
-    within a class."""
+    within a class. A rank the agent stopped (`stopped_pids`, its SIGTERM sent) is of the rest, also where its
+    SIGKILL ended it: a rank waiting in C++ for a peer (a store's wait in init_process_group while the peer failed
+    before it) does not run the hooks' SIGTERM handler, and the agent's SIGKILL 5 s later was named as the cause."""
     def rank_of(item) -> tuple:
         rank, failure = item
         code = failure.exitcode
-        if code < 0 and code != -signal.SIGTERM:
+        if failure.pid in stopped_pids and code in (-signal.SIGTERM, -signal.SIGKILL):
+            cls = 3  # the agent's own stop: SIGKILLed when it outlived the SIGTERM (a wait in C++ for a peer)
+        elif code < 0 and code != -signal.SIGTERM:
             cls = 0
         elif code not in (-signal.SIGTERM, 128 + signal.SIGTERM):
             cls = 2 if _failed_because_of_a_peer(failure) else 1
@@ -404,7 +472,8 @@ AGENT_FIELDS = (("numa_binding", "numa_options", "--numa-binding"),
                 ("duplicate_stdout_filters", "duplicate_stdout_filters", "--duplicate-stdout-filters"),
                 ("duplicate_stderr_filters", "duplicate_stderr_filters", "--duplicate-stderr-filters"),
                 ("virtual_local_rank", "virtual_local_rank", "--virtual-local-rank"),
-                ("shutdown_timeout_s", "shutdown_timeout", "--shutdown-timeout"))
+                ("shutdown_timeout_s", "shutdown_timeout", "--shutdown-timeout"),
+                ("max_restarts", "max_restarts", "--max-restarts"))
 
 
 def _agent_given(agent: ElasticAgentOptions) -> list[tuple[str, object, str]]:
@@ -437,7 +506,7 @@ def _launch_torchrun(job: JobConfig) -> LaunchResult:
            f"--nnodes={job.launch.nnodes}", f"--nproc-per-node={job.launch.nproc_per_node}",
            f"--node-rank={job.launch.node_rank}", f"--master-addr={job.launch.master_addr}",
            f"--master-port={job.launch.master_port or free_port(job.launch.master_addr)}",
-           f"--rdzv-id={job.profile.job_id}", "--max-restarts=0", "--tee=3", f"--role={job.launch.role}",
+           f"--rdzv-id={job.profile.job_id}", "--tee=3", f"--role={job.launch.role}",
            *([f"--local-ranks-filter={','.join(map(str, job.launch.console_ranks))}"] if job.launch.console_ranks
              else []),
            f"--log-dir={os.path.join(job.output.run_dir, 'logs')}", *_agent_flags(job.launch.agent)]

@@ -4,6 +4,7 @@ split into executable and arguments, the --timeout watchdog, and the wording of 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -252,6 +253,44 @@ def error_message(failure) -> str:
     if not text or text.startswith("To enable traceback") or text == "<N/A>":
         return ""
     return cause_line(text)[:300]
+
+
+@dataclass
+class FailedAttempt:
+    """An attempt of a job that torch elastic restarted (--max-restarts): which, and what its ranks' error files say."""
+
+    attempt: int
+    cause: str  # "rank R (local rank L): <the error's line>", or why none was recorded
+
+
+def failed_attempts(run_log_dir: Optional[str], first_rank: int, consequential: tuple[str, ...]) -> list[FailedAttempt]:
+    """The attempts before the last in torch elastic's log folder of one launch (`<run>/attempt_<n>/`), each with
+    its cause read from its ranks' error files (`<local_rank>/error.json`, written where a rank raised): an error of
+    the rank's own before one that says a peer failed first (`consequential`), the earliest within each."""
+    if not run_log_dir or not os.path.isdir(run_log_dir):
+        return []
+    attempts = sorted(int(name[8:]) for name in os.listdir(run_log_dir)
+                      if name.startswith("attempt_") and name[8:].isdigit())
+    found = []
+    for attempt in attempts[:-1]:
+        errors = []
+        folder = os.path.join(run_log_dir, f"attempt_{attempt}")
+        for name in [name for name in os.listdir(folder) if name.isdigit()]:
+            try:
+                with open(os.path.join(folder, name, "error.json"), encoding="utf-8") as handle:
+                    record = json.load(handle).get("message", {})
+            except (OSError, ValueError, AttributeError):
+                continue
+            text = record.get("message", "") if isinstance(record, dict) else str(record)
+            stamp = (record.get("extraInfo") or {}).get("timestamp", "0") if isinstance(record, dict) else "0"
+            errors.append((any(mark in text for mark in consequential), int(stamp or 0), int(name), cause_line(text)))
+        if errors:
+            _, _, local_rank, line = min(errors)
+            cause = f"rank {first_rank + local_rank} (local rank {local_rank}): {line[:300]}"
+        else:
+            cause = f"no rank recorded an error (killed by a signal?); its logs: {folder}"
+        found.append(FailedAttempt(attempt, cause))
+    return found
 
 
 TF_NODE_NOTE = "[[{{node"  # the line TensorFlow ends an op's error with, after the cause

@@ -85,7 +85,9 @@ def agent_options(args: argparse.Namespace) -> ElasticAgentOptions:
                                 duplicate_stdout_filters=words(args.duplicate_stdout_filters),
                                 duplicate_stderr_filters=words(args.duplicate_stderr_filters),
                                 virtual_local_rank=args.virtual_local_rank, event_log_handler=args.event_log_handler,
-                                shutdown_timeout_s=args.shutdown_timeout)
+                                shutdown_timeout_s=args.shutdown_timeout, max_restarts=args.max_restarts or None)
+    if (args.max_restarts or 0) < 0:
+        raise ValueError(f"--max-restarts {args.max_restarts}: a number of restarts, 0 or more")
     if agent.numa_binding:
         import torch
 
@@ -94,6 +96,6 @@ def agent_options(args: argparse.Namespace) -> ElasticAgentOptions:
                              "this machine has no CUDA GPU (torchrun's ranks fail the same way); leave it out")
     if agent.given() and args.backend != "ddp":
         raise ValueError("torchrun's --numa-binding, --signals-to-handle, --duplicate-*-filters, --virtual-local-rank, "
-                         f"--event-log-handler and --shutdown-timeout set torch elastic's agent, which --backend "
-                         f"{args.backend} does not launch through; leave them out")
+                         "--event-log-handler, --shutdown-timeout and --max-restarts set torch elastic's agent, which "
+                         f"--backend {args.backend} does not launch through; leave them out")
     return agent

@@ -396,3 +396,96 @@ def test_a_teardown_while_a_rank_waits_in_a_collective_ends_in_bounded_time(tmp_
         assert len(events["iteration_starts_us"]) >= 3
     assert "without tearing its process group down" not in proc.stdout
     assert "torch.profiler was started in the script's thread" in proc.stderr
+
+
+FAULT_TOLERANT = """
+import os
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank, attempt = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+snapshot = os.environ["SNAPSHOT"]
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+start = 0
+if os.path.exists(snapshot):  # the snapshot of torchrun's fault-tolerance tutorial: resume where it was taken
+    state = torch.load(snapshot)
+    model.load_state_dict(state["model"]), opt.load_state_dict(state["opt"])
+    start = state["step"]
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for step in range(start, 30):
+    opt.zero_grad()
+    ddp(torch.randn(32, 64)).pow(2).mean().backward()
+    opt.step()
+    if rank == 0 and step % 10 == 9:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, snapshot + ".tmp")
+        os.replace(snapshot + ".tmp", snapshot)
+    if rank == 1 and step == int(os.environ.get("FAIL_AT", "12")) and attempt < 2:
+        raise RuntimeError(f"injected fault at step {step} in attempt {attempt}")
+dist.destroy_process_group()
+"""
+
+
+def test_a_job_torch_elastic_restarts_keeps_the_last_attempts_profile_and_names_each_failure(tmp_path):
+    """torchrun's --max-restarts with a script that resumes from its snapshot: rank 1 fails in attempts 0 and 1,
+    attempt 2 completes. Each attempt's files stay apart (the run's folders are the last attempt's, the others in
+    failed_attempt_<n>/), each failure is named, and attempt 1 connects at all: torch's static rendezvous handed the
+    new attempt the store of the one before, whose keys held the dead ranks' addresses (gloo's "connectFullMesh
+    failed ... Connection refused" in attempt 1, under torchrun too; dprorun refused --max-restarts before)."""
+    script = tmp_path / "fault_tolerant.py"
+    script.write_text(FAULT_TOLERANT)
+    run = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--max-restarts", "3", "--warmup", "1", "--active", "2", "--kineto-iters", "1",
+                           "--clean", "1", "python", str(script)], run, timeout=240,
+                          env={"SNAPSHOT": str(tmp_path / "snapshot.pt")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["message"] == "all ranks finished (attempt 2, after 2 restarts)"
+    assert len(manifest["relaunches"]) == 2, manifest["relaunches"]
+    for attempt, why in enumerate(manifest["relaunches"]):
+        assert f"after attempt {attempt} failed (--max-restarts 3): rank 1 (local rank 1): RuntimeError: injected " \
+               f"fault at step 12 in attempt {attempt}" in why, why
+        assert f"failed_attempt_{attempt}" in why and f"failed_attempt_{attempt}" in proc.stderr
+    # attempt 0 ended its window (steps 0-4) before the fault: its files, complete, set aside with the manifest
+    kept = run / "failed_attempt_0"
+    assert (kept / "manifest.json").exists()
+    assert all((kept / f"rank_{r}" / "events.json").exists() for r in (0, 1))
+    assert sorted(os.listdir(run / "failed_attempt_1")) == ["manifest.json", "rank_0", "rank_1"]
+    # the run's own folders: attempt 2's, profiled and summarized
+    events = json.loads((run / "rank_1" / "events.json").read_text())
+    assert not any("injected" in w for w in events.get("warnings", [])), events.get("warnings")
+    assert (run / "summary.json").exists() and "dprorun summary" in proc.stdout
+
+
+def test_a_rank_failing_before_init_process_group_is_the_cause_and_the_peer_leaves_at_once(tmp_path):
+    """Rank 1 raises before init_process_group while rank 0 waits for it in the store (C++, where the hooks' SIGTERM
+    handler cannot run): torch elastic's agent SIGKILLed rank 0 30 s after its SIGTERM, and that SIGKILL was named
+    as the job's cause (exit 137, 33 s). torchrun names rank 1's error, exit 1, in 3.5 s: so does dprorun now (rank
+    0 leaves a second after the SIGTERM; the SIGKILL of a rank the agent stopped is no cause: test_units.py)."""
+    script = tmp_path / "early.py"
+    script.write_text("import os\nimport torch.distributed as dist\nif os.environ['RANK'] == '1':\n"
+                      "    raise FileNotFoundError('shard_1.bin is missing on this rank')\n"
+                      "dist.init_process_group('gloo')\n")
+    proc, elapsed = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: rank 1 (local rank 1" in proc.stderr and "FileNotFoundError: shard_1.bin is missing" in proc.stderr
+    assert "Unable to shutdown process" not in proc.stderr and elapsed < 20, (elapsed, proc.stderr[-3000:])
+
+
+def test_a_rank_failing_in_the_windows_last_step_leaves_its_peer_waiting_in_the_gather_for_a_second_only(tmp_path):
+    """Rank 1 raises after the window's last step; rank 0 goes on to the end-of-window gather and waits in C++ for
+    rank 1 to make the gather's group. The agent SIGKILLed rank 0 30 s after its SIGTERM, named that SIGKILL as the
+    cause (exit 137, 35 s) and rank 0's clean iterations were never written; now the hooks' watcher thread keeps
+    rank 0's records a second after the SIGTERM and ends it (6 s)."""
+    script = tmp_path / "fault_tolerant.py"
+    script.write_text(FAULT_TOLERANT)
+    run = tmp_path / "run"
+    proc, elapsed = run_dprorun(["-np", "2", "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1",
+                                 "python", str(script)], run, timeout=120,
+                                env={"SNAPSHOT": str(tmp_path / "snapshot.pt"), "FAIL_AT": "2"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: rank 1 (local rank 1" in proc.stderr and "injected fault at step 2" in proc.stderr
+    assert "Unable to shutdown process" not in proc.stderr and elapsed < 20, (elapsed, proc.stderr[-3000:])
+    events = json.loads((run / "rank_0" / "events.json").read_text())
+    assert "stopped by SIGTERM" in events["warnings"], events["warnings"]
+    assert (run / "rank_0" / "clean.json").exists()

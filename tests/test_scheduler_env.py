@@ -308,8 +308,10 @@ def test_a_torchrun_launch_line_parses_as_it_is(monkeypatch):
     assert (job.launch.master_addr, job.launch.node_rank) == ("h0", 1)
     with pytest.raises(ValueError, match="give each node its --node-rank"):  # never two nodes 0
         job_from_args(parser.parse_args(["--nnodes=2", "--rdzv_endpoint=h0:29400", "train.py"]))
-    with pytest.raises(ValueError, match="dprorun restarts no rank"):
-        job_from_args(parser.parse_args(["--max_restarts=3", "train.py"]))
+    # torch elastic's restarts handed on (DDP jobs; tests/test_failures.py runs one), refused where no agent launches
+    assert job_from_args(parser.parse_args(["--max_restarts=3", "train.py"])).launch.agent.max_restarts == 3
+    with pytest.raises(ValueError, match="--max-restarts set torch elastic's agent, which --backend horovod"):
+        job_from_args(parser.parse_args(["--max-restarts=3", "--backend", "horovod", "train.py"]))
     assert job_from_args(parser.parse_args(["--nproc_per_node=cpu", "train.py"])).launch.nproc_per_node == \
         os.cpu_count()
     import torch

@@ -172,6 +172,13 @@ def test_the_reported_failure_is_the_cause_not_a_rank_stopped_at_teardown():
     own = ProcessFailure(local_rank=1, pid=101, exitcode=1, error_file="")
     own.timestamp, own.message = 11, {"message": "RuntimeError: injected failure at step 8"}
     assert _root_failure(ChildFailedError("train", {0: aborted, 1: own}))[0] == 1
+    # a rank the agent stopped (its SIGTERM sent) and then SIGKILLed, as it waited in C++ for a peer that had failed
+    # before init_process_group: the peer's own error is the cause (the SIGKILL was named before)
+    waited = ProcessFailure(local_rank=0, pid=100, exitcode=-9, error_file="")
+    missing = ProcessFailure(local_rank=1, pid=101, exitcode=1, error_file="")
+    waited.timestamp, missing.timestamp = 16, 10
+    assert _root_failure(ChildFailedError("train", {0: waited, 1: missing}), {100})[0] == 1
+    assert _root_failure(ChildFailedError("train", {0: waited, 1: missing}))[0] == 0  # not stopped: killed first
 
 
 def test_horovod_jobs_keep_their_thread_settings(monkeypatch):

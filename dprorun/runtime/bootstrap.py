@@ -16,6 +16,8 @@ import importlib.machinery
 import os
 import signal
 import sys
+import threading
+import time
 from typing import Callable, Optional
 
 from dprorun.runtime.raised import leave_an_mxnet_worker_that_raised, note_script_raised, note_uncaught_at_exit, \
@@ -123,6 +125,8 @@ def install(environ=os.environ) -> Optional[object]:
     rank = int(environ.get(prefix + "RANK", environ.get("DPRO_MX_INDEX", "0")))
     local_rank = int(environ.get(prefix + "LOCAL_RANK", "0"))
     world = int(environ.get(prefix + "SIZE" if horovod else "WORLD_SIZE", environ.get("DMLC_NUM_WORKER", "1")))
+    if not (horovod or mxnet_role) and int(environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
+        _set_aside_the_attempt_before(cfg.run_dir, rank, local_rank, environ)
     sess = RankSession(cfg, rank, local_rank, world)
     _SESSION = sess
     if not (horovod or mxnet_role):
@@ -146,6 +150,20 @@ def install(environ=os.environ) -> Optional[object]:
     _install_sigterm(sess)
     _guard_output_files(sess)
     return sess
+
+
+def _set_aside_the_attempt_before(run_dir: str, rank: int, local_rank: int, environ) -> None:
+    """torch elastic restarted the ranks (--max-restarts): the attempt before's files out of the rank folders (the
+    launcher names where they went)."""
+    from dprorun.layout import set_aside_a_failed_attempt
+    from dprorun.runtime.log import warn
+
+    attempt = int(environ["TORCHELASTIC_RESTART_COUNT"])
+    try:
+        set_aside_a_failed_attempt(run_dir, attempt, rank, local_rank, int(environ.get("LOCAL_WORLD_SIZE") or 1))
+    except OSError as exc:
+        warn(f"restart {attempt}: the attempt before's files could not be set aside ({exc}); this attempt's files "
+             "will replace them one by one")
 
 
 def _start_sampler(sess) -> None:
@@ -451,8 +469,13 @@ def _install_sigterm(sess) -> None:
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return  # the script (or a library) handles SIGTERM itself
 
+    stopping = threading.Lock()  # taken by whichever keeps the records: this handler or the watcher below
+
     def on_sigterm(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if not stopping.acquire(blocking=False):
+            stopping.acquire()  # the watcher keeps them and ends the process: no training on meanwhile
+            return
         try:
             if os.getpid() == sess.pid:  # not in a process forked from the rank (a pool's worker terminated)
                 sess.records.warnings.append("stopped by SIGTERM")
@@ -467,6 +490,46 @@ def _install_sigterm(sess) -> None:
     os.register_at_fork(after_in_child=lambda: _sigterm_default_in_child(on_sigterm))
     if sess.framework == "mxnet":
         _sigterm_watcher(sess)
+    else:
+        _sigterm_while_waiting_in_cxx(sess, stopping)
+
+
+def _sigterm_while_waiting_in_cxx(sess, stopping: threading.Lock) -> None:
+    """A rank waiting in C++ for a peer that is gone (init_process_group's store; the window's gather making its
+    group while the peer failed in the window's last step) does not return to Python, so the SIGTERM handler above
+    never runs, and torch elastic's agent SIGKILLed it 30 s later, its records lost (torchrun's rank, with SIGTERM's
+    default, leaves at once). A thread that the signal's wake-up byte reaches steps in when the handler has not
+    started a second later: it keeps the records (none before the first step) and ends the process. Not while the
+    profiler records (its stop belongs to the thread that started it: the rank is left to the agent then)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread
+        os.close(read_end)
+        os.close(write_end)
+        return
+
+    def watch() -> None:
+        while True:
+            data = os.read(read_end, 64)
+            if not data:
+                return
+            if signal.SIGTERM not in data or os.getpid() != sess.pid:
+                continue
+            time.sleep(1.0)
+            profiling = sess.phase == "active" or (sess.disabled and sess.profiler is not None)
+            if profiling or not stopping.acquire(blocking=False):
+                continue
+            try:
+                if sess.iteration >= 0:
+                    sess.records.warnings.append("stopped by SIGTERM")
+                    sess.at_exit()
+            finally:
+                os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="dprorun-sigterm-in-cxx", daemon=True).start()
+    os.register_at_fork(after_in_child=_wakeup_fd_off)
 
 
 def _sigterm_default_in_child(handler) -> None:
@@ -563,9 +626,9 @@ def _sigterm_pending_in_kernel() -> bool:
 
 
 def _wakeup_fd_off() -> None:
-    """In a process forked from an MXNet worker (a DataLoader's pool worker): the wake-up fd is the worker's pipe,
-    where a SIGTERM to the child (the pool's terminate at the loader's end) would reach the worker's watcher thread
-    and stop the worker."""
+    """In a process forked from a rank (a DataLoader's pool worker): the wake-up fd is the rank's pipe, where a
+    SIGTERM to the child (the pool's terminate at the loader's end) would reach the rank's watcher thread and stop
+    the rank."""
     try:
         signal.set_wakeup_fd(-1)
     except ValueError:
