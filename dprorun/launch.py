@@ -198,39 +198,67 @@ def _launch_once(job: JobConfig) -> LaunchResult:
 
 
 LOOPBACK_RENDEZVOUS = "dprorun-static-loopback"
+NODES_RENDEZVOUS = "dprorun-static"
 
 
-def _register_loopback_rendezvous() -> None:
-    """A static rendezvous whose store listens on the loopback address only, a new store for each attempt.
+def _register_rendezvous() -> None:
+    """torch's static rendezvous with a new store for each attempt, under two names of dprorun's own.
 
-    torch's TCPStore server listens on every interface whatever address it is given; for a single-node job
-    nothing outside this host needs it, so the store is handed a socket bound to 127.0.0.1 (TCPStore's
-    `master_listen_fd`), through torch elastic's own rendezvous registry. When torch elastic restarts the ranks
-    (--max-restarts), the next attempt gets a store of its own on a new port: its ranks take their store as it is
-    (torch's rendezvous counts on a new store for each retry), and torch's static rendezvous hands them the last
-    attempt's, whose keys then held the dead ranks' addresses (gloo "connectFullMesh failed ... Connection refused"
-    in the new attempt, under torchrun too)."""
+    LOOPBACK_RENDEZVOUS (one node): torch's TCPStore server listens on every interface whatever address it is
+    given; for a single-node job nothing outside this host needs it, so the store is handed a socket bound to
+    127.0.0.1 (TCPStore's `master_listen_fd`). NODES_RENDEZVOUS (across nodes): node 0's store as torch's.
+    When torch elastic restarts the ranks (--max-restarts), the next attempt gets a store of its own on a new port:
+    its ranks take their store as it is (torch's rendezvous counts on a new store for each retry), and torch's
+    static rendezvous hands them the last attempt's, whose keys then held the dead ranks' addresses (gloo
+    "connectFullMesh failed ... Connection refused" in the new attempt, under torchrun too). Across nodes, node 0
+    says the new store's port through the old store, which it keeps serving. (Names other than "static": torch's
+    launcher would otherwise pin the ranks to the first store's port.)"""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
 
     def next_rendezvous(handler):
         handler.rounds = getattr(handler, "rounds", 0) + 1
-        if handler.rounds > 1:  # a restart: a new store on a new port
-            handler.master_port = 0
-            _open_loopback_store(handler)
+        if handler.rounds > 1:  # a restart
+            if handler.get_backend() == LOOPBACK_RENDEZVOUS:
+                handler.master_port = 0
+                _open_loopback_store(handler)
+            else:
+                _next_store_across_nodes(handler)
         return type(handler).__mro__[1].next_rendezvous(handler)
 
-    def create(params):
-        handler = create_rdzv_handler(params)  # torch's static rendezvous, reporting this backend's name
-        handler.__class__ = type("LoopbackStaticTCPRendezvous", (type(handler),),
-                                 {"get_backend": lambda self: LOOPBACK_RENDEZVOUS, "next_rendezvous": next_rendezvous})
-        _open_loopback_store(handler)
-        return handler
+    def creator(name: str, loopback: bool):
+        def create(params):
+            handler = create_rdzv_handler(params)  # torch's static rendezvous, reporting this backend's name
+            handler.__class__ = type(f"Restartable{type(handler).__name__}", (type(handler),),
+                                     {"get_backend": lambda self: name, "next_rendezvous": next_rendezvous})
+            if loopback:
+                _open_loopback_store(handler)
+            return handler
+        return create
 
-    try:
-        rendezvous_handler_registry.register(LOOPBACK_RENDEZVOUS, create)
-    except ValueError:
-        pass  # already registered in this process (autotune launches several times)
+    for name, loopback in ((LOOPBACK_RENDEZVOUS, True), (NODES_RENDEZVOUS, False)):
+        try:
+            rendezvous_handler_registry.register(name, creator(name, loopback))
+        except ValueError:
+            pass  # already registered in this process (autotune launches several times)
+
+
+def _next_store_across_nodes(handler) -> None:
+    """A restart across nodes: node 0 opens a store on a free port and writes its port into the attempt before's
+    store (kept open for the other nodes to read it); the others wait for that key and join the new store."""
+    from torch.distributed import TCPStore
+
+    previous = handler._store
+    key = f"dprorun/store_of_round_{handler.rounds}"
+    if handler.rank == 0:
+        handler.earlier_stores = [*getattr(handler, "earlier_stores", []), previous]
+        handler._store = TCPStore(handler.master_addr, 0, handler.world_size, True, handler.timeout, multi_tenant=True,
+                                  wait_for_workers=False)  # the others learn its port after this
+        previous.set(key, str(handler._store.port))
+    else:
+        port = int(previous.get(key))  # waits as long as the store's timeout for node 0's restart
+        handler._store = TCPStore(handler.master_addr, port, handler.world_size, False, handler.timeout)
+    handler.master_port = handler._store.port
 
 
 def _open_loopback_store(handler) -> None:
@@ -284,9 +312,9 @@ def _launch_elastic_now(job: JobConfig) -> LaunchResult:
 
     port = job.launch.master_port or free_port(job.launch.master_addr if job.launch.nnodes == 1 else "0.0.0.0")
     entrypoint, args = split_command(job.command)
-    backend = "static"
+    _register_rendezvous()
+    backend = NODES_RENDEZVOUS
     if job.launch.nnodes == 1 and job.launch.master_addr in ("127.0.0.1", "localhost"):
-        _register_loopback_rendezvous()
         backend = LOOPBACK_RENDEZVOUS
     settings = dict(
         min_nodes=job.launch.nnodes,
@@ -514,7 +542,18 @@ def _launch_torchrun(job: JobConfig) -> LaunchResult:
         cmd += [a for a in args if a != "-u"]
     else:
         cmd += ["--no-python", entrypoint] + args
-    return _run_engine(cmd, job, "torchrun")
+    result = _run_engine(cmd, job, "torchrun")
+    return _with_restarts(result, job, _newest_log_run_dir(job)) if job.launch.agent.max_restarts else result
+
+
+def _newest_log_run_dir(job: JobConfig) -> Optional[str]:
+    """torch elastic's log folder of this job's newest launch (`RUN/logs/<job id>_<suffix>/`), None where none."""
+    logs = os.path.join(job.output.run_dir, "logs")
+    try:
+        runs = [os.path.join(logs, name) for name in os.listdir(logs) if name.startswith(job.profile.job_id + "_")]
+    except OSError:
+        return None
+    return max(runs, key=os.path.getmtime, default=None)
 
 
 HOROVOD_TIMELINE = "horovod_timeline.json"

@@ -285,8 +285,10 @@ def failed_attempts(run_log_dir: Optional[str], first_rank: int, consequential: 
             stamp = (record.get("extraInfo") or {}).get("timestamp", "0") if isinstance(record, dict) else "0"
             errors.append((any(mark in text for mark in consequential), int(stamp or 0), int(name), cause_line(text)))
         if errors:
-            _, _, local_rank, line = min(errors)
+            peer_first, _, local_rank, line = min(errors)
             cause = f"rank {first_rank + local_rank} (local rank {local_rank}): {line[:300]}"
+            if peer_first:  # every error here says a peer failed first: on another node, or killed
+                cause = f"a rank elsewhere failed first ({cause})"
         else:
             cause = f"no rank recorded an error (killed by a signal?); its logs: {folder}"
         found.append(FailedAttempt(attempt, cause))

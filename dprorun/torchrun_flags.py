@@ -3,6 +3,7 @@ torch elastic's agent (config.ElasticAgentOptions), those accepted and said to c
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Optional
 
 from dprorun.config import ElasticAgentOptions
@@ -88,6 +89,11 @@ def agent_options(args: argparse.Namespace) -> ElasticAgentOptions:
                                 shutdown_timeout_s=args.shutdown_timeout, max_restarts=args.max_restarts or None)
     if (args.max_restarts or 0) < 0:
         raise ValueError(f"--max-restarts {args.max_restarts}: a number of restarts, 0 or more")
+    if args.max_restarts and args.launcher == "torchrun":
+        print("dprorun: warning: --max-restarts under --launcher torchrun: torchrun's static rendezvous hands a "
+              "restarted attempt the store of the attempt before, whose ranks' addresses the new ranks may read and "
+              "fail to connect to (gloo's 'connectFullMesh failed'); dprorun's default launcher gives each attempt "
+              "a store of its own", file=sys.stderr, flush=True)
     if agent.numa_binding:
         import torch
 

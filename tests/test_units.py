@@ -1670,6 +1670,51 @@ def test_a_rank_leaving_with_a_message_and_no_exception_is_named_with_its_last_w
     assert exception_line(ValueError("bad shard")) == "ValueError: bad shard"
 
 
+def test_each_restart_gets_a_new_rendezvous_store_on_one_node_and_across_nodes():
+    """torch elastic restarting the ranks (--max-restarts) calls the rendezvous again; torch's static one handed
+    back the same store, whose keys from the attempt before (the dead ranks' gloo addresses) the new ranks read
+    ("connectFullMesh failed ... Connection refused"). Each round now has a store of its own, with none of the
+    keys before; across nodes node 0's new port reaches the other node through the old store."""
+    import threading
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+
+    from dprorun.launch import LOOPBACK_RENDEZVOUS, NODES_RENDEZVOUS, _register_rendezvous
+    from dprorun.procs import free_port
+
+    _register_rendezvous()
+    one = rendezvous_handler_registry.create_handler(RendezvousParameters(
+        backend=LOOPBACK_RENDEZVOUS, endpoint=f"127.0.0.1:{free_port('127.0.0.1')}", run_id="unit", min_nodes=1,
+        max_nodes=1, rank=0, timeout=10))
+    first = one.next_rendezvous()
+    first.store.set("rank_0", "dead address")
+    second = one.next_rendezvous()
+    assert second.bootstrap_store_info.master_port != first.bootstrap_store_info.master_port
+    assert first.store.check(["rank_0"]) and not second.store.check(["rank_0"])
+
+    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
+    nodes = [rendezvous_handler_registry.create_handler(RendezvousParameters(
+        backend=NODES_RENDEZVOUS, endpoint=endpoint, run_id="unit", min_nodes=2, max_nodes=2, rank=rank,
+        timeout=20)) for rank in (0, 1)]
+    rounds = {0: [], 1: []}
+
+    def node(rank: int) -> None:
+        for _ in range(3):
+            info = nodes[rank].next_rendezvous()
+            rounds[rank].append(info)
+            info.store.set(f"node_{rank}", "here")  # each round's keys, seen by both nodes of that round alone
+            info.store.wait([f"node_{1 - rank}"])
+
+    threads = [threading.Thread(target=node, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    ports = [[info.bootstrap_store_info.master_port for info in rounds[rank]] for rank in (0, 1)]
+    assert len(ports[0]) == 3 and ports[0] == ports[1] and len(set(ports[0])) == 3, ports
+    assert all(info.store.num_keys() >= 2 for info in rounds[1])
+
+
 def test_the_loopback_rendezvous_store_owns_its_listening_socket():
     """dprorun's single-host rendezvous hands TCPStore a socket bound to 127.0.0.1; the store closes that descriptor
     when it goes. The Python socket object kept beside it closed the same number again at garbage collection (a
@@ -1681,10 +1726,10 @@ def test_the_loopback_rendezvous_store_owns_its_listening_socket():
 
     from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 
-    from dprorun.launch import LOOPBACK_RENDEZVOUS, _register_loopback_rendezvous
+    from dprorun.launch import LOOPBACK_RENDEZVOUS, _register_rendezvous
     from dprorun.procs import free_port
 
-    _register_loopback_rendezvous()
+    _register_rendezvous()
     params = RendezvousParameters(backend=LOOPBACK_RENDEZVOUS, endpoint=f"127.0.0.1:{free_port('127.0.0.1')}",
                                   run_id="unit", min_nodes=1, max_nodes=1, rank=0, timeout=10)
     handler = rendezvous_handler_registry.create_handler(params)
