@@ -1671,3 +1671,43 @@ def test_a_metered_forward_that_raises_leaves_no_hooks_of_dprorun_behind(tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     memory = json.loads((run_dir / "rank_0" / "events.json").read_text())["memory"]
     assert memory.get("activation_bytes", 0) > 0
+
+
+PREEMPTIBLE = """
+import signal, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 32))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+preempted = []
+signal.signal(signal.SIGTERM, lambda signum, frame: preempted.append(signum))  # the script's own: checkpoint, leave
+for step in range(100000):
+    if preempted:
+        time.sleep(2)  # a checkpoint that takes a while to write
+        torch.save(model.state_dict(), sys.argv[1])
+        sys.exit(0)
+    opt.zero_grad()
+    model(torch.randn(8, 32)).sum().backward()
+    opt.step()
+"""
+
+
+def test_a_scripts_own_sigterm_handler_gets_the_time_it_takes(tmp_path):
+    """A preemptible script handles SIGTERM itself (a checkpoint, then exit): the hooks' thread that ends a rank
+    waiting in C++ a second after a SIGTERM must leave such a script be (it ended it before its checkpoint)."""
+    import signal
+    import time
+
+    script, checkpoint, run_dir = tmp_path / "preemptible.py", tmp_path / "checkpoint.pt", tmp_path / "run"
+    script.write_text(PREEMPTIBLE)
+    proc = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "-np", "1",
+                             "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1", "-q", "python",
+                             str(script), str(checkpoint)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (run_dir / "rank_0" / "clean.json").exists():
+        time.sleep(0.2)
+    assert (run_dir / "rank_0" / "clean.json").exists(), "the job never reached the end of its clean iterations"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert checkpoint.exists(), stderr[-3000:]

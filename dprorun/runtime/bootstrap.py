@@ -491,16 +491,17 @@ def _install_sigterm(sess) -> None:
     if sess.framework == "mxnet":
         _sigterm_watcher(sess)
     else:
-        _sigterm_while_waiting_in_cxx(sess, stopping)
+        _sigterm_while_waiting_in_cxx(sess, stopping, on_sigterm)
 
 
-def _sigterm_while_waiting_in_cxx(sess, stopping: threading.Lock) -> None:
+def _sigterm_while_waiting_in_cxx(sess, stopping: threading.Lock, handler: Callable) -> None:
     """A rank waiting in C++ for a peer that is gone (init_process_group's store; the window's gather making its
     group while the peer failed in the window's last step) does not return to Python, so the SIGTERM handler above
     never runs, and torch elastic's agent SIGKILLed it 30 s later, its records lost (torchrun's rank, with SIGTERM's
     default, leaves at once). A thread that the signal's wake-up byte reaches steps in when the handler has not
     started a second later: it keeps the records (none before the first step) and ends the process. Not while the
-    profiler records (its stop belongs to the thread that started it: the rank is left to the agent then)."""
+    profiler records (its stop belongs to the thread that started it: the rank is left to the agent then), nor
+    where the script has put a SIGTERM handler of its own in place of the hooks' (a preempted job's checkpoint)."""
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     try:
@@ -519,7 +520,7 @@ def _sigterm_while_waiting_in_cxx(sess, stopping: threading.Lock) -> None:
                 continue
             time.sleep(1.0)
             profiling = sess.phase == "active" or (sess.disabled and sess.profiler is not None)
-            if profiling or not stopping.acquire(blocking=False):
+            if profiling or signal.getsignal(signal.SIGTERM) is not handler or not stopping.acquire(blocking=False):
                 continue
             try:
                 if sess.iteration >= 0:
