@@ -375,6 +375,10 @@ JOBS = {
     "ddp-wgan-gp-gradient-penalty-double-backward": ([], "session57.py", ["--gradient-penalty"], "torch"),
     "ddp-experts-routed-per-rank-find-unused": ([], "session57.py", ["--experts"], "torch"),
     "ddp-weight-norm-parametrizations-and-pruning": ([], "session57.py", ["--parametrized"], "torch"),
+    "ddp-fault-tolerant-snapshot-max-restarts-2": (["--max-restarts", "2"], "session58.py",
+                                                   ["--fault-tolerant", "--steps", "60"], "torch"),
+    "ddp-moco-shuffle-bn-momentum-encoder-queue": ([], "session58.py", ["--moco"], "torch"),
+    "ddp-preemptible-own-sigterm-handler-adamax": ([], "session58.py", ["--preemptible"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
