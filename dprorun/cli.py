@@ -610,10 +610,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             return run_autotune(job, launch, finalize_run)
         result = launch(job)
+        return finalize_run(job, result)
     except (ValueError, FileNotFoundError) as exc:
         print(f"dprorun: error: {exc}", file=sys.stderr)
         return 2
-    return finalize_run(job, result)
+    except KeyboardInterrupt:  # Ctrl-C outside a launch (which stops the ranks itself): the job-end analysis
+        print(f"\ndprorun: interrupted (SIGINT); the run directory is kept: {job.output.run_dir} (`dpro summary` and "
+              "`dpro report` analyze what it holds)", file=sys.stderr)
+        return 130
 
 
 def console_main(argv: Optional[Sequence[str]] = None) -> int:

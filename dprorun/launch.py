@@ -24,7 +24,8 @@ from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 from dprorun.layout import rank_folders
 # the shared process helpers, importable from here as before
 from dprorun.procs import LaunchResult, Watchdog, error_line, error_message, exit_abort_hint, failed_attempts, \
-    free_port, last_words, rank_environment, signal_name, split_command, stop_process_tree
+    free_port, last_words, launcher_signal_handlers_restored, rank_environment, signal_name, split_command, \
+    stop_process_tree
 
 
 def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) -> str:
@@ -104,14 +105,16 @@ TF_STOP_CRASH_LAUNCHES = 4
 def launch(job: JobConfig) -> LaunchResult:
     """Launch the job; one that failed because a worker died inside TensorFlow's profiler stop is launched again
     (`relaunch_after_tf_stop_crash`)."""
-    result = _launch_once(job)
+    with launcher_signal_handlers_restored():
+        result = _launch_once(job)
     relaunches, elapsed_s = [], result.elapsed_s
     while result.exit_code != 0 and job.profile.launch_attempt < TF_STOP_CRASH_LAUNCHES:
         why = relaunch_after_tf_stop_crash(job, result)
         if not why:
             break
         relaunches.append(why)
-        result = _launch_once(job)
+        with launcher_signal_handlers_restored():
+            result = _launch_once(job)
         elapsed_s += result.elapsed_s
     result.relaunches, result.elapsed_s = relaunches + result.relaunches, elapsed_s
     return result

@@ -595,6 +595,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (UnanswerableError, argparse.ArgumentTypeError) as exc:  # a question the run cannot answer, bad flags
         print(f"dpro: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: nothing of the run was being written that a later command needs
+        print("\ndpro: interrupted (SIGINT)", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the output went into `head` or the like, which stopped reading: end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
         return 141  # 128 + SIGPIPE, as a process the signal ended

@@ -255,6 +255,30 @@ def error_message(failure) -> str:
     return cause_line(text)[:300]
 
 
+# the signals torch elastic's process context takes over in the launcher (its default TORCHELASTIC_SIGNALS_TO_HANDLE)
+ENGINE_HANDLED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+@contextlib.contextmanager
+def launcher_signal_handlers_restored():
+    """The launcher's signal handlers as they were before a launch: torch elastic's process context replaces them
+    with its own, which raises SignalException (an Exception) and stays after the launch, so that a Ctrl-C during
+    the job-end analysis was caught as an analysis failure ("clock alignment failed: Process N got signal: 2") and
+    the command went on to exit 0."""
+    names = {*ENGINE_HANDLED_SIGNALS, *os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "").split(",")}
+    signums = {getattr(signal, name.strip()) for name in names if hasattr(signal, name.strip())}
+    saved = {signum: signal.getsignal(signum) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:
+                try:
+                    signal.signal(signum, handler)
+                except ValueError:  # not the main thread: nothing was replaced there either
+                    pass
+
+
 @dataclass
 class FailedAttempt:
     """An attempt of a job that torch elastic restarted (--max-restarts): which, and what its ranks' error files say."""

@@ -1711,3 +1711,29 @@ def test_a_scripts_own_sigterm_handler_gets_the_time_it_takes(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert checkpoint.exists(), stderr[-3000:]
+
+
+def test_ctrl_c_during_the_job_end_analysis_stops_it_and_keeps_the_run(tmp_path):
+    """torch elastic's signal handlers stayed in the launcher after the launch: a Ctrl-C while dprorun read and
+    aligned the traces was caught as an analysis failure ("clock alignment failed: Process N got signal: 2"), the
+    analysis went on and the command exited 0. Now the launcher's own handlers are back after the launch: exit 130,
+    said, and the run directory kept for `dpro summary`."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, DPRO_REPORT="1", PYTHONUNBUFFERED="1")  # the report's curves: seconds of analysis left
+    proc = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "-np", "2",
+                             "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "40"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if line.startswith("dprorun: reading the traces"):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert proc.returncode == 130, "".join(said)[-2000:] + rest[-2000:]
+    assert "dprorun: interrupted (SIGINT); the run directory is kept" in rest and "alignment failed" not in rest
+    assert (run_dir / "rank_0" / "events.json").exists() and (run_dir / "manifest.json").exists()
