@@ -52,20 +52,23 @@ FAILED_ATTEMPT_DIR = "failed_attempt_{}"
 def set_aside_a_failed_attempt(run_dir: str, attempt: int, rank: int, local_rank: int, local_world_size: int) -> str:
     """In a rank of torch elastic's restart `attempt` (TORCHELASTIC_RESTART_COUNT > 0), before it writes anything:
     the files the attempt before left in its folder moved to RUN/failed_attempt_<attempt - 1>/, so that no rank
-    folder mixes two attempts (one whose window ended and one whose window did not). Local rank 0 also moves the
-    folders of ranks on other nodes (their files gathered here by that attempt); each folder has one mover. The
+    folder mixes two attempts (one whose window ended and one whose window did not). Rank 0 also moves the folders
+    of ranks on other nodes (their files gathered to node 0 by that attempt). The
     manifest goes along as a copy (the folder is then a run directory of its own to `dpro summary`). Returns the
     folder the files went to, "" where there were none."""
     kept = os.path.join(run_dir, FAILED_ATTEMPT_DIR.format(attempt - 1))
     node_ranks = range(rank - local_rank, rank - local_rank + local_world_size)
     movers = {r: folder for r, folder in rank_folders(run_dir).items()
-              if r == rank or (local_rank == 0 and r not in node_ranks)}
+              if r == rank or (rank == 0 and r not in node_ranks)}
     for folder in movers.values():
         os.makedirs(kept, mode=0o700, exist_ok=True)
         target = os.path.join(kept, os.path.basename(folder))
         if os.path.exists(target):  # the same attempt's folder already set aside (a rank started twice): kept too
             target += f".{os.getpid()}"
-        os.replace(folder, target)
+        try:
+            os.replace(folder, target)
+        except FileNotFoundError:  # a run directory the nodes share: the folder's own rank moved it first
+            pass
     manifest = os.path.join(run_dir, MANIFEST_FILE)
     if rank == 0 and movers and os.path.exists(manifest):
         shutil.copyfile(manifest, os.path.join(kept, MANIFEST_FILE))
