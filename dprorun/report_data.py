@@ -159,7 +159,10 @@ def build_report(analysis: "RunAnalysis", whatif_time_budget_s: float = 60.0,
                                                     "offsets_us": alignment.offsets_us,
                                                     "uncertainty_us": alignment.to_json()["uncertainty_us"],
                                                     "warnings": alignment.warnings},
-                  "measured_timeline": _measured_timeline(run), "samples": _samples(run), "notes": []}
+                  "measured_timeline": _measured_timeline(run), "samples": _samples(run),
+                  # a job launched again (TensorFlow's profiler stop) or restarted by torch elastic (--max-restarts):
+                  # the page shows the last launch's or attempt's profile, and says why there were others
+                  "notes": [str(why) for why in (run.manifest or {}).get("relaunches") or []]}
     try:
         model = analysis.model
         prediction = analysis.prediction

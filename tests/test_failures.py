@@ -437,7 +437,7 @@ def test_a_job_torch_elastic_restarts_keeps_the_last_attempts_profile_and_names_
     run = tmp_path / "run"
     proc, _ = run_dprorun(["-np", "2", "--max-restarts", "3", "--warmup", "1", "--active", "2", "--kineto-iters", "1",
                            "--clean", "1", "python", str(script)], run, timeout=240,
-                          env={"SNAPSHOT": str(tmp_path / "snapshot.pt")})
+                          env={"SNAPSHOT": str(tmp_path / "snapshot.pt"), "DPRO_REPORT": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["message"] == "all ranks finished (attempt 2, after 2 restarts)"
@@ -455,6 +455,7 @@ def test_a_job_torch_elastic_restarts_keeps_the_last_attempts_profile_and_names_
     events = json.loads((run / "rank_1" / "events.json").read_text())
     assert not any("injected" in w for w in events.get("warnings", [])), events.get("warnings")
     assert (run / "summary.json").exists() and "dprorun summary" in proc.stdout
+    assert "torch elastic restarted the ranks after attempt 1 failed" in (run / "report.html").read_text()
 
 
 def test_a_rank_failing_before_init_process_group_is_the_cause_and_the_peer_leaves_at_once(tmp_path):
