@@ -340,12 +340,12 @@ def _launch_elastic_now(job: JobConfig) -> LaunchResult:
     settings.update(_agent_settings(job.launch.agent))
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
     config = LaunchConfig(**{key: value for key, value in settings.items() if key in known})
-    with Watchdog(job.launch.timeout_s) as watchdog, _pids_the_agent_stops() as stopped_pids:
+    with Watchdog(job.launch.timeout_s) as watchdog, _what_the_agent_logs() as agent_log:
         try:
             elastic_launch(config, entrypoint)(*args)
             result = LaunchResult(0, "all ranks finished")
         except ChildFailedError as err:
-            result = _child_failed(err, job, stopped_pids)
+            result = _child_failed(err, job, agent_log.stopped_pids)
         except SignalException as exc:
             signum = int(exc.sigval)
             if watchdog.fired:
@@ -353,27 +353,38 @@ def _launch_elastic_now(job: JobConfig) -> LaunchResult:
             return LaunchResult(128 + signum, f"interrupted by {signal_name(signum)}; all ranks stopped")
         except Exception as exc:  # rendezvous / store errors: before any rank ran
             return LaunchResult(1, _launch_error(exc, job, port))
-    return _with_restarts(result, job, getattr(config.logs_specs, "_run_log_dir", None))
+    return _with_restarts(result, job, getattr(config.logs_specs, "_run_log_dir", None), agent_log.first_failures)
+
+
+@dataclasses.dataclass
+class AgentLog:
+    """What torch elastic's agent logs as it stops ranks after a failure, read off its log records."""
+
+    stopped_pids: set = dataclasses.field(default_factory=set)  # sent its closing signal (SIGTERM, SIGKILL after)
+    first_failures: list = dataclasses.field(default_factory=list)  # (exit code, local rank), one per failed attempt
 
 
 @contextlib.contextmanager
-def _pids_the_agent_stops():
-    """The pids torch elastic's agent sends its closing signal (SIGTERM, then SIGKILL where a process is still there
-    after the shutdown timeout), read off its log records as it stops the ranks after a failure: those ranks ended
-    because of the stop, whatever signal ended them."""
+def _what_the_agent_logs():
+    """The agent's log records during a launch: the pids it sends its closing signal (those ranks ended because of
+    the stop, whatever signal ended them) and each failed attempt's first failure (a rank the OOM killer ended
+    leaves no error file; with --max-restarts the agent's record is what names it)."""
     import logging
 
-    stopped: set[int] = set()
+    seen = AgentLog()
 
     def note(record: logging.LogRecord) -> bool:
-        if str(record.msg).startswith("Sending process %s closing signal") and record.args:
-            stopped.add(int(record.args[0]))
+        message = str(record.msg)
+        if message.startswith("Sending process %s closing signal") and record.args:
+            seen.stopped_pids.add(int(record.args[0]))
+        elif message.startswith("failed (exitcode: %s) local_rank: %s") and len(record.args or ()) >= 2:
+            seen.first_failures.append((int(record.args[0]), int(record.args[1])))
         return True
 
     logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     logger.addFilter(note)
     try:
-        yield stopped
+        yield seen
     finally:
         logger.removeFilter(note)
 
@@ -404,12 +415,14 @@ def _child_failed(err, job: JobConfig, stopped_pids: frozenset = frozenset()) ->
                         {r: {"exitcode": f.exitcode, "pid": f.pid} for r, f in err.failures.items()})
 
 
-def _with_restarts(result: LaunchResult, job: JobConfig, run_log_dir: Optional[str]) -> LaunchResult:
+def _with_restarts(result: LaunchResult, job: JobConfig, run_log_dir: Optional[str],
+                   first_failures: Optional[list] = None) -> LaunchResult:
     """A launch torch elastic restarted (--max-restarts): each failed attempt named in the result's relaunches (the
     run's summary and manifest say them), with where its files went; the outcome says which attempt it was."""
     from dprorun.layout import FAILED_ATTEMPT_DIR
 
-    failed = failed_attempts(run_log_dir, job.launch.node_rank * job.launch.nproc_per_node, CONSEQUENTIAL_ERRORS)
+    failed = failed_attempts(run_log_dir, job.launch.node_rank * job.launch.nproc_per_node, CONSEQUENTIAL_ERRORS,
+                             first_failures)
     if not failed:
         return result
     for attempt in failed:

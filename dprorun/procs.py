@@ -287,10 +287,13 @@ class FailedAttempt:
     cause: str  # "rank R (local rank L): <the error's line>", or why none was recorded
 
 
-def failed_attempts(run_log_dir: Optional[str], first_rank: int, consequential: tuple[str, ...]) -> list[FailedAttempt]:
+def failed_attempts(run_log_dir: Optional[str], first_rank: int, consequential: tuple[str, ...],
+                    first_failures: Optional[list] = None) -> list[FailedAttempt]:
     """The attempts before the last in torch elastic's log folder of one launch (`<run>/attempt_<n>/`), each with
-    its cause read from its ranks' error files (`<local_rank>/error.json`, written where a rank raised): an error of
-    the rank's own before one that says a peer failed first (`consequential`), the earliest within each."""
+    its cause: a rank a signal killed first (`first_failures`: the agent's (exit code, local rank) of each failed
+    attempt's first failure; the OOM killer's SIGKILL leaves no error file), else what its ranks' error files say
+    (`<local_rank>/error.json`, written where a rank raised): an error of the rank's own before one that says a
+    peer failed first (`consequential`), the earliest within each; else the first failure's exit code."""
     if not run_log_dir or not os.path.isdir(run_log_dir):
         return []
     attempts = sorted(int(name[8:]) for name in os.listdir(run_log_dir)
@@ -308,11 +311,18 @@ def failed_attempts(run_log_dir: Optional[str], first_rank: int, consequential: 
             text = record.get("message", "") if isinstance(record, dict) else str(record)
             stamp = (record.get("extraInfo") or {}).get("timestamp", "0") if isinstance(record, dict) else "0"
             errors.append((any(mark in text for mark in consequential), int(stamp or 0), int(name), cause_line(text)))
-        if errors:
+        code, first_local = first_failures[attempt] if attempt < len(first_failures or ()) else (None, None)
+        if code is not None and code < 0 and -code != signal.SIGTERM:
+            cause = f"rank {first_rank + first_local} (local rank {first_local}) was killed by signal " \
+                    f"{signal_name(-code)}"
+        elif errors:
             peer_first, _, local_rank, line = min(errors)
             cause = f"rank {first_rank + local_rank} (local rank {local_rank}): {line[:300]}"
             if peer_first:  # every error here says a peer failed first: on another node, or killed
                 cause = f"a rank elsewhere failed first ({cause})"
+        elif code is not None:
+            cause = f"rank {first_rank + first_local} (local rank {first_local}) exited with code {code}, no error " \
+                    f"recorded; its logs: {folder}"
         else:
             cause = f"no rank recorded an error (killed by a signal?); its logs: {folder}"
         found.append(FailedAttempt(attempt, cause))

@@ -1670,6 +1670,36 @@ def test_a_rank_leaving_with_a_message_and_no_exception_is_named_with_its_last_w
     assert exception_line(ValueError("bad shard")) == "ValueError: bad shard"
 
 
+def test_each_failed_attempt_of_a_restarted_job_is_named_by_its_cause(tmp_path):
+    """torch elastic's per-attempt folders of a job it restarted: a rank the OOM killer ended (the agent's record of
+    the attempt's first failure, no error file) is the cause before its peer's "connection closed"; an error of a
+    rank's own is named; where only consequential errors were recorded (the cause on another node), that is said."""
+    import json
+
+    from dprorun.launch import CONSEQUENTIAL_ERRORS
+    from dprorun.procs import failed_attempts
+
+    def error(attempt: int, local_rank: int, message: str, stamp: int) -> None:
+        folder = tmp_path / f"attempt_{attempt}" / str(local_rank)
+        folder.mkdir(parents=True)
+        (folder / "error.json").write_text(json.dumps({"message": {"message": message,
+                                                                   "extraInfo": {"timestamp": str(stamp)}}}))
+
+    error(0, 0, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1222", 10)
+    error(1, 0, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1223", 20)
+    error(1, 1, "ValueError: a batch of the wrong shape", 21)
+    (tmp_path / "attempt_2" / "0").mkdir(parents=True)
+    (tmp_path / "attempt_3").mkdir()  # the last attempt: not a failed one
+    attempts = failed_attempts(str(tmp_path), 4, CONSEQUENTIAL_ERRORS, [(-9, 1), (1, 0), (1, 0)])
+    assert [a.attempt for a in attempts] == [0, 1, 2]
+    assert attempts[0].cause == "rank 5 (local rank 1) was killed by signal SIGKILL"
+    assert attempts[1].cause == "rank 5 (local rank 1): ValueError: a batch of the wrong shape"
+    assert attempts[2].cause.startswith("rank 4 (local rank 0) exited with code 1, no error recorded")
+    alone = failed_attempts(str(tmp_path), 4, CONSEQUENTIAL_ERRORS)
+    assert alone[0].cause.startswith("a rank elsewhere failed first (rank 4 (local rank 0): RuntimeError")
+    assert alone[2].cause.startswith("no rank recorded an error")
+
+
 def test_each_restart_gets_a_new_rendezvous_store_on_one_node_and_across_nodes():
     """torch elastic restarting the ranks (--max-restarts) calls the rendezvous again; torch's static one handed
     back the same store, whose keys from the attempt before (the dead ranks' gloo addresses) the new ranks read
