@@ -1719,7 +1719,6 @@ def test_ctrl_c_during_the_job_end_analysis_stops_it_and_keeps_the_run(tmp_path)
     analysis went on and the command exited 0. Now the launcher's own handlers are back after the launch: exit 130,
     said, and the run directory kept for `dpro summary`."""
     import signal
-    import time
 
     run_dir = tmp_path / "run"
     env = dict(os.environ, DPRO_REPORT="1", PYTHONUNBUFFERED="1")  # the report's curves: seconds of analysis left
