@@ -360,8 +360,9 @@ def _launch_elastic_now(job: JobConfig) -> LaunchResult:
 class AgentLog:
     """What torch elastic's agent logs as it stops ranks after a failure, read off its log records."""
 
-    stopped_pids: set = dataclasses.field(default_factory=set)  # sent its closing signal (SIGTERM, SIGKILL after)
-    first_failures: list = dataclasses.field(default_factory=list)  # (exit code, local rank), one per failed attempt
+    stopped_pids: set[int] = dataclasses.field(default_factory=set)  # sent its closing signal (SIGTERM, then SIGKILL)
+    # (exit code, local rank) of each failed attempt's first failure, in attempt order
+    first_failures: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -389,7 +390,7 @@ def _what_the_agent_logs():
         logger.removeFilter(note)
 
 
-def _child_failed(err, job: JobConfig, stopped_pids: frozenset = frozenset()) -> LaunchResult:
+def _child_failed(err, job: JobConfig, stopped_pids: set[int]) -> LaunchResult:
     """The launch's result where a rank failed: the rank whose failure stopped the job named, with its cause."""
     rank, failure = _root_failure(err, stopped_pids)
     code = failure.exitcode
@@ -416,7 +417,7 @@ def _child_failed(err, job: JobConfig, stopped_pids: frozenset = frozenset()) ->
 
 
 def _with_restarts(result: LaunchResult, job: JobConfig, run_log_dir: Optional[str],
-                   first_failures: Optional[list] = None) -> LaunchResult:
+                   first_failures: Optional[list[tuple[int, int]]] = None) -> LaunchResult:
     """A launch torch elastic restarted (--max-restarts): each failed attempt named in the result's relaunches (the
     run's summary and manifest say them), with where its files went; the outcome says which attempt it was."""
     from dprorun.layout import FAILED_ATTEMPT_DIR
@@ -466,7 +467,7 @@ def _root_failure(err, stopped_pids=frozenset()) -> tuple[int, object]:
     its peer's socket closed can be stamped before the peer's own error: seen in CI), then the rest; the earliest
     within a class. A rank the agent stopped (`stopped_pids`, its SIGTERM sent) is of the rest, also where its
     SIGKILL ended it: a rank waiting in C++ for a peer (a store's wait in init_process_group while the peer failed
-    before it) does not run the hooks' SIGTERM handler, and the agent's SIGKILL 5 s later was named as the cause."""
+    before it) does not run the hooks' SIGTERM handler, and the agent's SIGKILL 30 s later was named as the cause."""
     def rank_of(item) -> tuple:
         rank, failure = item
         code = failure.exitcode

@@ -53,9 +53,9 @@ def set_aside_a_failed_attempt(run_dir: str, attempt: int, rank: int, local_rank
     """In a rank of torch elastic's restart `attempt` (TORCHELASTIC_RESTART_COUNT > 0), before it writes anything:
     the files the attempt before left in its folder moved to RUN/failed_attempt_<attempt - 1>/, so that no rank
     folder mixes two attempts (one whose window ended and one whose window did not). Rank 0 also moves the folders
-    of ranks on other nodes (their files gathered to node 0 by that attempt). The
-    manifest goes along as a copy (the folder is then a run directory of its own to `dpro summary`). Returns the
-    folder the files went to, "" where there were none."""
+    of ranks on other nodes (their files gathered to node 0 by that attempt). The manifest goes along as a copy
+    (the folder is then a run directory of its own to `dpro summary`). Returns the folder the files went to, ""
+    where there were none."""
     kept = os.path.join(run_dir, FAILED_ATTEMPT_DIR.format(attempt - 1))
     node_ranks = range(rank - local_rank, rank - local_rank + local_world_size)
     movers = {r: folder for r, folder in rank_folders(run_dir).items()

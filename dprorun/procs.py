@@ -288,7 +288,7 @@ class FailedAttempt:
 
 
 def failed_attempts(run_log_dir: Optional[str], first_rank: int, consequential: tuple[str, ...],
-                    first_failures: Optional[list] = None) -> list[FailedAttempt]:
+                    first_failures: Optional[list[tuple[int, int]]] = None) -> list[FailedAttempt]:
     """The attempts before the last in torch elastic's log folder of one launch (`<run>/attempt_<n>/`), each with
     its cause: a rank a signal killed first (`first_failures`: the agent's (exit code, local rank) of each failed
     attempt's first failure; the OOM killer's SIGKILL leaves no error file), else what its ranks' error files say
