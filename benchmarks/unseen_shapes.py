@@ -379,6 +379,8 @@ JOBS = {
                                                    ["--fault-tolerant", "--steps", "60"], "torch"),
     "ddp-moco-shuffle-bn-momentum-encoder-queue": ([], "session58.py", ["--moco"], "torch"),
     "ddp-preemptible-own-sigterm-handler-adamax": ([], "session58.py", ["--preemptible"], "torch"),
+    "ddp-message-passing-graphs-of-varying-size": ([], "session58.py", ["--gnn"], "torch"),
+    "ddp-speech-conv-bigru-ctc-loss-varying-lengths": ([], "session58.py", ["--ctc"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -9,6 +9,10 @@ the keys' batch shuffled across ranks for BatchNorm (all_gather of the inputs, a
 each rank its shard, unshuffled after), a queue of negatives filled with all-gathered keys, InfoNCE loss.
 --preemptible: a script that handles SIGTERM itself (checkpoint and leave; never sent in this job), a
 DistributedSampler over a TensorDataset with set_epoch per epoch, Adamax and clip_grad_value_.
+--gnn: a message-passing graph network on batches of random graphs of varying size (index_add_ scatter of edge
+messages, a per-graph mean readout through index_add_), so each step's work differs; AdamW.
+--ctc: a speech model's step: a strided Conv1d front-end, a bidirectional GRU, CTC loss over utterances and
+transcripts of varying lengths (zero_infinity), RMSprop with gradient-norm clipping.
 Rank 0 prints the median step time of the second half.
 """
 import argparse
@@ -30,6 +34,8 @@ p.add_argument("--steps", type=int, default=40)
 p.add_argument("--fault-tolerant", action="store_true")
 p.add_argument("--moco", action="store_true")
 p.add_argument("--preemptible", action="store_true")
+p.add_argument("--gnn", action="store_true")
+p.add_argument("--ctc", action="store_true")
 a = p.parse_args()
 
 
@@ -145,11 +151,91 @@ def preemptible(rank: int) -> list:
     return times
 
 
+class MessagePassing(nn.Module):
+    def __init__(self, width: int = 64, layers: int = 3, classes: int = 8):
+        super().__init__()
+        self.embed = nn.Linear(16, width)
+        self.message = nn.ModuleList(nn.Linear(2 * width, width) for _ in range(layers))
+        self.update = nn.ModuleList(nn.GRUCell(width, width) for _ in range(layers))
+        self.readout = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, classes))
+
+    def forward(self, x, edges, graph_of_node, graphs):
+        h = self.embed(x)
+        for message, update in zip(self.message, self.update):
+            m = F.relu(message(torch.cat([h[edges[0]], h[edges[1]]], dim=1)))
+            inbox = torch.zeros_like(h).index_add_(0, edges[1], m)
+            h = update(inbox, h)
+        pooled = torch.zeros(graphs, h.shape[1]).index_add_(0, graph_of_node, h)
+        counts = torch.zeros(graphs).index_add_(0, graph_of_node, torch.ones(h.shape[0])).clamp(min=1)
+        return self.readout(pooled / counts[:, None])
+
+
+def random_graphs(graphs: int = 8):
+    sizes = torch.randint(8, 48, (graphs,))
+    offsets = torch.cumsum(sizes, 0) - sizes
+    edges, owner = [], []
+    for g, (size, offset) in enumerate(zip(sizes.tolist(), offsets.tolist())):
+        count = 3 * size
+        edges.append(torch.randint(0, size, (2, count)) + offset)
+        owner.append(torch.full((size,), g))
+    return torch.randn(int(sizes.sum()), 16), torch.cat(edges, 1), torch.cat(owner), graphs
+
+
+def gnn(rank: int) -> list:
+    model = DDP(MessagePassing())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        x, edges, owner, graphs = random_graphs()
+        opt.zero_grad()
+        F.cross_entropy(model(x, edges, owner, graphs), torch.randint(0, 8, (graphs,))).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+class Speech(nn.Module):
+    def __init__(self, features: int = 40, width: int = 64, tokens: int = 29):
+        super().__init__()
+        self.front = nn.Sequential(nn.Conv1d(features, width, 5, stride=2, padding=2), nn.ReLU(),
+                                   nn.Conv1d(width, width, 5, stride=2, padding=2), nn.ReLU())
+        self.rnn = nn.GRU(width, width, batch_first=True, bidirectional=True)
+        self.out = nn.Linear(2 * width, tokens)
+
+    def forward(self, frames):
+        h = self.front(frames.transpose(1, 2)).transpose(1, 2)
+        return self.out(self.rnn(h)[0]).log_softmax(-1)
+
+
+def ctc(rank: int) -> list:
+    model = DDP(Speech())
+    opt = torch.optim.RMSprop(model.parameters(), lr=5e-4)
+    loss_fn = nn.CTCLoss(blank=0, zero_infinity=True)
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        frames = int(torch.randint(60, 120, ()).item())  # utterances of this batch, padded to its longest
+        lengths = torch.randint(frames // 2, frames + 1, (8,))
+        log_probs = model(torch.randn(8, frames, 40))
+        out_lengths = ((lengths + 3) // 4).clamp(max=log_probs.shape[1])
+        targets = torch.randint(1, 29, (8, 15))
+        target_lengths = torch.randint(5, 16, (8,)).minimum(out_lengths)
+        loss = loss_fn(log_probs.transpose(0, 1), targets, out_lengths, target_lengths)
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(rank)
-    mode = fault_tolerant if a.fault_tolerant else moco if a.moco else preemptible
+    mode = (fault_tolerant if a.fault_tolerant else moco if a.moco else gnn if a.gnn else ctc if a.ctc
+            else preemptible)
     times = mode(rank)
     if rank == 0 and times:
         print(f"median step {1000 * statistics.median(times[len(times) // 2:]):.2f} ms", flush=True)
