@@ -502,13 +502,8 @@ def _sigterm_while_waiting_in_cxx(sess, stopping: threading.Lock, handler: Calla
     started a second later: it keeps the records (none before the first step) and ends the process. Not while the
     profiler records (its stop belongs to the thread that started it: the rank is left to the agent then), nor
     where the script has put a SIGTERM handler of its own in place of the hooks' (a preempted job's checkpoint)."""
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    try:
-        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    except ValueError:  # not the main thread
-        os.close(read_end)
-        os.close(write_end)
+    read_end = _signal_wakeup_pipe()
+    if read_end is None:
         return
 
     def watch() -> None:
@@ -552,13 +547,8 @@ def _sigterm_watcher(sess) -> None:
     import threading
     import time
 
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    try:
-        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    except ValueError:
-        os.close(read_end)
-        os.close(write_end)
+    read_end = _signal_wakeup_pipe()
+    if read_end is None:
         return
 
     stopping = threading.Event()
@@ -612,6 +602,20 @@ def _sigterm_watcher(sess) -> None:
 
     threading.Thread(target=watch, name="dprorun-sigterm", daemon=True).start()
     os.register_at_fork(before=no_fork_while_stopping, after_in_child=_wakeup_fd_off)
+
+
+def _signal_wakeup_pipe() -> Optional[int]:
+    """A pipe Python writes each handled signal's number to as it arrives, whatever the main thread is doing (its
+    wake-up fd): the read end, for a watcher thread; None where the fd cannot be set (not the main thread)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:
+        os.close(read_end)
+        os.close(write_end)
+        return None
+    return read_end
 
 
 def _sigterm_pending_in_kernel() -> bool:
