@@ -458,6 +458,49 @@ def test_a_job_torch_elastic_restarts_keeps_the_last_attempts_profile_and_names_
     assert "torch elastic restarted the ranks after attempt 1 failed" in (run / "report.html").read_text()
 
 
+def test_restarts_across_two_nodes_sharing_a_run_directory(tmp_path):
+    """Two nodes (one rank each) on a shared run directory, rank 1 failing in attempts 0 and 1 under --max-restarts:
+    each attempt meets on a new store (node 0 says its port through the old one; torch's static rendezvous handed
+    back the old store's keys, and the restarted ranks failed to connect), both nodes finish attempt 2, and the
+    run holds attempt 2's two ranks, the earlier attempts set aside once each (a shared folder: two movers)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    script = tmp_path / "fault_tolerant.py"
+    script.write_text(FAULT_TOLERANT)
+    port = free_port(count=2)
+    run_dir = tmp_path / "shared"
+    node = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--join-timeout", "60",
+            "-np", "1", "-q", "--max-restarts", "3", "--warmup", "1", "--active", "2", "--kineto-iters", "1",
+            "--clean", "1", "python", str(script)]
+    # the fault after each attempt's window (a peer on another node gone at the window's end leaves the gather's
+    # group waiting its 120 s: left open)
+    faults = {"SNAPSHOT": str(tmp_path / "snapshot.pt"), "FAIL_AT": "16"}
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DPRO_REPORT="0", **faults)
+    node1 = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "--node-rank", "1",
+                              *node], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (run_dir / "logs").exists() and time.monotonic() < deadline:  # node 1's launcher has begun
+            time.sleep(0.2)
+        proc, _ = run_dprorun(["--node-rank", "0", *node], run_dir, timeout=200, env=faults)
+        _, err1 = node1.communicate(timeout=60)
+    finally:
+        if node1.poll() is None:
+            node1.terminate()
+            node1.communicate(timeout=30)
+    assert proc.returncode == 0 and node1.returncode == 0, proc.stderr[-2000:] + err1[-2000:]
+    assert "connectFullMesh" not in proc.stderr + err1
+    assert "after attempt 1 failed (--max-restarts 3): rank 1 (local rank 0): RuntimeError: injected fault at step 16" \
+        in err1
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["ranks_with_traces"] == [0, 1] and manifest["message"].endswith("(attempt 2, after 2 restarts)")
+    for attempt in (0, 1):
+        assert sorted(p.name for p in (run_dir / f"failed_attempt_{attempt}").glob("rank_*")) == ["rank_0", "rank_1"]
+
+
 def test_a_rank_failing_before_init_process_group_is_the_cause_and_the_peer_leaves_at_once(tmp_path):
     """Rank 1 raises before init_process_group while rank 0 waits for it in the store (C++, where the hooks' SIGTERM
     handler cannot run): torch elastic's agent SIGKILLed rank 0 30 s after its SIGTERM, and that SIGKILL was named
