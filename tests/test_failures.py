@@ -249,36 +249,42 @@ def test_a_node_that_never_joins_is_a_clear_error_in_bounded_time(tmp_path):
     assert "not every node joined (2 expected)" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def two_nodes_on_one_run_directory(node: list, run_dir, env: dict, timeout: float, settle_s: float = 0.0,
+                                   node0_env: dict = None):
+    """Node 1's dprorun started first (in the background), node 0's once node 1's launcher has begun (its logs
+    folder there, then `settle_s`): (node 0's CompletedProcess, node 1's stderr); node 1 stopped if it outlives."""
+    from conftest import REPO
+
+    node1 = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "--node-rank", "1",
+                              *node], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (run_dir / "logs").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(settle_s)
+        proc, _ = run_dprorun(["--node-rank", "0", *node], run_dir, timeout=timeout, env=node0_env)
+        _, err1 = node1.communicate(timeout=60)
+    finally:
+        if node1.poll() is None:
+            node1.terminate()
+            node1.communicate(timeout=30)
+    assert node1.returncode == 0, err1[-2000:]
+    return proc, err1
+
+
 def test_node_0_claims_a_run_directory_its_other_node_shares_after_that_node_started(tmp_path):
     """Nodes on a shared filesystem (a SLURM cluster's home or work directory) give one run directory. Node 1
     wrote its "running" manifest there as it started, and node 0, starting a moment later, took the directory for
     an earlier run's, refused it (exit 2) and left node 1 waiting for it (a clean-clone CI run's srun test timed
     out so). Node 0 owns the directory: the other nodes write no manifest."""
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
     port = free_port(count=2)  # the master port and the nodes' link on the next
     run_dir = tmp_path / "shared"
     node = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--join-timeout", "60",
             "-np", "1", "-q", "--warmup", "2", "--active", "4", "--clean", "2", "python",
             os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "12"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", DPRO_REPORT="0")
-    node1 = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "--node-rank", "1",
-                              *node], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not (run_dir / "logs").exists() and time.monotonic() < deadline:  # node 1's launcher has begun
-            time.sleep(0.2)
-        time.sleep(1.0)
-        proc, _ = run_dprorun(["--node-rank", "0", *node], run_dir, timeout=150)
-        out1, err1 = node1.communicate(timeout=60)
-    finally:
-        if node1.poll() is None:
-            node1.terminate()
-            node1.communicate(timeout=30)
-    assert proc.returncode == 0 and node1.returncode == 0, proc.stderr[-2000:] + err1[-2000:]
+    proc, err1 = two_nodes_on_one_run_directory(node, run_dir, env, timeout=150, settle_s=1.0)
+    assert proc.returncode == 0, proc.stderr[-2000:] + err1[-2000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert (manifest["node_rank"], manifest["status"], manifest["ranks_with_traces"]) == (0, "completed", [0, 1])
 
@@ -463,11 +469,6 @@ def test_restarts_across_two_nodes_sharing_a_run_directory(tmp_path):
     each attempt meets on a new store (node 0 says its port through the old one; torch's static rendezvous handed
     back the old store's keys, and the restarted ranks failed to connect), both nodes finish attempt 2, and the
     run holds attempt 2's two ranks, the earlier attempts set aside once each (a shared folder: two movers)."""
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
     script = tmp_path / "fault_tolerant.py"
     script.write_text(FAULT_TOLERANT)
     port = free_port(count=2)
@@ -479,19 +480,8 @@ def test_restarts_across_two_nodes_sharing_a_run_directory(tmp_path):
     # group waiting its 120 s: left open)
     faults = {"SNAPSHOT": str(tmp_path / "snapshot.pt"), "FAIL_AT": "16"}
     env = dict(os.environ, PYTHONUNBUFFERED="1", DPRO_REPORT="0", **faults)
-    node1 = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "--node-rank", "1",
-                              *node], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not (run_dir / "logs").exists() and time.monotonic() < deadline:  # node 1's launcher has begun
-            time.sleep(0.2)
-        proc, _ = run_dprorun(["--node-rank", "0", *node], run_dir, timeout=200, env=faults)
-        _, err1 = node1.communicate(timeout=60)
-    finally:
-        if node1.poll() is None:
-            node1.terminate()
-            node1.communicate(timeout=30)
-    assert proc.returncode == 0 and node1.returncode == 0, proc.stderr[-2000:] + err1[-2000:]
+    proc, err1 = two_nodes_on_one_run_directory(node, run_dir, env, timeout=200, node0_env=faults)
+    assert proc.returncode == 0, proc.stderr[-2000:] + err1[-2000:]
     assert "connectFullMesh" not in proc.stderr + err1
     assert "after attempt 1 failed (--max-restarts 3): rank 1 (local rank 0): RuntimeError: injected fault at step 16" \
         in err1
