@@ -250,9 +250,10 @@ def test_a_node_that_never_joins_is_a_clear_error_in_bounded_time(tmp_path):
 
 
 def two_nodes_on_one_run_directory(node: list, run_dir, env: dict, timeout: float, settle_s: float = 0.0,
-                                   node0_env: dict = None):
+                                   node0_env: dict = None, node1_code: int = 0):
     """Node 1's dprorun started first (in the background), node 0's once node 1's launcher has begun (its logs
-    folder there, then `settle_s`): (node 0's CompletedProcess, node 1's stderr); node 1 stopped if it outlives."""
+    folder there, then `settle_s`): (node 0's CompletedProcess, node 1's stderr); node 1 stopped if it outlives,
+    its exit code `node1_code`."""
     from conftest import REPO
 
     node1 = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "--node-rank", "1",
@@ -268,7 +269,7 @@ def two_nodes_on_one_run_directory(node: list, run_dir, env: dict, timeout: floa
         if node1.poll() is None:
             node1.terminate()
             node1.communicate(timeout=30)
-    assert node1.returncode == 0, err1[-2000:]
+    assert node1.returncode == node1_code, err1[-2000:]
     return proc, err1
 
 
@@ -476,19 +477,41 @@ def test_restarts_across_two_nodes_sharing_a_run_directory(tmp_path):
     node = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--join-timeout", "60",
             "-np", "1", "-q", "--max-restarts", "3", "--warmup", "1", "--active", "2", "--kineto-iters", "1",
             "--clean", "1", "python", str(script)]
-    # the fault after each attempt's window (a peer on another node gone at the window's end leaves the gather's
-    # group waiting its 120 s: left open)
-    faults = {"SNAPSHOT": str(tmp_path / "snapshot.pt"), "FAIL_AT": "16"}
+    # the fault in each attempt's last profiled step: node 0's rank waited in the end-of-window group for the gone
+    # peer its 120 s (its agent knows of no failure on node 1), node 1's next attempt gave up joining after 60 s
+    faults = {"SNAPSHOT": str(tmp_path / "snapshot.pt"), "FAIL_AT": "2"}
     env = dict(os.environ, PYTHONUNBUFFERED="1", DPRO_REPORT="0", **faults)
     proc, err1 = two_nodes_on_one_run_directory(node, run_dir, env, timeout=200, node0_env=faults)
     assert proc.returncode == 0, proc.stderr[-2000:] + err1[-2000:]
     assert "connectFullMesh" not in proc.stderr + err1
-    assert "after attempt 1 failed (--max-restarts 3): rank 1 (local rank 0): RuntimeError: injected fault at step 16" \
+    assert "after attempt 1 failed (--max-restarts 3): rank 1 (local rank 0): RuntimeError: injected fault at step 2" \
         in err1
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["ranks_with_traces"] == [0, 1] and manifest["message"].endswith("(attempt 2, after 2 restarts)")
     for attempt in (0, 1):
         assert sorted(p.name for p in (run_dir / f"failed_attempt_{attempt}").glob("rank_*")) == ["rank_0", "rank_1"]
+
+
+def test_a_rank_on_another_node_failing_in_the_windows_last_step_ends_the_job_at_once(tmp_path):
+    """Two nodes, one rank each, rank 1 raising in the window's last step, no restarts: rank 0, on the other node
+    (whose agent knows of no failure), waited in the end-of-window group's store for rank 1 its whole 120 s (node 0
+    exited after 126 s). A barrier on the script's group finds rank 1 gone first, and rank 0 says so; torchrun's
+    rank 0 fails in the script's next all-reduce (6 s)."""
+    script = tmp_path / "fault_tolerant.py"
+    script.write_text(FAULT_TOLERANT)
+    run_dir = tmp_path / "shared"
+    node = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port(count=2)), "--join-timeout",
+            "60", "-np", "1", "-q", "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1", "python",
+            str(script)]
+    faults = {"SNAPSHOT": str(tmp_path / "snapshot.pt"), "FAIL_AT": "2"}
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DPRO_REPORT="0", **faults)
+    started = time.monotonic()
+    proc, err1 = two_nodes_on_one_run_directory(node, run_dir, env, timeout=150, node0_env=faults, node1_code=1)
+    assert proc.returncode == 1 and time.monotonic() - started < 40, proc.stderr[-2000:]
+    assert "error: rank 1 (local rank 0" in err1 and "injected fault at step 2" in err1, err1[-2000:]
+    assert "a rank left before the end-of-window gather: " in proc.stderr, proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    assert any("a rank left before the end-of-window gather" in w for w in events["warnings"]), events["warnings"]
 
 
 def test_a_rank_failing_before_init_process_group_is_the_cause_and_the_peer_leaves_at_once(tmp_path):
@@ -507,10 +530,11 @@ def test_a_rank_failing_before_init_process_group_is_the_cause_and_the_peer_leav
 
 
 def test_a_rank_failing_in_the_windows_last_step_leaves_its_peer_waiting_in_the_gather_for_a_second_only(tmp_path):
-    """Rank 1 raises after the window's last step; rank 0 goes on to the end-of-window gather and waits in C++ for
+    """Rank 1 raises after the window's last step; rank 0 goes on to the end-of-window gather and waited in C++ for
     rank 1 to make the gather's group. The agent SIGKILLed rank 0 30 s after its SIGTERM, named that SIGKILL as the
-    cause (exit 137, 35 s) and rank 0's clean iterations were never written; now the hooks' watcher thread keeps
-    rank 0's records a second after the SIGTERM and ends it (6 s)."""
+    cause (exit 137, 35 s) and rank 0's clean iterations were never written. Now a barrier on the script's group
+    finds rank 1 gone before the group is made (or, where the agent's SIGTERM comes first, the hooks' watcher thread
+    keeps rank 0's records a second after it and ends it): 6 s."""
     script = tmp_path / "fault_tolerant.py"
     script.write_text(FAULT_TOLERANT)
     run = tmp_path / "run"
@@ -521,5 +545,6 @@ def test_a_rank_failing_in_the_windows_last_step_leaves_its_peer_waiting_in_the_
     assert "error: rank 1 (local rank 1" in proc.stderr and "injected fault at step 2" in proc.stderr
     assert "Unable to shutdown process" not in proc.stderr and elapsed < 20, (elapsed, proc.stderr[-3000:])
     events = json.loads((run / "rank_0" / "events.json").read_text())
-    assert "stopped by SIGTERM" in events["warnings"], events["warnings"]
+    assert "stopped by SIGTERM" in events["warnings"] or any(
+        "a rank left before the end-of-window gather: " in w for w in events["warnings"]), events["warnings"]
     assert (run / "rank_0" / "clean.json").exists()

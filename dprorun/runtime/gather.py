@@ -86,6 +86,7 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
         if horovod:
             gather_horovod_to_rank0(session)
         return
+    peers_still_there(dist)
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     try:
         probe_clocks(session, group)
@@ -100,6 +101,20 @@ def finish_job_window(session: RankSession, timeout_s: float = 120.0) -> None:
     _write_events_keeping_step(session)
     gather_to_rank0(session, group)
     session.window_group = group  # released after the clean iterations (exchange_clean_starts)
+
+
+def peers_still_there(dist) -> None:
+    """Raise, naming it, where a rank left (raised, was killed) after its last collective of the window: the group
+    made next waits for it in the store for its whole timeout (120 s; across nodes no agent stops this rank
+    meanwhile), where the script's own next collective fails at once on gloo's closed connection. A barrier on the
+    script's gloo group fails so too; NCCL would wait for its watchdog instead, as the script's collective would."""
+    if dist.get_backend() != "gloo":
+        return
+    try:
+        dist.barrier()
+    except RuntimeError as exc:
+        reason = str(exc).split(" This is typically", 1)[0].strip()
+        raise RuntimeError(f"a rank left before the end-of-window gather: {reason}") from exc
 
 
 VARIANTS_WAIT_S = 1800.0  # rank 0 timing compute variants (torch.compile of the model and of each block): minutes
