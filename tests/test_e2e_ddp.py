@@ -1558,6 +1558,53 @@ def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_i
     assert not any("torch.distributed.all_gather" in n for n in predict(model, detail="coarse").notes)
 
 
+def test_point_to_point_transfers_in_the_step_are_timed_and_a_what_if_says_it_keeps_them(tmp_path):
+    """Spatial parallelism by hand: each forward swaps a halo with both neighbours through batch_isend_irecv (a ring
+    of P2POps, each request waited for), and a blocking send/recv pair hands a scalar on each step. The transfers
+    were timed nowhere: a bandwidth or world-size what-if replayed them as compute without a word. Now they are
+    timed (batch_isend_irecv at its call and at each request's wait), and the what-ifs say they keep them; the
+    requests still work as torch's (P2POp checks isend and irecv by identity: those stay torch's own)."""
+    run_dir, _ = _run_ddp_script(
+        tmp_path, ["-q", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3"],
+        "rank, world = dist.get_rank(), dist.get_world_size()\n"
+        "left, right = (rank - 1) % world, (rank + 1) % world\n"
+        "conv = nn.Conv1d(8, 8, 9)\n"
+        "model = nn.parallel.DistributedDataParallel(conv)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "for step in range(14):\n"
+        "    x = torch.randn(4, 8, 256)\n"
+        "    halo_l, halo_r = torch.empty(4, 8, 4), torch.empty(4, 8, 4)\n"
+        "    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x[..., -4:].contiguous(), right),\n"
+        "                                   dist.P2POp(dist.isend, x[..., :4].contiguous(), left),\n"
+        "                                   dist.P2POp(dist.irecv, halo_l, left),\n"
+        "                                   dist.P2POp(dist.irecv, halo_r, right)])\n"
+        "    for req in reqs:\n"
+        "        assert isinstance(req.is_completed(), bool)  # the request's own methods pass through\n"
+        "        req.wait()\n"
+        "    token = torch.tensor([float(step)])\n"
+        "    if rank == 0:\n"
+        "        dist.send(token, 1)\n"
+        "    else:\n"
+        "        dist.recv(token, 0)\n"
+        "    assert token.item() == step\n"
+        "    loss = model(torch.cat([halo_l, x, halo_r], -1)).pow(2).mean()\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n")
+    with open(run_dir / "rank_1" / "events.json") as f:
+        rows = json.load(f)["script_collectives"]
+    assert {row[0] for row in rows} == set(range(3, 9))
+    assert {(row[1], row[2]) for row in rows} == {("torch.distributed.batch_isend_irecv", 5),  # the call, 4 waits
+                                                  ("torch.distributed.recv", 1)}
+    from dprorun.replay.build import build_job_model
+    from dprorun.replay.predict import predict
+    from dprorun.replay.whatif import WhatIf
+
+    model = build_job_model(load_run(str(run_dir)))
+    assert model.collectives_outside_packs[0] == ["torch.distributed.batch_isend_irecv", "torch.distributed.send",
+                                                  "torch.distributed.recv"]  # rank 0's, then rank 1's other one
+    assert any(n.startswith("caution: ") and "torch.distributed.batch_isend_irecv" in n and "point-to-point" in n
+               for n in predict(model, WhatIf(bandwidth_gbit=1.0), detail="coarse").notes)
+
+
 def test_an_iteration_is_an_optimizer_step_when_the_module_runs_more_than_once_a_step(tmp_path):
     """SimCLR's two views call the DDP module twice a step, and micro-batches accumulated without no_sync run
     forward, backward and the buckets' all-reduces twice before one step: each synchronised forward began an

@@ -336,15 +336,15 @@ def _cap_tf_transmit(model: JobModel) -> float:
 def _collectives_outside_packs(run: RunTrace, ranks: list[int]) -> tuple[list[str], float]:
     """The steps' collectives that all-reduce no pack or bucket (a TensorFlow worker's profiled steps,
     trace/tf_records.add_tf_records; the collectives a torch script called itself in the window,
-    trace/rundir.script_collectives): their names and the median over ranks of each rank's median time in them a
-    step."""
+    trace/rundir.script_collectives): their names, every rank's, and the median over ranks of each rank's median
+    time in them a step."""
     names: list[str] = []
     per_rank = []
     for r in ranks:
         steps = run.ranks[r].meta.get("window", {}).get("collectives_outside_packs") or []
         if steps:
             per_rank.append(median([float(s["us"]) for s in steps], 0.0))
-            names = names or list(steps[0]["names"])
+            names += [name for name in steps[0]["names"] if name not in names]  # each rank's (a send, its recv)
     return names, median(per_rank, 0.0)
 
 

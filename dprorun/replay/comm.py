@@ -244,7 +244,8 @@ class CommPricing:
             notes.append(f"caution: {outside_us / 1000:.1f} ms a step of collectives outside the gradient packs "
                          f"or buckets ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}: a sparse "
                          "gradient's all-gathers, metric reductions, the all-reduces of step functions called before "
-                         "the step's last one, the script's own calls in its step) are replayed as measured at "
+                         "the step's last one, the script's own calls in its step, its point-to-point transfers) are "
+                         "replayed as measured at "
                          f"{model.world_size} ranks on this network, "
                          "not priced again for this what-if"
                          + _outside_bound(outside_us, model.world_size, world))

@@ -31,6 +31,10 @@ FSDP_PACKAGE = "torch.distributed.fsdp"  # its wrappers' gathers and reduce-scat
 # (`ScriptUse.timed`), never taken for a way of sharing gradients
 TIMED_COLLECTIVES = ("all_to_all_single", "all_to_all", "barrier", "monitored_barrier", "all_gather_object",
                      "broadcast_object_list", "gather_object", "scatter_object_list", "gather", "scatter")
+# the point-to-point calls a script makes in its steps (a halo swapped with its neighbours, activations handed on by
+# hand), timed likewise: blocking send and recv as they run, batch_isend_irecv at its call and at each of its
+# requests' wait(). isend and irecv stay torch's own: P2POp and batch_isend_irecv check their op by identity
+POINT_TO_POINT = ("send", "recv", "batch_isend_irecv")
 # torch's functional collectives (torch.distributed._functional_collectives: a tensor returned, waited for where it
 # is used), which a script may average its gradients with: counted where the script calls them (not DTensor's or
 # another torch module's), named when nothing was profiled; not profiled
@@ -245,6 +249,43 @@ def watch_torch_distributed(use: ScriptUse) -> None:
     for name in SCRIPT_COLLECTIVES + TIMED_COLLECTIVES:
         if callable(getattr(module, name, None)):
             setattr(module, name, _counted_collective(module, name, use, counted=name in SCRIPT_COLLECTIVES))
+    for name in POINT_TO_POINT:
+        if callable(getattr(module, name, None)):
+            setattr(module, name, _timed_point_to_point(module, name, use))
+
+
+class _TimedRequest:
+    """A request the script's batch_isend_irecv returned, its wait() timed for `use.timed`; all else the request's."""
+    __slots__ = ("_request", "_use", "_label")
+
+    def __init__(self, request, use: ScriptUse, label: str):
+        self._request, self._use, self._label = request, use, label
+
+    def wait(self, *args, **kwargs):
+        return _timed_call(self._use, self._label, self._request.wait, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._request, name)
+
+
+def _timed_point_to_point(module, name: str, use: ScriptUse):
+    """`module.name` (POINT_TO_POINT) timed for `use.timed` where the caller is no module of dprorun's; the requests
+    of batch_isend_irecv timed at their wait."""
+    call = getattr(module, name)
+    label = f"{module.__name__}.{name}"
+    compiler = sys.modules.get("torch.compiler")
+
+    @functools.wraps(call)
+    def timed(*args, **kwargs):
+        if use.timed is None or (compiler is not None and compiler.is_compiling()) or \
+                sys._getframe(1).f_globals.get("__name__", "").startswith("dprorun."):
+            return call(*args, **kwargs)
+        result = _timed_call(use, label, call, *args, **kwargs)
+        if name == "batch_isend_irecv" and isinstance(result, list):
+            return [_TimedRequest(request, use, label) for request in result]
+        return result
+
+    return timed
 
 
 def watch_functional_collectives(use: ScriptUse) -> None:
