@@ -381,6 +381,10 @@ JOBS = {
     "ddp-preemptible-own-sigterm-handler-adamax": ([], "session58.py", ["--preemptible"], "torch"),
     "ddp-message-passing-graphs-of-varying-size": ([], "session58.py", ["--gnn"], "torch"),
     "ddp-speech-conv-bigru-ctc-loss-varying-lengths": ([], "session58.py", ["--ctc"], "torch"),
+    "ddp-halo-exchange-batch-isend-irecv": ([], "session59.py", ["--halo"], "torch"),
+    "ddp-vmap-ensemble-of-8-stacked-mlps": ([], "session59.py", ["--ensemble"], "torch"),
+    "ddp-iterable-stream-sharded-by-rank-and-worker": ([], "session59.py", ["--stream"], "torch"),
+    "ddp-diffusion-denoiser-ema-loss-reduced-to-rank-0": ([], "session59.py", ["--diffusion"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
