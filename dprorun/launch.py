@@ -705,10 +705,20 @@ def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
     return LaunchResult(0, "all ranks finished")
 
 
+def _error_file_message(path: str) -> str:
+    """The message of an error file in torch elastic's format ("" where there is none, or it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            message = json.load(handle)["message"]["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return message if isinstance(message, str) else ""
+
+
 def raised_in_ranks(run_dir: str, world_size: int) -> str:
     """The ranks (with folders on this host) whose script raised, from the hooks' records: those whose error is
     their own named first with it, the ones that failed because of them after. "" when no rank recorded one."""
-    from dprorun.layout import EVENTS_FILE, SCRIPT_RAISED, rank_dir
+    from dprorun.layout import EVENTS_FILE, SCRIPT_RAISED, horovod_error_file, rank_dir
 
     raised = {}
     for rank in range(world_size):
@@ -716,9 +726,9 @@ def raised_in_ranks(run_dir: str, world_size: int) -> str:
             with open(os.path.join(rank_dir(run_dir, rank), EVENTS_FILE), encoding="utf-8") as handle:
                 warnings = json.load(handle).get("warnings") or []
         except (OSError, ValueError, AttributeError):
-            continue
+            warnings = []
         error = next((w[len(SCRIPT_RAISED):] for w in warnings if isinstance(w, str) and w.startswith(SCRIPT_RAISED)),
-                     None)
+                     None) or _error_file_message(horovod_error_file(run_dir, rank))
         if error:
             raised[rank] = error
     causes = {r: e for r, e in raised.items() if not any(c in e for c in CONSEQUENTIAL_ERRORS)}

@@ -33,6 +33,13 @@ def rank_dir(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, f"rank_{rank}")
 
 
+def horovod_error_file(run_dir: str, rank: int) -> str:
+    """Where a horovodrun rank whose script raised writes its error (torch elastic's format; torch elastic's agent
+    gives each of its ranks a file of its own, horovodrun none): the launcher names the rank and the error with it,
+    where the rank raised before it recorded anything (before hvd.init, say)."""
+    return os.path.join(run_dir, "logs", f"horovod_rank_{rank}_error.json")
+
+
 def rank_folders(run_dir: str) -> dict[int, str]:
     """Every rank_<r> folder of a run directory, by rank, in rank order (none where the directory is missing)."""
     try:

@@ -421,6 +421,24 @@ def test_a_strategy_reaches_horovod_through_its_own_knobs_and_a_failing_rank_fai
     assert "(rank 1 raised RuntimeError: rank 1 fails on purpose)" in proc.stderr, proc.stderr[-2000:]
 
 
+@needs_horovod
+def test_a_rank_raising_before_hvd_init_is_named_with_its_error(tmp_path):
+    """A rank missing its data shard raises before hvd.init: its hooks had recorded nothing, so dprorun said only
+    "horovodrun exited with code 1 (its output above names the failing rank)", where a DDP job's failing rank is
+    named with its error. The rank's error now goes to an error file of its own in the run directory (torch
+    elastic's format; horovodrun gives its ranks none), which the launcher reads."""
+    script = tmp_path / "early.py"
+    script.write_text("import os\nimport horovod.torch as hvd\nif os.environ['HOROVOD_RANK'] == '1':\n"
+                      "    raise FileNotFoundError('shard_1.bin is missing on this rank')\nhvd.init()\n")
+    run_dir = tmp_path / "run"
+    proc, elapsed = run_dprorun(["--backend", "horovod", "-np", "2", "python", str(script)], run_dir, timeout=120)
+    assert proc.returncode == 1 and elapsed < 60, proc.stderr[-2000:]
+    assert ("horovodrun exited with code 1 (rank 1 raised FileNotFoundError: shard_1.bin is missing on this rank)"
+            in proc.stderr), proc.stderr[-2000:]
+    assert "no trace was recorded" in proc.stderr  # nothing to analyse: no rank stepped
+    assert json.load(open(run_dir / "manifest.json"))["status"] == "failed"
+
+
 HOROVOD_THREAD_RAISES = """
 import threading, torch, torch.nn as nn, torch.nn.functional as F
 import horovod.torch as hvd

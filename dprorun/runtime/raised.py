@@ -151,7 +151,7 @@ def write_torchelastic_error(exc: BaseException, tb=None) -> None:
     the rank's stderr (a warning, "Unable to enable fault handler", under a script whose main() is @record's)."""
     import traceback
 
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+    if not _error_file():
         return
     stack = "".join(traceback.format_exception(type(exc), exc, tb))
     message = exception_line(exc)
@@ -163,12 +163,24 @@ def write_torchelastic_error(exc: BaseException, tb=None) -> None:
     write_torchelastic_error_message(message, stack)
 
 
+def _error_file() -> str:
+    """torch elastic's per-rank error file, where its agent set one; a horovodrun rank's in the run directory."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    if not path and "HOROVOD_RANK" in os.environ and os.environ.get("DPRO_RUN_DIR"):
+        from dprorun.layout import horovod_error_file
+
+        path = horovod_error_file(os.environ["DPRO_RUN_DIR"], int(os.environ["HOROVOD_RANK"]))
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    return path
+
+
 def write_torchelastic_error_message(message: str, stack: str = "") -> None:
-    """torch elastic's error file (TORCHELASTIC_ERROR_FILE, where the launcher set one) with this message."""
+    """torch elastic's error file (TORCHELASTIC_ERROR_FILE, where the launcher set one; a horovodrun rank's,
+    layout.horovod_error_file) with this message."""
     import json
     import time
 
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    path = _error_file()
     if not path:
         return
     with open(path, "w") as handle:
