@@ -410,6 +410,8 @@ def _child_failed(err, job: JobConfig, stopped_pids: set[int]) -> LaunchResult:
     others = sorted(r for r in err.failures if r != rank)
     if others:
         message += f" (also failed: ranks {others})"
+    if job.launch.nnodes > 1 and code > 0 and _failed_because_of_a_peer(failure):
+        hint = "its error says a peer failed first: a rank on another node, which that node's dprorun names"
     if hint:
         message += f"; {hint}"
     return LaunchResult(code or 1, message, rank,

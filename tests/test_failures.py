@@ -510,6 +510,8 @@ def test_a_rank_on_another_node_failing_in_the_windows_last_step_ends_the_job_at
     assert proc.returncode == 1 and time.monotonic() - started < 40, proc.stderr[-2000:]
     assert "error: rank 1 (local rank 0" in err1 and "injected fault at step 2" in err1, err1[-2000:]
     assert "a rank left before the end-of-window gather: " in proc.stderr, proc.stderr[-3000:]
+    assert "its error says a peer failed first: a rank on another node, which that node's dprorun names" in \
+        proc.stderr, proc.stderr[-3000:]
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert any("a rank left before the end-of-window gather" in w for w in events["warnings"]), events["warnings"]
 
