@@ -20,6 +20,7 @@ import time
 from typing import Optional
 
 from dprorun.config import ElasticAgentOptions, JobConfig
+from dprorun.console_tail import output_redrawn_in_place
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 from dprorun.layout import rank_folders
 # the shared process helpers, importable from here as before
@@ -191,11 +192,13 @@ def _launch_once(job: JobConfig) -> LaunchResult:
     elif job.launch.backend == "mxnet":
         from dprorun.launch_ps import launch_ps
 
-        result = launch_ps(job)
+        with output_redrawn_in_place():
+            result = launch_ps(job)
     elif job.launch.launcher == "torchrun":
         result = _launch_torchrun(job)
     else:
-        result = _launch_elastic(job)
+        with output_redrawn_in_place():
+            result = _launch_elastic(job)
     result.elapsed_s = time.monotonic() - started
     return result
 

@@ -38,10 +38,11 @@ class ScriptProfilerSession:
         raise AssertionError(why)
 
 
-def run_dprorun(args, run_dir, timeout=180, env=None):
+def run_dprorun(args, run_dir, timeout=180, env=None, carriage_returns=False):
     """Run the real dprorun CLI in a subprocess; returns (CompletedProcess, elapsed seconds). No report.html at
     the job's end unless env asks for it (DPRO_REPORT=1): its what-if curves take up to 5 s per job, the job-end
-    report has tests of its own (test_report.py's finalize test, the MXNet job's)."""
+    report has tests of its own (test_report.py's finalize test, the MXNet job's). `carriage_returns`: the output
+    as written, its "\r" kept (text mode reads one as a line end)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -49,7 +50,7 @@ def run_dprorun(args, run_dir, timeout=180, env=None):
     cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir)] + list(args)
     start = time.monotonic()
     with subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as launcher:
+                          text=not carriage_returns) as launcher:
         try:
             stdout, stderr = launcher.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -61,6 +62,8 @@ def run_dprorun(args, run_dir, timeout=180, env=None):
             except subprocess.TimeoutExpired:
                 launcher.kill()
             raise
+    if carriage_returns:
+        stdout, stderr = stdout.decode(errors="replace"), stderr.decode(errors="replace")
     proc = subprocess.CompletedProcess(cmd, launcher.returncode, stdout, stderr)
     return proc, time.monotonic() - start
 
