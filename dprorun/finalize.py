@@ -218,6 +218,24 @@ def _with_the_scripts_spawned_ranks(job: JobConfig) -> tuple[JobConfig, dict]:
             {"launched_processes": job.launch.world_size})
 
 
+def _failed_before_any_step(job: JobConfig, result: LaunchResult, ranks: list[int]) -> bool:
+    """A failed job none of whose ranks recorded a training step (a script raising after hvd.init or after building
+    its DDP model, before its first step): nothing to read, align or replay, said so; the files stay."""
+    from dprorun.layout import EVENTS_FILE, rank_dir
+
+    if result.exit_code == 0:
+        return False
+    for rank in ranks:
+        try:
+            with open(os.path.join(rank_dir(job.output.run_dir, rank), EVENTS_FILE), encoding="utf-8") as handle:
+                if json.load(handle).get("iteration_starts_us"):
+                    return False
+        except (OSError, ValueError, AttributeError):
+            return False  # the analysis says what it can of a file it cannot read
+    print("dprorun: no rank recorded a training step before the failure: nothing to analyse", file=sys.stderr)
+    return True
+
+
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     job, spawned = _with_the_scripts_spawned_ranks(job)
     status = "completed" if result.exit_code == 0 else "failed"
@@ -247,7 +265,7 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     if job.launch.backend == "mxnet" and with_events:
         return _finalize_ps(job, result, with_events)
     horovod = _horovod_timeline(job) if job.launch.backend == "horovod" and job.launch.node_rank == 0 else None
-    if job.launch.node_rank != 0 or not with_events:
+    if job.launch.node_rank != 0 or not with_events or _failed_before_any_step(job, result, with_events):
         if horovod is not None:
             atomic_write_json(os.path.join(job.output.run_dir, "summary.json"),
                               {"backend": "horovod", "horovod": horovod}, indent=2)

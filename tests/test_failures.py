@@ -516,6 +516,24 @@ def test_a_rank_on_another_node_failing_in_the_windows_last_step_ends_the_job_at
     assert any("a rank left before the end-of-window gather" in w for w in events["warnings"]), events["warnings"]
 
 
+def test_a_job_failing_before_its_first_step_is_not_analysed(tmp_path):
+    """Both ranks build their DDP model, then raise before the first step (the data loader's file missing): their
+    records were read, aligned and replayed at the job's end, and the command printed an empty summary table and "no
+    replay of the job as it ran: ... no profiled iteration" under the error. Now it says there is nothing to analyse;
+    the files stay."""
+    script = tmp_path / "no_step.py"
+    script.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                      "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))\n"
+                      "raise FileNotFoundError('train.bin is missing')\n")
+    run = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "python", str(script)], run, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "FileNotFoundError: train.bin is missing" in proc.stderr
+    assert "dprorun: no rank recorded a training step before the failure: nothing to analyse" in proc.stderr
+    assert "reading the traces" not in proc.stderr and "no replay" not in proc.stderr + proc.stdout, proc.stderr
+    assert (run / "rank_0" / "events.json").exists() and (run / "manifest.json").exists()
+
+
 def test_a_rank_failing_before_init_process_group_is_the_cause_and_the_peer_leaves_at_once(tmp_path):
     """Rank 1 raises before init_process_group while rank 0 waits for it in the store (C++, where the hooks' SIGTERM
     handler cannot run): torch elastic's agent SIGKILLed rank 0 30 s after its SIGTERM, and that SIGKILL was named
