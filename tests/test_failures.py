@@ -516,6 +516,20 @@ def test_a_rank_on_another_node_failing_in_the_windows_last_step_ends_the_job_at
     assert any("a rank left before the end-of-window gather" in w for w in events["warnings"]), events["warnings"]
 
 
+def test_a_rank_the_launcher_stops_is_not_said_to_have_had_nothing_to_profile(tmp_path):
+    """Rank 1 raises at once; rank 0, still in Python (loading its data, TensorFlow's import), is stopped by the
+    agent's SIGTERM. Its exit handler then warned "nothing to profile: the job never built a wrapper the hooks
+    support (...)", a paragraph of advice about a job that had only been stopped. A stopped rank says nothing of
+    the kind; the failure is named."""
+    script = tmp_path / "stopped.py"
+    script.write_text("import os, time\nif os.environ['RANK'] == '1':\n"
+                      "    raise FileNotFoundError('shard_1.bin is missing on this rank')\ntime.sleep(60)\n")
+    proc, elapsed = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120)
+    assert proc.returncode == 1 and elapsed < 30, proc.stderr[-2000:]
+    assert "error: rank 1 (local rank 1" in proc.stderr and "shard_1.bin is missing" in proc.stderr
+    assert "nothing to profile" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_a_job_failing_before_its_first_step_is_not_analysed(tmp_path):
     """Both ranks build their DDP model, then raise before the first step (the data loader's file missing): their
     records were read, aligned and replayed at the job's end, and the command printed an empty summary table and "no

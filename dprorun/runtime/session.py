@@ -486,8 +486,10 @@ class RankSession:
         a process forked from the rank (its copy of the records is stale, the files are the rank's)."""
         if os.getpid() != self.pid:
             return
-        # a script that raised before its first step: its error says why nothing was profiled
-        raised = any(isinstance(w, str) and w.startswith(SCRIPT_RAISED) for w in self.records.warnings)
+        # a script that raised before its first step, or a rank the launcher stopped (a peer failed first): the
+        # error says why nothing was profiled
+        raised = any(isinstance(w, str) and (w.startswith(SCRIPT_RAISED) or w == "stopped by SIGTERM")
+                     for w in self.records.warnings)
         # the only process launched, training nothing itself, whose records are there: the processes it started
         # were the job's ranks and wrote them (runtime/spawned.py)
         spawned_ranks = bool(self.world_size == 1 and not self.trackers and ranks_with_records(self.cfg.run_dir))
