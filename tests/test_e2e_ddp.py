@@ -541,6 +541,31 @@ def test_dry_run_stops_after_the_window_and_predicts_a_larger_world(tmp_path):
     assert proc.returncode == 2 and "--local-np goes with --dry-run" in proc.stderr
 
 
+def test_a_larger_world_predicted_from_one_profiled_rank_says_its_link_is_assumed(tmp_path):
+    """`--dry-run -np 4 --local-np 1`: a lone rank's all-reduces cross no network (DDP copies its gradients), and
+    the comm model fitted to them priced the link at the trace's 3,793 Gbit/s: 4 ranks of the MLP came out at 4.2
+    ms, as fast as one, with no word. Now the link is an assumed 1 Gbit/s and 50 µs a message, and the prediction
+    says so (a bandwidth given is taken, and the warning stays)."""
+    proc, _ = run_dprorun(["--dry-run", "-np", "4", "--local-np", "1", "--warmup", "2", "--active", "6", "--clean",
+                           "0", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "1000000"],
+                          tmp_path / "run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning: profiled on 1 rank, whose all-reduces crossed no network: the 4-rank figure prices them at an " \
+           "assumed 1 Gbit/s link" in proc.stdout, proc.stdout[-3000:]
+    measured = float(proc.stdout.split("measured iteration time ")[1].split(" ms")[0])
+    predicted = float(proc.stdout.split("predicted iteration time: ")[1].split(" ms")[0])
+    assert predicted > 3 * measured, (measured, predicted)  # the MLP's gradients at 1 Gbit/s: tens of ms
+    from dprorun.replay.build import build_job_model
+    from dprorun.replay.predict import predict
+    from dprorun.replay.whatif import WhatIf
+
+    model = build_job_model(load_run(str(tmp_path / "run")))
+    assert model.comm.source.startswith("assumed (one rank profiled")
+    notes = predict(model, WhatIf(world_size=4, bandwidth_gbit=100.0), detail="coarse").notes
+    assert any("prices them at the 100 Gbit/s asked for" in n for n in notes), notes
+    assert not any("profiled on 1 rank" in n for n in predict(model, detail="coarse").notes)
+
+
 def test_launcher_torchrun_and_the_torchrun_shim(tmp_path):
     proc, _ = run_dprorun(["--launcher", "torchrun", "-np", "2", "--warmup", "1", "--active", "2", "--clean", "1",
                            "-q", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "6"],

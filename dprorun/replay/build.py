@@ -13,7 +13,7 @@ import numpy as np
 from dprorun.graph.local import blocking_collectives, op_profile
 from dprorun.replay.engine import replay
 from dprorun.replay.synthesize import synthesize
-from dprorun.replay.template import LATENCY_BOUND, BucketInfo, JobModel, MeasuredIteration, RankTemplate, \
+from dprorun.replay.template import LATENCY_BOUND, BucketInfo, CommModel, JobModel, MeasuredIteration, RankTemplate, \
     _horovod_timeline_points, _ready_fractions, comm_channels, fit_comm_model, horovod_comm_model, horovod_knobs_as_run, \
     measure_rank, message_latency_us, ring_bytes, ring_size, transport_on_compute_cores
 from dprorun.replay.whatif import WhatIf
@@ -204,7 +204,8 @@ def build_job_model(run: RunTrace) -> JobModel:
     calibration = [tuple(p) for p in first.meta.get("calibration", [])]
     latency = message_latency_us(run)
     groups = ddp_groups(run)  # the buckets' rings: the script's own groups where it has some (the calibration's: all)
-    comm = fit_comm_model(points, ring_size(groups, world), calibration, latency)
+    ring = ring_size(groups, world)
+    comm = fit_comm_model(points, ring, calibration, latency) if ring > 1 else ONE_RANK_COMM
     network = fit_comm_model(calibration, world, [], latency) if len(calibration) >= 2 else None
     if network is not None:  # the calibration alone must fit a line (points enough, growing with size)
         network = replace(network, source="calibration") if network.source == "trace" else None
@@ -346,6 +347,12 @@ def _collectives_outside_packs(run: RunTrace, ranks: list[int]) -> tuple[list[st
             per_rank.append(median([float(s["us"]) for s in steps], 0.0))
             names += [name for name in steps[0]["names"] if name not in names]  # each rank's (a send, its recv)
     return names, median(per_rank, 0.0)
+
+
+# a job profiled on one rank: its all-reduces crossed no network (DDP copies a lone rank's gradients, the trace's
+# "bandwidth" some TB/s), so what another world size needs of the link is assumed, and said (replay/comm.py)
+ONE_RANK_COMM = CommModel(50.0, 125.0, "assumed (one rank profiled: no collective crossed a network): 1 Gbit/s, "
+                          "50 µs a message", [])
 
 
 FIT_ROUNDS = 8

@@ -239,6 +239,16 @@ class CommPricing:
                          "first rank before every training forward: replayed inside "
                          f"the forward as measured at {model.world_size} ranks on this network, not priced again for "
                          "this what-if (broadcast_buffers=False leaves it out)")
+        if model.world_size < 2 and world > 1:
+            asked = whatif.bandwidth_gbit is not None
+            gbit = comm.bandwidth_bytes_per_us * 8e-3
+            link = (f"the {whatif.bandwidth_gbit:g} Gbit/s asked for" if asked else
+                    f"an assumed {gbit:.3g} Gbit/s link" if comm.source.startswith("assumed") else
+                    f"the {gbit:.3g} Gbit/s of its lone rank's own collectives")
+            notes.append(f"warning: profiled on 1 rank, whose all-reduces crossed no network: the {world}-rank figure "
+                         f"prices them at {link} and an assumed {comm.alpha_us:.0f} µs a message, not by a "
+                         "measurement; profile 2 ranks or more (--local-np 2) for a figure backed by one"
+                         + ("" if asked else ", or give the link's bandwidth (--bandwidth)"))
         names, outside_us = model.collectives_outside_packs
         if outside_us > 0 and (world != model.world_size or not network_same):
             notes.append(f"caution: {outside_us / 1000:.1f} ms a step of collectives outside the gradient packs "
