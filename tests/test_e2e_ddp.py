@@ -10,6 +10,9 @@ import pytest
 
 from conftest import EXAMPLES, REPO, run_dprorun, run_script_job, with_own_excepthook
 from dprorun.fsutil import UnanswerableError
+from dprorun.replay.build import build_job_model
+from dprorun.replay.predict import predict
+from dprorun.replay.whatif import WhatIf
 from dprorun.trace.model import OpKind
 from dprorun.trace.rundir import load_run
 
@@ -250,7 +253,6 @@ def test_gradient_accumulation_with_no_sync_is_replayed_with_its_micro_batches(t
                            "python", os.path.join(EXAMPLES, "resnet_small.py"), "--steps", "16", "--accumulate", "2",
                            "--batch-size", "16"], run_dir, timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from dprorun.replay.build import build_job_model
 
     model = build_job_model(load_run(str(run_dir)))
     for template in model.templates.values():
@@ -283,7 +285,6 @@ def test_an_optimizer_step_given_a_closure_has_its_update_after_the_closures_bac
         assert len(window) >= 2  # the window's first step began before its hooks: no update span
         for kinds in window:
             assert [o.start_us >= kinds["BW"][-1].end_us for o in kinds["UPDATE"]] == [True], kinds
-    from dprorun.replay.build import build_job_model
 
     for template in build_job_model(run).templates.values():  # Adam over 26 layers vs the gap before it
         assert template.update_us > max(template.finalize_us, 1000.0), template
@@ -300,8 +301,7 @@ def test_a_scripts_own_compressing_comm_hook_is_timed_and_its_bucket_bytes_are_w
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert events["trackers"][0]["user_comm_hook_name"] == "fp16_compress_hook" and events["comm"]
     assert all(b["nbytes"] * 2 == b["buffer_nbytes"] and b["wire_dtype"] == "float16" for b in events["buckets"])
-    from dprorun.replay.build import build_job_model
-    from dprorun.replay.whatif import WhatIf, plan_syncs
+    from dprorun.replay.whatif import plan_syncs
 
     model = build_job_model(load_run(str(run_dir)))
     syncs, _ = plan_syncs(model, WhatIf(bucket_mb=100), [])
@@ -330,8 +330,7 @@ def test_what_a_powersgd_hook_sends_is_counted_from_its_collectives(tmp_path):
     assert events["script_collectives"] == []  # the hook's all-reduces are the bucket's, not the script's own
     [bucket] = events["buckets"]
     assert (bucket["buffer_nbytes"], bucket["nbytes"]) == (6_392_872, 128_632), bucket
-    from dprorun.replay.build import build_job_model
-    from dprorun.replay.whatif import WhatIf, plan_syncs
+    from dprorun.replay.whatif import plan_syncs
 
     model = build_job_model(load_run(str(run_dir)))
     syncs, _ = plan_syncs(model, WhatIf(bucket_mb=100), [])
@@ -555,9 +554,6 @@ def test_a_larger_world_predicted_from_one_profiled_rank_says_its_link_is_assume
     measured = float(proc.stdout.split("measured iteration time ")[1].split(" ms")[0])
     predicted = float(proc.stdout.split("predicted iteration time: ")[1].split(" ms")[0])
     assert predicted > 3 * measured, (measured, predicted)  # the MLP's gradients at 1 Gbit/s: tens of ms
-    from dprorun.replay.build import build_job_model
-    from dprorun.replay.predict import predict
-    from dprorun.replay.whatif import WhatIf
 
     model = build_job_model(load_run(str(tmp_path / "run")))
     assert model.comm.source.startswith("assumed (one rank profiled")
@@ -1066,8 +1062,6 @@ def test_an_optimizer_sharded_by_hand_is_profiled_and_replayed(tmp_path, style):
     per_iteration = {i: sum(1 for row in events["comm"] if row[0] == i) for i in profiled}
     assert set(per_iteration.values()) == {2 * groups}, per_iteration  # each iteration's scatters and gathers
     from dprorun.analysis import RunAnalysis
-    from dprorun.replay.predict import predict
-    from dprorun.replay.whatif import WhatIf
 
     analysis = RunAnalysis(str(run_dir))
     model = analysis.model
@@ -1177,8 +1171,6 @@ def test_a_ddp_model_trained_in_eval_mode_is_profiled(tmp_path):
     update spans" (benchmarks/shapes/ddp_session52.py --eval-mode). A forward in eval mode with gradients on is told
     a training one once an optimizer stepped (or DDP all-reduced) after one; forwards under no_grad stay
     evaluations."""
-    from dprorun.replay.build import build_job_model
-    from dprorun.replay.predict import predict
     from dprorun.runtime.ddp import TRAINS_IN_EVAL_MODE
 
     _, run_dir = run_script_job(tmp_path, EVAL_MODE_TRAINING_SCRIPT,
@@ -1531,6 +1523,9 @@ DDP_PREAMBLE = ("import torch, torch.distributed as dist, torch.nn as nn\n"
                 "dist.init_process_group('gloo'); torch.manual_seed(0); torch.set_num_threads(1)\n")
 
 
+SHORT_WINDOW = ["-q", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3"]
+
+
 def _run_ddp_script(tmp_path, window: list[str], *lines: str):
     """A 2-rank gloo script (DDP_PREAMBLE, then `lines`) under dprorun with the window options given; it must
     succeed: (run directory, the finished process)."""
@@ -1549,7 +1544,7 @@ def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_i
     planning calls it, was not timed). The hooks time the script's own torch.distributed calls
     in the window's iterations (not dprorun's calibration, probes or gather) and the what-ifs say they keep them."""
     run_dir, _ = _run_ddp_script(
-        tmp_path, ["-q", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3"],
+        tmp_path, SHORT_WINDOW,
         "import torch.distributed.nn.functional as F\n"
         "net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 32))\n"
         "model = nn.parallel.DistributedDataParallel(net)\n"
@@ -1568,9 +1563,6 @@ def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_i
     assert {(row[1], row[2]) for row in rows} == {("torch.distributed.barrier", 1), ("torch.distributed.all_gather", 1),
                                                   ("torch.distributed.scatter", 2),
                                                   ("torch.distributed.gather_object", 1)}  # as checkpoint's planning
-    from dprorun.replay.build import build_job_model
-    from dprorun.replay.predict import predict
-    from dprorun.replay.whatif import WhatIf
 
     model = build_job_model(load_run(str(run_dir)))
     names, outside_us = model.collectives_outside_packs
@@ -1590,7 +1582,7 @@ def test_point_to_point_transfers_in_the_step_are_timed_and_a_what_if_says_it_ke
     timed (batch_isend_irecv at its call and at each request's wait), and the what-ifs say they keep them; the
     requests still work as torch's (P2POp checks isend and irecv by identity: those stay torch's own)."""
     run_dir, _ = _run_ddp_script(
-        tmp_path, ["-q", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3"],
+        tmp_path, SHORT_WINDOW,
         "rank, world = dist.get_rank(), dist.get_world_size()\n"
         "left, right = (rank - 1) % world, (rank + 1) % world\n"
         "conv = nn.Conv1d(8, 8, 9)\n"
@@ -1619,9 +1611,6 @@ def test_point_to_point_transfers_in_the_step_are_timed_and_a_what_if_says_it_ke
     assert {row[0] for row in rows} == set(range(3, 9))
     assert {(row[1], row[2]) for row in rows} == {("torch.distributed.batch_isend_irecv", 5),  # the call, 4 waits
                                                   ("torch.distributed.recv", 1)}
-    from dprorun.replay.build import build_job_model
-    from dprorun.replay.predict import predict
-    from dprorun.replay.whatif import WhatIf
 
     model = build_job_model(load_run(str(run_dir)))
     assert model.collectives_outside_packs[0] == ["torch.distributed.batch_isend_irecv", "torch.distributed.send",
@@ -1651,9 +1640,6 @@ def test_an_iteration_is_an_optimizer_step_when_the_module_runs_more_than_once_a
         "    opt.step()\n")
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert len(events["iteration_starts_us"]) == 14  # one a step (56 before: one a forward)
-    from dprorun.replay.build import build_job_model
-    from dprorun.replay.predict import predict
-    from dprorun.replay.whatif import WhatIf
     from dprorun.trace.rundir import EARLIER_ROUNDS
 
     model = build_job_model(load_run(str(run_dir)))
@@ -1690,7 +1676,6 @@ def test_a_second_ddp_module_stepped_now_and_then_is_replayed_and_said(tmp_path)
     # iterations of their own (40 for 30 critic steps)
     events = json.loads((run_dir / "rank_0" / "events.json").read_text())
     assert len(events["iteration_starts_us"]) == 31
-    from dprorun.replay.build import build_job_model
 
     model = build_job_model(load_run(str(run_dir)))
     assert [b.key for b in model.buckets] == ["ddp1.bucket0"]
@@ -1698,8 +1683,6 @@ def test_a_second_ddp_module_stepped_now_and_then_is_replayed_and_said(tmp_path)
     # re-bucketing needs the module's parameter sizes, recorded for the first module only (the critic's "0.weight"
     # is another tensor than the generator's): refused, and the search leaves the layout (KeyError in the report)
     from dprorun.fsutil import UnanswerableError
-    from dprorun.replay.predict import predict
-    from dprorun.replay.whatif import WhatIf
 
     with pytest.raises(UnanswerableError, match="second DDP module"):
         predict(model, WhatIf(bucket_mb=1.0))
