@@ -1526,6 +1526,11 @@ DDP_PREAMBLE = ("import torch, torch.distributed as dist, torch.nn as nn\n"
 SHORT_WINDOW = ["-q", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3"]
 
 
+def _script_collectives(run_dir, rank: int) -> list:
+    """The script's own calls the hooks timed in a rank's window: events.json's [iteration, function, calls, µs]."""
+    return json.loads((run_dir / f"rank_{rank}" / "events.json").read_text())["script_collectives"]
+
+
 def _run_ddp_script(tmp_path, window: list[str], *lines: str):
     """A 2-rank gloo script (DDP_PREAMBLE, then `lines`) under dprorun with the window options given; it must
     succeed: (run directory, the finished process)."""
@@ -1557,8 +1562,7 @@ def test_collectives_the_script_calls_in_its_step_are_timed_and_a_what_if_says_i
         "    logits = z @ torch.cat(F.all_gather(z), 0).t()\n"
         "    loss = nn.functional.cross_entropy(logits, torch.arange(32) + 32 * dist.get_rank())\n"
         "    opt.zero_grad(); loss.backward(); opt.step()\n")
-    with open(run_dir / "rank_0" / "events.json") as f:
-        rows = json.load(f)["script_collectives"]
+    rows = _script_collectives(run_dir, 0)
     assert {row[0] for row in rows} == set(range(3, 9))  # the window's iterations, nothing of dprorun's after it
     assert {(row[1], row[2]) for row in rows} == {("torch.distributed.barrier", 1), ("torch.distributed.all_gather", 1),
                                                   ("torch.distributed.scatter", 2),
@@ -1606,8 +1610,7 @@ def test_point_to_point_transfers_in_the_step_are_timed_and_a_what_if_says_it_ke
         "    assert token.item() == step\n"
         "    loss = model(torch.cat([halo_l, x, halo_r], -1)).pow(2).mean()\n"
         "    opt.zero_grad(); loss.backward(); opt.step()\n")
-    with open(run_dir / "rank_1" / "events.json") as f:
-        rows = json.load(f)["script_collectives"]
+    rows = _script_collectives(run_dir, 1)
     assert {row[0] for row in rows} == set(range(3, 9))
     assert {(row[1], row[2]) for row in rows} == {("torch.distributed.batch_isend_irecv", 5),  # the call, 4 waits
                                                   ("torch.distributed.recv", 1)}
