@@ -19,6 +19,7 @@ SAMPLES_FILE = "samples.json"
 ALIGNMENT_FILE = "alignment.json"
 # a rank's warning, in events.json, for the exception its script raised (the hooks' excepthook; the launcher names it)
 SCRIPT_RAISED = "training script raised "
+STOPPED_BY_SIGTERM = "stopped by SIGTERM"  # a rank's records, where its launcher stopped it (a peer failed first)
 # in the run directory, from rank 0 of ranks the script spawned itself (runtime/spawned.py): their world size
 SPAWNED_FILE = "spawned.json"
 SPAWNED_SCHEMA = "dprorun-spawned"

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+from dprorun.layout import STOPPED_BY_SIGTERM
 from dprorun.runtime.raised import leave_an_mxnet_worker_that_raised, note_script_raised, note_uncaught_at_exit, \
     watch_sys_exit
 
@@ -478,7 +479,7 @@ def _install_sigterm(sess) -> None:
             return
         try:
             if os.getpid() == sess.pid:  # not in a process forked from the rank (a pool's worker terminated)
-                sess.records.warnings.append("stopped by SIGTERM")
+                sess.records.warnings.append(STOPPED_BY_SIGTERM)
                 sess.at_exit()
         finally:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -519,7 +520,7 @@ def _sigterm_while_waiting_in_cxx(sess, stopping: threading.Lock, handler: Calla
                 continue
             try:
                 if sess.iteration >= 0:
-                    sess.records.warnings.append("stopped by SIGTERM")
+                    sess.records.warnings.append(STOPPED_BY_SIGTERM)
                     sess.at_exit()
             finally:
                 os._exit(128 + signal.SIGTERM)
@@ -567,7 +568,7 @@ def _sigterm_watcher(sess) -> None:
                 return
             if signal.SIGTERM in data:
                 try:
-                    sess.records.warnings.append("stopped by SIGTERM")
+                    sess.records.warnings.append(STOPPED_BY_SIGTERM)
                     sess.at_exit()
                 finally:
                     os._exit(128 + signal.SIGTERM)

@@ -33,7 +33,8 @@ from typing import Any, Callable, Optional
 
 from dprorun.config import ProfileConfig
 from dprorun.fsutil import atomic_write_json, make_private_dir
-from dprorun.layout import CLEAN_FILE, PRIMARY_REPLACED, SCRIPT_RAISED, rank_dir, ranks_with_records
+from dprorun.layout import CLEAN_FILE, PRIMARY_REPLACED, SCRIPT_RAISED, STOPPED_BY_SIGTERM, rank_dir, \
+    ranks_with_records
 from dprorun.runtime import rank_files
 from dprorun.runtime.cpubudget import cgroup_cpu_stat, process_cpu_s
 from dprorun.runtime.records import RankRecords
@@ -488,7 +489,7 @@ class RankSession:
             return
         # a script that raised before its first step, or a rank the launcher stopped (a peer failed first): the
         # error says why nothing was profiled
-        raised = any(isinstance(w, str) and (w.startswith(SCRIPT_RAISED) or w == "stopped by SIGTERM")
+        raised = any(isinstance(w, str) and (w.startswith(SCRIPT_RAISED) or w == STOPPED_BY_SIGTERM)
                      for w in self.records.warnings)
         # the only process launched, training nothing itself, whose records are there: the processes it started
         # were the job's ranks and wrote them (runtime/spawned.py)
