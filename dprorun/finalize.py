@@ -220,18 +220,27 @@ def _with_the_scripts_spawned_ranks(job: JobConfig) -> tuple[JobConfig, dict]:
 
 def _failed_before_any_step(job: JobConfig, result: LaunchResult, ranks: list[int]) -> bool:
     """A failed job none of whose ranks recorded a training step (a script raising after hvd.init or after building
-    its DDP model, before its first step): nothing to read, align or replay, said so; the files stay."""
-    from dprorun.layout import EVENTS_FILE, rank_dir
+    its DDP model, before its first step): nothing to read, align or replay, said so, with what the ranks recorded
+    of why (a ParameterServerStrategy under --backend tf, ...; their errors are named above); the files stay."""
+    from dprorun.layout import EVENTS_FILE, SCRIPT_RAISED, STOPPED_BY_SIGTERM, rank_dir
 
     if result.exit_code == 0:
         return False
+    said: dict[str, list[int]] = {}
     for rank in ranks:
         try:
             with open(os.path.join(rank_dir(job.output.run_dir, rank), EVENTS_FILE), encoding="utf-8") as handle:
-                if json.load(handle).get("iteration_starts_us"):
-                    return False
-        except (OSError, ValueError, AttributeError):
+                events = json.load(handle)
+        except (OSError, ValueError):
             return False  # the analysis says what it can of a file it cannot read
+        if not isinstance(events, dict) or events.get("iteration_starts_us"):
+            return False
+        for warning in events.get("warnings") or []:
+            if isinstance(warning, str) and not warning.startswith(SCRIPT_RAISED) and warning != STOPPED_BY_SIGTERM:
+                said.setdefault(warning, []).append(rank)
+    for warning, which in said.items():
+        print(f"dprorun: warning: rank{'s' if len(which) > 1 else ''} {', '.join(map(str, which))}: {warning}",
+              file=sys.stderr)
     print("dprorun: no rank recorded a training step before the failure: nothing to analyse", file=sys.stderr)
     return True
 
