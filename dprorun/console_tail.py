@@ -86,9 +86,10 @@ def split_pieces(buffer: str) -> tuple[list[tuple[str, str]], str]:
 
 
 def tail_rank_log(console: Console, header: str, file: str, dst: TextIO, finished: threading.Event,
-                  interval_sec: float, log_line_filter: Optional[Callable[[str], bool]] = None) -> None:
+                  interval_sec: float, log_line_filter: Optional[Callable[[str], bool]] = None, **later) -> None:
     """torch elastic's `tail_logfile` (its arguments after `console`, the launch's), with carriage returns redrawing
-    in place (this module's docstring)."""
+    in place (this module's docstring). `later`: arguments a later torch may add, left aside rather than the rank's
+    output lost to a TypeError in the tail's thread."""
     import os
 
     def wanted(text: str) -> bool:
