@@ -20,6 +20,8 @@ from dprorun.config import JobConfig
 from dprorun.layout import TF_WORKERS_ENV, TF_XLA_AUTO_JIT
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIR = os.path.join(PACKAGE_ROOT, "dprorun")
+PACKAGE_DIR_ENV = "DPRO_PACKAGE_DIR"  # where the hooks' sitecustomize imports dprorun from in every rank
 
 
 @dataclass
@@ -79,10 +81,15 @@ def _bindable(addr: str, port: int) -> bool:
 
 
 def rank_environment(job: JobConfig) -> dict[str, str]:
-    """Variables every rank inherits: hooks on PYTHONPATH, dprorun importable, profiling settings."""
-    paths = [hooks_dir(), PACKAGE_ROOT]
+    """Variables every rank inherits: hooks on PYTHONPATH, dprorun importable, profiling settings.
+
+    Only the hooks' folder goes on PYTHONPATH: the folder holding dprorun is a source tree's root (its examples/,
+    scripts/ and tests/ would join a script's own namespace packages of those names) or an environment's
+    site-packages (whose numpy 2 an MXNet job's own environment then imported in place of its numpy 1.23). The
+    hooks import dprorun alone from DPRO_PACKAGE_DIR."""
     existing = os.environ.get("PYTHONPATH", "")
-    env = {"PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
+    env = {"PYTHONPATH": os.pathsep.join([hooks_dir()] + ([existing] if existing else [])),
+           PACKAGE_DIR_ENV: PACKAGE_DIR}
     env.update(job.profile.to_env())
     env["DPRO_STRATEGY"] = os.path.abspath(job.strategy_file) if job.strategy_file else ""
     env["DPRO_BACKEND"] = job.launch.backend

@@ -7,6 +7,28 @@ import os
 import sys
 
 
+class _DproPackageFinder:
+    """Finds the package `dprorun` (only it) in the folder the launcher named: its parent folder, a source tree's
+    root or another environment's site-packages, stays off this interpreter's path."""
+
+    def __init__(self, package_dir):
+        self.package_dir = package_dir
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "dprorun":
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_file_location(name, os.path.join(self.package_dir, "__init__.py"),
+                                                      submodule_search_locations=[self.package_dir])
+
+
+def _dpro_package_finder():
+    package_dir = os.environ.get("DPRO_PACKAGE_DIR")
+    if package_dir and os.path.isfile(os.path.join(package_dir, "__init__.py")):
+        sys.meta_path.insert(0, _DproPackageFinder(package_dir))
+
+
 def _dpro_install():
     if os.environ.get("DPRO_ENABLED") != "1":
         return
@@ -48,6 +70,7 @@ def _dpro_chain_sitecustomize():
     spec.loader.exec_module(module)
 
 
+_dpro_package_finder()
 _dpro_tf_config()
 _dpro_install()
 _dpro_chain_sitecustomize()

@@ -132,6 +132,27 @@ def test_ranks_tear_cupti_down_after_the_window_unless_the_user_says_otherwise(m
     assert rank_environment(job)["TEARDOWN_CUPTI"] == "0"
 
 
+def test_ranks_import_dprorun_alone_not_the_folder_that_holds_it(tmp_path, monkeypatch):
+    """The folder holding dprorun (this source tree's root; site-packages for an installed dprorun) was put on the
+    ranks' PYTHONPATH: a script's own namespace package `examples` got this tree's examples/common.py (ImportError
+    under dprorun, not under torchrun), and an MXNet job's interpreter imported dprorun's environment's numpy 2."""
+    from dprorun.config import JobConfig, OutputConfig
+    from dprorun.launch import rank_environment
+
+    project = tmp_path / "project"
+    (project / "examples").mkdir(parents=True)
+    (project / "examples" / "common.py").write_text("WHO = 'the project'\n")
+    monkeypatch.setenv("PYTHONPATH", str(project))
+    job = JobConfig(command=["python", "train.py"], output=OutputConfig(run_dir=str(tmp_path / "run")))
+    env = dict(os.environ, **rank_environment(job))
+    env.pop("DPRO_ENABLED")  # the import paths alone, no hooks installed
+    assert env["PYTHONPATH"].split(os.pathsep) == [os.path.join(REPO, "hooks"), str(project)]
+    code = "import dprorun, examples.common as c; print(c.WHO); print(dprorun.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.splitlines() == ["the project", os.path.join(REPO, "dprorun", "__init__.py")]
+
+
 def test_nvml_device_index_wraps_when_ranks_share_gpus(monkeypatch):
     from dprorun.runtime.samplers import _nvml_device_index
 
