@@ -35,9 +35,13 @@ class LaunchResult:
 
 
 def hooks_dir() -> str:
-    """The folder holding the bootstrap sitecustomize.py (source tree, or installed data files)."""
+    """The folder holding the bootstrap sitecustomize.py (source tree, or installed data files: under the
+    environment's prefix, or the user's base for `pip install --user`)."""
+    import site
+
     candidates = [os.path.join(PACKAGE_ROOT, "hooks"),
-                  os.path.join(sys.prefix, "share", "dprorun", "hooks")]
+                  os.path.join(sys.prefix, "share", "dprorun", "hooks"),
+                  os.path.join(site.getuserbase(), "share", "dprorun", "hooks")]
     for candidate in candidates:
         if os.path.isfile(os.path.join(candidate, "sitecustomize.py")):
             return candidate

@@ -132,6 +132,21 @@ def test_ranks_tear_cupti_down_after_the_window_unless_the_user_says_otherwise(m
     assert rank_environment(job)["TEARDOWN_CUPTI"] == "0"
 
 
+def test_hooks_installed_with_pip_install_user_are_found(tmp_path, monkeypatch):
+    """`pip install --user .` puts the data files under the user's base, not sys.prefix: every launch failed."""
+    import site
+
+    from dprorun import procs
+
+    hooks = tmp_path / "userbase" / "share" / "dprorun" / "hooks"
+    hooks.mkdir(parents=True)
+    (hooks / "sitecustomize.py").write_text("")
+    monkeypatch.setattr(procs, "PACKAGE_ROOT", str(tmp_path / "site-packages"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "usr"))
+    monkeypatch.setattr(site, "USER_BASE", str(tmp_path / "userbase"))
+    assert procs.hooks_dir() == str(hooks)
+
+
 def test_ranks_import_dprorun_alone_not_the_folder_that_holds_it(tmp_path, monkeypatch):
     """The folder holding dprorun (this source tree's root; site-packages for an installed dprorun) was put on the
     ranks' PYTHONPATH: a script's own namespace package `examples` got this tree's examples/common.py (ImportError
