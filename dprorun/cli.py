@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 from dprorun import __version__
 from dprorun.argtypes import mark_command, non_negative_float, positive_float
 from dprorun.fsutil import TraceError
-from dprorun.procs import StdoutThatOutlivesItsReader, refuse_script_from_stdin
+from dprorun.procs import StdoutThatOutlivesItsReader, python_flag_without_the_hooks, refuse_script_from_stdin
 from dprorun.config import AutotuneConfig, HorovodConfig, JobConfig, LaunchConfig, OutputConfig, PredictConfig, \
     TIMELINE_MODES, ProfileConfig, horovod_knob_args
 from dprorun.scheduler_env import SchedulerEnv, detect_scheduler, horovod_plan
@@ -594,6 +594,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     for note in torchrun_notes(args):
         print(f"dprorun: {note}", file=sys.stderr)
+    flag = python_flag_without_the_hooks(job.command)
+    if flag:
+        print(f"dprorun: warning: the ranks' python runs with {flag}: dprorun's hooks, a sitecustomize on PYTHONPATH, "
+              "cannot load, and the job runs unprofiled (as under torchrun); drop the flag to profile it",
+              file=sys.stderr)
     if job.launch.node_rank == 0:  # node 0 owns the run directory (others may share its filesystem)
         from dprorun.layout import claim_run_dir
 

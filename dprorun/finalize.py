@@ -189,10 +189,15 @@ def _say_nothing_was_profiled(job: JobConfig) -> None:
     """A job that ran to its end with no rank's records: why, from what rank 0 saw (a script run in a child process
     of its own, or no supported wrapper)."""
     from dprorun.layout import rank_dir
+    from dprorun.procs import python_flag_without_the_hooks
     from dprorun.runtime.watch import SUPPORTED_WRAPPERS, read_subprocess_scripts, subprocess_script_advice
 
     scripts = read_subprocess_scripts(rank_dir(job.output.run_dir, 0))
-    if scripts:
+    flag = python_flag_without_the_hooks(job.command)
+    if flag:
+        print(f"dprorun: nothing was profiled: the ranks' python ran with {flag}, which keeps dprorun's hooks out "
+              "(they load as a sitecustomize on PYTHONPATH); run it without that flag", file=sys.stderr)
+    elif scripts:
         advice = subprocess_script_advice(scripts[0], str(job.launch.world_size))
         print(f"dprorun: nothing was profiled: rank 0: {advice}", file=sys.stderr)
     else:

@@ -132,6 +132,30 @@ def tf_worker_addresses(job: JobConfig) -> list[str]:
     return [f"{host}:{base + k}" for host in job.launch.hosts for k in range(job.launch.nproc_per_node)]
 
 
+PYTHON_FLAGS_WITHOUT_THE_HOOKS = {"E": "ignores PYTHONPATH", "I": "isolated: ignores PYTHONPATH",
+                                  "S": "imports no site, hence no sitecustomize"}
+
+
+def python_flag_without_the_hooks(command: list[str]) -> str:
+    """The interpreter flag of `python -E|-I|-S ... train.py` that keeps dprorun's hooks out of every rank (they load
+    as a sitecustomize on PYTHONPATH), with why (e.g. "-E (ignores PYTHONPATH)"); "" where there is none."""
+    if not command or not os.path.basename(command[0]).startswith("python"):
+        return ""
+    words = iter(command[1:])
+    for word in words:
+        if word in ("-W", "-X", "--check-hash-based-pycs"):
+            next(words, None)
+        elif not word.startswith("-") or word in ("-", "--") or word.startswith(("-m", "-c", "--")):
+            return ""
+        else:
+            for letter in word[1:]:
+                if letter in PYTHON_FLAGS_WITHOUT_THE_HOOKS:
+                    return f"-{letter} ({PYTHON_FLAGS_WITHOUT_THE_HOOKS[letter]})"
+                if letter in "WX":  # -Werror, -Xdev: the rest of the word is the option's value
+                    break
+    return ""
+
+
 def split_command(command: list[str]) -> tuple[str, list[str]]:
     """('python', ['train.py', ...]) -> the executable and its arguments; a bare script runs with this Python."""
     if not command:

@@ -218,6 +218,23 @@ def test_bad_command_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "no training command" in proc.stderr
 
 
+def test_a_python_flag_that_keeps_the_hooks_out_is_named_not_taken_for_a_script_without_ddp(tmp_path):
+    """`python -E` (or -I, -S) ignores PYTHONPATH, where the hooks load from: the job said "no rank built a wrapper
+    the hooks support" of a script that builds a DistributedDataParallel."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))\n"
+                      "for _ in range(10):\n"
+                      "    model(torch.randn(4, 8)).sum().backward()\n"
+                      "del model\n"
+                      "dist.destroy_process_group()\n")
+    proc, _ = run_dprorun(["--dry-run", "-np", "2", "python", "-E", str(script)], tmp_path / "run", timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "the ranks' python runs with -E (ignores PYTHONPATH)" in proc.stderr  # said before the launch
+    assert "nothing was profiled: the ranks' python ran with -E" in proc.stderr and "no rank built" not in proc.stderr
+
+
 def test_memory_parts_calibration_and_probes_are_recorded(mlp_run):
     from dprorun.memory import run_memory
 

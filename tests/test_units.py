@@ -132,6 +132,17 @@ def test_ranks_tear_cupti_down_after_the_window_unless_the_user_says_otherwise(m
     assert rank_environment(job)["TEARDOWN_CUPTI"] == "0"
 
 
+def test_python_flags_that_keep_the_hooks_out_are_told_from_the_scripts_own():
+    from dprorun.procs import python_flag_without_the_hooks as flag
+
+    assert flag(["python", "-E", "train.py"]) == "-E (ignores PYTHONPATH)"
+    assert flag(["/usr/bin/python3", "-u", "-sI", "train.py"]).startswith("-I ")
+    assert flag(["python", "-S", "-m", "pkg.train"]).startswith("-S ")
+    for command in (["python", "train.py", "-E"], ["python", "-W", "E", "train.py"], ["python", "-Werror", "t.py"],
+                    ["python", "-XE", "t.py"], ["python", "-m", "pkg", "-I"], ["torchrun", "-E"], ["python", "-u"]):
+        assert flag(command) == "", command
+
+
 def test_hooks_installed_with_pip_install_user_are_found(tmp_path, monkeypatch):
     """`pip install --user .` puts the data files under the user's base, not sys.prefix: every launch failed."""
     import site
