@@ -235,6 +235,42 @@ def test_a_python_flag_that_keeps_the_hooks_out_is_named_not_taken_for_a_script_
     assert "nothing was profiled: the ranks' python ran with -E" in proc.stderr and "no rank built" not in proc.stderr
 
 
+NO_PSUTIL_IN_THE_RANKS = """
+import os, sys
+if "RANK" in os.environ:  # a rank: its environment has no psutil (torch does not need it)
+    raise ModuleNotFoundError("No module named 'psutil'", name="psutil")
+here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+del sys.modules["psutil"]
+import psutil  # the launcher's own, from its environment
+"""
+
+
+def test_a_training_environment_without_psutil_is_profiled(tmp_path):
+    """`dprorun -np 2 /path/to/venv/bin/python train.py`, a venv with torch alone: the hooks' import of psutil for
+    the memory at DDP's construction turned the profile off ("profiling disabled"), the summary all zeros."""
+    stub = tmp_path / "stub" / "psutil"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(NO_PSUTIL_IN_THE_RANKS)
+    script = tmp_path / "train.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+                      "for _ in range(20):\n"
+                      "    optimizer.zero_grad()\n"
+                      "    model(torch.randn(16, 64)).sum().backward()\n"
+                      "    optimizer.step()\n"
+                      "del model\n"
+                      "dist.destroy_process_group()\n")
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "python", str(script)], tmp_path / "run",
+                          env={"PYTHONPATH": str(tmp_path / "stub")}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "profiling disabled" not in proc.stderr and "No module named 'psutil'" not in proc.stderr
+    assert "rank 0 peak memory (cpu): estimated" in proc.stdout
+    assert "no replay" not in proc.stdout + proc.stderr
+
+
 def test_memory_parts_calibration_and_probes_are_recorded(mlp_run):
     from dprorun.memory import run_memory
 

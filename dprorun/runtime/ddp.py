@@ -158,10 +158,11 @@ class DDPTracker:
         module.register_forward_hook(own_hook(outside_compiled(self._post_forward)))
 
     def _memory_at_init(self) -> None:
-        import psutil
         import torch
 
-        self.memory_at_init["rss_at_ddp_init_bytes"] = psutil.Process().memory_info().rss
+        from dprorun.runtime.rank_files import current_rss_bytes
+
+        self.memory_at_init["rss_at_ddp_init_bytes"] = current_rss_bytes()
         if torch.cuda.is_available():
             self.memory_at_init["cuda_allocated_at_ddp_init_bytes"] = int(torch.cuda.memory_allocated())
         memory = self.session.records.memory
@@ -187,15 +188,16 @@ class DDPTracker:
         state, library workspaces such as cuBLAS's, the input batch) minus the gradients that happen to exist
         then (zero_grad(set_to_none) frees them, zero_grad() keeps them); the largest over the first iterations
         after the first optimizer step. Peak = steady + gradients + activations (dprorun.memory)."""
-        import psutil
         import torch
+
+        from dprorun.runtime.rank_files import current_rss_bytes
 
         grads = {"cpu": 0, "cuda": 0}
         for param in module.parameters():
             if param.grad is not None:
                 grads["cuda" if param.grad.is_cuda else "cpu"] += param.grad.numel() * param.grad.element_size()
         memory = self.session.records.memory
-        rss = psutil.Process().memory_info().rss - grads["cpu"]
+        rss = current_rss_bytes() - grads["cpu"]
         memory["rss_steady_bytes"] = max(memory.get("rss_steady_bytes", 0), int(rss))
         if torch.cuda.is_available():
             steady = int(torch.cuda.memory_allocated()) - grads["cuda"]

@@ -126,14 +126,24 @@ def record_memory(session: RankSession) -> None:
     except Exception as exc:
         session.records.warnings.append(f"memory accounting failed: {exc}")
     try:
-        import psutil
-
-        session.records.memory["rss_bytes_at_window_end"] = psutil.Process().memory_info().rss
+        session.records.memory["rss_bytes_at_window_end"] = current_rss_bytes()
     except Exception:
         pass
     peak = peak_rss_bytes()
     if peak is not None:
         session.records.memory["max_rss_bytes"] = peak
+
+
+def current_rss_bytes() -> int:
+    """This process's resident set now: /proc/self/statm on Linux (no psutil needed: a training environment may
+    lack it, where its import had turned the profile off), psutil elsewhere."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
 
 
 def peak_rss_bytes() -> Optional[int]:

@@ -108,11 +108,9 @@ class UpdateMemoryMeter:
             import torch
 
             return int(torch.cuda.max_memory_allocated()), int(torch.cuda.memory_allocated())
-        import psutil
+        from dprorun.runtime.rank_files import current_rss_bytes, peak_rss_bytes
 
-        from dprorun.runtime.rank_files import peak_rss_bytes
-
-        return peak_rss_bytes(), psutil.Process().memory_info().rss
+        return peak_rss_bytes(), current_rss_bytes()
 
     def _pre(self, args: tuple, kwargs: dict) -> None:
         self.peak_before = None
