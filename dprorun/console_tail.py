@@ -12,7 +12,6 @@ open bar (`Console`: one lock, the bar left open). The rank's log file keeps eve
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import time
 from typing import Callable, Iterator, Optional, TextIO
@@ -127,15 +126,25 @@ def tail_rank_log(console: Console, header: str, file: str, dst: TextIO, finishe
 
 
 @contextlib.contextmanager
-def output_redrawn_in_place() -> Iterator[None]:
-    """torch elastic's log tail replaced by `tail_rank_log` for the launches inside (restored after)."""
+def output_redrawn_in_place(stdout_to_stderr: bool = False) -> Iterator[None]:
+    """torch elastic's log tail replaced by `tail_rank_log` for the launches inside (restored after).
+    `stdout_to_stderr` (`--json`): the ranks' stdout is teed to stderr, leaving stdout to the summary's JSON."""
     try:
         from torch.distributed.elastic.multiprocessing import tail_log
     except ImportError:  # no torch elastic: nothing tees
         yield
         return
+    import sys
+
+    console = Console()
+
+    def tail(*args, **kwargs):  # TailLog passes its arguments by name
+        if stdout_to_stderr and kwargs.get("dst") is sys.stdout:
+            kwargs["dst"] = sys.stderr
+        tail_rank_log(console, *args, **kwargs)
+
     original = tail_log.tail_logfile
-    tail_log.tail_logfile = functools.partial(tail_rank_log, Console())  # TailLog passes the rest by name
+    tail_log.tail_logfile = tail
     try:
         yield
     finally:

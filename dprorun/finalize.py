@@ -55,7 +55,8 @@ def _print_prediction(job: JobConfig, summary: dict, analysis: RunAnalysis) -> i
     doc = prediction.to_json()
     atomic_write_json(os.path.join(job.output.run_dir, "prediction.json"), doc, indent=2)
     if job.output.json_summary:
-        print(json.dumps({"predicted_iteration_time_ms": prediction.predicted_iteration_time_ms,
+        print(json.dumps({"run_dir": job.output.run_dir, "job_id": job.profile.job_id,
+                          "predicted_iteration_time_ms": prediction.predicted_iteration_time_ms,
                           "world_size": prediction.world_size, "profiled_world_size": job.launch.world_size,
                           "measured_iteration_time_ms": summary.get("iteration_time_ms"),
                           "prediction": doc}, indent=2, default=float))
@@ -145,11 +146,15 @@ def _finalize_ps(job: JobConfig, result: LaunchResult, with_events: list[int]) -
         prediction = predict_ps(model, whatif) if job.profile.dry_run else as_run
     except Exception as exc:  # the job's outcome stands; the traces stay for dpro replay
         print(f"dprorun: warning: no parameter-server replay: {exc}", file=sys.stderr)
-        if not job.output.quiet:
+        _outcome_as_json(job, result.exit_code, f"no parameter-server replay: {exc}")
+        if not job.output.quiet and not job.output.json_summary:
             print(f"dprorun: run directory {job.output.run_dir}")
         return result.exit_code
     measured = model.measured_iteration_us
-    summary = {"backend": "mxnet", "iteration_time_ms": None if measured is None else round(measured / 1000, 3),
+    summary = {"run_dir": job.output.run_dir, "job_id": job.profile.job_id,
+               "status": "completed" if result.exit_code == 0 else "failed", "exit_code": result.exit_code,
+               "command": job.command, "world_size": job.launch.world_size, "ranks_recorded": with_events,
+               "backend": "mxnet", "iteration_time_ms": None if measured is None else round(measured / 1000, 3),
                "iteration_reference": model.reference, "model": model.to_json(), "as_run": as_run.to_json(),
                "prediction": prediction.to_json()}
     atomic_write_json(os.path.join(job.output.run_dir, "summary.json"), summary, indent=2)
@@ -250,6 +255,43 @@ def _failed_before_any_step(job: JobConfig, result: LaunchResult, ranks: list[in
     return True
 
 
+def _outcome_as_json(job: JobConfig, exit_code: int, message: str) -> None:
+    """`--json` where no summary is printed (nothing profiled, a failure, no replay): stdout still holds one JSON
+    document, the run's outcome, for the script that reads it."""
+    if job.output.json_summary:
+        print(json.dumps({"run_dir": job.output.run_dir, "job_id": job.profile.job_id, "backend": job.launch.backend,
+                          "status": "completed" if exit_code == 0 else "failed", "exit_code": exit_code,
+                          "summary": None, "message": message}, indent=2))
+
+
+def _finish_unanalysed(job: JobConfig, result: LaunchResult, with_events: list[int], horovod: Optional[dict]) -> int:
+    """A run with nothing to analyse here (another node's, a failure before any step, nothing profiled): what is
+    known said, Horovod's timeline summarised."""
+    if horovod is not None:
+        atomic_write_json(os.path.join(job.output.run_dir, "summary.json"),
+                          {"backend": "horovod", "horovod": horovod}, indent=2)
+        if not job.output.quiet and not job.output.json_summary:
+            print(_horovod_line(horovod))
+    left = _ranks_that_left_files(job) if result.exit_code == 0 and not with_events else []
+    if left and job.launch.node_rank == 0:
+        print(f"dprorun: warning: ranks {left} left profiler files but no records (events.json): the job ended "
+              "past Python's exit handlers (an exit from C code, or a signal) before they were written; what "
+              f"they left is kept in {job.output.run_dir}", file=sys.stderr)
+    elif result.exit_code == 0 and not with_events and job.launch.node_rank == 0 and \
+            job.launch.backend != "byteps":
+        _say_nothing_was_profiled(job)
+        if job.profile.dry_run:  # the job ran, but what was asked for is a prediction: none without a profile
+            print(f"{NO_PREDICTION}nothing was profiled (above); the run directory is kept: "
+                  f"{job.output.run_dir}", file=sys.stderr)
+            _outcome_as_json(job, 1, "no prediction: nothing was profiled")
+            return 1
+    _outcome_as_json(job, result.exit_code, result.message if result.exit_code else
+                     "nothing was profiled" if not with_events else "not analysed on this node")
+    if result.exit_code == 0 and not job.output.quiet and not job.output.json_summary:
+        print(f"dprorun: run directory {job.output.run_dir}")
+    return result.exit_code
+
+
 def finalize_run(job: JobConfig, result: LaunchResult) -> int:
     job, spawned = _with_the_scripts_spawned_ranks(job)
     status = "completed" if result.exit_code == 0 else "failed"
@@ -280,26 +322,7 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         return _finalize_ps(job, result, with_events)
     horovod = _horovod_timeline(job) if job.launch.backend == "horovod" and job.launch.node_rank == 0 else None
     if job.launch.node_rank != 0 or not with_events or _failed_before_any_step(job, result, with_events):
-        if horovod is not None:
-            atomic_write_json(os.path.join(job.output.run_dir, "summary.json"),
-                              {"backend": "horovod", "horovod": horovod}, indent=2)
-            if not job.output.quiet:
-                print(_horovod_line(horovod))
-        left = _ranks_that_left_files(job) if result.exit_code == 0 and not with_events else []
-        if left and job.launch.node_rank == 0:
-            print(f"dprorun: warning: ranks {left} left profiler files but no records (events.json): the job ended "
-                  "past Python's exit handlers (an exit from C code, or a signal) before they were written; what "
-                  f"they left is kept in {job.output.run_dir}", file=sys.stderr)
-        elif result.exit_code == 0 and not with_events and job.launch.node_rank == 0 and \
-                job.launch.backend != "byteps":
-            _say_nothing_was_profiled(job)
-            if job.profile.dry_run:  # the job ran, but what was asked for is a prediction: none without a profile
-                print(f"{NO_PREDICTION}nothing was profiled (above); the run directory is kept: "
-                      f"{job.output.run_dir}", file=sys.stderr)
-                return 1
-        if result.exit_code == 0 and not job.output.quiet:
-            print(f"dprorun: run directory {job.output.run_dir}")
-        return result.exit_code
+        return _finish_unanalysed(job, result, with_events, horovod)
     analysis = RunAnalysis(job.output.run_dir)  # read once, aligned once, replayed once for everything below
     try:  # summary.json and alignment.json are written whatever is printed
         from dprorun.summary import format_summary
@@ -316,6 +339,7 @@ def finalize_run(job: JobConfig, result: LaunchResult) -> int:
         atomic_write_json(os.path.join(job.output.run_dir, "summary.json"), summary, indent=2)
     except Exception as exc:  # the job's outcome stands; only the summary is missing
         print(f"dprorun: warning: could not summarise the run: {exc}", file=sys.stderr)
+        _outcome_as_json(job, result.exit_code, f"could not summarise the run: {exc}")
         return result.exit_code
     _progress(job, "writing report.html")
     _write_report(analysis)

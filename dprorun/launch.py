@@ -192,12 +192,12 @@ def _launch_once(job: JobConfig) -> LaunchResult:
     elif job.launch.backend == "mxnet":
         from dprorun.launch_ps import launch_ps
 
-        with output_redrawn_in_place():
+        with output_redrawn_in_place(job.output.json_summary):
             result = launch_ps(job)
     elif job.launch.launcher == "torchrun":
         result = _launch_torchrun(job)
     else:
-        with output_redrawn_in_place():
+        with output_redrawn_in_place(job.output.json_summary):
             result = _launch_elastic(job)
     result.elapsed_s = time.monotonic() - started
     return result
@@ -651,11 +651,14 @@ def horovod_timeline_mode(job: JobConfig) -> str:
     return "window" if any(name in text for name in HOROVOD_TF_MODULES) else "off"
 
 
-def call_forwarding_signals(cmd: list[str], env: dict[str, str],
-                            timeout_s: Optional[float] = None) -> tuple[int, Optional[int], bool]:
+def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Optional[float] = None,
+                            stdout_to_stderr: bool = False) -> tuple[int, Optional[int], bool]:
     """Run an engine's CLI as a child; SIGINT/SIGTERM sent to dprorun go to it as well (it stops its ranks);
-    `timeout_s` stops it. Returns (exit code, the signal forwarded or None, whether the timeout fired)."""
-    proc = subprocess.Popen(cmd, env=env)
+    `timeout_s` stops it; `stdout_to_stderr` (`--json`): its output, the ranks' with it, goes to stderr. Returns
+    (exit code, the signal forwarded or None, whether the timeout fired)."""
+    if stdout_to_stderr:
+        sys.stdout.flush()
+    proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr.fileno() if stdout_to_stderr else None)
     forwarded = {}
 
     def forward(signum, frame):
@@ -698,7 +701,7 @@ def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
     """Run a launcher CLI as a child with the hooks' environment; forward SIGINT/SIGTERM; --timeout stops it."""
     env = dict(os.environ)
     env.update(rank_environment(job))
-    code, signum, timed_out = call_forwarding_signals(cmd, env, job.launch.timeout_s)
+    code, signum, timed_out = call_forwarding_signals(cmd, env, job.launch.timeout_s, job.output.json_summary)
     if timed_out:
         return LaunchResult(124, f"timed out after {job.launch.timeout_s:g} s (--timeout); all ranks stopped")
     if signum is not None:

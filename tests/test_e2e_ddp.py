@@ -583,7 +583,7 @@ def test_dry_run_stops_after_the_window_and_predicts_a_larger_world(tmp_path):
     sparse = [b for b in buckets if b.get("sparse")]
     assert [b["params"] for b in sparse] == [["user.weight"]] and sparse[0]["dense_nbytes"] == 50_000 * 64 * 4
     assert sparse[0]["nbytes"] == 64 * (64 * 4 + 8)  # a batch of 64 rows: values and int64 indices
-    doc = json.loads(proc.stdout[proc.stdout.index("{\n"):])
+    doc = json.loads(proc.stdout)
     assert doc["world_size"] == 8 and doc["profiled_world_size"] == 2
     assert doc["predicted_iteration_time_ms"] > 0
     assert (tmp_path / "run" / "prediction.json").exists()
@@ -591,6 +591,35 @@ def test_dry_run_stops_after_the_window_and_predicts_a_larger_world(tmp_path):
     assert manifest["status"] == "completed" and manifest["world_size"] == 2
     proc, _ = run_dprorun(["--local-np", "2", "python", "x.py"], tmp_path / "run2", timeout=30)
     assert proc.returncode == 2 and "--local-np goes with --dry-run" in proc.stderr
+
+
+def test_json_leaves_stdout_to_one_document_the_ranks_output_on_stderr(tmp_path):
+    """`dprorun --json ... > out.json`: the ranks' stdout was teed into it before the summary (not JSON), and a job
+    that failed or profiled nothing printed no document at all."""
+    script = tmp_path / "train.py"
+    script.write_text("import os, sys, torch, torch.distributed as dist\n"
+                      "if sys.argv[1:] == ['fail'] and os.environ['RANK'] == '1':\n"
+                      "    sys.exit('no shard for rank 1')\n"
+                      "dist.init_process_group('gloo')\n"
+                      "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 32))\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+                      "for step in range(16):\n"
+                      "    optimizer.zero_grad()\n"
+                      "    model(torch.randn(8, 32)).sum().backward()\n"
+                      "    optimizer.step()\n"
+                      "    print('step', step, flush=True)\n"
+                      "del model\n"
+                      "dist.destroy_process_group()\n")
+    proc, _ = run_dprorun(["--json", "-np", "2", "--warmup", "3", "--active", "6", "python", str(script)],
+                          tmp_path / "run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "completed" and doc["run_dir"] == str(tmp_path / "run") and doc["iteration_time_ms"] > 0
+    assert "[rank0]: step 15" in proc.stderr
+    proc, _ = run_dprorun(["--json", "-np", "2", "python", str(script), "fail"], tmp_path / "run2", timeout=120)
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "failed" and doc["exit_code"] == 1 and "no shard for rank 1" in doc["message"]
 
 
 def test_a_larger_world_predicted_from_one_profiled_rank_says_its_link_is_assumed(tmp_path):
