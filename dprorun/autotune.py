@@ -37,8 +37,8 @@ from dprorun.strategy import Strategy
 
 
 def _phase(job: JobConfig, text: str) -> None:
-    if not job.output.quiet:
-        print(f"dprorun autotune: {text}", flush=True)
+    if not job.output.quiet:  # under --json on stderr: stdout holds the final run's summary alone
+        print(f"dprorun autotune: {text}", flush=True, file=sys.stderr if job.output.json_summary else sys.stdout)
 
 
 def _measured_ms(run_dir: str) -> Optional[float]:
@@ -91,7 +91,8 @@ def _sub_job(job: JobConfig, run_dir: str, dry_run: bool, strategy_file: Optiona
         sub.profile.kineto = False
     sub.autotune.enabled = False
     sub.output.quiet = True if dry_run else job.output.quiet
-    sub.output.json_summary = False if dry_run else job.output.json_summary
+    sub.output.json_summary = job.output.json_summary  # a window's summary is swallowed (_quietly); under --json
+    # its ranks' stdout goes to stderr, as the final run's
     return sub
 
 
@@ -241,11 +242,11 @@ class _Autotune:
                     search=strategy.search)
         if not job.output.quiet:
             for line in strategy.summary_lines():
-                print(f"dprorun autotune:   {line.strip()}")
+                _phase(job, f"  {line.strip()}")
             for key, what in (("comm_passes", "communication"), ("partitions", "partition"),
                               ("compute_passes", "op fusion and bf16")):
                 if key in strategy.search:
-                    print(f"dprorun autotune:   {what} passes {strategy.search[key]}")
+                    _phase(job, f"  {what} passes {strategy.search[key]}")
         return strategy, candidates, profiled_run
 
     def _trial_list(self, strategy: Strategy, candidates: list, profiled_run) -> tuple[list, bool]:

@@ -153,10 +153,12 @@ def test_autotune_keeps_a_job_that_has_nothing_to_tune(tmp_path):
     run_dir = tmp_path / "run"
     # one rank, one bucket: no communication to hide and no per-bucket cost to save (and no compute variants
     # timed: whether torch.compile pays off on this model is a measurement, tested on its own)
-    proc, _ = run_dprorun(["-np", "1", "--autotune", "--no-compute-passes", *WINDOW, "python", MLP, "--steps", "16", "--bucket-mb", "100"],
-                          run_dir, timeout=300)
+    # under --json: stdout is the final run's summary alone, autotune's phases and the ranks' output on stderr
+    proc, _ = run_dprorun(["-np", "1", "--autotune", "--no-compute-passes", "--json", *WINDOW, "python", MLP,
+                           "--steps", "16", "--bucket-mb", "100"], run_dir, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "already the best found; keeping them" in proc.stdout
+    assert "already the best found; keeping them" in proc.stderr
+    assert json.loads(proc.stdout)["status"] == "completed"
     phases = _phases(run_dir)
     assert phases["deciding"]["keep"] is False and "trial" not in phases
     assert not os.path.exists(run_dir / "autotune" / "trial")
