@@ -204,10 +204,18 @@ class StdoutThatOutlivesItsReader:
     """dprorun's standard output (and error), kept writable when its reader leaves (`dprorun ... | head`): the write
     that meets the closed pipe, and every one after it, goes to /dev/null. Before, the first print after the reader
     left raised BrokenPipeError: torch elastic's log tailers printed a traceback per rank, and the summary's print
-    ended dprorun in a traceback, exit 1, after a job that had completed. Everything else is the stream's own."""
+    ended dprorun in a traceback, exit 1, after a job that had completed. A character the stream's encoding cannot
+    hold (an ASCII or Latin-1 console: PYTHONIOENCODING, a locale that is not UTF-8) is replaced, where the summary's
+    first "→" ended dprorun with exit 2 after a completed job. Everything else is the stream's own."""
 
     def __init__(self, stream):
         self._stream = stream
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="replace")
+            except (ValueError, OSError):  # a stream that cannot be reconfigured now: left as it is
+                pass
 
     def _closed_reader(self) -> None:
         try:

@@ -74,6 +74,10 @@ def test_summary_json_from_disk(mlp_run):
         for part in ("forward_ms", "backward_ms", "update_ms"):  # medians of parts: each within the whole
             assert 0 < row[part] <= row["compute_ms"]
         assert row["nvml"].startswith("unavailable")
+    # an ASCII console (PYTHONIOENCODING, a locale that is not UTF-8): the table's "→" ended it with exit 2
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "summary", str(run_dir)], capture_output=True,
+                         cwd=REPO, env=dict(os.environ, PYTHONIOENCODING="ascii"))
+    assert out.returncode == 0 and b"(ready?done)" in out.stdout, out.stderr[-2000:]
 
 
 def test_failing_rank_stops_group_is_named_and_traces_kept(tmp_path):

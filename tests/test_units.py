@@ -132,6 +132,20 @@ def test_ranks_tear_cupti_down_after_the_window_unless_the_user_says_otherwise(m
     assert rank_environment(job)["TEARDOWN_CUPTI"] == "0"
 
 
+def test_a_console_that_cannot_show_a_character_gets_it_replaced_not_an_exit_2():
+    """PYTHONIOENCODING=ascii (or a Latin-1 locale): the summary's first "→" ended dprorun with exit 2 ("'ascii'
+    codec can't encode character") after a completed job."""
+    import io
+
+    from dprorun.procs import StdoutThatOutlivesItsReader
+
+    raw = io.BytesIO()
+    stream = StdoutThatOutlivesItsReader(io.TextIOWrapper(raw, encoding="ascii"))
+    stream.write("comm (ready→done) 4.2 µs\n")
+    stream.flush()
+    assert raw.getvalue() == b"comm (ready?done) 4.2 ?s\n"
+
+
 def test_python_flags_that_keep_the_hooks_out_are_told_from_the_scripts_own():
     from dprorun.procs import python_flag_without_the_hooks as flag
 
