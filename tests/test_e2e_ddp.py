@@ -1670,7 +1670,8 @@ def test_point_to_point_transfers_in_the_step_are_timed_and_a_what_if_says_it_ke
     of P2POps, each request waited for), and a blocking send/recv pair hands a scalar on each step. The transfers
     were timed nowhere: a bandwidth or world-size what-if replayed them as compute without a word. Now they are
     timed (batch_isend_irecv at its call and at each request's wait), and the what-ifs say they keep them; the
-    requests still work as torch's (P2POp checks isend and irecv by identity: those stay torch's own)."""
+    requests still work as torch's. isend and irecv called alone are timed too (their stand-ins equal to torch's
+    functions, which P2POp keeps: it checks them with `in`, batch_isend_irecv with `is`)."""
     run_dir, _ = _run_ddp_script(
         tmp_path, SHORT_WINDOW,
         "rank, world = dist.get_rank(), dist.get_world_size()\n"
@@ -1694,15 +1695,20 @@ def test_point_to_point_transfers_in_the_step_are_timed_and_a_what_if_says_it_ke
         "    else:\n"
         "        dist.recv(token, 0)\n"
         "    assert token.item() == step\n"
-        "    loss = model(torch.cat([halo_l, x, halo_r], -1)).pow(2).mean()\n"
+        "    edge = torch.empty(4, 8)\n"
+        "    sent, got = dist.isend(x[..., -1].contiguous(), right), dist.irecv(edge, left)\n"
+        "    sent.wait(); got.wait()\n"
+        "    loss = model(torch.cat([halo_l, x, halo_r], -1)).pow(2).mean() + edge.mean()\n"
         "    opt.zero_grad(); loss.backward(); opt.step()\n")
     rows = _script_collectives(run_dir, 1)
     assert {row[0] for row in rows} == set(range(3, 9))
     assert {(row[1], row[2]) for row in rows} == {("torch.distributed.batch_isend_irecv", 5),  # the call, 4 waits
-                                                  ("torch.distributed.recv", 1)}
+                                                  ("torch.distributed.recv", 1),
+                                                  ("torch.distributed.isend", 2), ("torch.distributed.irecv", 2)}
 
     model = build_job_model(load_run(str(run_dir)))
-    assert model.collectives_outside_packs[0] == ["torch.distributed.batch_isend_irecv", "torch.distributed.send",
+    assert model.collectives_outside_packs[0] == ["torch.distributed.batch_isend_irecv", "torch.distributed.irecv",
+                                                  "torch.distributed.isend", "torch.distributed.send",
                                                   "torch.distributed.recv"]  # rank 0's, then rank 1's other one
     assert any(n.startswith("caution: ") and "torch.distributed.batch_isend_irecv" in n and "point-to-point" in n
                for n in predict(model, WhatIf(bandwidth_gbit=1.0), detail="coarse").notes)

@@ -33,8 +33,10 @@ TIMED_COLLECTIVES = ("all_to_all_single", "all_to_all", "barrier", "monitored_ba
                      "broadcast_object_list", "gather_object", "scatter_object_list", "gather", "scatter")
 # the point-to-point calls a script makes in its steps (a halo swapped with its neighbours, activations handed on by
 # hand), timed likewise: blocking send and recv as they run, batch_isend_irecv at its call and at each of its
-# requests' wait(). isend and irecv stay torch's own: P2POp and batch_isend_irecv check their op by identity
+# requests' wait(); isend and irecv (ASYNC_POINT_TO_POINT) too, by stand-ins equal to torch's own (P2POp checks its op
+# with `in [isend, irecv]`), P2POp keeping torch's own (batch_isend_irecv tells a send by `op.op is isend`)
 POINT_TO_POINT = ("send", "recv", "batch_isend_irecv")
+ASYNC_POINT_TO_POINT = ("isend", "irecv")
 # torch's functional collectives (torch.distributed._functional_collectives: a tensor returned, waited for where it
 # is used), which a script may average its gradients with: counted where the script calls them (not DTensor's or
 # another torch module's), named when nothing was profiled; not profiled
@@ -252,6 +254,7 @@ def watch_torch_distributed(use: ScriptUse) -> None:
     for name in POINT_TO_POINT:
         if callable(getattr(module, name, None)):
             setattr(module, name, _timed_point_to_point(module, name, use))
+    _time_isend_and_irecv(module, use)
 
 
 class _TimedRequest:
@@ -286,6 +289,52 @@ def _timed_point_to_point(module, name: str, use: ScriptUse):
         return result
 
     return timed
+
+
+class _TimedAsyncPointToPoint:
+    """torch.distributed.isend / irecv as the script calls them: the call and its request's wait() timed for
+    `use.timed` (where the caller is no module of dprorun's), equal to torch's own function."""
+
+    def __init__(self, call, use: ScriptUse, label: str):
+        functools.update_wrapper(self, call)
+        self.torchs_own, self._use, self._label = call, use, label
+        self._compiler = sys.modules.get("torch.compiler")
+
+    def __eq__(self, other) -> bool:
+        return other is self or other is self.torchs_own
+
+    def __hash__(self) -> int:
+        return hash(self.torchs_own)
+
+    def __call__(self, *args, **kwargs):
+        if self._use.timed is None or (self._compiler is not None and self._compiler.is_compiling()) or \
+                sys._getframe(1).f_globals.get("__name__", "").startswith("dprorun."):
+            return self.torchs_own(*args, **kwargs)
+        request = _timed_call(self._use, self._label, self.torchs_own, *args, **kwargs)
+        return None if request is None else _TimedRequest(request, self._use, self._label)
+
+
+def _time_isend_and_irecv(module, use: ScriptUse) -> None:
+    """isend and irecv replaced by their timed stand-ins; P2POp given one keeps torch's own function as its op."""
+    for name in ASYNC_POINT_TO_POINT:
+        call = getattr(module, name, None)
+        if callable(call) and not isinstance(call, _TimedAsyncPointToPoint):
+            setattr(module, name, _TimedAsyncPointToPoint(call, use, f"{module.__name__}.{name}"))
+    p2p_op = getattr(module, "P2POp", None)
+    if p2p_op is None or getattr(p2p_op.__init__, COUNTED, False):
+        return
+    init = p2p_op.__init__
+
+    @functools.wraps(init)
+    def keeping_torchs_own(self, *args, **kwargs):
+        if args and isinstance(args[0], _TimedAsyncPointToPoint):
+            args = (args[0].torchs_own,) + args[1:]
+        elif isinstance(kwargs.get("op"), _TimedAsyncPointToPoint):
+            kwargs["op"] = kwargs["op"].torchs_own
+        init(self, *args, **kwargs)
+
+    setattr(keeping_torchs_own, COUNTED, True)
+    p2p_op.__init__ = keeping_torchs_own
 
 
 def watch_functional_collectives(use: ScriptUse) -> None:
