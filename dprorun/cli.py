@@ -35,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     _profiling_arguments(parser.add_argument_group("profiling"))
     _mode_arguments(parser.add_argument_group("modes"))
     out = parser.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print the end-of-job summary as JSON, alone on stdout (the ranks' "
-                     "output goes to stderr); a run with no summary prints its outcome")
+    out.add_argument("--json", action="store_true",
+                     help="print the end-of-job summary as JSON, alone on stdout (the ranks' output goes to stderr); "
+                          "a run with no summary prints its outcome")
     out.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
     return parser

@@ -4,6 +4,7 @@ split into executable and arguments, the --timeout watchdog, and the wording of 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -200,8 +201,13 @@ def refuse_script_from_stdin(command: list[str], processes_here: int) -> None:
                          "the script as a file (dprorun -np 2 python train.py)")
 
 
+# a pipe whose reader left (`| head`), a terminal hung up (an ssh session lost: SIGHUP, then every write fails EIO)
+GONE_READER_ERRNOS = (errno.EPIPE, errno.EIO)
+
+
 class StdoutThatOutlivesItsReader:
-    """dprorun's standard output (and error), kept writable when its reader leaves (`dprorun ... | head`): the write
+    """dprorun's standard output (and error), kept writable when its reader leaves (`dprorun ... | head`, or a
+    terminal that hung up, where after SIGHUP the first print failed with EIO: exit 1, no summary.json): the write
     that meets the closed pipe, and every one after it, goes to /dev/null. Before, the first print after the reader
     left raised BrokenPipeError: torch elastic's log tailers printed a traceback per rank, and the summary's print
     ended dprorun in a traceback, exit 1, after a job that had completed. A character the stream's encoding cannot
@@ -228,14 +234,18 @@ class StdoutThatOutlivesItsReader:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
+        except OSError as exc:
+            if exc.errno not in GONE_READER_ERRNOS:
+                raise
             self._closed_reader()
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
+        except OSError as exc:
+            if exc.errno not in GONE_READER_ERRNOS:
+                raise
             self._closed_reader()
 
     def __getattr__(self, name: str):

@@ -582,3 +582,31 @@ def test_a_rank_failing_in_the_windows_last_step_leaves_its_peer_waiting_in_the_
     assert "stopped by SIGTERM" in events["warnings"] or any(
         "a rank left before the end-of-window gather: " in w for w in events["warnings"]), events["warnings"]
     assert (run / "rank_0" / "clean.json").exists()
+
+
+def test_a_terminal_that_hangs_up_stops_the_job_and_its_profile_is_still_analysed(tmp_path):
+    """An ssh session lost: the terminal hangs up, dprorun and its ranks get SIGHUP (torch elastic stops the ranks),
+    and every later write to the terminal fails with EIO: the first print ended dprorun with exit 1 and no
+    summary.json. Now the analysis runs to its end into nothing, exit 129 (128 + SIGHUP) as for a signal."""
+    import pty
+
+    run_dir = tmp_path / "run"
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: dprorun on the terminal, its session's leader
+        os.chdir(os.path.dirname(EXAMPLES))
+        os.execv(sys.executable, [sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "-np", "2",
+                                  "--warmup", "2", "--active", "4", "python",
+                                  os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "100000"])
+    seen, deadline = b"", time.monotonic() + 90
+    try:
+        while b"window done" not in seen and time.monotonic() < deadline:
+            seen += os.read(terminal, 65536)
+        time.sleep(1.0)  # past the window: clean iterations run
+    finally:
+        os.close(terminal)  # the terminal goes away: the kernel sends SIGHUP to its session's foreground
+    _, status = os.waitpid(pid, 0)
+    assert b"window done" in seen, seen[-2000:]
+    assert os.waitstatus_to_exitcode(status) == 129
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "SIGHUP" in manifest["message"]
+    assert json.loads((run_dir / "summary.json").read_text())["ranks_recorded"] == [0, 1]
