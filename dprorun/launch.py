@@ -653,7 +653,8 @@ def horovod_timeline_mode(job: JobConfig) -> str:
 
 def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Optional[float] = None,
                             stdout_to_stderr: bool = False) -> tuple[int, Optional[int], bool]:
-    """Run an engine's CLI as a child; SIGINT/SIGTERM sent to dprorun go to it as well (it stops its ranks);
+    """Run an engine's CLI as a child; SIGINT/SIGTERM sent to dprorun go to it as well (it stops its ranks), SIGHUP
+    (the terminal hung up) as SIGTERM (before, dprorun died of it at once: no word, no analysis);
     `timeout_s` stops it; `stdout_to_stderr` (`--json`): its output, the ranks' with it, goes to stderr. Returns
     (exit code, the signal forwarded or None, whether the timeout fired)."""
     if stdout_to_stderr:
@@ -664,9 +665,9 @@ def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Opti
     def forward(signum, frame):
         forwarded.setdefault("signal", signum)
         forwarded.setdefault("at", time.monotonic())
-        proc.send_signal(signum)
+        proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         with Watchdog(timeout_s) as watchdog:
             code = _wait_stopping_a_deaf_engine(proc, forwarded, os.path.basename(cmd[0]))

@@ -811,3 +811,31 @@ def test_gradients_a_horovod_script_shares_itself_are_its_buckets(tmp_path):
 
     with pytest.raises(UnanswerableError, match="own horovod.torch calls"):  # --autotune says why it keeps the job's
         rank_horovod_knobs(model)
+
+
+@needs_horovod
+def test_a_hangup_stops_a_horovod_job_and_its_profile_is_analysed(tmp_path):
+    """SIGHUP (the terminal hung up) killed dprorun at once under --backend horovod: no word, no analysis, and the
+    ranks left running. Now it reaches horovodrun as SIGTERM, the ranks stop, and the run is analysed: exit 129."""
+    import signal
+    import time
+
+    import psutil
+
+    marker, run_dir = "876545", tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--backend", "horovod", "--run-dir", str(run_dir),
+                             "-np", "2", "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1", "-q",
+                             "python", os.path.join(EXAMPLES, "horovod_mlp.py"), "--steps", "100000",
+                             "--report-last", marker], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (run_dir / "rank_1" / "events.json").exists():
+        time.sleep(0.2)
+    assert (run_dir / "rank_1" / "events.json").exists(), "the job never reached the end of its window"
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 129 and "interrupted by SIGHUP" in stderr, stderr[-2000:]
+    time.sleep(1.0)
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+    assert json.loads((run_dir / "summary.json").read_text())["ranks_recorded"] == [0, 1]
