@@ -138,7 +138,7 @@ def _run_roles(job: JobConfig, entrypoint: str, args: list[str], link) -> Launch
     def stop(signum, frame):  # as torch elastic's agent does: the loop below closes every role
         raise SignalException(f"dprorun got {signal_name(signum)}", sigval=signal.Signals(signum))
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     with Watchdog(job.launch.timeout_s) as watchdog:
         try:
             context = start_processes(name=job.profile.job_id or "mxnet", entrypoint=entrypoint,

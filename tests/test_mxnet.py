@@ -1571,3 +1571,35 @@ def test_a_second_dist_kvstore_in_a_worker_is_said_before_mxnet_hangs_in_it(caps
     assert made == ["dist_sync", "local", "dist_sync"]
     assert "second dist kvstore ('dist_sync')" in capsys.readouterr().err
     assert "kvstore=kv" in tracker.session.records.warnings[0]
+
+
+@needs_mxnet
+def test_a_hangup_stops_every_role_and_the_workers_profile_is_analysed(tmp_path):
+    """SIGHUP (the terminal hung up) killed dprorun at once under --backend mxnet, the scheduler, servers and
+    workers left running; now every role is stopped as for SIGTERM and the run analysed: exit 129."""
+    import psutil
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "--job-id", "hangup-test", "-q",
+           "--backend", "mxnet", "-np", "2", "--servers", "1", "--warmup", "2", "--active", "4", "--clean", "2",
+           "--kineto-iters", "2", "python", os.path.join(EXAMPLES, "mxnet_gluon.py"), "--steps", "100000"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (run_dir / "rank_1" / "clean.json").exists():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGHUP)
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 129 and "interrupted by SIGHUP" in stderr, stderr[-2000:]
+    time.sleep(1.0)
+    left = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            left += [p.pid] if p.environ().get("DPRO_JOB_ID") == "hangup-test" else []
+        except (psutil.Error, OSError):
+            continue
+    assert left == []
+    assert json.loads((run_dir / "summary.json").read_text())["ranks_recorded"] == [0, 1]
