@@ -385,6 +385,9 @@ JOBS = {
     "ddp-vmap-ensemble-of-8-stacked-mlps": ([], "session59.py", ["--ensemble"], "torch"),
     "ddp-iterable-stream-sharded-by-rank-and-worker": ([], "session59.py", ["--stream"], "torch"),
     "ddp-diffusion-denoiser-ema-loss-reduced-to-rank-0": ([], "session59.py", ["--diffusion"], "torch"),
+    # session 60: Lightning's default launch from one process (strategy "ddp": the script started again as rank 1)
+    "lightning-ddp-subprocess-script-adam": (["-np", "1"], "spawned_trainers.py", ["--lightning-ddp"], "lightning"),
+    "fabric-ddp-subprocess-script-conv-adamw": (["-np", "1"], "spawned_trainers.py", ["--fabric-ddp"], "lightning"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -1376,6 +1376,23 @@ def test_lightning_ddp_spawn_trains_one_job_of_two_ranks_and_is_profiled(tmp_pat
     assert all(len(trace.profiled_iterations) >= 4 for trace in run.ranks.values())
 
 
+@pytest.mark.parametrize("mode", ["--lightning-ddp", "--fabric-ddp"])
+def test_lightnings_default_launch_from_one_process_trains_two_ranks_and_is_profiled(tmp_path, mode):
+    """Trainer(devices=2, strategy="ddp") (and Fabric's) launched as `dprorun python train.py`, as a Lightning user
+    runs `python train.py`: Lightning took the launch's torch elastic variables for torchrun's, which starts every
+    process, and refused its world of one ("You set `devices=2` ... does not match the world size (1)"). Now it
+    starts rank 1 as it does under plain python, and both ranks are profiled as one job of two."""
+    pytest.importorskip("lightning")
+    proc, _ = run_dprorun(["--warmup", "3", "--active", "5", "--clean", "6", "python",
+                           os.path.join(REPO, "benchmarks", "shapes", "spawned_trainers.py"), mode, "--steps", "24"],
+                          tmp_path / "run", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "does not match the world size" not in proc.stderr and "median step" in proc.stdout
+    run = load_run(str(tmp_path / "run"))
+    assert sorted(run.ranks) == [0, 1] and run.world_size == 2
+    assert all(len(trace.profiled_iterations) >= 4 for trace in run.ranks.values())
+
+
 def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):
     """--run-dir pointing at an earlier (here interrupted) run: refused with exit 2, nothing touched; --overwrite
     replaces it, and the new manifest is the new run's alone. The new run's ranks pose as two hosts

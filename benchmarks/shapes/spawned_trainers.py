@@ -4,6 +4,10 @@ spawned_trainers.py --lightning-ddp-spawn` (the one process launched spawns the 
 --lightning-ddp-spawn: Lightning's Trainer(strategy="ddp_spawn", devices=2) on the CPU (torch.multiprocessing's
 spawn start method), an MLP with Adam.
 --lightning-ddp-notebook: strategy="ddp_notebook" (the fork start method, as in a notebook), SGD with momentum.
+--lightning-ddp (session 60): strategy="ddp", Lightning's default launch: the process trains as rank 0 and starts the
+script once more as rank 1 (a subprocess with LOCAL_RANK=1), Adam.
+--fabric-ddp (session 60): Lightning Fabric(devices=2, strategy="ddp") and fabric.launch() likewise, a conv net with
+a loop of the script's own, AdamW.
 --ignite-nproc: PyTorch-Ignite's idist.Parallel(backend="gloo", nproc_per_node=2) starting the processes itself,
 create_supervised_trainer over a conv net, AdamW.
 --accelerate-notebook: Hugging Face Accelerate's notebook_launcher(num_processes=2) (forked processes) around a
@@ -18,7 +22,8 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 p = argparse.ArgumentParser()
-for flag in ("--lightning-ddp-spawn", "--lightning-ddp-notebook", "--ignite-nproc", "--accelerate-notebook"):
+for flag in ("--lightning-ddp-spawn", "--lightning-ddp-notebook", "--ignite-nproc", "--accelerate-notebook",
+             "--lightning-ddp", "--fabric-ddp"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--steps", type=int, default=60)
 a = p.parse_args()
@@ -104,6 +109,29 @@ def ignite_training(local_rank: int) -> None:
         print(f"median step {1000 * statistics.median(times[len(times) // 2:]):.2f} ms")
 
 
+def fabric_loop() -> None:
+    import lightning as L
+
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    fabric.launch()
+    torch.manual_seed(0)
+    model = conv()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = fabric.setup(model, optimizer)
+    n = 32 * a.steps * 2
+    loader = fabric.setup_dataloaders(DataLoader(TensorDataset(torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))),
+                                                 batch_size=32))
+    times = []
+    for x, y in loader:
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        fabric.backward(nn.functional.cross_entropy(model(x), y))
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    if fabric.global_rank == 0:
+        print(f"median step {1000 * statistics.median(times[len(times) // 2:]):.2f} ms")
+
+
 def accelerate_loop() -> None:
     from accelerate import Accelerator
 
@@ -131,6 +159,10 @@ if __name__ == "__main__":
         lightning("ddp_spawn", "adam")
     elif a.lightning_ddp_notebook:
         lightning("ddp_notebook", "sgd")
+    elif a.lightning_ddp:
+        lightning("ddp", "adam")
+    elif a.fabric_ddp:
+        fabric_loop()
     elif a.ignite_nproc:
         import ignite.distributed as idist
 

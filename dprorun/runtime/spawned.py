@@ -44,7 +44,40 @@ def mark_a_one_process_launch(world_size: int, backend: Optional[str], become: B
 def child_patches(become: Become) -> dict[str, Callable[[], None]]:
     """A child interpreter of a one-process launch (multiprocessing's spawn or forkserver, or a subprocess): module ->
     the watch applied once it is imported."""
-    return {"torch.distributed": functools.partial(watch_torch_distributed, become)}
+    return {"torch.distributed": functools.partial(watch_torch_distributed, become),
+            **{name: functools.partial(lightning_starts_its_ranks, name, None) for name in LIGHTNING_ENVIRONMENTS}}
+
+
+# Lightning's cluster environments: `dprorun python train.py` of a Trainer (or Fabric) on N devices with strategy
+# "ddp" (its default launch: the main process trains as rank 0 and starts the script N - 1 times more, each with its
+# LOCAL_RANK) runs as under `python train.py`. The launch's torch elastic variables (TORCHELASTIC_RUN_ID, LOCAL_RANK)
+# made Lightning take it for torchrun's, which starts every process, and refuse its world of one ("You set
+# `devices=2` ... does not match the world size (1)").
+LIGHTNING_ENVIRONMENTS = ("lightning.fabric.plugins.environments", "lightning_fabric.plugins.environments")
+
+
+def lightning_starts_its_ranks(module_name: str, become: Optional[Become]) -> None:
+    """In a one-process launch: torch elastic's environment not detected by Lightning; in the launched process
+    (`become` given) the launch's LOCAL_RANK taken away, so that Lightning starts the other ranks (and sets LOCAL_RANK
+    again) as under `python train.py`, and the process becomes rank 0 of Lightning's world at init_process_group. The
+    processes Lightning starts are ranks as any subprocess of the launch (watch_torch_distributed)."""
+    import sys
+
+    if ONE_PROCESS_LAUNCH not in os.environ:
+        return
+    torchelastic = getattr(sys.modules.get(module_name), "TorchElasticEnvironment", None)
+    if torchelastic is None or getattr(torchelastic.detect, WATCHED, False):
+        return
+
+    def detect() -> bool:
+        return False
+
+    setattr(detect, WATCHED, True)
+    torchelastic.detect = staticmethod(detect)
+    if become is not None:
+        if os.environ.get("LOCAL_RANK") == "0":
+            del os.environ["LOCAL_RANK"]
+        watch_torch_distributed(become)
 
 
 def watch_after_fork(become: Become) -> None:
