@@ -581,9 +581,16 @@ def _newest_log_run_dir(job: JobConfig) -> Optional[str]:
 HOROVOD_TIMELINE = "horovod_timeline.json"
 
 
+def horovodrun_path() -> Optional[str]:
+    """horovodrun on PATH, else the one installed beside this Python (`/venv/bin/dprorun` run without the
+    environment activated: its horovodrun is not on PATH, and the job was refused as if Horovod were missing)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return shutil.which("horovodrun") or (beside if os.access(beside, os.X_OK) else None)
+
+
 def _launch_horovod(job: JobConfig) -> LaunchResult:
     """Hand the job to horovodrun (Gloo controller) with Horovod's timeline written into the run directory."""
-    horovodrun = shutil.which("horovodrun")
+    horovodrun = horovodrun_path()
     if horovodrun is None:
         return LaunchResult(2, "horovodrun was not found: install Horovod (scripts/install-horovod builds stock "
                                "Horovod 0.28.1 for this torch)")

@@ -839,3 +839,19 @@ def test_a_hangup_stops_a_horovod_job_and_its_profile_is_analysed(tmp_path):
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert leftovers == []
     assert json.loads((run_dir / "summary.json").read_text())["ranks_recorded"] == [0, 1]
+
+
+def test_horovodrun_beside_this_python_is_found_off_path(monkeypatch, tmp_path):
+    """`/venv/bin/dprorun --backend horovod ...` with the environment not activated: its horovodrun is not on PATH,
+    and the job was refused ("horovodrun was not found: install Horovod")."""
+    import dprorun.launch as launch
+
+    beside = tmp_path / "bin"
+    beside.mkdir()
+    (beside / "horovodrun").write_text("#!/bin/sh\n")
+    (beside / "horovodrun").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(beside / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    assert launch.horovodrun_path() == str(beside / "horovodrun")
+    (beside / "horovodrun").unlink()
+    assert launch.horovodrun_path() is None
