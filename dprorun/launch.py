@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from dprorun.config import ElasticAgentOptions, JobConfig
 from dprorun.console_tail import output_redrawn_in_place
@@ -409,7 +409,7 @@ def _child_failed(err, job: JobConfig, stopped_pids: set[int]) -> LaunchResult:
         last_words(os.path.join(job.output.run_dir, "logs"), failure.local_rank) if code > 0 else "")
     message = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}"
     if detail:
-        message += f": {detail}" + missing_module_hint(detail, job.launch.backend)
+        message += f": {detail}" + missing_module_hint(detail, job.launch.backend, job.command)
     others = sorted(r for r in err.failures if r != rank)
     if others:
         message += f" (also failed: ranks {others})"
@@ -456,8 +456,16 @@ MISSING_MODULE_HINTS = {
 }
 
 
-def missing_module_hint(detail: str, backend: str) -> str:
-    """"; <what fits>" for a rank that failed importing a framework (ModuleNotFoundError), else ""."""
+def missing_module_hint(detail: str, backend: str, command: Sequence[str] = ()) -> str:
+    """"; <what fits>" for a rank that failed importing a module (ModuleNotFoundError), else "": the ranks' `python`
+    found on PATH is another interpreter than dprorun's (an environment not activated, dprorun installed apart), or
+    a framework dprorun installs for itself."""
+    if "No module named '" not in detail:
+        return ""
+    head = shutil.which(command[0]) if command and os.path.basename(command[0]).startswith("python") else None
+    if head and os.path.realpath(head) != os.path.realpath(sys.executable):
+        return (f"; the ranks ran {head}, another Python than dprorun's ({sys.executable}): activate the environment "
+                "that has the job's modules, or give its python's path")
     for module, hint in MISSING_MODULE_HINTS.items():
         if f"No module named '{module}" in detail and not (module == "mxnet" and backend == "mxnet"):
             return f"; {hint}"

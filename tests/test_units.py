@@ -1265,6 +1265,20 @@ def test_a_rank_that_cannot_import_its_framework_is_told_what_fits():
     assert missing_module_hint("ValueError: bad input", "ddp") == ""
 
 
+def test_a_rank_that_ran_another_python_than_dprorun_is_told_so(tmp_path):
+    """`/venv/bin/dprorun -np 2 python train.py` with the venv not activated: the ranks' `python` came from PATH, a
+    Python without torch, and the job ended on "No module named 'torch'" with no word of which Python ran."""
+    from dprorun.launch import missing_module_hint
+
+    other = tmp_path / "python"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    missing = "ModuleNotFoundError: No module named 'torch'"
+    assert f"the ranks ran {other}, another Python than dprorun's" in missing_module_hint(missing, "ddp", [str(other)])
+    assert missing_module_hint(missing, "ddp", [sys.executable]) == ""
+    assert "scripts/install-tf" in missing_module_hint("No module named 'tensorflow'", "tf", [sys.executable])
+
+
 def test_what_ifs_and_windows_out_of_range_are_refused_at_the_command_line(capsys):
     """`dpro replay --np -2` printed "predicted iteration time: 0.000 ms (-2 ranks)", `--bucket-mb -3` built
     "buckets of up to -3 MB", `--np 0` replayed the job as run; dprorun's `--active 0` launched the job and every rank
