@@ -393,6 +393,12 @@ def _what_the_agent_logs():
         logger.removeFilter(note)
 
 
+# torch 2.13 on the CPU: a DistributedDataParallel built under TORCH_DISTRIBUTED_DEBUG=DETAIL (its gloo wrapper group)
+# ends the rank in SIGSEGV at once, with plain torchrun as well
+DETAIL_SEGFAULT_HINT = ("TORCH_DISTRIBUTED_DEBUG=DETAIL is set: under it torch 2.13's DistributedDataParallel on gloo "
+                        "ends its ranks in SIGSEGV at its construction, with plain torchrun too; INFO does not")
+
+
 def _child_failed(err, job: JobConfig, stopped_pids: set[int]) -> LaunchResult:
     """The launch's result where a rank failed: the rank whose failure stopped the job named, with its cause."""
     rank, failure = _root_failure(err, stopped_pids)
@@ -402,6 +408,9 @@ def _child_failed(err, job: JobConfig, stopped_pids: set[int]) -> LaunchResult:
         how = f"was killed by signal {signal_name(-code)}"
         if -code == signal.SIGABRT:
             hint = exit_abort_hint(os.path.join(job.output.run_dir, "logs"), failure.local_rank)
+        elif -code == signal.SIGSEGV and os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+            hint = DETAIL_SEGFAULT_HINT + f" (this torch: {sys.modules['torch'].__version__})" \
+                if "torch" in sys.modules else DETAIL_SEGFAULT_HINT
         code = 128 - code
     else:
         how = f"exited with code {code}"

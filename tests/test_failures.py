@@ -610,3 +610,17 @@ def test_a_terminal_that_hangs_up_stops_the_job_and_its_profile_is_still_analyse
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "SIGHUP" in manifest["message"]
     assert json.loads((run_dir / "summary.json").read_text())["ranks_recorded"] == [0, 1]
+
+
+def test_a_segfault_under_torch_distributed_debug_detail_names_the_setting(tmp_path):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: torch 2.13's DistributedDataParallel on gloo segfaults at its construction
+    (plain torchrun too); the job ended on "killed by signal SIGSEGV" alone. The setting is named now."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                      "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))\n"
+                      "model(torch.randn(2, 8)).sum().backward()\ndist.destroy_process_group()\n")
+    proc, _ = run_dprorun(["-np", "2", "python", str(script)], tmp_path / "run", timeout=120,
+                          env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    if proc.returncode == 0:
+        pytest.skip("this torch builds DistributedDataParallel under TORCH_DISTRIBUTED_DEBUG=DETAIL")
+    assert proc.returncode == 139 and "TORCH_DISTRIBUTED_DEBUG=DETAIL is set" in proc.stderr, proc.stderr[-2000:]
