@@ -92,7 +92,7 @@ def run(command: Sequence[str], shim_dir: str, environ: Optional[dict[str, str]]
     except RuntimeError as exc:
         print(f"bpslaunch (dprorun): error: {exc}", file=sys.stderr)
         return 2
-    from dprorun.launch import call_forwarding_signals
+    from dprorun.procs import call_forwarding_signals
 
     if launch.role != "worker":  # servers and the scheduler: BytePS as is
         code, signum, _ = call_forwarding_signals([launch.real_launcher, *launch.command], environ)

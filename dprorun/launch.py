@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from typing import Optional, Sequence
@@ -24,9 +23,9 @@ from dprorun.console_tail import output_redrawn_in_place
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 from dprorun.layout import rank_folders
 # the shared process helpers, importable from here as before
-from dprorun.procs import LaunchResult, Watchdog, error_line, error_message, exit_abort_hint, failed_attempts, \
-    free_port, last_words, launcher_signal_handlers_restored, rank_environment, signal_name, split_command, \
-    stop_process_tree
+from dprorun.procs import LaunchResult, Watchdog, call_forwarding_signals, error_line, error_message, \
+    exit_abort_hint, failed_attempts, free_port, last_words, launcher_signal_handlers_restored, rank_environment, \
+    signal_name, split_command
 
 
 def write_manifest(job: JobConfig, status: str, extra: Optional[dict] = None) -> str:
@@ -673,53 +672,6 @@ def horovod_timeline_mode(job: JobConfig) -> str:
     except (OSError, TypeError):
         return "off"
     return "window" if any(name in text for name in HOROVOD_TF_MODULES) else "off"
-
-
-def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Optional[float] = None,
-                            stdout_to_stderr: bool = False) -> tuple[int, Optional[int], bool]:
-    """Run an engine's CLI as a child; SIGINT/SIGTERM sent to dprorun go to it as well (it stops its ranks), SIGHUP
-    (the terminal hung up) as SIGTERM (before, dprorun died of it at once: no word, no analysis);
-    `timeout_s` stops it; `stdout_to_stderr` (`--json`): its output, the ranks' with it, goes to stderr. Returns
-    (exit code, the signal forwarded or None, whether the timeout fired)."""
-    if stdout_to_stderr:
-        sys.stdout.flush()
-    proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr.fileno() if stdout_to_stderr else None)
-    forwarded = {}
-
-    def forward(signum, frame):
-        forwarded.setdefault("signal", signum)
-        forwarded.setdefault("at", time.monotonic())
-        proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        with Watchdog(timeout_s) as watchdog:
-            code = _wait_stopping_a_deaf_engine(proc, forwarded, os.path.basename(cmd[0]))
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return code, forwarded.get("signal"), watchdog.fired
-
-
-ENGINE_STOP_GRACE_S = 15.0  # an engine that has not stopped this long after a forwarded signal: its tree stopped
-
-
-def _wait_stopping_a_deaf_engine(proc: subprocess.Popen, forwarded: dict, name: str) -> int:
-    """The engine's exit code. horovodrun takes neither SIGTERM nor SIGINT while its ranks run (a rank stuck in an
-    all-reduce kept dprorun, its --timeout included, waiting for good): ENGINE_STOP_GRACE_S after the first
-    forwarded signal, the engine and every process under it are stopped (SIGTERM, then SIGKILL)."""
-    stopped = False
-    while True:
-        try:
-            return proc.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            at = forwarded.get("at")
-            if stopped or at is None or time.monotonic() - at < ENGINE_STOP_GRACE_S:
-                continue
-            stopped = True
-            print(f"dprorun: {name} had not stopped {ENGINE_STOP_GRACE_S:.0f} s after "
-                  f"{signal.Signals(forwarded['signal']).name}: stopping it and its ranks", file=sys.stderr, flush=True)
-            stop_process_tree(proc.pid)
 
 
 def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:

@@ -1,6 +1,7 @@
 """Process-management helpers every launch path shares (elastic ranks, engine CLIs, parameter-server roles): the
 launch's result, the ranks' environment (hooks on PYTHONPATH, DPRO_* settings), free ports, the training command
-split into executable and arguments, the --timeout watchdog, and the wording of signals and error files."""
+split into executable and arguments, the --timeout watchdog, an engine CLI run with signals forwarded to it, and the
+wording of signals and error files."""
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,10 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -460,3 +463,48 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Optional[float] = None,
+                            stdout_to_stderr: bool = False) -> tuple[int, Optional[int], bool]:
+    """Run an engine's CLI as a child; SIGINT/SIGTERM sent to dprorun go to it as well (it stops its ranks), SIGHUP
+    (the terminal hung up) as SIGTERM (before, dprorun died of it at once: no word, no analysis);
+    `timeout_s` stops it; `stdout_to_stderr` (`--json`): its output, the ranks' with it, goes to stderr. Returns
+    (exit code, the signal forwarded or None, whether the timeout fired)."""
+    if stdout_to_stderr:
+        sys.stdout.flush()
+    proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr.fileno() if stdout_to_stderr else None)
+    forwarded = {}
+
+    def forward(signum, frame):
+        forwarded.setdefault("signal", signum)
+        forwarded.setdefault("at", time.monotonic())
+        proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with Watchdog(timeout_s) as watchdog:
+            code = _wait_stopping_a_deaf_engine(proc, forwarded, os.path.basename(cmd[0]))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return code, forwarded.get("signal"), watchdog.fired
+
+
+ENGINE_STOP_GRACE_S = 15.0  # an engine that has not stopped this long after a forwarded signal: its tree stopped
+
+
+def _wait_stopping_a_deaf_engine(proc: subprocess.Popen, forwarded: dict, name: str) -> int:
+    """The engine's exit code. horovodrun takes neither SIGTERM nor SIGINT while its ranks run (a rank stuck in an
+    all-reduce kept dprorun, its --timeout included, waiting for good): ENGINE_STOP_GRACE_S after the first
+    forwarded signal, the engine and every process under it are stopped (SIGTERM, then SIGKILL)."""
+    stopped = False
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            at = forwarded.get("at")
+            if stopped or at is None or time.monotonic() - at < ENGINE_STOP_GRACE_S:
+                continue
+            stopped = True
+            print(f"dprorun: {name} had not stopped {ENGINE_STOP_GRACE_S:.0f} s after "
+                  f"{signal.Signals(forwarded['signal']).name}: stopping it and its ranks", file=sys.stderr, flush=True)
+            stop_process_tree(proc.pid)

@@ -1337,12 +1337,12 @@ def test_an_engine_deaf_to_the_forwarded_signal_is_stopped_with_everything_under
 
     import psutil
 
-    from dprorun import launch
+    from dprorun import procs
 
-    monkeypatch.setattr(launch, "ENGINE_STOP_GRACE_S", 1.0)
+    monkeypatch.setattr(procs, "ENGINE_STOP_GRACE_S", 1.0)
     started = time.monotonic()
     # a duration no other process on the machine uses (a plain `sleep 120` elsewhere was once taken for its child)
-    code, signum, timed_out = launch.call_forwarding_signals(
+    code, signum, timed_out = procs.call_forwarding_signals(
         ["bash", "-c", "trap '' TERM INT; sleep 119.73 & wait; sleep 119.73"], dict(os.environ), timeout_s=1.0)
     assert timed_out and signum is not None and code != 0
     assert time.monotonic() - started < 20
