@@ -3,6 +3,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +67,19 @@ def run_dprorun(args, run_dir, timeout=180, env=None, carriage_returns=False):
         stdout, stderr = stdout.decode(errors="replace"), stderr.decode(errors="replace")
     proc = subprocess.CompletedProcess(cmd, launcher.returncode, stdout, stderr)
     return proc, time.monotonic() - start
+
+
+def start_dprorun_until(args, run_dir, until: str, timeout=120, env=None) -> subprocess.Popen:
+    """The real dprorun CLI started in the background (stdout dropped, stderr piped), returned once RUN/`until`
+    exists (a rank's events.json: past its window), for a test that then signals it."""
+    proc = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir)] + list(args), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None and not (Path(run_dir) / until).exists():
+        time.sleep(0.2)
+    assert (Path(run_dir) / until).exists(), f"the job never wrote {until}: " + (
+        proc.communicate()[1][-2000:] if proc.poll() is not None else "")
+    return proc
 
 
 def run_script_job(tmp_path, source: str, window: list, timeout=120):

@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-from conftest import EXAMPLES, REPO, run_dprorun, run_script_job, with_own_excepthook
+from conftest import EXAMPLES, REPO, run_dprorun, run_script_job, start_dprorun_until, with_own_excepthook
 from dprorun.fsutil import UnanswerableError
 from dprorun.replay.build import build_job_model
 from dprorun.replay.predict import predict
@@ -556,14 +556,9 @@ def test_sigterm_to_dprorun_stops_the_ranks_and_keeps_traces(tmp_path, signame):
     signum = getattr(signal, signame)
     marker = "876543" if signame == "SIGTERM" else "876544"
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "-np", "2",
-                             "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1", "-q", "python",
-                             os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "100000", "--seed", marker],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not (run_dir / "rank_1" / "events.json").exists():
-        time.sleep(0.2)
-    assert (run_dir / "rank_1" / "events.json").exists(), "the job never reached the end of its window"
+    proc = start_dprorun_until(["-np", "2", "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1",
+                                "-q", "python", os.path.join(EXAMPLES, "mlp_many_layers.py"), "--steps", "100000",
+                                "--seed", marker], run_dir, "rank_1/events.json", timeout=90)
     sent = time.monotonic()
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=30)
@@ -1863,18 +1858,11 @@ def test_a_scripts_own_sigterm_handler_gets_the_time_it_takes(tmp_path):
     """A preemptible script handles SIGTERM itself (a checkpoint, then exit): the hooks' thread that ends a rank
     waiting in C++ a second after a SIGTERM must leave such a script be (it ended it before its checkpoint)."""
     import signal
-    import time
 
     script, checkpoint, run_dir = tmp_path / "preemptible.py", tmp_path / "checkpoint.pt", tmp_path / "run"
     script.write_text(PREEMPTIBLE)
-    proc = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--run-dir", str(run_dir), "-np", "1",
-                             "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1", "-q", "python",
-                             str(script), str(checkpoint)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not (run_dir / "rank_0" / "clean.json").exists():
-        time.sleep(0.2)
-    assert (run_dir / "rank_0" / "clean.json").exists(), "the job never reached the end of its clean iterations"
+    proc = start_dprorun_until(["-np", "1", "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1",
+                                "-q", "python", str(script), str(checkpoint)], run_dir, "rank_0/clean.json", timeout=90)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert checkpoint.exists(), stderr[-3000:]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES, REPO, run_dprorun
+from conftest import EXAMPLES, REPO, run_dprorun, start_dprorun_until
 from dprorun.fsutil import TraceError
 from dprorun.trace.horovod import read_horovod_timeline, timeline_summary
 from dprorun.trace.rundir import inference_set_aside, load_run
@@ -823,15 +823,10 @@ def test_a_hangup_stops_a_horovod_job_and_its_profile_is_analysed(tmp_path):
     import psutil
 
     marker, run_dir = "876545", tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "dprorun.cli", "--backend", "horovod", "--run-dir", str(run_dir),
-                             "-np", "2", "--warmup", "1", "--active", "2", "--kineto-iters", "1", "--clean", "1", "-q",
-                             "python", os.path.join(EXAMPLES, "horovod_mlp.py"), "--steps", "100000",
-                             "--report-last", marker], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (run_dir / "rank_1" / "events.json").exists():
-        time.sleep(0.2)
-    assert (run_dir / "rank_1" / "events.json").exists(), "the job never reached the end of its window"
+    proc = start_dprorun_until(["--backend", "horovod", "-np", "2", "--warmup", "1", "--active", "2", "--kineto-iters",
+                                "1", "--clean", "1", "-q", "python", os.path.join(EXAMPLES, "horovod_mlp.py"),
+                                "--steps", "100000", "--report-last", marker], run_dir, "rank_1/events.json",
+                               env=dict(os.environ, OMP_NUM_THREADS="1"))
     proc.send_signal(signal.SIGHUP)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 129 and "interrupted by SIGHUP" in stderr, stderr[-2000:]

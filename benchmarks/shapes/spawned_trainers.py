@@ -109,6 +109,20 @@ def ignite_training(local_rank: int) -> None:
         print(f"median step {1000 * statistics.median(times[len(times) // 2:]):.2f} ms")
 
 
+def timed_loop(loader, model, optimizer, backward, main: bool) -> None:
+    """The loop of a script that steps its own optimizer through a framework's backward (Fabric's, Accelerate's);
+    the main process prints the median step of the second half."""
+    times = []
+    for x, y in loader:
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        backward(nn.functional.cross_entropy(model(x), y))
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    if main:
+        print(f"median step {1000 * statistics.median(times[len(times) // 2:]):.2f} ms")
+
+
 def fabric_loop() -> None:
     import lightning as L
 
@@ -121,15 +135,7 @@ def fabric_loop() -> None:
     n = 32 * a.steps * 2
     loader = fabric.setup_dataloaders(DataLoader(TensorDataset(torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))),
                                                  batch_size=32))
-    times = []
-    for x, y in loader:
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        fabric.backward(nn.functional.cross_entropy(model(x), y))
-        optimizer.step()
-        times.append(time.perf_counter() - start)
-    if fabric.global_rank == 0:
-        print(f"median step {1000 * statistics.median(times[len(times) // 2:]):.2f} ms")
+    timed_loop(loader, model, optimizer, fabric.backward, fabric.global_rank == 0)
 
 
 def accelerate_loop() -> None:
@@ -142,15 +148,7 @@ def accelerate_loop() -> None:
     n = 64 * a.steps * 2  # sharded over the 2 processes by accelerator.prepare
     loader = DataLoader(TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,))), batch_size=64)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    times = []
-    for x, y in loader:
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        accelerator.backward(nn.functional.cross_entropy(model(x), y))
-        optimizer.step()
-        times.append(time.perf_counter() - start)
-    if accelerator.is_main_process:
-        print(f"median step {1000 * statistics.median(times[len(times) // 2:]):.2f} ms")
+    timed_loop(loader, model, optimizer, accelerator.backward, accelerator.is_main_process)
 
 
 if __name__ == "__main__":
