@@ -675,7 +675,7 @@ def horovod_timeline_mode(job: JobConfig) -> str:
 
 
 def _run_engine(cmd: list[str], job: JobConfig, engine: str) -> LaunchResult:
-    """Run a launcher CLI as a child with the hooks' environment; forward SIGINT/SIGTERM; --timeout stops it."""
+    """Run a launcher CLI as a child with the hooks' environment; forward SIGINT/SIGTERM/SIGHUP; --timeout stops it."""
     env = dict(os.environ)
     env.update(rank_environment(job))
     code, signum, timed_out = call_forwarding_signals(cmd, env, job.launch.timeout_s, job.output.json_summary)

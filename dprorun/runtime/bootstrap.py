@@ -315,13 +315,13 @@ def _script_watches(sess) -> dict[str, Callable[[], None]]:
     """torch.distributed use outside the supported wrappers, counted in sess.script_use (runtime/watch.py)."""
     from dprorun.runtime import watch
     from dprorun.runtime.script_profiler import watch_torch
-
     from dprorun.runtime.spawned import LIGHTNING_ENVIRONMENTS, lightning_starts_its_ranks
 
     use = sess.script_use
     launched_world = sess.world_size
     return {**{name: functools.partial(sess.guard, "letting Lightning start its ranks", lightning_starts_its_ranks,
-                                       name, become_rank) for name in LIGHTNING_ENVIRONMENTS},"torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn",
+                                       name, become_rank) for name in LIGHTNING_ENVIRONMENTS},
+            "torch.multiprocessing.spawn": lambda: sess.guard("watching torch.multiprocessing.spawn",
                                                               watch.watch_spawns, use, launched_world,
                                                               profiled_entry),
             "torch.distributed": lambda: _watch_torch_distributed(sess),
