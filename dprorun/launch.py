@@ -464,16 +464,27 @@ MISSING_MODULE_HINTS = {
 }
 
 
+def _importable_here(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return bool(module) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def missing_module_hint(detail: str, backend: str, command: Sequence[str] = ()) -> str:
     """"; <what fits>" for a rank that failed importing a module (ModuleNotFoundError), else "": the ranks' `python`
-    found on PATH is another interpreter than dprorun's (an environment not activated, dprorun installed apart), or
-    a framework dprorun installs for itself."""
+    found on PATH is another interpreter than dprorun's, which has the module (an environment not activated, dprorun
+    installed apart; a module missing here too is the script's own matter), or a framework dprorun installs for
+    itself."""
     if "No module named '" not in detail:
         return ""
+    missing = detail.split("No module named '", 1)[1].split("'", 1)[0].split(".")[0]
     head = shutil.which(command[0]) if command and os.path.basename(command[0]).startswith("python") else None
-    if head and os.path.realpath(head) != os.path.realpath(sys.executable):
-        return (f"; the ranks ran {head}, another Python than dprorun's ({sys.executable}): activate the environment "
-                "that has the job's modules, or give its python's path")
+    if head and os.path.realpath(head) != os.path.realpath(sys.executable) and _importable_here(missing):
+        return (f"; the ranks ran {head}, another Python than dprorun's ({sys.executable}), which has {missing}: "
+                "activate the environment that has the job's modules, or give its python's path")
     for module, hint in MISSING_MODULE_HINTS.items():
         if f"No module named '{module}" in detail and not (module == "mxnet" and backend == "mxnet"):
             return f"; {hint}"

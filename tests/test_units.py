@@ -1276,6 +1276,8 @@ def test_a_rank_that_ran_another_python_than_dprorun_is_told_so(tmp_path):
     missing = "ModuleNotFoundError: No module named 'torch'"
     assert f"the ranks ran {other}, another Python than dprorun's" in missing_module_hint(missing, "ddp", [str(other)])
     assert missing_module_hint(missing, "ddp", [sys.executable]) == ""
+    # a module this Python lacks too is the script's own matter (a shim on PATH is no evidence of another Python)
+    assert missing_module_hint("No module named 'no_such_module_xyz.sub'", "ddp", [str(other)]) == ""
     assert "scripts/install-tf" in missing_module_hint("No module named 'tensorflow'", "tf", [sys.executable])
 
 
