@@ -398,6 +398,12 @@ DETAIL_SEGFAULT_HINT = ("TORCH_DISTRIBUTED_DEBUG=DETAIL is set: under it torch 2
                         "ends its ranks in SIGSEGV at its construction, with plain torchrun too; INFO does not")
 
 
+# Lightning's refusal of a launched world other than its devices x num_nodes: a script that starts its ranks itself
+LIGHTNING_WORLD_MISMATCH = "in Lightning, but the product"
+LIGHTNING_WORLD_HINT = ("Lightning starts its ranks itself from one process: launch one (`dprorun python train.py`; a "
+                        "dry run for N ranks: `--dry-run -np N --local-np 1`), or give -np its devices x num_nodes")
+
+
 def _child_failed(err, job: JobConfig, stopped_pids: set[int]) -> LaunchResult:
     """The launch's result where a rank failed: the rank whose failure stopped the job named, with its cause."""
     rank, failure = _root_failure(err, stopped_pids)
@@ -418,6 +424,8 @@ def _child_failed(err, job: JobConfig, stopped_pids: set[int]) -> LaunchResult:
     message = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}"
     if detail:
         message += f": {detail}" + missing_module_hint(detail, job.launch.backend, job.command)
+        if LIGHTNING_WORLD_MISMATCH in detail and job.launch.world_size > 1:
+            message += f"; {LIGHTNING_WORLD_HINT}"
     others = sorted(r for r in err.failures if r != rank)
     if others:
         message += f" (also failed: ranks {others})"

@@ -146,6 +146,27 @@ def test_a_console_that_cannot_show_a_character_gets_it_replaced_not_an_exit_2()
     assert raw.getvalue() == b"comm (ready?done) 4.2 ?s\n"
 
 
+def test_lightnings_refusal_of_the_launched_world_says_how_to_launch_it(tmp_path):
+    """`dprorun -np 4 python train.py` of a Trainer(devices=2): Lightning refuses the world of 4, as under torchrun;
+    the failure now says that Lightning starts its ranks itself (one process launched, or -np its device count)."""
+    import json
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from dprorun.config import JobConfig, LaunchConfig, OutputConfig
+    from dprorun.launch import _child_failed
+
+    error_file = tmp_path / "error.json"
+    refusal = ("ValueError: You set `devices=2` and `num_nodes=1` in Lightning, but the product (2 * 1) does not "
+               "match the world size (4).")
+    error_file.write_text(json.dumps({"message": {"message": refusal, "extraInfo": {"timestamp": "0"}}}))
+    failure = ProcessFailure(local_rank=0, pid=100, exitcode=1, error_file=str(error_file))
+    job = JobConfig(command=["python", "train.py"], launch=LaunchConfig(nproc_per_node=4),
+                    output=OutputConfig(run_dir=str(tmp_path)))
+    message = _child_failed(ChildFailedError("train", {0: failure}), job, set()).message
+    assert "does not match the world size (4)" in message and "Lightning starts its ranks itself" in message
+
+
 def test_python_flags_that_keep_the_hooks_out_are_told_from_the_scripts_own():
     from dprorun.procs import python_flag_without_the_hooks as flag
 
