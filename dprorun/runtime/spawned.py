@@ -57,15 +57,18 @@ LIGHTNING_ENVIRONMENTS = ("lightning.fabric.plugins.environments", "lightning_fa
 
 
 def lightning_starts_its_ranks(module_name: str, become: Optional[Become]) -> None:
-    """In a one-process launch: torch elastic's environment not detected by Lightning; in the launched process
-    (`become` given) the launch's LOCAL_RANK taken away, so that Lightning starts the other ranks (and sets LOCAL_RANK
-    again) as under `python train.py`, and the process becomes rank 0 of Lightning's world at init_process_group. The
-    processes Lightning starts are ranks as any subprocess of the launch (watch_torch_distributed)."""
+    """In a one-process launch: torch elastic's environment not detected by Lightning (its own taken, as under
+    `python train.py`). In the launched process (`become` given) Lightning's environment says the processes are not
+    created externally until Lightning has set the job's WORLD_SIZE (the launch's is 1; Lightning sets it as it
+    starts the other ranks), and the process becomes rank 0 of Lightning's world at init_process_group. The launch's
+    LOCAL_RANK stays (a script that only imports Lightning reads it as under torchrun). The processes Lightning starts
+    are ranks as any subprocess of the launch (watch_torch_distributed)."""
     import sys
 
     if ONE_PROCESS_LAUNCH not in os.environ:
         return
-    torchelastic = getattr(sys.modules.get(module_name), "TorchElasticEnvironment", None)
+    module = sys.modules.get(module_name)
+    torchelastic = getattr(module, "TorchElasticEnvironment", None)
     if torchelastic is None or getattr(torchelastic.detect, WATCHED, False):
         return
 
@@ -74,10 +77,18 @@ def lightning_starts_its_ranks(module_name: str, become: Optional[Become]) -> No
 
     setattr(detect, WATCHED, True)
     torchelastic.detect = staticmethod(detect)
-    if become is not None:
-        if os.environ.get("LOCAL_RANK") == "0":
-            del os.environ["LOCAL_RANK"]
-        watch_torch_distributed(become)
+    lightning = getattr(module, "LightningEnvironment", None)
+    if become is None or not isinstance(getattr(lightning, "creates_processes_externally", None), property):
+        return
+    externally = lightning.creates_processes_externally.fget
+
+    def not_before_lightning_starts_them(self) -> bool:
+        if os.environ.get("WORLD_SIZE", "1") == "1":
+            watch_torch_distributed(become)
+            return False
+        return externally(self)
+
+    lightning.creates_processes_externally = property(not_before_lightning_starts_them)
 
 
 def watch_after_fork(become: Become) -> None:
