@@ -1388,6 +1388,17 @@ def test_lightnings_default_launch_from_one_process_trains_two_ranks_and_is_prof
     assert all(len(trace.profiled_iterations) >= 4 for trace in run.ranks.values())
 
 
+def test_a_one_process_script_that_only_imports_lightning_keeps_the_launchs_variables(tmp_path):
+    """Letting Lightning start its ranks in a one-process launch must not take torch elastic's variables from a script
+    that imports Lightning for its utilities and reads LOCAL_RANK itself, as under torchrun."""
+    pytest.importorskip("lightning")
+    script = tmp_path / "train.py"
+    script.write_text("import os\nimport lightning\nlightning.seed_everything(1)\n"
+                      "print('LOCAL_RANK', os.environ['LOCAL_RANK'], 'WORLD_SIZE', os.environ['WORLD_SIZE'])\n")
+    proc, _ = run_dprorun(["-q", "python", str(script)], tmp_path / "run", timeout=120)
+    assert proc.returncode == 0 and "LOCAL_RANK 0 WORLD_SIZE 1" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_a_run_directory_that_holds_a_run_is_refused_and_kept(tmp_path):
     """--run-dir pointing at an earlier (here interrupted) run: refused with exit 2, nothing touched; --overwrite
     replaces it, and the new manifest is the new run's alone. The new run's ranks pose as two hosts
