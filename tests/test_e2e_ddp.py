@@ -234,6 +234,9 @@ def test_a_python_flag_that_keeps_the_hooks_out_is_named_not_taken_for_a_script_
                       "del model\n"
                       "dist.destroy_process_group()\n")
     proc, _ = run_dprorun(["--dry-run", "-np", "2", "python", "-E", str(script)], tmp_path / "run", timeout=120)
+    if proc.returncode == 134:  # no hooks, hence no wait for gloo's idle workers at exit: torch 2.13's gloo abort,
+        # as under plain torchrun (a CI run met it once): launched again
+        proc, _ = run_dprorun(["--dry-run", "-np", "2", "python", "-E", str(script)], tmp_path / "run2", timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "the ranks' python runs with -E (ignores PYTHONPATH)" in proc.stderr  # said before the launch
     assert "nothing was profiled: the ranks' python ran with -E" in proc.stderr and "no rank built" not in proc.stderr
