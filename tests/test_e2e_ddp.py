@@ -233,10 +233,12 @@ def test_a_python_flag_that_keeps_the_hooks_out_is_named_not_taken_for_a_script_
                       "    model(torch.randn(4, 8)).sum().backward()\n"
                       "del model\n"
                       "dist.destroy_process_group()\n")
-    proc, _ = run_dprorun(["--dry-run", "-np", "2", "python", "-E", str(script)], tmp_path / "run", timeout=120)
-    if proc.returncode == 134:  # no hooks, hence no wait for gloo's idle workers at exit: torch 2.13's gloo abort,
-        # as under plain torchrun (a CI run met it once): launched again
-        proc, _ = run_dprorun(["--dry-run", "-np", "2", "python", "-E", str(script)], tmp_path / "run2", timeout=120)
+    for attempt in range(4):  # no hooks, hence no wait for gloo's idle workers at exit: torch 2.13's gloo abort
+        # (exit 134), as under plain torchrun (a local run of the suite met it twice in a row)
+        proc, _ = run_dprorun(["--dry-run", "-np", "2", "python", "-E", str(script)], tmp_path / f"run{attempt}",
+                              timeout=120)
+        if proc.returncode != 134:
+            break
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "the ranks' python runs with -E (ignores PYTHONPATH)" in proc.stderr  # said before the launch
     assert "nothing was profiled: the ranks' python ran with -E" in proc.stderr and "no rank built" not in proc.stderr
@@ -1505,7 +1507,7 @@ class GAN(L.LightningModule):
         g_opt.zero_grad(); s.manual_backward(nn.functional.softplus(-s.D(fake)).mean()); g_opt.step()
     def configure_optimizers(s):
         return torch.optim.Adam(s.G.parameters(), 2e-4), torch.optim.Adam(s.D.parameters(), 2e-4)
-trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_find_unused_parameters_true", max_steps=36,
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_find_unused_parameters_true", max_steps=60,
                     logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 gan = GAN()
 trainer.fit(gan, DataLoader(TensorDataset(torch.randn(2048, 128)), batch_size=32))
@@ -1526,7 +1528,7 @@ def test_a_lightning_manual_optimization_step_is_replayed(tmp_path):
     script = tmp_path / "gan.py"
     script.write_text(LIGHTNING_MANUAL_GAN)
     run_dir = tmp_path / "run"
-    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "--kineto-iters", "2", "--clean", "7",
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "16", "--kineto-iters", "2", "--clean", "7",
                            "python", str(script)], run_dir, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "no replay" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
@@ -1540,6 +1542,7 @@ def test_a_lightning_manual_optimization_step_is_replayed(tmp_path):
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     doc = json.loads(out.stdout)  # the window it is built from, as run (the clean iterations may differ: warned)
+    # 14 window iterations: on 2 cores one of these GAN's iterations can take twice another's (a rank's lag)
     assert abs(doc["predicted_iteration_time_ms"] / doc["measured_iteration_time_ms"] - 1) < 0.25, doc
 
 

@@ -14,8 +14,9 @@ from dprorun.graph.local import blocking_collectives, op_profile
 from dprorun.replay.engine import replay
 from dprorun.replay.synthesize import synthesize
 from dprorun.replay.template import LATENCY_BOUND, BucketInfo, CommModel, JobModel, MeasuredIteration, RankTemplate, \
-    _horovod_timeline_points, _ready_fractions, comm_channels, fit_comm_model, horovod_comm_model, horovod_knobs_as_run, \
-    measure_rank, message_latency_us, ring_bytes, ring_size, transport_on_compute_cores
+    _horovod_timeline_points, _ready_fractions, comm_channels, enqueues_over_ranks, fit_comm_model, \
+    horovod_comm_model, horovod_knobs_as_run, iteration_slots, measure_rank, message_latency_us, ring_bytes, ring_size, \
+    transport_on_compute_cores
 from dprorun.replay.whatif import WhatIf
 from dprorun.stats import median
 from dprorun.trace.model import RankTrace, RunTrace, ddp_groups, is_tf_tracker
@@ -175,17 +176,14 @@ def build_job_model(run: RunTrace) -> JobModel:
     tf_job = is_tf_run(run)
     if tf_job:  # only the profiled steps have phases (from the TensorFlow profile): measured there, scaled below
         iterations = {r: tf_profiled_steps(run.ranks[r]) for r in ranks}
-    enqueue_all: dict[tuple[int, str], float] = {}
-    for r in ranks:
-        for op in run.ranks[r].ops:
-            if op.source == "hooks" and op.tensor and op.phase in ("queue", "queue+transmit"):
-                key = (op.iteration, op.tensor)
-                enqueue_all[key] = max(enqueue_all.get(key, -np.inf), op.start_us)
+    slots = {r: iteration_slots(run.ranks[r], iterations[r]) for r in ranks}
+    enqueue_all = enqueues_over_ranks(slots)
     channels = comm_channels(run)
     templates, per_rank_samples, transmit = {}, {}, {}
     per_iteration_tx: dict[int, dict[str, list[float]]] = {}
     for r in ranks:
-        templates[r], per_rank_samples[r], tx = measure_rank(run.ranks[r], iterations[r], enqueue_all, channels)
+        templates[r], per_rank_samples[r], tx = measure_rank(run.ranks[r], iterations[r], enqueue_all, channels,
+                                                             slots[r])
         for i, buckets_tx in tx.items():
             for key, value in buckets_tx.items():
                 transmit.setdefault(key, []).append(value)

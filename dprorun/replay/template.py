@@ -223,13 +223,14 @@ class MeasuredIteration:
     transmit_us: dict[str, float]
 
 
-def _iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]:
-    """Per iteration: its phase spans by kind, and each bucket's (last) round: {"enqueue", "done"}. A bucket
-    all-reduced more than once in an iteration (micro-batches accumulated without no_sync) is modelled by its
-    last round, the one the last backward hands over (the earlier ones are kept as measured:
+def iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]:
+    """Per iteration: its phase spans by kind ("spans"), each bucket's last round: {"enqueue", "done"} ("comm") and
+    all its rounds in order ("rounds"). A bucket all-reduced more than once in an iteration (micro-batches
+    accumulated without no_sync) is modelled by its last round, the one the last backward hands over (the earlier
+    ones are kept as measured, less the wait for later ranks before the forward: `_waited_before_forward`;
     trace/rundir.collectives_outside_buckets); the rounds were merged from the first's enqueue to the last's end,
     which put a late bucket's all-reduce at the last backward's start."""
-    by_iter: dict[int, dict] = {i: {"spans": {}, "comm": {}} for i in iterations}
+    by_iter: dict[int, dict] = {i: {"spans": {}, "comm": {}, "rounds": {}} for i in iterations}
     comm_ops = []
     for op in trace.ops:
         slot = by_iter.get(op.iteration)
@@ -241,13 +242,40 @@ def _iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]
                 and op.phase in ("queue", "transmit", "queue+transmit"):
             comm_ops.append(op)
     for op in sorted(comm_ops, key=lambda o: o.start_us):
-        rounds = by_iter[op.iteration]["comm"]
-        entry = rounds.get(op.tensor)
+        slot = by_iter[op.iteration]
+        entry = slot["comm"].get(op.tensor)
         if entry is None or op.start_us > entry["done"]:  # a new round (a queue op ends where its transmit starts)
-            rounds[op.tensor] = {"enqueue": op.start_us, "done": op.end_us}
+            slot["comm"][op.tensor] = {"enqueue": op.start_us, "done": op.end_us}
+            slot["rounds"].setdefault(op.tensor, []).append(slot["comm"][op.tensor])
         else:
             entry["done"] = max(entry["done"], op.end_us)
     return by_iter
+
+
+def enqueues_over_ranks(slots: dict[int, dict[int, dict]]) -> dict[tuple[int, str, int], float]:
+    """Each round of each bucket in each iteration (`iteration_slots` per rank): when its last rank handed it over,
+    keyed (iteration, bucket, round)."""
+    latest: dict[tuple[int, str, int], float] = {}
+    for by_iteration in slots.values():
+        for i, slot in by_iteration.items():
+            for key, rounds in slot["rounds"].items():
+                for k, c in enumerate(rounds):
+                    latest[(i, key, k)] = max(latest.get((i, key, k), -np.inf), c["enqueue"])
+    return latest
+
+
+def _waited_before_forward(slot: dict, i: int, before_us: float, enqueue_all: dict) -> float:
+    """The time a rank spent, before `before_us` (its modelled forward), waiting for later ranks to hand over the
+    earlier rounds of its buckets (a GAN's first model stepped before the second's forward, micro-batches all-reduced
+    each): that is the later ranks' time, not this rank's, and the replay, which starts every rank's step at once,
+    has it from them. Per round, the longest wait of its buckets (they wait at once), at most the round's length."""
+    waited: dict[int, float] = {}
+    for key, rounds in slot["rounds"].items():
+        for k, c in enumerate(rounds[:-1]):
+            if c["enqueue"] < before_us:
+                wait = max(0.0, enqueue_all.get((i, key, k), c["enqueue"]) - c["enqueue"])
+                waited[k] = max(waited.get(k, 0.0), min(wait, c["done"] - c["enqueue"]))
+    return sum(waited.values())
 
 
 def _eager_tf_steps(trace: RankTrace) -> str:
@@ -296,8 +324,9 @@ def own_comm_hook(trace: RankTrace) -> bool:
                                   and not t.get("user_comm_hook") for t in trackers)
 
 
-def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
-                 channels: int = 1) -> tuple[RankTemplate, dict[int, RankTemplate], dict[int, dict[str, float]]]:
+def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict, channels: int = 1,
+                 slots: Optional[dict[int, dict]] = None) -> tuple[RankTemplate, dict[int, RankTemplate],
+                                                                  dict[int, dict[str, float]]]:
     """The rank's median template, its per-iteration templates, and per-iteration bucket transmission times.
 
     When the buckets were timed through dprorun's own comm hook (the job itself leaves DDP's built-in C++
@@ -314,7 +343,7 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
     hook_overhead = enqueue_cost if own_comm_hook(trace) else 0.0
     samples: dict[int, RankTemplate] = {}
     transmit: dict[int, dict[str, float]] = {}
-    slots = _iteration_slots(trace, iterations)
+    slots = iteration_slots(trace, iterations) if slots is None else slots
     for i, slot in slots.items():
         spans = slot["spans"]
         if not all(k in spans for k in (OpKind.FW, OpKind.BW, OpKind.UPDATE)):
@@ -323,11 +352,12 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
         every = sorted(slot["comm"].items(), key=lambda kv: kv[1]["enqueue"])
         samples[i] = (_blocking_sample(trace.rank, first, fw, bw, up, every, starts[i], ends[i]) if blocking else
                       _overlapped_sample(trace.rank, first, fw, bw, up, every, after_update, enqueue_cost,
-                                         hook_overhead, starts[i], ends[i]))
+                                         hook_overhead, starts[i], ends[i],
+                                         _waited_before_forward(slot, i, fw.start_us, enqueue_all)))
         free = [-np.inf] * channels  # when each of the backend's parallel channels is free (gloo: 2 worker threads)
         transmit[i] = {}
         for key, c in every:
-            everyone = enqueue_all.get((i, key), c["enqueue"])
+            everyone = enqueue_all.get((i, key, len(slot["rounds"][key]) - 1), c["enqueue"])
             k = int(np.argmin(free))
             transmit[i][key] = max(1.0, c["done"] - max(everyone, free[k]))
             free[k] = c["done"]
@@ -356,10 +386,12 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict,
 
 
 def _overlapped_sample(rank: int, first, fw, bw, up, every: list[tuple[str, dict]], after_update: set[str],
-                       enqueue_cost: float, hook_overhead: float, start: float, end: float) -> RankTemplate:
+                       enqueue_cost: float, hook_overhead: float, start: float, end: float,
+                       waited_us: float = 0.0) -> RankTemplate:
     """One iteration of a rank whose collectives run beside its compute (DDP's buckets, the script's own calls):
     the backward cut where each gradient collective was handed over (DDP's hook: its cost out of the segment it
-    starts, `hook_overhead`), a sharded step's gathers after the update (`after_update`)."""
+    starts, `hook_overhead`), a sharded step's gathers after the update (`after_update`), the time it waited for
+    other ranks before its forward (`waited_us`: `_waited_before_forward`) out of what it did before it."""
     comm = [(key, c) for key, c in every if key not in after_update]  # the gradients' collectives
     gathers_done = max([c["done"] for key, c in every if key in after_update], default=up.end_us)
     cuts = [bw.start_us] + [min(max(c["enqueue"], bw.start_us), bw.end_us) for _, c in comm] + [bw.end_us]
@@ -371,7 +403,7 @@ def _overlapped_sample(rank: int, first, fw, bw, up, every: list[tuple[str, dict
         segments[k] -= cut
         removed += cut
     return RankTemplate(
-        rank=rank, accumulate_us=fw.start_us - first.start_us, forward_us=fw.dur_us,
+        rank=rank, accumulate_us=max(0.0, fw.start_us - first.start_us - waited_us), forward_us=fw.dur_us,
         loss_us=max(0.0, bw.start_us - fw.end_us),
         backward_segments_us=segments, bucket_ready_order=[k for k, _ in comm],
         update_us=up.dur_us, tail_us=max(0.0, end - max(up.end_us, gathers_done)),

@@ -1,0 +1,76 @@
+"""The replay of the job as it ran against the profiled window's own iterations (the figure `dpro replay` prints
+as "measured iteration time"), for jobs of benchmarks/unseen_shapes.py: each job launched once per round (rounds
+interleaved), each run replayed by this checkout and, with --compare-with, by another one on the same recorded
+run, so the two replayers are compared on identical inputs.
+
+    git worktree add /tmp/wt_before <commit>
+    python benchmarks/window_replay.py --rounds 3 --compare-with /tmp/wt_before \\
+        --only ddp-lightning-manual-optimization-gan,ddp-gan,ddp-sam-two-passes-a-step
+
+Last line: the median and the largest |replay / window - 1| of each checkout over every run.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from unseen_shapes import JOBS, REPO, SHAPES
+
+
+def replay_error(tree: str, run_dir: str) -> float | None:
+    """`dpro replay RUN --json` run with `tree`'s dprorun: predicted / measured - 1, None where it gave none."""
+    out = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "replay", run_dir, "--json"],
+                         capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=300,
+                         env=dict(os.environ, PYTHONPATH=tree))
+    try:
+        doc = json.loads(out.stdout)
+        return doc["predicted_iteration_time_ms"] / doc["measured_iteration_time_ms"] - 1
+    except (ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def launch(name: str, run_dir: str, steps: int) -> int:
+    options, script, script_args, _ = JOBS[name]
+    path = os.path.join(REPO, script) if "/" in script else os.path.join(SHAPES, script)
+    ranks = [] if "-np" in options else ["-np", "2"]
+    cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", run_dir, *options, *ranks, "python", path,
+           "--steps", str(steps), *script_args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env=dict(os.environ, DPRO_REPORT="0")).returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", required=True, help="comma-separated job names of benchmarks/unseen_shapes.py")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--compare-with", help="another checkout's root: its replay of the same runs")
+    args = parser.parse_args()
+    trees = {"this": REPO} | ({"other": os.path.abspath(args.compare_with)} if args.compare_with else {})
+    errors: dict[str, list[float]] = {label: [] for label in trees}
+    print("| job | round | " + " | ".join(f"{label} checkout" for label in trees) + " |")
+    print("|---|---|" + "---|" * len(trees))
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.rounds):
+            for name in args.only.split(","):
+                run_dir = os.path.join(tmp, f"{name}-{round_}")
+                if launch(name, run_dir, args.steps) != 0:
+                    print(f"| {name} | {round_} | " + " | ".join("exit != 0" for _ in trees) + " |", flush=True)
+                    continue
+                cells = []
+                for label, tree in trees.items():
+                    error = replay_error(tree, run_dir)
+                    cells.append("no replay" if error is None else f"{100 * error:+.1f} %")
+                    if error is not None:
+                        errors[label].append(abs(error))
+                print(f"| {name} | {round_} | " + " | ".join(cells) + " |", flush=True)
+    print("; ".join(f"{label}: median |error| {100 * np.median(v):.1f} %, max {100 * max(v):.1f} % ({len(v)} runs)"
+                    for label, v in errors.items() if v))
+
+
+if __name__ == "__main__":
+    main()
