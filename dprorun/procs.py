@@ -465,13 +465,15 @@ def signal_name(signum: int) -> str:
 
 def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Optional[float] = None,
                             stdout_to_stderr: bool = False) -> tuple[int, Optional[int], bool]:
-    """Run an engine's CLI as a child; SIGINT/SIGTERM sent to dprorun go to it as well (it stops its ranks), SIGHUP
-    (the terminal hung up) as SIGTERM (before, dprorun died of it at once: no word, no analysis);
+    """Run an engine's CLI as a child, in a process group of its own (`engine_apart_from_dprorun_s_group`);
+    SIGINT/SIGTERM sent to dprorun go to it (it stops its ranks), SIGHUP (the terminal hung up) as SIGTERM (before,
+    dprorun died of it at once: no word, no analysis);
     `timeout_s` stops it; `stdout_to_stderr` (`--json`): its output, the ranks' with it, goes to stderr. Returns
     (exit code, the signal forwarded or None, whether the timeout fired)."""
     if stdout_to_stderr:
         sys.stdout.flush()
-    proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr.fileno() if stdout_to_stderr else None)
+    proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr.fileno() if stdout_to_stderr else None,
+                            preexec_fn=engine_apart_from_dprorun_s_group())
     forwarded = {}
 
     def forward(signum, frame):
@@ -487,6 +489,35 @@ def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Opti
         for s, handler in previous.items():
             signal.signal(s, handler)
     return code, forwarded.get("signal"), watchdog.fired
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def engine_apart_from_dprorun_s_group():
+    """What an engine's CLI runs before its command (Popen's preexec_fn): a process group of its own, and SIGTERM
+    when dprorun dies. The engines put their ranks in sessions of their own and stop them when signalled; in
+    dprorun's group, a signal to the group (a terminal's Ctrl-C, `kill -TERM -PGID`) reached the engine twice, the
+    group's and dprorun's forwarded one, and horovodrun, whose handler sets a threading.Event, deadlocked in its
+    handler run again inside the first (1 in 5 launches here; its ranks trained on until dprorun's 15 s escalation).
+    Now dprorun's is the one signal it gets. Its death signal: dprorun killed with its group (SIGKILL included)
+    still stops the engine, as when they shared the group (Linux; elsewhere the group alone)."""
+    parent = os.getpid()
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: nothing to import after the fork
+    except (OSError, AttributeError, ImportError):
+        prctl = None
+
+    def in_the_child() -> None:
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:  # dprorun died before the death signal was set
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_the_child
 
 
 ENGINE_STOP_GRACE_S = 15.0  # an engine that has not stopped this long after a forwarded signal: its tree stopped

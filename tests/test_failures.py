@@ -2,6 +2,7 @@
 disk that fills up, a node that never joins, the rendezvous bound to loopback."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -582,6 +583,61 @@ def test_a_rank_failing_in_the_windows_last_step_leaves_its_peer_waiting_in_the_
     assert "stopped by SIGTERM" in events["warnings"] or any(
         "a rank left before the end-of-window gather: " in w for w in events["warnings"]), events["warnings"]
     assert (run / "rank_0" / "clean.json").exists()
+
+
+ENGINE_COUNTING_SIGNALS = """
+import os, signal, sys, time
+log = sys.argv[1]
+def note(signum, frame):
+    with open(log, "a") as f:
+        f.write(signal.Signals(signum).name + "\\n")
+signal.signal(signal.SIGTERM, note)
+signal.signal(signal.SIGINT, note)
+open(log + ".ready", "w").close()
+deadline = time.time() + 20
+while time.time() < deadline and not (os.path.exists(log) and time.time() > os.path.getmtime(log) + 1):
+    time.sleep(0.05)
+"""
+
+DPRORUN_RUNNING_AN_ENGINE = """
+import sys
+from dprorun.procs import call_forwarding_signals
+code, signum, _ = call_forwarding_signals([sys.executable, sys.argv[1], sys.argv[2]], dict(__import__("os").environ))
+print(code, signum)
+"""
+
+
+def _engine_under_dprorun(tmp_path):
+    """dprorun's engine CLI launch (procs.call_forwarding_signals) of an engine that logs each signal it gets and
+    ends 1 s after the last, in a session of its own as a terminal's or a batch job's; returned once it runs."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "engine.py").write_text(ENGINE_COUNTING_SIGNALS)
+    log = tmp_path / "signals.log"
+    proc = subprocess.Popen([sys.executable, "-c", DPRORUN_RUNNING_AN_ENGINE, str(tmp_path / "engine.py"), str(log)],
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "signals.log.ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc, log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_dprorun_s_group_reaches_an_engine_once(tmp_path, signum):
+    """`kill -TERM -PGID` (a container or batch stop) or a terminal's Ctrl-C, under --backend horovod: the group's
+    signal and dprorun's forwarded one both reached horovodrun, whose handler then deadlocked inside itself (1 in 5
+    launches; its ranks trained on 15 s until dprorun stopped the tree). The engine runs in a group of its own: one
+    signal, dprorun's. Killed alone, even by SIGKILL, dprorun still stops the engine (its death signal)."""
+    proc, log = _engine_under_dprorun(tmp_path)
+    os.killpg(proc.pid, signum)
+    out, err = proc.communicate(timeout=30)
+    assert log.read_text().split() == [signum.name], (out, err)
+    proc, log = _engine_under_dprorun(tmp_path / "kill")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while not log.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.read_text().split() == ["SIGTERM"]
 
 
 def test_a_terminal_that_hangs_up_stops_the_job_and_its_profile_is_still_analysed(tmp_path):
