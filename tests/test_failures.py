@@ -586,13 +586,17 @@ def test_a_rank_failing_in_the_windows_last_step_leaves_its_peer_waiting_in_the_
 
 
 ENGINE_COUNTING_SIGNALS = """
-import os, signal, sys, time
+import os, signal, subprocess, sys, time
 log = sys.argv[1]
 def note(signum, frame):
     with open(log, "a") as f:
         f.write(signal.Signals(signum).name + "\\n")
 signal.signal(signal.SIGTERM, note)
 signal.signal(signal.SIGINT, note)
+if not log.endswith(".worker"):  # a worker in the engine's own group, as bpslaunch starts them
+    worker = subprocess.Popen([sys.executable, sys.argv[0], log + ".worker"])
+    while not os.path.exists(log + ".worker.ready"):
+        time.sleep(0.05)
 open(log + ".ready", "w").close()
 deadline = time.time() + 20
 while time.time() < deadline and not (os.path.exists(log) and time.time() > os.path.getmtime(log) + 1):
@@ -609,7 +613,8 @@ print(code, signum)
 
 def _engine_under_dprorun(tmp_path):
     """dprorun's engine CLI launch (procs.call_forwarding_signals) of an engine that logs each signal it gets and
-    ends 1 s after the last, in a session of its own as a terminal's or a batch job's; returned once it runs."""
+    ends 1 s after the last, its worker in its group likewise; dprorun in a session of its own as a terminal's or a
+    batch job's; returned once they run."""
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "engine.py").write_text(ENGINE_COUNTING_SIGNALS)
     log = tmp_path / "signals.log"
@@ -626,11 +631,16 @@ def test_a_signal_to_dprorun_s_group_reaches_an_engine_once(tmp_path, signum):
     """`kill -TERM -PGID` (a container or batch stop) or a terminal's Ctrl-C, under --backend horovod: the group's
     signal and dprorun's forwarded one both reached horovodrun, whose handler then deadlocked inside itself (1 in 5
     launches; its ranks trained on 15 s until dprorun stopped the tree). The engine runs in a group of its own: one
-    signal, dprorun's. Killed alone, even by SIGKILL, dprorun still stops the engine (its death signal)."""
+    signal, dprorun's, sent to the engine's group (bpslaunch leaves its workers in it: they get it as from a
+    terminal). Killed alone, even by SIGKILL, dprorun still stops the engine (its death signal)."""
     proc, log = _engine_under_dprorun(tmp_path)
     os.killpg(proc.pid, signum)
     out, err = proc.communicate(timeout=30)
     assert log.read_text().split() == [signum.name], (out, err)
+    deadline = time.monotonic() + 5
+    while not (tmp_path / "signals.log.worker").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "signals.log.worker").read_text().split() == [signum.name]
     proc, log = _engine_under_dprorun(tmp_path / "kill")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
