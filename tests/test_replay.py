@@ -677,7 +677,7 @@ def test_a_backward_run_inside_the_ddp_models_forward_is_named_when_nothing_can_
     and update spans", with no word of why. The cause is named now (where the reader cannot cut that forward at its
     steps: test_a_forward_that_runs_the_backward_and_steps_is_cut_at_its_steps)."""
     from dprorun.fsutil import UnanswerableError
-    from dprorun.replay.template import measure_rank
+    from dprorun.replay.measure import measure_rank
     from dprorun.trace.model import Op, OpKind, RankTrace
 
     trace = RankTrace(rank=0, host="h", iterations=[(5, 0.0, 20_000.0)])
@@ -708,7 +708,7 @@ def test_a_bucket_all_reduced_twice_in_an_iteration_is_modelled_by_its_last_roun
     were merged from the first's enqueue to the last's end, so a bucket handed over late in the last backward was
     placed at that backward's start, overlapping more than it did: the replay ran 7-11 % under the window's own
     iterations on 4 runs (benchmarks/shapes/ddp_session38.py --accumulate-syncing 2), -2.3 to +0.7 % after."""
-    from dprorun.replay.template import measure_rank
+    from dprorun.replay.measure import measure_rank
     from dprorun.trace.model import Op, OpKind, RankTrace
 
     def comm(bucket, start, end):
@@ -736,7 +736,7 @@ def test_a_ranks_wait_for_a_later_rank_before_its_forward_is_that_ranks_time_not
     handed its round over 3 ms before the other waited 3 ms there, which the other rank's own step already holds:
     the replay, starting both at once, counted it twice and ran up to 31 % over the window's own iterations on 2
     cores (14 runs; 8.5 % at most after). The wait is out of the early rank's accumulate, the late one's as it was."""
-    from dprorun.replay.template import enqueues_over_ranks, iteration_slots, measure_rank
+    from dprorun.replay.measure import enqueues_over_ranks, iteration_slots, measure_rank
     from dprorun.trace.model import Op, OpKind, RankTrace
 
     def rank_trace(rank: int, first_backward_end: float) -> RankTrace:

@@ -262,6 +262,6 @@ def _iteration_profile(trace: RankTrace, iteration: int, iteration_ops: list[Op]
         phases[phase] = PhaseProfile(phase, b - a, _phase_ops(inside, a, b, scope_of))
     for phase, keys in (("backward", set(enqueue) - in_forward), ("forward", in_forward)):
         a, b = windows[phase]
-        if b > a and keys:  # the forward: blocking collectives cut it (replay/template.measure_rank)
+        if b > a and keys:  # the forward: blocking collectives cut it (replay/measure.measure_rank)
             phases[phase].cuts = {key: min(1.0, max(0.0, (enqueue[key] - a) / (b - a))) for key in keys}
     return phases

@@ -1,4 +1,4 @@
-"""Building the job model from an aligned RunTrace: every rank's templates (template.measure_rank), the buckets, the
+"""Building the job model from an aligned RunTrace: every rank's templates (measure.measure_rank), the buckets, the
 communication cost model (calibration, trace, Horovod's own), the measured iterations as samples, and, for
 TensorFlow workers, the profiled steps' templates scaled to the steps that ran without the profiler (for
 horovod.tensorflow, and TensorFlow where the closed form misses, fitted by replaying them: the one part of building
@@ -13,10 +13,10 @@ import numpy as np
 from dprorun.graph.local import blocking_collectives, op_profile
 from dprorun.replay.engine import replay
 from dprorun.replay.synthesize import synthesize
+from dprorun.replay.measure import enqueues_over_ranks, iteration_slots, measure_rank
 from dprorun.replay.template import LATENCY_BOUND, BucketInfo, CommModel, JobModel, MeasuredIteration, RankTemplate, \
-    _horovod_timeline_points, _ready_fractions, comm_channels, enqueues_over_ranks, fit_comm_model, \
-    horovod_comm_model, horovod_knobs_as_run, iteration_slots, measure_rank, message_latency_us, ring_bytes, ring_size, \
-    transport_on_compute_cores
+    _horovod_timeline_points, _ready_fractions, comm_channels, fit_comm_model, horovod_comm_model, horovod_knobs_as_run, \
+    message_latency_us, ring_bytes, ring_size, transport_on_compute_cores
 from dprorun.replay.whatif import WhatIf
 from dprorun.stats import median
 from dprorun.trace.model import RankTrace, RunTrace, ddp_groups, is_tf_tracker
