@@ -479,10 +479,11 @@ def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Opti
     def forward(signum, frame):
         forwarded.setdefault("signal", signum)
         forwarded.setdefault("at", time.monotonic())
+        sent = signal.SIGTERM if signum == signal.SIGHUP else signum
         try:  # to its group, as a terminal's Ctrl-C reaches a plain launch (bpslaunch's workers are in its group)
-            os.killpg(proc.pid, signal.SIGTERM if signum == signal.SIGHUP else signum)
+            os.killpg(proc.pid, sent)
         except (ProcessLookupError, PermissionError):
-            proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+            proc.send_signal(sent)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -504,8 +505,8 @@ def engine_apart_from_dprorun_s_group():
     group's and dprorun's forwarded one, and horovodrun, whose handler sets a threading.Event, deadlocked in its
     handler run again inside the first (1 in 5 launches here; its ranks trained on until dprorun's 15 s escalation).
     Now dprorun's is the one signal it gets, sent to the engine's group (an engine whose workers stay in its group,
-    as bpslaunch's, has them signalled as from a terminal). Its death signal: dprorun killed with its group (SIGKILL included)
-    still stops the engine, as when they shared the group (Linux; elsewhere the group alone)."""
+    as bpslaunch's, has them signalled as from a terminal). Its death signal: dprorun killed with its group (SIGKILL
+    included) still stops the engine, as when they shared the group (Linux; elsewhere the group alone)."""
     parent = os.getpid()
     try:
         import ctypes

@@ -12,8 +12,8 @@ import numpy as np
 
 from dprorun.graph.local import blocking_collectives, op_profile
 from dprorun.replay.engine import replay
-from dprorun.replay.synthesize import synthesize
 from dprorun.replay.measure import enqueues_over_ranks, iteration_slots, measure_rank
+from dprorun.replay.synthesize import synthesize
 from dprorun.replay.template import LATENCY_BOUND, BucketInfo, CommModel, JobModel, MeasuredIteration, RankTemplate, \
     _horovod_timeline_points, _ready_fractions, comm_channels, fit_comm_model, horovod_comm_model, horovod_knobs_as_run, \
     message_latency_us, ring_bytes, ring_size, transport_on_compute_cores
