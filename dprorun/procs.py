@@ -467,7 +467,7 @@ def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Opti
                             stdout_to_stderr: bool = False) -> tuple[int, Optional[int], bool]:
     """Run an engine's CLI as a child, in a process group of its own (`engine_apart_from_dprorun_s_group`);
     SIGINT/SIGTERM sent to dprorun go to it (it stops its ranks), SIGHUP (the terminal hung up) as SIGTERM (before,
-    dprorun died of it at once: no word, no analysis);
+    dprorun died of it at once: no word, no analysis), SIGTSTP and SIGCONT (Ctrl-Z, `fg`) as they are;
     `timeout_s` stops it; `stdout_to_stderr` (`--json`): its output, the ranks' with it, goes to stderr. Returns
     (exit code, the signal forwarded or None, whether the timeout fired)."""
     if stdout_to_stderr:
@@ -485,7 +485,17 @@ def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Opti
         except (ProcessLookupError, PermissionError):
             proc.send_signal(sent)
 
+    def to_the_engine(signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signum)
+
+    def suspend(signum, frame):  # a terminal's Ctrl-Z: the engine stops with dprorun, as when they shared the group
+        to_the_engine(signal.SIGTSTP)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, suspend)
+    previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda signum, frame: to_the_engine(signal.SIGCONT))
     try:
         with Watchdog(timeout_s) as watchdog:
             code = _wait_stopping_a_deaf_engine(proc, forwarded, os.path.basename(cmd[0]))

@@ -650,6 +650,31 @@ def test_a_signal_to_dprorun_s_group_reaches_an_engine_once(tmp_path, signum):
     assert log.read_text().split() == ["SIGTERM"]
 
 
+def test_ctrl_z_stops_an_engine_with_dprorun_and_fg_resumes_it(tmp_path):
+    """With the engine in a group of its own, a terminal's Ctrl-Z (SIGTSTP to dprorun's group) stopped dprorun alone,
+    the engine writing on under the shell's prompt; SIGTSTP and SIGCONT are passed on as they come."""
+    proc, log = _engine_under_dprorun(tmp_path)
+    engine = psutil.Process(proc.pid).children()[0]
+    worker = engine.children()[0]
+    os.killpg(proc.pid, signal.SIGTSTP)
+
+    def states() -> list[str]:
+        return [p.status() for p in (psutil.Process(proc.pid), engine, worker)]
+
+    deadline = time.monotonic() + 10
+    while states() != [psutil.STATUS_STOPPED] * 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert states() == [psutil.STATUS_STOPPED] * 3
+    os.killpg(proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while psutil.STATUS_STOPPED in states() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert psutil.STATUS_STOPPED not in states()
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert log.read_text().split() == ["SIGTERM"], (out, err)
+
+
 def test_a_terminal_that_hangs_up_stops_the_job_and_its_profile_is_still_analysed(tmp_path):
     """An ssh session lost: the terminal hangs up, dprorun and its ranks get SIGHUP (torch elastic stops the ranks),
     and every later write to the terminal fails with EIO: the first print ended dprorun with exit 1 and no
