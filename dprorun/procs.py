@@ -493,9 +493,12 @@ def call_forwarding_signals(cmd: list[str], env: dict[str, str], timeout_s: Opti
         to_the_engine(signal.SIGTSTP)
         os.kill(os.getpid(), signal.SIGSTOP)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    previous[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, suspend)
-    previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda signum, frame: to_the_engine(signal.SIGCONT))
+    # a signal dprorun was started ignoring (`nohup`: SIGHUP) stays ignored, as the engine inherits it: `nohup
+    # horovodrun` outlives a hang-up, and `nohup dprorun --backend horovod` had forwarded it as SIGTERM
+    handlers = {signal.SIGINT: forward, signal.SIGTERM: forward, signal.SIGHUP: forward, signal.SIGTSTP: suspend,
+                signal.SIGCONT: lambda signum, frame: to_the_engine(signal.SIGCONT)}
+    previous = {s: signal.signal(s, handler) for s, handler in handlers.items()
+                if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         with Watchdog(timeout_s) as watchdog:
             code = _wait_stopping_a_deaf_engine(proc, forwarded, os.path.basename(cmd[0]))

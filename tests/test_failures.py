@@ -611,15 +611,16 @@ print(code, signum)
 """
 
 
-def _engine_under_dprorun(tmp_path):
+def _engine_under_dprorun(tmp_path, ignoring: tuple = ()):
     """dprorun's engine CLI launch (procs.call_forwarding_signals) of an engine that logs each signal it gets and
     ends 1 s after the last, its worker in its group likewise; dprorun in a session of its own as a terminal's or a
-    batch job's; returned once they run."""
+    batch job's, started ignoring the signals `ignoring` (as under nohup); returned once they run."""
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "engine.py").write_text(ENGINE_COUNTING_SIGNALS)
     log = tmp_path / "signals.log"
     proc = subprocess.Popen([sys.executable, "-c", DPRORUN_RUNNING_AN_ENGINE, str(tmp_path / "engine.py"), str(log)],
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN) for s in ignoring])
     deadline = time.monotonic() + 30
     while not (tmp_path / "signals.log.ready").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -670,6 +671,19 @@ def test_ctrl_z_stops_an_engine_with_dprorun_and_fg_resumes_it(tmp_path):
     while psutil.STATUS_STOPPED in states() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert psutil.STATUS_STOPPED not in states()
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert log.read_text().split() == ["SIGTERM"], (out, err)
+
+
+def test_under_nohup_a_hang_up_leaves_an_engine_running(tmp_path):
+    """`nohup dprorun --backend horovod ...`: nohup starts dprorun ignoring SIGHUP, and `nohup horovodrun` outlives a
+    hang-up, but dprorun put its own handler in place and forwarded the hang-up as SIGTERM (the job gone 4 s after
+    it). A signal dprorun was started ignoring stays ignored, as the engine inherits it."""
+    proc, log = _engine_under_dprorun(tmp_path, ignoring=(signal.SIGHUP,))
+    os.kill(proc.pid, signal.SIGHUP)
+    time.sleep(1.5)
+    assert proc.poll() is None and not log.exists()
     os.killpg(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert log.read_text().split() == ["SIGTERM"], (out, err)
