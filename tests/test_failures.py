@@ -604,9 +604,9 @@ while time.time() < deadline and not (os.path.exists(log) and time.time() > os.p
 """
 
 DPRORUN_RUNNING_AN_ENGINE = """
-import sys
+import os, sys
 from dprorun.procs import call_forwarding_signals
-code, signum, _ = call_forwarding_signals([sys.executable, sys.argv[1], sys.argv[2]], dict(__import__("os").environ))
+code, signum, _ = call_forwarding_signals([sys.executable, sys.argv[1], sys.argv[2]], dict(os.environ))
 print(code, signum)
 """
 

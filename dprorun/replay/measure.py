@@ -24,7 +24,7 @@ def iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]:
     ones are kept as measured, less the wait for later ranks before the forward: `_waited_before_forward`;
     trace/rundir.collectives_outside_buckets); the rounds were merged from the first's enqueue to the last's end,
     which put a late bucket's all-reduce at the last backward's start."""
-    by_iter: dict[int, dict] = {i: {"spans": {}, "comm": {}, "rounds": {}} for i in iterations}
+    by_iter: dict[int, dict] = {i: {"spans": {}, "rounds": {}} for i in iterations}
     comm_ops = []
     for op in trace.ops:
         slot = by_iter.get(op.iteration)
@@ -36,13 +36,13 @@ def iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]:
                 and op.phase in ("queue", "transmit", "queue+transmit"):
             comm_ops.append(op)
     for op in sorted(comm_ops, key=lambda o: o.start_us):
-        slot = by_iter[op.iteration]
-        entry = slot["comm"].get(op.tensor)
-        if entry is None or op.start_us > entry["done"]:  # a new round (a queue op ends where its transmit starts)
-            slot["comm"][op.tensor] = {"enqueue": op.start_us, "done": op.end_us}
-            slot["rounds"].setdefault(op.tensor, []).append(slot["comm"][op.tensor])
+        rounds = by_iter[op.iteration]["rounds"].setdefault(op.tensor, [])
+        if not rounds or op.start_us > rounds[-1]["done"]:  # a new round (a queue op ends where its transmit starts)
+            rounds.append({"enqueue": op.start_us, "done": op.end_us})
         else:
-            entry["done"] = max(entry["done"], op.end_us)
+            rounds[-1]["done"] = max(rounds[-1]["done"], op.end_us)
+    for slot in by_iter.values():
+        slot["comm"] = {key: rounds[-1] for key, rounds in slot["rounds"].items()}
     return by_iter
 
 
