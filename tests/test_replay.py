@@ -677,7 +677,7 @@ def test_a_backward_run_inside_the_ddp_models_forward_is_named_when_nothing_can_
     and update spans", with no word of why. The cause is named now (where the reader cannot cut that forward at its
     steps: test_a_forward_that_runs_the_backward_and_steps_is_cut_at_its_steps)."""
     from dprorun.fsutil import UnanswerableError
-    from dprorun.replay.measure import measure_rank
+    from dprorun.replay.measure import HandOvers, measure_rank
     from dprorun.trace.model import Op, OpKind, RankTrace
 
     trace = RankTrace(rank=0, host="h", iterations=[(5, 0.0, 20_000.0)])
@@ -687,20 +687,20 @@ def test_a_backward_run_inside_the_ddp_models_forward_is_named_when_nothing_can_
                  Op("allreduce.bucket0", OpKind.COMM, 0, 6_000.0, 8_000.0, iteration=5, stream="comm",
                     tensor="bucket0", phase="queue+transmit")]
     with pytest.raises(UnanswerableError, match="all-reduced inside the DDP model's forward.*manual optimization"):
-        measure_rank(trace, [5], {})
+        measure_rank(trace, [5], HandOvers())
     trace.ops[-1].start_us = 19_500.0  # handed over after the forward: no such cause to name
     with pytest.raises(UnanswerableError) as raised:
-        measure_rank(trace, [5], {})
+        measure_rank(trace, [5], HandOvers())
     assert str(raised.value).endswith("no profiled iteration has forward, backward and update spans")
     # a TensorFlow worker whose steps ran eagerly (Keras's run_eagerly=True): its profile has no gradient scopes
     trace.meta["trackers"] = [{"framework": "tf", "eager_steps": True}]
     with pytest.raises(UnanswerableError, match="the TensorFlow steps ran eagerly .* compile the step"):
-        measure_rank(trace, [5], {})
+        measure_rank(trace, [5], HandOvers())
     # TensorFlow's profiler off in the launch (--no-kineto, or dprorun's last launch after its stop crashed twice)
     trace.meta["trackers"] = [{"framework": "tf"}]
     trace.meta["window"] = {"kineto": False}
     with pytest.raises(UnanswerableError, match="TensorFlow's profiler, the only source .* was off in this launch"):
-        measure_rank(trace, [5], {})
+        measure_rank(trace, [5], HandOvers())
 
 
 def test_a_bucket_all_reduced_twice_in_an_iteration_is_modelled_by_its_last_round():
@@ -708,7 +708,7 @@ def test_a_bucket_all_reduced_twice_in_an_iteration_is_modelled_by_its_last_roun
     were merged from the first's enqueue to the last's end, so a bucket handed over late in the last backward was
     placed at that backward's start, overlapping more than it did: the replay ran 7-11 % under the window's own
     iterations on 4 runs (benchmarks/shapes/ddp_session38.py --accumulate-syncing 2), -2.3 to +0.7 % after."""
-    from dprorun.replay.measure import measure_rank
+    from dprorun.replay.measure import HandOvers, measure_rank
     from dprorun.trace.model import Op, OpKind, RankTrace
 
     def comm(bucket, start, end):
@@ -723,43 +723,55 @@ def test_a_bucket_all_reduced_twice_in_an_iteration_is_modelled_by_its_last_roun
                  Op("update", OpKind.UPDATE, 0, 45_000.0, 55_000.0, iteration=5, stream="phase"),
                  comm("bucket0", 7_000.0, 9_000.0), comm("bucket1", 14_000.0, 19_000.0),
                  comm("bucket0", 27_000.0, 29_000.0), comm("bucket1", 34_000.0, 40_000.0)]
-    template, _, transmit = measure_rank(trace, [5], {(5, "bucket0", 1): 27_000.0, (5, "bucket1", 1): 34_000.0})
+    hand_overs = HandOvers(latest_us={(5, "bucket0", 1): 27_000.0, (5, "bucket1", 1): 34_000.0})
+    template, _, transmit = measure_rank(trace, [5], hand_overs)
     assert template.bucket_ready_order == ["bucket0", "bucket1"]
     # the last backward cut where its round handed each bucket over: 2 ms, then 7 ms, then 1 ms
     assert template.backward_segments_us == [2_000.0, 7_000.0, 1_000.0]
     assert transmit[5] == {"bucket0": 2_000.0, "bucket1": 6_000.0}
 
 
-def test_a_ranks_wait_for_a_later_rank_before_its_forward_is_that_ranks_time_not_its_own():
+def test_a_ranks_wait_before_its_forward_for_a_rank_whose_step_started_later_is_not_its_own_time():
     """A GAN stepping its discriminator before the generator's forward (Lightning's manual optimization): the first
-    step's all-reduce lies before the modelled forward, in what the rank did before it, wait included. A rank that
-    handed its round over 3 ms before the other waited 3 ms there, which the other rank's own step already holds:
-    the replay, starting both at once, counted it twice and ran up to 31 % over the window's own iterations on 2
-    cores (14 runs; 8.5 % at most after). The wait is out of the early rank's accumulate, the late one's as it was."""
+    step's all-reduce lies before the modelled forward, in what the rank did before it, wait included. A rank whose
+    step started 3 ms after the other's (its step before ended late) handed its round over 3 ms later, and the other
+    waited: time neither rank's step holds once the replay starts both at once, and the replay ran up to 31 % over
+    the window's own iterations on 2 cores (14 runs; 8.5 % at most after). That wait is out of the early rank's
+    accumulate. A rank late from its own work (SAM's longer first pass on one rank) makes the other wait in the
+    replay too: that wait stays (taken out, SAM's replay was 5.5 % short: its early rank busier after the round)."""
     from dprorun.replay.measure import enqueues_over_ranks, iteration_slots, measure_rank
     from dprorun.trace.model import Op, OpKind, RankTrace
 
-    def rank_trace(rank: int, first_backward_end: float) -> RankTrace:
-        trace = RankTrace(rank=rank, host="h", iterations=[(5, 0.0, 10_000.0)])
-        trace.ops = [Op("forward0", OpKind.FW, rank, 0.0, 1_000.0, iteration=5, stream="phase"),
-                     Op("backward0", OpKind.BW, rank, 1_000.0, first_backward_end, iteration=5, stream="phase"),
-                     Op("update", OpKind.UPDATE, rank, 6_000.0, 6_500.0, iteration=5, stream="phase"),
-                     Op("forward0", OpKind.FW, rank, 6_500.0, 7_500.0, iteration=5, stream="phase"),
-                     Op("backward0", OpKind.BW, rank, 7_500.0, 8_500.0, iteration=5, stream="phase"),
-                     Op("update", OpKind.UPDATE, rank, 9_500.0, 10_000.0, iteration=5, stream="phase")]
+    def rank_trace(rank: int, step_start: float, first_backward_end: float) -> RankTrace:
+        """An iteration: forward, backward, the first round (to 6 ms on the shared clock), an update, the second
+        forward and backward and their round, the update; times from the step's start but the first round's end."""
+        trace = RankTrace(rank=rank, host="h", iterations=[(5, step_start, 10_000.0)])
+
+        def span(name: str, kind: OpKind, start: float, end: float) -> Op:
+            return Op(name, kind, rank, start, end, iteration=5, stream="phase")
+
+        trace.ops = [span("forward0", OpKind.FW, step_start, step_start + 1_000.0),
+                     span("backward0", OpKind.BW, step_start + 1_000.0, first_backward_end),
+                     span("update", OpKind.UPDATE, 6_000.0, 6_500.0), span("forward0", OpKind.FW, 6_500.0, 7_500.0),
+                     span("backward0", OpKind.BW, 7_500.0, 8_500.0), span("update", OpKind.UPDATE, 9_500.0, 10_000.0)]
         for start, end in ((first_backward_end, 6_000.0), (8_500.0, 9_500.0)):
             trace.ops.append(Op("allreduce.bucket0", OpKind.COMM, rank, start, end, iteration=5, stream="comm",
                                 tensor="bucket0", phase="queue+transmit"))
         return trace
 
-    traces = {0: rank_trace(0, 2_000.0), 1: rank_trace(1, 5_000.0)}  # rank 1 hands the first round over 3 ms later
-    slots = {r: iteration_slots(t, [5]) for r, t in traces.items()}
-    enqueue_all = enqueues_over_ranks(slots)
-    assert enqueue_all == {(5, "bucket0", 0): 5_000.0, (5, "bucket0", 1): 8_500.0}
-    early, _, transmit = measure_rank(traces[0], [5], enqueue_all, 1, slots[0])
-    late, _, _ = measure_rank(traces[1], [5], enqueue_all, 1, slots[1])
-    assert (early.accumulate_us, late.accumulate_us) == (3_500.0, 6_500.0)
-    assert transmit[5] == {"bucket0": 1_000.0} and early.forward_us == late.forward_us == 1_000.0
+    def accumulate(traces: dict[int, RankTrace]) -> tuple[float, float]:
+        slots = {r: iteration_slots(t, [5]) for r, t in traces.items()}
+        hand_overs = enqueues_over_ranks(slots)
+        assert hand_overs.latest_us == {(5, "bucket0", 0): 5_000.0, (5, "bucket0", 1): 8_500.0}
+        early, _, transmit = measure_rank(traces[0], [5], hand_overs, 1, slots[0])
+        late, _, _ = measure_rank(traces[1], [5], hand_overs, 1, slots[1])
+        assert transmit[5] == {"bucket0": 1_000.0} and early.forward_us == late.forward_us == 1_000.0
+        return early.accumulate_us, late.accumulate_us
+
+    # rank 1's step started 3 ms later, the same work: rank 0's 3 ms wait is out, both ranks 3.5 ms before the forward
+    assert accumulate({0: rank_trace(0, 0.0, 2_000.0), 1: rank_trace(1, 3_000.0, 5_000.0)}) == (3_500.0, 3_500.0)
+    # both started at once, rank 1's backward 3 ms longer: rank 0 waits for it in the replay too, as it did
+    assert accumulate({0: rank_trace(0, 0.0, 2_000.0), 1: rank_trace(1, 0.0, 5_000.0)}) == (6_500.0, 6_500.0)
 
 
 def test_ddp_s_buffer_broadcast_is_named_in_the_what_ifs_it_is_not_priced_for():

@@ -177,12 +177,12 @@ def build_job_model(run: RunTrace) -> JobModel:
     if tf_job:  # only the profiled steps have phases (from the TensorFlow profile): measured there, scaled below
         iterations = {r: tf_profiled_steps(run.ranks[r]) for r in ranks}
     slots = {r: iteration_slots(run.ranks[r], iterations[r]) for r in ranks}
-    enqueue_all = enqueues_over_ranks(slots)
+    hand_overs = enqueues_over_ranks(slots)
     channels = comm_channels(run)
     templates, per_rank_samples, transmit = {}, {}, {}
     per_iteration_tx: dict[int, dict[str, list[float]]] = {}
     for r in ranks:
-        templates[r], per_rank_samples[r], tx = measure_rank(run.ranks[r], iterations[r], enqueue_all, channels,
+        templates[r], per_rank_samples[r], tx = measure_rank(run.ranks[r], iterations[r], hand_overs, channels,
                                                              slots[r])
         for i, buckets_tx in tx.items():
             for key, value in buckets_tx.items():

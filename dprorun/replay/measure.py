@@ -2,10 +2,12 @@
 bucket's rounds and their hand-overs on every rank (`iteration_slots`, `enqueues_over_ranks`), and per iteration
 the template the replay takes (template.RankTemplate). A bucket's transmission time excludes waiting for the other
 ranks and for the previous bucket: done - max(latest enqueue over all ranks, previous bucket's done on this rank),
-on the aligned clock; a rank's wait for later ranks before its forward is theirs (`_waited_before_forward`).
+on the aligned clock; a rank's wait before its forward for ranks whose step started later is theirs
+(`_waited_before_forward`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -43,33 +45,59 @@ def iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]:
             rounds[-1]["done"] = max(rounds[-1]["done"], op.end_us)
     for slot in by_iter.values():
         slot["comm"] = {key: rounds[-1] for key, rounds in slot["rounds"].items()}
+        forwards = slot["spans"].get(OpKind.FW)
+        slot["origin"] = forwards[0].start_us if forwards else None  # where the replay starts the rank's step
     return by_iter
 
 
-def enqueues_over_ranks(slots: dict[int, dict[int, dict]]) -> dict[tuple[int, str, int], float]:
-    """Each round of each bucket in each iteration (`iteration_slots` per rank): when its last rank handed it over,
-    keyed (iteration, bucket, round)."""
-    latest: dict[tuple[int, str, int], float] = {}
+@dataclass
+class HandOvers:
+    """Each round of each bucket in each iteration, keyed (iteration, bucket, round): when its last rank handed it
+    over (`latest_us`, on the aligned clock), and the latest hand-over counted from each rank's own step start
+    (`latest_into_step_us`: where the replay, which starts every rank's step at once, has the round go)."""
+    latest_us: dict[tuple[int, str, int], float] = field(default_factory=dict)
+    latest_into_step_us: dict[tuple[int, str, int], float] = field(default_factory=dict)
+
+
+def enqueues_over_ranks(slots: dict[int, dict[int, dict]]) -> HandOvers:
+    """The hand-overs of every round over ranks (`iteration_slots` per rank)."""
+    out = HandOvers()
     for by_iteration in slots.values():
         for i, slot in by_iteration.items():
             for key, rounds in slot["rounds"].items():
                 for k, c in enumerate(rounds):
-                    latest[(i, key, k)] = max(latest.get((i, key, k), -np.inf), c["enqueue"])
-    return latest
+                    out.latest_us[(i, key, k)] = max(out.latest_us.get((i, key, k), -np.inf), c["enqueue"])
+                    if slot["origin"] is not None:
+                        into = c["enqueue"] - slot["origin"]
+                        out.latest_into_step_us[(i, key, k)] = max(
+                            out.latest_into_step_us.get((i, key, k), -np.inf), into)
+    return out
 
 
-def _waited_before_forward(slot: dict, i: int, before_us: float, enqueue_all: dict) -> float:
-    """The time a rank spent, before `before_us` (its modelled forward), waiting for later ranks to hand over the
-    earlier rounds of its buckets (a GAN's first model stepped before the second's forward, micro-batches all-reduced
-    each): that is the later ranks' time, not this rank's, and the replay, which starts every rank's step at once,
-    has it from them. Per round, the longest wait of its buckets (they wait at once), at most the round's length."""
+def _waited_before_forward(slot: dict, i: int, before_us: float, hand_overs: HandOvers) -> float:
+    """How much shorter than measured the replay should have what a rank did before `before_us` (its modelled
+    forward) where the earlier rounds of its buckets lie there (a GAN's first model stepped before the second's
+    forward, SAM's first pass, micro-batches all-reduced each): the rank's wait for later ranks' hand-overs, less
+    the wait the replay has (the latest hand-over counted from each rank's own step start). A rank late only
+    because its step started late (the one before ended late there) made the others wait for time its own step
+    does not hold: out (a Lightning GAN's per-iteration replays were up to 31 % over their iterations). A rank late
+    from its own work makes them wait in the replay too: kept (SAM's early rank, busy longer after the round, had it
+    taken out: -5.5 %). Negative where the replay's wait is the longer. Per round, the longest of its buckets'
+    waits (they wait at once), each at most the round's length."""
     waited: dict[int, float] = {}
+    replayed: dict[int, float] = {}
     for key, rounds in slot["rounds"].items():
         for k, c in enumerate(rounds[:-1]):
-            if c["enqueue"] < before_us:
-                wait = max(0.0, enqueue_all.get((i, key, k), c["enqueue"]) - c["enqueue"])
-                waited[k] = max(waited.get(k, 0.0), min(wait, c["done"] - c["enqueue"]))
-    return sum(waited.values())
+            if c["enqueue"] >= before_us:
+                continue
+            length = c["done"] - c["enqueue"]
+            wait = max(0.0, hand_overs.latest_us.get((i, key, k), c["enqueue"]) - c["enqueue"])
+            waited[k] = max(waited.get(k, 0.0), min(wait, length))
+            if slot["origin"] is not None:
+                into = c["enqueue"] - slot["origin"]
+                wait = max(0.0, hand_overs.latest_into_step_us.get((i, key, k), into) - into)
+                replayed[k] = max(replayed.get(k, 0.0), min(wait, length))
+    return sum(waited.values()) - sum(replayed.values())
 
 
 def _eager_tf_steps(trace: RankTrace) -> str:
@@ -118,7 +146,7 @@ def own_comm_hook(trace: RankTrace) -> bool:
                                   and not t.get("user_comm_hook") for t in trackers)
 
 
-def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict, channels: int = 1,
+def measure_rank(trace: RankTrace, iterations: list[int], hand_overs: HandOvers, channels: int = 1,
                  slots: Optional[dict[int, dict]] = None) -> tuple[RankTemplate, dict[int, RankTemplate],
                                                                   dict[int, dict[str, float]]]:
     """The rank's median template, its per-iteration templates, and per-iteration bucket transmission times.
@@ -147,11 +175,11 @@ def measure_rank(trace: RankTrace, iterations: list[int], enqueue_all: dict, cha
         samples[i] = (_blocking_sample(trace.rank, first, fw, bw, up, every, starts[i], ends[i]) if blocking else
                       _overlapped_sample(trace.rank, first, fw, bw, up, every, after_update, enqueue_cost,
                                          hook_overhead, starts[i], ends[i],
-                                         _waited_before_forward(slot, i, fw.start_us, enqueue_all)))
+                                         _waited_before_forward(slot, i, fw.start_us, hand_overs)))
         free = [-np.inf] * channels  # when each of the backend's parallel channels is free (gloo: 2 worker threads)
         transmit[i] = {}
         for key, c in every:
-            everyone = enqueue_all.get((i, key, len(slot["rounds"][key]) - 1), c["enqueue"])
+            everyone = hand_overs.latest_us.get((i, key, len(slot["rounds"][key]) - 1), c["enqueue"])
             k = int(np.argmin(free))
             transmit[i][key] = max(1.0, c["done"] - max(everyone, free[k]))
             free[k] = c["done"]
@@ -185,7 +213,8 @@ def _overlapped_sample(rank: int, first, fw, bw, up, every: list[tuple[str, dict
     """One iteration of a rank whose collectives run beside its compute (DDP's buckets, the script's own calls):
     the backward cut where each gradient collective was handed over (DDP's hook: its cost out of the segment it
     starts, `hook_overhead`), a sharded step's gathers after the update (`after_update`), the time it waited for
-    other ranks before its forward (`waited_us`: `_waited_before_forward`) out of what it did before it."""
+    other ranks before its forward that the replay does not have (`waited_us`: `_waited_before_forward`) out of
+    what it did before it."""
     comm = [(key, c) for key, c in every if key not in after_update]  # the gradients' collectives
     gathers_done = max([c["done"] for key, c in every if key in after_update], default=up.end_us)
     cuts = [bw.start_us] + [min(max(c["enqueue"], bw.start_us), bw.end_us) for _, c in comm] + [bw.end_us]
