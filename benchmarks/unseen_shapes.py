@@ -388,6 +388,13 @@ JOBS = {
     # session 60: Lightning's default launch from one process (strategy "ddp": the script started again as rank 1)
     "lightning-ddp-subprocess-script-adam": (["-np", "1"], "spawned_trainers.py", ["--lightning-ddp"], "lightning"),
     "fabric-ddp-subprocess-script-conv-adamw": (["-np", "1"], "spawned_trainers.py", ["--fabric-ddp"], "lightning"),
+    # session 62: micro-batch counts per step from a token budget, DDP over the script's own group, truncated BPTT,
+    # lazy modules materialised before DDP, an encoder and a decoder trained on alternate steps
+    "ddp-token-budget-1-to-3-micro-batches-a-step": ([], "session62.py", ["--token-budget"], "torch"),
+    "ddp-over-the-scripts-own-group-loss-on-world": ([], "session62.py", ["--subgroup"], "torch"),
+    "ddp-tbptt-lstm-carried-state-warm-restarts": ([], "session62.py", ["--tbptt"], "torch"),
+    "ddp-lazy-modules-materialised-before-ddp": ([], "session62.py", ["--lazy"], "torch"),
+    "ddp-encoder-decoder-trained-on-alternate-steps": ([], "session62.py", ["--alternating"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -1546,6 +1546,38 @@ def test_a_lightning_manual_optimization_step_is_replayed(tmp_path):
     assert abs(doc["predicted_iteration_time_ms"] / doc["measured_iteration_time_ms"] - 1) < 0.25, doc
 
 
+ALTERNATE_HALVES = """
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+encoder, decoder = nn.Sequential(nn.Linear(64, 128), nn.Linear(128, 16)), nn.Sequential(nn.Linear(16, 64))
+model = nn.parallel.DistributedDataParallel(nn.Sequential(encoder, decoder), find_unused_parameters=True)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x = torch.randn(32, 64)
+for step in range(16):
+    encoder.requires_grad_(step % 2 == 0); decoder.requires_grad_(step % 2 == 1)
+    opt.zero_grad(); F.mse_loss(model(x), x).backward(); opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_halves_of_a_ddp_model_trained_on_alternate_steps_are_profiled(tmp_path):
+    """An encoder and a decoder trained on alternate steps (the other's requires_grad off; DDP with
+    find_unused_parameters): the window's start hooked every DDP parameter's gradient-ready time, and torch refuses a
+    hook on a tensor that requires no gradient: "starting the profiling window failed", nothing profiled. A parameter
+    is hooked once it requires a gradient, at the window's first forward where it does."""
+    script = tmp_path / "halves.py"
+    script.write_text(ALTERNATE_HALVES)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "6", "--kineto-iters", "2", "--clean", "3",
+                           "python", str(script)], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "profiling window failed" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    with open(run_dir / "rank_0" / "events.json") as f:
+        ready = {name.split(".")[0] for _, name, _ in json.load(f)["grad_ready"]}
+    assert ready == {"0", "1"}  # the encoder's and the decoder's parameters, each in the steps that trained it
+    assert "no replay" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
 REPLICATE_IN_A_THREAD = """
 import threading, torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
 from torch.distributed._composable.replicate import replicate

@@ -113,6 +113,7 @@ class DDPTracker:
         session.records.params[index] = {"order": order, "bytes": nbytes,
                                  "bucket_cap_mb": getattr(ddp, "bucket_bytes_cap", 0) / (1 << 20)}
         self.param_handles: list = []
+        self.unhooked_params: Optional[list] = None  # in the window: (parameter, name) not hooked yet
         self.activation_meter = None
         self.last_inputs = None
         self.activations_measured = False
@@ -277,6 +278,8 @@ class DDPTracker:
             if 1 <= session.iteration - self.first_iteration <= STEADY_MEMORY_ITERATIONS and session.phase == "warmup":
                 session.guard("reading memory at forward start", self._memory_at_forward_start, module)
         if session.detail_active:
+            if self.unhooked_params:
+                session.guard("hooking gradient-ready times", self._hook_trainable_params)
             if self.primary and session.cfg.measure_variants and session.rank == 0:
                 # the batch the compute variants are timed on, keywords included (a model called as
                 # model(input_ids=..., labels=...), Hugging Face's way, was timed with none: TypeError)
@@ -365,17 +368,29 @@ class DDPTracker:
             from dprorun.runtime.scopes import add_module_scopes
 
             self.param_handles.extend(session.guard("naming module scopes", add_module_scopes, model) or [])
-        if not session.cfg.param_hooks:
+        self._hook_trainable_params()
+
+    def _hook_trainable_params(self) -> None:
+        """Each DDP parameter's gradient-ready time, hooked where it requires a gradient now: the rest at a later
+        forward in the window, once trainable (an encoder and a decoder trained on alternate steps: torch refuses a
+        hook on a tensor that requires none, and the window was lost)."""
+        session, model = self.session, self.model
+        if model is None or not session.cfg.param_hooks:
             return
-        for param in model.parameters():
-            name = self.param_names.get(id(param))
-            if name is None:
+        if self.unhooked_params is None:
+            names = self.param_names
+            self.unhooked_params = [(p, names[id(p)]) for p in model.parameters() if id(p) in names]
+        waiting = []
+        for param, name in self.unhooked_params:
+            if not param.requires_grad:
+                waiting.append((param, name))
                 continue
 
             def ready(p, name=name):
                 session.records.grad_ready.append((session.iteration, name, session.now_us()))
 
             self.param_handles.append(param.register_post_accumulate_grad_hook(ready))
+        self.unhooked_params = waiting
 
     def window_stopped(self) -> None:
         self.stop_param_hooks()
@@ -388,6 +403,7 @@ class DDPTracker:
         for handle in self.param_handles:
             handle.remove()
         self.param_handles.clear()
+        self.unhooked_params = None
 
     # ---- communication -----------------------------------------------------------------------------------
     def _setup_ring(self) -> None:
