@@ -7,6 +7,9 @@ run, so the two replayers are compared on identical inputs.
     python benchmarks/window_replay.py --rounds 3 --compare-with /tmp/wt_before \\
         --only ddp-lightning-manual-optimization-gan,ddp-gan,ddp-sam-two-passes-a-step
 
+`--only stepping` runs the STEPPING jobs: more than one forward and backward a step (micro-batches, GANs, SAM, two
+views), a step before the forward, halves trained in turn, and plain jobs beside them.
+
 Last line: the median and the largest |replay / window - 1| of each checkout over every run.
 """
 import argparse
@@ -19,6 +22,19 @@ import tempfile
 import numpy as np
 
 from unseen_shapes import JOBS, REPO, SHAPES
+
+
+STEPPING = [
+    "ddp-accumulate-2", "ddp-gan", "ddp-checkpointing", "ddp-zero", "ddp-frozen-trunk", "ddp-adamw-onecycle-clip",
+    "ddp-lightning", "ddp-lightning-accumulate-2", "horovod-accumulate-2", "ddp-distill", "ddp-two-ddp", "ddp-ema",
+    "ddp-lbfgs", "ddp-two-views-simclr", "ddp-accumulate-2-without-no-sync", "ddp-wgan-gp-generator-every-5",
+    "ddp-lightning-manual-optimization-gan", "ddp-sam-two-passes-a-step", "horovod-gan-two-optimizers",
+    "by-hand-gan-two-optimizers", "by-hand-accumulate-4", "ddp-nanogpt-require-backward-grad-sync-accumulate-4",
+    "ddp-wgan-gp-gradient-penalty-double-backward", "ddp-moco-shuffle-bn-momentum-encoder-queue",
+    "horovod-accumulate-by-hand-sgd-momentum", "ddp-token-budget-1-to-3-micro-batches-a-step",
+    "ddp-encoder-decoder-trained-on-alternate-steps", "hf-trainer-accumulate-2", "ddp-accelerate-accumulate-2",
+    "fsdp-accumulate-2-no-sync-first",
+]
 
 
 def replay_error(tree: str, run_dir: str) -> float | None:
@@ -45,7 +61,8 @@ def launch(name: str, run_dir: str, steps: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", required=True, help="comma-separated job names of benchmarks/unseen_shapes.py")
+    parser.add_argument("--only", required=True,
+                        help="comma-separated job names of benchmarks/unseen_shapes.py, or 'stepping' (STEPPING)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--compare-with", help="another checkout's root: its replay of the same runs")
@@ -56,7 +73,7 @@ def main() -> None:
     print("|---|---|" + "---|" * len(trees))
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
-            for name in args.only.split(","):
+            for name in STEPPING if args.only == "stepping" else args.only.split(","):
                 run_dir = os.path.join(tmp, f"{name}-{round_}")
                 if launch(name, run_dir, args.steps) != 0:
                     print(f"| {name} | {round_} | " + " | ".join("exit != 0" for _ in trees) + " |", flush=True)

@@ -774,6 +774,33 @@ def test_a_ranks_wait_before_its_forward_for_a_rank_whose_step_started_later_is_
     assert accumulate({0: rank_trace(0, 0.0, 2_000.0), 1: rank_trace(1, 0.0, 5_000.0)}) == (6_500.0, 6_500.0)
 
 
+def test_a_later_rounds_wait_before_the_forward_is_counted_from_the_round_before():
+    """LBFGS's step runs its closure (forward, backward, all-reduce) up to 4 times, the last one's forward the
+    modelled one. Rank 1's step started 3 ms late (its step before ended late): rank 0 waited 3 ms at the first
+    round only, after which both ranks ran from the round's end. Counted from each rank's step start, rank 1 seemed
+    3 ms behind at the second round and had 3 ms added: its closures' rounds are counted from the round before."""
+    from dprorun.replay.measure import enqueues_over_ranks, iteration_slots, measure_rank
+    from dprorun.trace.model import Op, OpKind, RankTrace
+
+    def rank_trace(rank: int, step_start: float) -> RankTrace:
+        trace = RankTrace(rank=rank, host="h", iterations=[(5, step_start, 12_500.0)])
+        spans = [(OpKind.FW, step_start, step_start + 1_000.0), (OpKind.BW, step_start + 1_000.0, step_start + 2_000.0),
+                 (OpKind.FW, 6_000.0, 7_000.0), (OpKind.BW, 7_000.0, 8_000.0), (OpKind.FW, 9_000.0, 10_000.0),
+                 (OpKind.BW, 10_000.0, 11_000.0), (OpKind.UPDATE, 12_000.0, 12_500.0)]
+        trace.ops = [Op(kind.name.lower(), kind, rank, a, b, iteration=5, stream="phase") for kind, a, b in spans]
+        for a, b in ((step_start + 2_000.0, 6_000.0), (8_000.0, 9_000.0), (11_000.0, 12_000.0)):
+            trace.ops.append(Op("allreduce.bucket0", OpKind.COMM, rank, a, b, iteration=5, stream="comm",
+                                tensor="bucket0", phase="queue+transmit"))
+        return trace
+
+    traces = {0: rank_trace(0, 0.0), 1: rank_trace(1, 3_000.0)}
+    slots = {r: iteration_slots(t, [5]) for r, t in traces.items()}
+    hand_overs = enqueues_over_ranks(slots)
+    early, _, _ = measure_rank(traces[0], [5], hand_overs, 1, slots[0])
+    late, _, _ = measure_rank(traces[1], [5], hand_overs, 1, slots[1])
+    assert (early.accumulate_us, late.accumulate_us) == (6_000.0, 6_000.0)
+
+
 def test_ddp_s_buffer_broadcast_is_named_in_the_what_ifs_it_is_not_priced_for():
     """DDP broadcasts its modules' buffers (BatchNorm's running statistics: 1,304 bytes for session 43's three-layer
     conv net) from its first rank before every training forward: a collective outside the buckets that the replay

@@ -53,10 +53,17 @@ def iteration_slots(trace: RankTrace, iterations: list[int]) -> dict[int, dict]:
 @dataclass
 class HandOvers:
     """Each round of each bucket in each iteration, keyed (iteration, bucket, round): when its last rank handed it
-    over (`latest_us`, on the aligned clock), and the latest hand-over counted from each rank's own step start
-    (`latest_into_step_us`: where the replay, which starts every rank's step at once, has the round go)."""
+    over (`latest_us`, on the aligned clock), and the latest hand-over counted from where each rank began that
+    round's work (`latest_own_us`: its step's start for a bucket's first round, the bucket's previous round's end for
+    a later one): where the replay, which starts every rank's step at once, has the round go."""
     latest_us: dict[tuple[int, str, int], float] = field(default_factory=dict)
-    latest_into_step_us: dict[tuple[int, str, int], float] = field(default_factory=dict)
+    latest_own_us: dict[tuple[int, str, int], float] = field(default_factory=dict)
+
+
+def _own_time(slot: dict, rounds: list[dict], k: int) -> Optional[float]:
+    """The time a rank took to hand round k over from where it began that round's work (`HandOvers`)."""
+    begun = slot["origin"] if k == 0 else rounds[k - 1]["done"]
+    return None if begun is None else rounds[k]["enqueue"] - begun
 
 
 def enqueues_over_ranks(slots: dict[int, dict[int, dict]]) -> HandOvers:
@@ -67,23 +74,24 @@ def enqueues_over_ranks(slots: dict[int, dict[int, dict]]) -> HandOvers:
             for key, rounds in slot["rounds"].items():
                 for k, c in enumerate(rounds):
                     out.latest_us[(i, key, k)] = max(out.latest_us.get((i, key, k), -np.inf), c["enqueue"])
-                    if slot["origin"] is not None:
-                        into = c["enqueue"] - slot["origin"]
-                        out.latest_into_step_us[(i, key, k)] = max(
-                            out.latest_into_step_us.get((i, key, k), -np.inf), into)
+                    own = _own_time(slot, rounds, k)
+                    if own is not None:
+                        out.latest_own_us[(i, key, k)] = max(out.latest_own_us.get((i, key, k), -np.inf), own)
     return out
 
 
 def _waited_before_forward(slot: dict, i: int, before_us: float, hand_overs: HandOvers) -> float:
     """How much shorter than measured the replay should have what a rank did before `before_us` (its modelled
     forward) where the earlier rounds of its buckets lie there (a GAN's first model stepped before the second's
-    forward, SAM's first pass, micro-batches all-reduced each): the rank's wait for later ranks' hand-overs, less
-    the wait the replay has (the latest hand-over counted from each rank's own step start). A rank late only
-    because its step started late (the one before ended late there) made the others wait for time its own step
-    does not hold: out (a Lightning GAN's per-iteration replays were up to 31 % over their iterations). A rank late
-    from its own work makes them wait in the replay too: kept (SAM's early rank, busy longer after the round, had it
-    taken out: -5.5 %). Negative where the replay's wait is the longer. Per round, the longest of its buckets'
-    waits (they wait at once), each at most the round's length."""
+    forward, SAM's first pass, LBFGS's closures, micro-batches all-reduced each): the rank's wait for later ranks'
+    hand-overs, less the wait the replay has (`HandOvers.latest_own_us`). A rank late only because its step started
+    late (the one before ended late there) made the others wait for time its own step does not hold: out (a
+    Lightning GAN's per-iteration replays were up to 31 % over their iterations). A rank late from its own work
+    makes them wait in the replay too: kept (SAM's early rank, busy longer after the round, had it taken out: -5.5
+    %). A later round starts where the round before ended, on every rank: its wait is kept as measured (counted from
+    the step's start, a late-started rank's lateness came back in each of LBFGS's closures: +10 %). Per round, the
+    longest of its buckets' waits (they wait at once), each at most the round's length; negative where the
+    replay's wait is the longer."""
     waited: dict[int, float] = {}
     replayed: dict[int, float] = {}
     for key, rounds in slot["rounds"].items():
@@ -93,9 +101,9 @@ def _waited_before_forward(slot: dict, i: int, before_us: float, hand_overs: Han
             length = c["done"] - c["enqueue"]
             wait = max(0.0, hand_overs.latest_us.get((i, key, k), c["enqueue"]) - c["enqueue"])
             waited[k] = max(waited.get(k, 0.0), min(wait, length))
-            if slot["origin"] is not None:
-                into = c["enqueue"] - slot["origin"]
-                wait = max(0.0, hand_overs.latest_into_step_us.get((i, key, k), into) - into)
+            own = _own_time(slot, rounds, k)
+            if own is not None:
+                wait = max(0.0, hand_overs.latest_own_us.get((i, key, k), own) - own)
                 replayed[k] = max(replayed.get(k, 0.0), min(wait, length))
     return sum(waited.values()) - sum(replayed.values())
 
