@@ -76,7 +76,10 @@ subprocess; Lightning's
 ddp_spawn and ddp_notebook, Ignite's Parallel(nproc_per_node=2), Accelerate's notebook_launcher; session 54:
 scripts that copy the model they train: an EMA by torch.optim.swa_utils.AveragedModel of the DDP model and of the
 model Horovod trains, the best model kept by copy.deepcopy and the whole model written by torch.save (DDP, Horovod),
-DDP with torch's fp16_compress_hook registered by the script at step 10 (in the window) and at step 40 (after it).
+DDP with torch's fp16_compress_hook registered by the script at step 10 (in the window) and at step 40 (after it);
+sessions 55-60: see the comments in JOBS; session 62: 1-3 micro-batches a step from a token budget, DDP over the
+script's own group, truncated BPTT with a carried LSTM state, lazy modules, an encoder and a decoder trained on
+alternate steps (DDP), a TF loop's two step functions in turn, a TF LSTM whose per-replica state is carried.
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -395,6 +398,11 @@ JOBS = {
     "ddp-tbptt-lstm-carried-state-warm-restarts": ([], "session62.py", ["--tbptt"], "torch"),
     "ddp-lazy-modules-materialised-before-ddp": ([], "session62.py", ["--lazy"], "torch"),
     "ddp-encoder-decoder-trained-on-alternate-steps": ([], "session62.py", ["--alternating"], "torch"),
+    # two step functions called in turn are one iteration (as a GAN's): 80 calls for 40 iterations
+    "tf-loop-encoder-decoder-step-functions-in-turn": (["--backend", "tf"], "tf_session62.py",
+                                                       ["--alternating-loop", "--steps", "80"], "tensorflow"),
+    "tf-loop-tbptt-lstm-state-carried-per-replica": (["--backend", "tf"], "tf_session62.py", ["--tbptt-loop"],
+                                                     "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
