@@ -81,10 +81,10 @@ def enqueues_over_ranks(slots: dict[int, dict[int, dict]]) -> HandOvers:
 
 
 def _waited_before_forward(slot: dict, i: int, before_us: float, hand_overs: HandOvers) -> float:
-    """How much shorter than measured the replay should have what a rank did before `before_us` (its modelled
-    forward) where the earlier rounds of its buckets lie there (a GAN's first model stepped before the second's
-    forward, SAM's first pass, LBFGS's closures, micro-batches all-reduced each): the rank's wait for later ranks'
-    hand-overs, less the wait the replay has (`HandOvers.latest_own_us`). A rank late only because its step started
+    """The part of what a rank did before `before_us` (its modelled forward) that the replay must not have, where
+    earlier rounds of its buckets lie there (a GAN's first model stepped before the second's forward, SAM's first
+    pass, LBFGS's closures, micro-batches all-reduced each): the rank's wait for later ranks' hand-overs, less the
+    wait the replay has (`HandOvers.latest_own_us`). A rank late only because its step started
     late (the one before ended late there) made the others wait for time its own step does not hold: out (a
     Lightning GAN's per-iteration replays were up to 31 % over their iterations). A rank late from its own work
     makes them wait in the replay too: kept (SAM's early rank, busy longer after the round, had it taken out: -5.5
