@@ -459,8 +459,10 @@ def _with_restarts(result: LaunchResult, job: JobConfig, run_log_dir: Optional[s
 
 # what a rank raises because another rank failed first: Horovod shut down, a gloo peer's connection closed,
 # a TensorFlow collective aborted
-CONSEQUENTIAL_ERRORS = ("HorovodInternalError", "Horovod has been shut down", "Connection closed by peer",
-                        "Connection reset by peer", "Collective ops is aborted by")
+# what a rank raises because a peer failed or left; HorovodInternalError also wraps a collective's own failure
+PEER_LOST_ERRORS = ("Horovod has been shut down", "Connection closed by peer", "Connection reset by peer",
+                    "Collective ops is aborted by")
+CONSEQUENTIAL_ERRORS = ("HorovodInternalError", *PEER_LOST_ERRORS)
 
 
 # a framework the ranks could not import -> what fits (its own environment, or its installer)
@@ -721,7 +723,8 @@ def _error_file_message(path: str) -> str:
 
 def raised_in_ranks(run_dir: str, world_size: int) -> str:
     """The ranks (with folders on this host) whose script raised, from the hooks' records: those whose error is
-    their own named first with it, the ones that failed because of them after. "" when no rank recorded one."""
+    their own named first with it, the ones that failed because of them after; where every error is Horovod's
+    (HorovodInternalError), those that tell of no peer lost. "" when no rank recorded one."""
     from dprorun.layout import EVENTS_FILE, SCRIPT_RAISED, horovod_error_file, rank_dir
 
     raised = {}
@@ -736,6 +739,9 @@ def raised_in_ranks(run_dir: str, world_size: int) -> str:
         if error:
             raised[rank] = error
     causes = {r: e for r, e in raised.items() if not any(c in e for c in CONSEQUENTIAL_ERRORS)}
+    if not causes:  # Horovod's own failure on every rank that raised (op=hvd.Adasum without MPI: "No Adasum
+        # operation enabled", both ranks, and nothing named): named where it tells of no peer lost
+        causes = {r: e for r, e in raised.items() if not any(c in e for c in PEER_LOST_ERRORS)}
     if not causes:
         return ""
     by_error: dict[str, list[int]] = {}

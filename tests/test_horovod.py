@@ -495,6 +495,12 @@ def test_an_engines_failure_names_the_rank_whose_error_is_its_own(tmp_path):
         (tmp_path / f"rank_{rank}" / "events.json").unlink()
     (tmp_path / "rank_1" / "events.json").write_text("{truncated")
     assert raised_in_ranks(str(tmp_path), 4) == ""  # only consequences left: horovodrun's own output is pointed to
+    # Horovod's own failure on every rank (op=hvd.Adasum where Horovod has no MPI): wrapped in HorovodInternalError
+    # as a peer's loss is, and nothing was named; it tells of no peer lost: named
+    adasum = "training script raised HorovodInternalError: No Adasum operation enabled"
+    for rank in (0, 1):
+        (tmp_path / f"rank_{rank}" / "events.json").write_text(json.dumps({"warnings": [adasum]}))
+    assert raised_in_ranks(str(tmp_path), 4) == "ranks [0, 1] raised HorovodInternalError: No Adasum operation enabled"
 
 
 @needs_horovod
