@@ -79,7 +79,8 @@ model Horovod trains, the best model kept by copy.deepcopy and the whole model w
 DDP with torch's fp16_compress_hook registered by the script at step 10 (in the window) and at step 40 (after it);
 sessions 55-60: see the comments in JOBS; session 62: 1-3 micro-batches a step from a token budget, DDP over the
 script's own group, truncated BPTT with a carried LSTM state, lazy modules, an encoder and a decoder trained on
-alternate steps (DDP), a TF loop's two step functions in turn, a TF LSTM whose per-replica state is carried.
+alternate steps (DDP), PGD adversarial training, a TF loop's two step functions in turn, a TF LSTM whose per-replica
+state is carried, a Keras 3 custom loop.
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -403,6 +404,8 @@ JOBS = {
                                                        ["--alternating-loop", "--steps", "80"], "tensorflow"),
     "tf-loop-tbptt-lstm-state-carried-per-replica": (["--backend", "tf"], "tf_session62.py", ["--tbptt-loop"],
                                                      "tensorflow"),
+    "ddp-pgd-adversarial-3-attack-steps-no-sync": ([], "session62.py", ["--pgd"], "torch"),
+    "tf-keras3-custom-loop-adam": (["--backend", "tf"], "tf_session62.py", ["--keras3-loop"], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

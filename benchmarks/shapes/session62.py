@@ -11,6 +11,9 @@ step (detached), clip_grad_value_, SGD with CosineAnnealingWarmRestarts stepped 
 an ExponentialLR stepped every 10 steps.
 --alternating: an encoder and a decoder trained on alternate steps (the other half's requires_grad off), DDP with
 find_unused_parameters=True, one Adam over both.
+--pgd: adversarial training: three PGD steps a step (the attack's forwards under no_sync, the input's gradient by
+torch.autograd.grad, no parameter gradient), then the training forward and backward on the perturbed batch; a conv
+net, SGD with momentum.
 Rank 0 prints the median step time of the second half.
 """
 import argparse
@@ -26,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
-for flag in ("--token-budget", "--subgroup", "--tbptt", "--lazy", "--alternating"):
+for flag in ("--token-budget", "--subgroup", "--tbptt", "--lazy", "--alternating", "--pgd"):
     p.add_argument(flag, action="store_true")
 a = p.parse_args()
 VOCAB = 500
@@ -163,12 +166,31 @@ def alternating(rank: int) -> list:
     return times
 
 
+def pgd(rank: int) -> list:
+    model = DDP(conv_net())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.rand(32, 3, 32, 32), torch.randint(0, 10, (32,))
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        delta = torch.zeros_like(x).uniform_(-8 / 255, 8 / 255).requires_grad_(True)
+        for _ in range(3):  # the attack: no gradient sync, the input's gradient only
+            with model.no_sync():
+                grad, = torch.autograd.grad(F.cross_entropy(model(x + delta), y), delta)
+            delta = (delta + 2 / 255 * grad.sign()).clamp(-8 / 255, 8 / 255).detach().requires_grad_(True)
+        opt.zero_grad()
+        F.cross_entropy(model((x + delta).clamp(0, 1)), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    mode = next(m for m in ("token_budget", "subgroup", "tbptt", "lazy", "alternating") if getattr(a, m))
+    mode = next(m for m in ("token_budget", "subgroup", "tbptt", "lazy", "alternating", "pgd") if getattr(a, m))
     times = globals()[mode](rank)
     if rank == 0:
         print(f"median iteration time: {statistics.median(times[len(times) // 2:]) * 1000:.3f} ms")

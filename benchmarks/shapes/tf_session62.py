@@ -2,21 +2,51 @@
 two step tf.functions of its own, one applying the encoder's gradients, the other the decoder's, called on alternate
 steps: an autoencoder's halves trained in turn), --tbptt-loop (truncated backpropagation through time: an LSTM
 language model whose state each replica carries from one step to the next, fed back into strategy.run as per-replica
-values; gradients clipped by global norm, SGD)."""
+values; gradients clipped by global norm, SGD), --keras3-loop (Keras 3, not tf-keras: a custom loop of a step
+tf.function with Keras 3's Adam; Keras 3's fit under this strategy fails upstream, its loops run)."""
 import argparse, os, statistics, time
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
-for flag in ("--alternating-loop", "--tbptt-loop"):
+for flag in ("--alternating-loop", "--tbptt-loop", "--keras3-loop"):
     p.add_argument(flag, action="store_true")
 a = p.parse_args()
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1"); os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if not a.keras3_loop:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
-keras = tf.keras
+if a.keras3_loop:
+    import keras
+else:
+    keras = tf.keras
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 per_replica = 32
 gb = per_replica * strategy.num_replicas_in_sync
 VOCAB, SEQ = 400, 24
 times = []
-if a.alternating_loop:
+if a.keras3_loop:
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Input((256,)), keras.layers.Dense(512, activation="relu"),
+                                  keras.layers.Dense(10)])
+        opt = keras.optimizers.Adam(1e-3)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    x, y = tf.random.normal((gb * 4, 256)), tf.random.uniform((gb * 4,), maxval=10, dtype=tf.int64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(gb)
+
+    def replica_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(loss_fn(yb, model(xb, training=True)), global_batch_size=gb)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(xb, yb):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+
+    batches = iter(strategy.experimental_distribute_dataset(data))
+    for _ in range(a.steps):
+        start = time.perf_counter()
+        step(*next(batches)).numpy()
+        times.append(time.perf_counter() - start)
+elif a.alternating_loop:
     with strategy.scope():
         encoder = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"),
                                     keras.layers.Dense(64)])
