@@ -441,6 +441,26 @@ def test_compute_variants_leave_a_forward_a_framework_redirected_alone():
     assert calls == [] and net.forward is redirected
 
 
+def test_compute_variants_of_a_batch_made_by_autograd_in_the_step():
+    """PGD adversarial training: the trained batch, x + delta, was made by autograd in the step (delta asks for a
+    gradient), and its graph was freed by the step's backward: every timed backward ran into it ("Trying to backward
+    through the graph a second time"), no variant was measured and --autotune turned its compute passes off. The
+    batch's tensors are cut from their graphs first (a leaf asking for a gradient stays one)."""
+    import torch
+    import torch.nn as nn
+
+    from dprorun.runtime.variants import fresh_inputs, measure_compute_variants
+
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    delta = torch.zeros(5, 8, requires_grad=True)
+    batch = torch.ones(5, 8) + delta
+    net(batch).sum().backward()  # the script's own step: the batch's graph is freed
+    out = measure_compute_variants(net, (batch,), {}, reps=2, variants=("eager",))
+    assert "error" not in out["eager"] and out["eager"]["backward_us"] > 0, out
+    kept = fresh_inputs({"x": [batch], "mask": None})
+    assert kept["x"][0].grad_fn is None and kept["x"][0].requires_grad and kept["mask"] is None
+
+
 def test_a_call_running_k_steps_splits_at_its_fetches_or_its_first_op_run_k_times():
     """TensorFlow step functions that loop over k steps per call (tf_records._step_starts): the steps start at the
     input fetches where there are k, else at the occurrences of the call's first op that runs k times (a loop over

@@ -155,6 +155,21 @@ REDIRECTED_FORWARD = ("not measured: the training framework redirects the model'
                       "undo that and fail the job's own step")
 
 
+def fresh_inputs(batch: Any) -> Any:
+    """The batch's tensors cut from the graphs that made them (leaves asking for a gradient where they did): an
+    input made by autograd in the step (PGD's perturbed batch, x + delta) led each timed backward into the step's
+    graph, long freed: "Trying to backward through the graph a second time", and no variant was measured."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def fresh(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+            return value.detach().requires_grad_(value.requires_grad)
+        return value
+
+    return tree_map(fresh, batch)
+
+
 def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
                              variants: tuple[str, ...] = ("eager", "compiled", "compiled_blocks", "bf16")) -> dict:
     """{variant: {"forward_us", "backward_us", "first_call_s"} or {"error": why}}: each variant called once
@@ -165,6 +180,7 @@ def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
 
     if "forward" in vars(module):  # the call is redirected for this forward only: calling it again undoes that
         return {name: {"error": REDIRECTED_FORWARD} for name in variants}
+    args, kwargs = fresh_inputs(args), fresh_inputs(kwargs)
     aliases = detached_parameters(module)
     params = [p for p in aliases.values() if p.requires_grad]
     device = params[0].device if params else torch.device("cpu")
