@@ -167,7 +167,10 @@ def fresh_inputs(batch: Any) -> Any:
             return value.detach().requires_grad_(value.requires_grad)
         return value
 
-    return tree_map(fresh, batch)
+    try:
+        return tree_map(fresh, batch)
+    except Exception:  # a container pytree cannot rebuild: the batch as it was (its variants may fail, each saying why)
+        return batch
 
 
 def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
