@@ -102,6 +102,49 @@ def test_compute_variants_are_measured(tmp_path):
     assert build_job_model(model).compute_scales("eager") == (1.0, 1.0)
 
 
+HALO_SCRIPT = """
+import torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+rank, world = dist.get_rank(), dist.get_world_size()
+class Halo(nn.Module):  # a slab of a 1-D signal; its edges swapped with both neighbours before the convolution
+    def __init__(self):
+        super().__init__(); self.conv = nn.Conv1d(4, 4, 3)
+    def forward(self, x):
+        left, right = torch.empty_like(x[..., :1]), torch.empty_like(x[..., :1])
+        ops = [dist.P2POp(dist.isend, x[..., -1:].contiguous(), (rank + 1) % world),
+               dist.P2POp(dist.isend, x[..., :1].contiguous(), (rank - 1) % world),
+               dist.P2POp(dist.irecv, left, (rank - 1) % world), dist.P2POp(dist.irecv, right, (rank + 1) % world)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+        return self.conv(torch.cat([left, x, right], dim=-1))
+model = nn.parallel.DistributedDataParallel(Halo())
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(8, 4, 64)
+for _ in range(14):
+    opt.zero_grad(); model(x).square().mean().backward(); opt.step()
+dist.destroy_process_group()
+print("trained", flush=True)
+"""
+
+
+def test_variants_of_a_model_whose_forward_needs_the_other_ranks_are_not_waited_for(tmp_path):
+    """A model whose forward swaps a halo with its neighbours (batch_isend_irecv): rank 0 times the variants alone
+    while the other ranks wait at dprorun's barrier, and its first forward waited for a neighbour that never came:
+    --autotune and --measure-variants hung until killed. A torch.distributed call made while rank 0 is alone raises
+    now: every variant says why, and the job runs on."""
+    script = tmp_path / "halo.py"
+    script.write_text(HALO_SCRIPT)
+    run_dir = tmp_path / "halo"
+    proc, elapsed = run_dprorun(["-np", "2", "-q", "--measure-variants", *WINDOW, "python", str(script)], run_dir,
+                                timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("trained") == 2 and elapsed < 120, elapsed
+    variants = json.load(open(run_dir / "rank_0" / "variants.json"))["variants"]
+    assert set(variants) == {"eager", "compiled", "compiled_blocks", "bf16"}
+    for name, measured in variants.items():
+        assert "RanksNeededError: the model's forward calls torch.distributed.batch_isend_irecv" in measured["error"]
+
+
 def test_a_second_trial_drops_only_the_compute_passes(mlp_run):
     from dprorun.autotune import _without_compute_passes
     from dprorun.strategy import Decision

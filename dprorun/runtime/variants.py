@@ -33,6 +33,8 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
+from dprorun.runtime.watch import RanksNeededError
+
 VARIANTS_FILE = "variants.json"
 
 
@@ -205,6 +207,9 @@ def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
                     out[name]["blocks"] = fusion_blocks(module)
             except Exception as exc:  # a variant that cannot run is reported, never fatal
                 out[name] = _error(exc)
+                if isinstance(exc, RanksNeededError):  # no variant runs without the other ranks
+                    out.update({other: _error(exc) for other in variants if other not in out})
+                    break
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
         for _ in range(reps):
             for name in list(calls):
@@ -245,7 +250,12 @@ def measure_and_write(session, tracker, reps: int = 10) -> Optional[str]:
           flush=True)
     started = time.perf_counter()
     args, kwargs = batch
-    results = measure_compute_variants(tracker.model, args, kwargs, reps)
+    use = session.script_use
+    use.alone = "rank 0 times the model's compute variants alone"
+    try:
+        results = measure_compute_variants(tracker.model, args, kwargs, reps)
+    finally:
+        use.alone = ""
     try:
         device = next(tracker.model.parameters()).device.type
     except StopIteration:

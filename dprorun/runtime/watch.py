@@ -89,6 +89,20 @@ class ScriptUse:
     wants_work: Optional[Callable[[str, tuple, dict], bool]] = None
     work_waited: Optional[Callable[[], None]] = None  # told when such a call's wait returned
     synchronized: Optional[Callable[[object], None]] = None  # told when hvd.synchronize(handle) returned
+    # what this rank does alone now ("rank 0 times the model's compute variants alone": runtime/variants.py): a
+    # torch.distributed call made then raises RanksNeededError, where it would wait for ranks that never come
+    alone: str = ""
+
+
+class RanksNeededError(RuntimeError):
+    """A torch.distributed call made while the rank runs alone (`ScriptUse.alone`): a model whose forward swaps a
+    halo with its neighbours, or routes tokens to experts by all_to_all, hung --autotune's variant timing on rank 0
+    for good (the other ranks wait at dprorun's barrier)."""
+
+
+def _refused_alone(use: ScriptUse, label: str) -> None:
+    if use.alone:
+        raise RanksNeededError(f"the model's forward calls {label}, which needs the other ranks: {use.alone}")
 
 
 def read_subprocess_scripts(folder: str) -> list[str]:
@@ -280,6 +294,7 @@ def _timed_point_to_point(module, name: str, use: ScriptUse):
 
     @functools.wraps(call)
     def timed(*args, **kwargs):
+        _refused_alone(use, label)
         if use.timed is None or (compiler is not None and compiler.is_compiling()) or \
                 sys._getframe(1).f_globals.get("__name__", "").startswith("dprorun."):
             return call(*args, **kwargs)
@@ -307,6 +322,7 @@ class _TimedAsyncPointToPoint:
         return hash(self.torchs_own)
 
     def __call__(self, *args, **kwargs):
+        _refused_alone(self._use, self._label)
         if self._use.timed is None or (self._compiler is not None and self._compiler.is_compiling()) or \
                 sys._getframe(1).f_globals.get("__name__", "").startswith("dprorun."):
             return self.torchs_own(*args, **kwargs)
@@ -352,6 +368,7 @@ def _counted_functional(collective, name: str, use: ScriptUse):
 
     @functools.wraps(collective)
     def counted(*args, **kwargs):
+        _refused_alone(use, f"{FUNCTIONAL_MODULE}.{name}")
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if not caller.startswith(("torch.", "dprorun.")):
             use.collectives[key] = use.collectives.get(key, 0) + 1
@@ -483,6 +500,7 @@ def _counted_collective(module, name: str, use: ScriptUse, counted: bool = True)
 
     @functools.wraps(collective)
     def watched(*args, **kwargs):
+        _refused_alone(use, f"{module.__name__}.{name}")
         if compiler is not None and compiler.is_compiling():  # traced code: left as torch's own call
             return collective(*args, **kwargs)
         caller = sys._getframe(1).f_globals.get("__name__", "")
