@@ -461,6 +461,37 @@ def test_compute_variants_of_a_batch_made_by_autograd_in_the_step():
     assert kept["x"][0].grad_fn is None and kept["x"][0].requires_grad and kept["mask"] is None
 
 
+def test_compute_variants_of_a_dataclass_output_and_of_a_torchscript_model():
+    """A model returning a dataclass: the variants' stand-in loss searched dicts, lists and tuples only, "the model's
+    output has no floating tensor that requires grad", and none was measured (the DDP tracker's own search, which
+    finds it, is shared now). A TorchScript model's forward is an instance attribute, which was told as a training
+    framework's redirect: it is named for what it is."""
+    import dataclasses
+
+    import torch
+    import torch.nn as nn
+
+    from dprorun.runtime.variants import measure_compute_variants
+
+    @dataclasses.dataclass
+    class Output:
+        logits: torch.Tensor
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            return Output(self.fc(x))
+
+    out = measure_compute_variants(Net(), (torch.ones(3, 8),), {}, reps=2, variants=("eager",))
+    assert "error" not in out["eager"] and out["eager"]["backward_us"] > 0, out
+    scripted = measure_compute_variants(torch.jit.script(nn.Linear(8, 4)), (torch.ones(3, 8),), {}, reps=2,
+                                        variants=("eager", "compiled"))
+    assert all("a TorchScript module" in v["error"] for v in scripted.values()), scripted
+
+
 def test_a_call_running_k_steps_splits_at_its_fetches_or_its_first_op_run_k_times():
     """TensorFlow step functions that loop over k steps per call (tf_records._step_starts): the steps start at the
     input fetches where there are k, else at the occurrences of the call's first op that runs k times (a loop over
@@ -1167,7 +1198,7 @@ def test_a_forward_returning_a_dataclass_has_its_backward_seen():
 
     import torch
 
-    from dprorun.runtime.ddp import _tensors_requiring_grad
+    from dprorun.runtime.outputs import tensors_requiring_grad
 
     @dataclasses.dataclass
     class Output:
@@ -1177,18 +1208,18 @@ def test_a_forward_returning_a_dataclass_has_its_backward_seen():
 
     w = torch.ones(2, requires_grad=True)
     found: list = []
-    _tensors_requiring_grad(Output(w * 2, {"aux": [w * 3, torch.zeros(1)]}), found)
+    tensors_requiring_grad(Output(w * 2, {"aux": [w * 3, torch.zeros(1)]}), found)
     assert len(found) == 2
-    _tensors_requiring_grad(Output, found)  # the class itself is no output
+    tensors_requiring_grad(Output, found)  # the class itself is no output
     assert len(found) == 2
 
     class Plain:  # an output class of the script's own
         def __init__(self, logits):
             self.logits, self.name = logits, "out"
 
-    _tensors_requiring_grad(Plain(w * 4), found)
+    tensors_requiring_grad(Plain(w * 4), found)
     assert len(found) == 3
-    _tensors_requiring_grad(torch.nn.Linear(2, 2), found)  # a module's parameters are no output
+    tensors_requiring_grad(torch.nn.Linear(2, 2), found)  # a module's parameters are no output
     assert len(found) == 3
 
 

@@ -19,47 +19,18 @@ from typing import Any, Callable, Optional
 from dprorun.layout import CommRecord, sparse_bucket_fields
 from dprorun.runtime.apply import resolve_group
 from dprorun.runtime.copies import HOOK_MARK, USER_HOOK, own_hook
+from dprorun.runtime.outputs import tensors_requiring_grad
 from dprorun.runtime.scopes import outside_compiled
 from dprorun.runtime.session import RankSession
 
 # torch's own compressing comm hooks (ddp_comm_hooks.default_hooks): what they send, per element
 COMPRESSING_HOOKS = {"fp16_compress_hook": ("float16", 2), "bf16_compress_hook": ("bfloat16", 2)}
 
-MAX_OUTPUT_TENSORS = 64
-
-
 TRAINS_IN_EVAL_MODE = ("note: the script trains its DDP model in eval mode (model.eval, dropout off, BatchNorm's "
                        "statistics fixed); its forwards with gradients on are read as training forwards, those under "
                        "no_grad as evaluations")
 MAX_SYNCED_FORWARDS_A_STEP = 64  # beyond these without an optimizer step, a synchronised forward begins an iteration
 STEADY_MEMORY_ITERATIONS = 3  # forward starts (after the first optimizer step) read for the steady memory
-
-
-def _tensors_requiring_grad(obj: Any, found: list, depth: int = 0) -> None:
-    """The tensors of a forward's output that autograd runs back through: in tensors, dicts (Hugging Face's
-    ModelOutput), lists, tuples, dataclasses (a model returning `Output(logits=..., features=...)`, which DDP
-    itself searches: its backward went unseen, and the job had no replay) and other objects' attributes."""
-    import dataclasses
-
-    import torch
-
-    if len(found) >= MAX_OUTPUT_TENSORS or depth > 6:
-        return
-    if isinstance(obj, torch.Tensor):
-        if obj.requires_grad:
-            found.append(obj)
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            _tensors_requiring_grad(value, found, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            _tensors_requiring_grad(value, found, depth + 1)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for item in dataclasses.fields(obj):
-            _tensors_requiring_grad(getattr(obj, item.name, None), found, depth + 1)
-    elif not isinstance(obj, (type, torch.nn.Module, str, bytes)) and isinstance(getattr(obj, "__dict__", None), dict):
-        for value in list(vars(obj).values())[:MAX_OUTPUT_TENSORS]:  # an output class of the script's own
-            _tensors_requiring_grad(value, found, depth + 1)
 
 
 class DDPTracker:
@@ -331,7 +302,7 @@ class DDPTracker:
             if saved is not None:
                 session.records.memory["activation_bytes"] = saved
         found: list = []
-        _tensors_requiring_grad(output, found)
+        tensors_requiring_grad(output, found)
         if found:
             session.guard("hooking the backward pass", self._hook_backward, found)
         return None

@@ -33,24 +33,18 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
+from dprorun.runtime.outputs import tensors_requiring_grad
 from dprorun.runtime.watch import RanksNeededError
 
 VARIANTS_FILE = "variants.json"
 
 
-def _first_float_tensor(obj: Any, depth: int = 0):
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.is_floating_point() and obj.requires_grad else None
-    if depth > 4:
-        return None
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    for item in items:
-        found = _first_float_tensor(item, depth + 1)
-        if found is not None:
-            return found
-    return None
+def _first_float_tensor(obj: Any):
+    """The first floating tensor of a forward's output that autograd runs back through (`outputs`: dataclass outputs
+    included: a model returning one had no variant measured, "no floating tensor that requires grad")."""
+    found: list = []
+    tensors_requiring_grad(obj, found)
+    return next((t for t in found if t.is_floating_point()), None)
 
 
 def _call_once(call: Callable, args: tuple, kwargs: dict, params: list, sync: Callable) -> tuple[float, float]:
@@ -155,6 +149,8 @@ def _error(exc: Exception) -> dict:
 REDIRECTED_FORWARD = ("not measured: the training framework redirects the model's forward for this call (an instance "
                       "attribute, as Lightning routes DDP's forward to training_step); calling the model again would "
                       "undo that and fail the job's own step")
+SCRIPTED_MODULE = ("not measured: a TorchScript module (torch.jit.script or trace), which torch.func's functional_call "
+                   "and torch.compile take no Python forward of")
 
 
 def fresh_inputs(batch: Any) -> Any:
@@ -183,6 +179,8 @@ def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
     module's parameters, buffers and RNG states are restored whatever happens."""
     import torch
 
+    if isinstance(module, torch.jit.ScriptModule):  # its forward is an attribute too: no framework's redirect
+        return {name: {"error": SCRIPTED_MODULE} for name in variants}
     if "forward" in vars(module):  # the call is redirected for this forward only: calling it again undoes that
         return {name: {"error": REDIRECTED_FORWARD} for name in variants}
     args, kwargs = fresh_inputs(args), fresh_inputs(kwargs)
