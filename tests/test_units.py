@@ -492,6 +492,30 @@ def test_compute_variants_of_a_dataclass_output_and_of_a_torchscript_model():
     assert all("a TorchScript module" in v["error"] for v in scripted.values()), scripted
 
 
+def test_a_collective_made_while_rank_0_is_alone_raises_in_its_thread_only():
+    """While rank 0 times the compute variants alone (the other ranks at dprorun's barrier), a torch.distributed
+    call the measuring thread makes raises RanksNeededError (a halo exchange in the forward waited for good); a call
+    another thread of the script's makes then goes through as before."""
+    import threading
+    import types
+
+    from dprorun.runtime.watch import RanksNeededError, ScriptUse, _counted_collective
+
+    calls = []
+    fake = types.SimpleNamespace(__name__="torch.distributed", all_reduce=lambda *a, **k: calls.append(a))
+    use = ScriptUse()
+    watched = _counted_collective(fake, "all_reduce", use)
+    use.alone, use.alone_thread = "rank 0 times the model's compute variants alone", threading.get_ident()
+    with pytest.raises(RanksNeededError, match="calls torch.distributed.all_reduce, which needs the other ranks"):
+        watched(1)
+    other = threading.Thread(target=watched, args=(2,))
+    other.start()
+    other.join()
+    use.alone = ""
+    watched(3)
+    assert calls == [(2,), (3,)]
+
+
 def test_a_call_running_k_steps_splits_at_its_fetches_or_its_first_op_run_k_times():
     """TensorFlow step functions that loop over k steps per call (tf_records._step_starts): the steps start at the
     input fetches where there are k, else at the occurrences of the call's first op that runs k times (a loop over

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -249,7 +250,7 @@ def measure_and_write(session, tracker, reps: int = 10) -> Optional[str]:
     started = time.perf_counter()
     args, kwargs = batch
     use = session.script_use
-    use.alone = "rank 0 times the model's compute variants alone"
+    use.alone, use.alone_thread = "rank 0 times the model's compute variants alone", threading.get_ident()
     try:
         results = measure_compute_variants(tracker.model, args, kwargs, reps)
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -89,9 +90,11 @@ class ScriptUse:
     wants_work: Optional[Callable[[str, tuple, dict], bool]] = None
     work_waited: Optional[Callable[[], None]] = None  # told when such a call's wait returned
     synchronized: Optional[Callable[[object], None]] = None  # told when hvd.synchronize(handle) returned
-    # what this rank does alone now ("rank 0 times the model's compute variants alone": runtime/variants.py): a
-    # torch.distributed call made then raises RanksNeededError, where it would wait for ranks that never come
+    # what this rank does alone now, and in which thread ("rank 0 times the model's compute variants alone":
+    # runtime/variants.py): a torch.distributed call that thread makes then raises RanksNeededError, where it would
+    # wait for ranks that never come (the script's other threads go on as they were)
     alone: str = ""
+    alone_thread: int = 0
 
 
 class RanksNeededError(RuntimeError):
@@ -101,7 +104,7 @@ class RanksNeededError(RuntimeError):
 
 
 def _refused_alone(use: ScriptUse, label: str) -> None:
-    if use.alone:
+    if use.alone and threading.get_ident() == use.alone_thread:
         raise RanksNeededError(f"the model's forward calls {label}, which needs the other ranks: {use.alone}")
 
 
