@@ -147,9 +147,17 @@ def test_a_real_run_replays_at_op_level_and_its_critical_path_names_the_models_o
             assert abs(t_coarse - t_full) <= 0.005 * t_full
             assert replay(direct).iteration_time_us == pytest.approx(t_coarse, rel=1e-9)
 
+    # the critical path runs through the model's own ops (the whole path: on a loaded VM one clean-clone run's top 20
+    # were all the transfers and gaps of a communication-bound replay), and the JSON names its top ops at op level
+    from dprorun.replay.predict import predict_replayed
+
+    _, graph, result = predict_replayed(model)
+    path = [graph.names[node] for node in result.critical_path]
+    assert any(re.search(r":(aten::linear|AddmmBackward0|aten::addmm)@\d+$", op) for op in path), path[:40]
     doc = _replay_json(run_dir)
     ops = [row["op"] for row in doc["critical_path"]["top"]]
-    assert any(re.search(r":(aten::linear|AddmmBackward0|aten::addmm)@\d+$", op) for op in ops), ops
+    assert ops and all(re.match(r"r\d+\.", op) for op in ops), ops
+    assert any(":" in op for op in ops), ops  # op level: "r0.forward:aten::linear@2", "r1.loss:(between ops)"
     assert doc["replay_ops"] > 200 and any(n.startswith("op level:") for n in doc["notes"])
 
     # the per-op what-if is a pass on the graph as built, and commutes with coarsening
