@@ -1578,6 +1578,45 @@ def test_halves_of_a_ddp_model_trained_on_alternate_steps_are_profiled(tmp_path)
     assert "no replay" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
 
 
+UNFROZEN_IN_THE_WINDOW = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+model[0].requires_grad_(False)  # a backbone frozen for the first steps, then fine-tuned too
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(24):
+    if step == 7:
+        model[0].requires_grad_(True)
+    opt.zero_grad()
+    model(torch.randn(16, 64)).pow(2).mean().backward()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad); p.grad /= 2
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_a_layer_unfrozen_in_the_detailed_iterations_has_its_gradient_ready_times(tmp_path):
+    """Gradients averaged by hand, the first layer frozen until a step inside the detailed tier: the tier's start
+    hooked the parameters that required a gradient then, and never the others (their gradients all-reduced with no
+    ready time: the re-bucketing what-ifs placed them at the backward's end). Hooked at the first backward where
+    they are trainable, as DDP's tracker does."""
+    script = tmp_path / "unfreeze.py"
+    script.write_text(UNFROZEN_IN_THE_WINDOW)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "4", "--active", "8", "--kineto-iters", "4", "--clean", "3",
+                           "python", str(script)], run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = _rank0_events(run_dir)
+    iterations: dict[str, set] = {}
+    for iteration, name, _ in events["grad_ready"]:
+        iterations.setdefault(name, set()).add(iteration)
+    assert set(iterations) == {"0.weight", "0.bias", "2.weight", "2.bias"}, iterations
+    # frozen when the tier started, ready times from the step that unfroze it on
+    assert iterations["0.weight"] and iterations["0.weight"] < iterations["2.weight"], iterations
+
+
 REPLICATE_IN_A_THREAD = """
 import threading, torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
 from torch.distributed._composable.replicate import replicate

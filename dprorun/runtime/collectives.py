@@ -95,6 +95,7 @@ class ScriptCollectivesTracker:
         self.param_bytes: dict[str, int] = {}  # the trained parameters' gradient bytes, in model order
         self.roots: list = []  # the trained model(s): the outermost modules holding the optimizer's parameters
         self.scope_handles: list = []  # module scopes and gradient-ready hooks, while the detailed tier lasts
+        self.unhooked: list[tuple[str, Any]] = []  # in the detailed tier: parameters frozen so far, not hooked yet
         self.ready_in_step: list[tuple[str, float]] = []  # (parameter, when its gradient was ready) since the step
         self.unnamed: list[str] = []  # the trained parameters (model order) not yet named by a bucket of the step
         self.backend = ""
@@ -137,14 +138,23 @@ class ScriptCollectivesTracker:
                 self.scope_handles.extend(session.guard("naming module scopes", add_module_scopes, root) or [])
         if not session.cfg.param_hooks or self.fsdp:  # FSDP's sharded gradients: no re-bucketing to time for
             return
-        for name, param in self.named_parameters():
+        self.unhooked = list(self.named_parameters())
+        self._hook_trainable_params()
+
+    def _hook_trainable_params(self) -> None:
+        """Hooks on the parameters that require a gradient now; the others at a later backward of the tier, once
+        trainable (a backbone unfrozen in the window had no ready times: torch refuses a hook on a frozen tensor)."""
+        session, waiting = self.session, []
+        for name, param in self.unhooked:
             if not param.requires_grad:
+                waiting.append((name, param))
                 continue
 
             def ready(p, name=name):
                 self.ready_in_step.append((name, session.now_us()))
 
             self.scope_handles.append(param.register_post_accumulate_grad_hook(ready))
+        self.unhooked = waiting
 
     def named_parameters(self):
         """The trained models' parameters, named as their model names them; the k-th model's after the first (a
@@ -163,6 +173,7 @@ class ScriptCollectivesTracker:
         for handle in self.scope_handles:
             handle.remove()
         self.scope_handles.clear()
+        self.unhooked = []
 
     def wrapper_built(self, what: str) -> None:
         """The script built a wrapper the hooks profile after this tracker joined (a phase trained by hand, then
@@ -187,6 +198,8 @@ class ScriptCollectivesTracker:
             self.session.guard("ending an iteration of a sharded step", self._begin_iteration)
         if self.gathers_since_step:
             self.gathers_per_step, self.gathers_since_step = self.gathers_since_step, 0
+        if self.unhooked and self.session.detail_active:
+            self.session.guard("hooking gradient-ready times", self._hook_trainable_params)
         self.in_backward = start_us
 
     def backward_called(self, start_us: float, end_us: float) -> None:
