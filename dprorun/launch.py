@@ -23,7 +23,7 @@ from dprorun.console_tail import output_redrawn_in_place
 from dprorun.fsutil import atomic_write_json, free_mb, make_private_dir
 from dprorun.layout import rank_folders
 # the shared process helpers, importable from here as before
-from dprorun.procs import LaunchResult, Watchdog, call_forwarding_signals, error_line, error_message, \
+from dprorun.procs import LaunchResult, Watchdog, call_forwarding_signals, error_hint, error_line, error_message, \
     exit_abort_hint, failed_attempts, free_port, last_words, launcher_signal_handlers_restored, rank_environment, \
     signal_name, split_command
 
@@ -426,6 +426,7 @@ def _child_failed(err, job: JobConfig, stopped_pids: set[int]) -> LaunchResult:
         message += f": {detail}" + missing_module_hint(detail, job.launch.backend, job.command)
         if LIGHTNING_WORLD_MISMATCH in detail and job.launch.world_size > 1:
             message += f"; {LIGHTNING_WORLD_HINT}"
+    hint = hint or error_hint(failure)
     others = sorted(r for r in err.failures if r != rank)
     if others:
         message += f" (also failed: ranks {others})"

@@ -311,6 +311,17 @@ def error_message(failure) -> str:
     return cause_line(text)[:300]
 
 
+def error_hint(failure) -> str:
+    """What the failing rank's hooks added to its error file for the launcher (runtime/raised.py: the launch that
+    fits the frameworks it loaded), "" where nothing."""
+    from dprorun.runtime.raised import ERROR_FILE_HINT
+
+    message = getattr(failure, "message", None)
+    extra = message.get("extraInfo") if isinstance(message, dict) else None
+    hint = extra.get(ERROR_FILE_HINT) if isinstance(extra, dict) else None
+    return hint if isinstance(hint, str) else ""
+
+
 # the signals torch elastic's process context takes over in the launcher (its default TORCHELASTIC_SIGNALS_TO_HANDLE)
 ENGINE_HANDLED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 

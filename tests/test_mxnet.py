@@ -1601,3 +1601,19 @@ def test_a_hangup_stops_every_role_and_the_workers_profile_is_analysed(tmp_path)
             continue
     assert left == []
     assert json.loads((run_dir / "summary.json").read_text())["ranks_recorded"] == [0, 1]
+
+
+@needs_mxnet
+def test_a_kvstore_script_launched_without_its_backend_is_told_the_launch_that_fits(tmp_path):
+    """`dprorun -np 2 <mxnet python> train.py` (no --backend mxnet): the dist_sync kvstore finds no DMLC roles and
+    MXNet's own error said only `Check notnull: Environment::Get()->find("DMLC_NUM_WORKER")`. The failing rank's hooks
+    see MXNet loaded and no torch.distributed used, and the launcher's error names the launch that fits."""
+    script = tmp_path / "kv.py"
+    script.write_text("import mxnet as mx\nkv = mx.kv.create('dist_sync')\nprint(kv.rank)\n")
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", MXNET_PYTHON, str(script)], run_dir, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("dprorun: error: rank"))
+    assert "DMLC_NUM_WORKER" in error and error.endswith(
+        "; the script uses MXNet, whose kvstore needs a scheduler and servers: launch it with "
+        "`dprorun --backend mxnet -np N --servers S ...`"), error

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
+ERROR_FILE_HINT = "dprorun_hint"  # the key of the launch hint in an error file's extraInfo (procs.error_hint)
+
 
 def exception_line(exc: BaseException) -> str:
     """"Type: message" as Python's last traceback line says it: the type alone where the message is empty (a bare
@@ -32,10 +34,19 @@ def note_script_raised(session, exc: BaseException, tb=None) -> bool:
         return False
     try:
         session.records.warnings.append(f"{SCRIPT_RAISED}{exception_line(exc)}")
-        write_torchelastic_error(exc, tb)
+        write_torchelastic_error(exc, tb, _launch_hint(session))
     except Exception:  # noting must never hide the script's own error
         pass
     return True
+
+
+def _launch_hint(session) -> str:
+    """How the job should have been launched, where the rank loaded another framework's distributed API and never
+    used torch.distributed (an MXNet kvstore without its roles: "Check notnull ... DMLC_NUM_WORKER", said alone)."""
+    from dprorun.runtime.watch import launch_hint
+
+    use = getattr(session, "script_use", None)
+    return launch_hint(use, failed=True) if use is not None else ""
 
 
 def note_uncaught_at_exit(session) -> bool:
@@ -144,7 +155,7 @@ def leave_an_mxnet_worker_that_exited_failing(session) -> None:
         leave_an_mxnet_worker_that_raised(session, status & 0xFF or 1)
 
 
-def write_torchelastic_error(exc: BaseException, tb=None) -> None:
+def write_torchelastic_error(exc: BaseException, tb=None, hint: str = "") -> None:
     """Per-rank error file in torchelastic's format, so the launcher names the failing rank and its error. Written
     here, not through torch's ErrorHandler: its record_exception reads the traceback from sys.exc_info(), which an
     excepthook does not have (the file's stack said "NoneType: None"), and its initialize() enables faulthandler on
@@ -160,7 +171,7 @@ def write_torchelastic_error(exc: BaseException, tb=None) -> None:
         said = [line.strip() for line in str(exc).splitlines() if line.strip()]
         message = f"the script's spawned process {exc.error_index} (pid {getattr(exc, 'error_pid', '?')}) failed: " \
                   f"{said[-1] if said else type(exc).__name__}"
-    write_torchelastic_error_message(message, stack)
+    write_torchelastic_error_message(message, stack, hint)
 
 
 def _error_file() -> str:
@@ -174,16 +185,17 @@ def _error_file() -> str:
     return path
 
 
-def write_torchelastic_error_message(message: str, stack: str = "") -> None:
+def write_torchelastic_error_message(message: str, stack: str = "", hint: str = "") -> None:
     """torch elastic's error file (TORCHELASTIC_ERROR_FILE, where the launcher set one; a horovodrun rank's,
-    layout.horovod_error_file) with this message."""
+    layout.horovod_error_file) with this message; a hint of dprorun's for the launcher in its extra info."""
     import json
     import time
 
     path = _error_file()
     if not path:
         return
+    extra = {"py_callstack": stack, "timestamp": str(int(time.time()))}
+    if hint:
+        extra[ERROR_FILE_HINT] = hint
     with open(path, "w") as handle:
-        json.dump({"message": {"message": message,
-                               "extraInfo": {"py_callstack": stack, "timestamp": str(int(time.time()))}}},
-                  handle)
+        json.dump({"message": {"message": message, "extraInfo": extra}}, handle)

@@ -156,8 +156,7 @@ def nothing_to_profile(use: ScriptUse) -> str:
         seen.append(use.process_group)
     found = ("it saw " + "; ".join(seen)) if seen else "no distributed training was seen"
     advice = ""
-    torch_distributed = use.process_group or use.collectives or use.fsdp_wrappers or use.model_splits
-    backend = "" if torch_distributed else _backend_for_the_frameworks_loaded()  # (TensorBoard loads TensorFlow)
+    backend = launch_hint(use)
     launched_as = os.environ.get("DPRO_BACKEND", "")
     if use.process_group and launched_as == "tf":
         advice = (" The script trains with torch.distributed, which --backend tf does not profile: launch it without "
@@ -194,21 +193,25 @@ def nothing_to_profile(use: ScriptUse) -> str:
             f"{found}.{advice} The job ran unprofiled, as under torchrun")
 
 
-def _backend_for_the_frameworks_loaded() -> str:
+def launch_hint(use: ScriptUse, failed: bool = False) -> str:
     """The launch that fits a script which loaded another framework's distributed API under torch elastic (dprorun's
-    default backend), where each rank ran it alone: TensorFlow without TF_CONFIG, horovod without horovodrun, MXNet
-    without its roles. "" where none applies."""
+    default backend) and never used torch.distributed (TensorBoard loads TensorFlow): each rank ran it alone
+    (`failed`: a rank raised, an MXNet kvstore without its roles, a TensorFlow cluster resolver without TF_CONFIG).
+    TensorFlow without TF_CONFIG, horovod without horovodrun, MXNet without its roles; "" where none applies."""
+    if use.process_group or use.collectives or use.fsdp_wrappers or use.model_splits:
+        return ""
+    alone = "" if failed else "each rank ran it alone here; "
     if "horovod.tensorflow" in sys.modules and "HOROVOD_RANK" not in os.environ:
-        return ("The script uses horovod.tensorflow, which needs horovodrun: each rank ran Horovod alone here; "
-                "launch it with `dprorun --backend horovod -np N ...`.")
-    if "tensorflow" in sys.modules and not os.environ.get("TF_CONFIG"):
-        return ("The script uses TensorFlow, whose MultiWorkerMirroredStrategy reads each worker's TF_CONFIG, "
-                "which only `--backend tf` sets: each rank trained alone here; launch it with "
-                "`dprorun --backend tf -np N ...`.")
-    if "mxnet" in sys.modules and not os.environ.get("DMLC_ROLE"):
-        return ("The script uses MXNet, whose kvstore needs a scheduler and servers: launch it with "
-                "`dprorun --backend mxnet -np N --servers S ...`.")
-    return ""
+        what, launch = "horovod.tensorflow, which needs horovodrun", "--backend horovod -np N"
+    elif "tensorflow" in sys.modules and not os.environ.get("TF_CONFIG"):
+        what, launch = ("TensorFlow, whose MultiWorkerMirroredStrategy reads each worker's TF_CONFIG, which only "
+                        "`--backend tf` sets"), "--backend tf -np N"
+    elif "mxnet" in sys.modules and not os.environ.get("DMLC_ROLE"):
+        what, launch = "MXNet, whose kvstore needs a scheduler and servers", "--backend mxnet -np N --servers S"
+    else:
+        return ""
+    said = f"the script uses {what}: {alone}launch it with `dprorun {launch} ...`"
+    return said if failed else f"{said[0].upper()}{said[1:]}."
 
 
 def watch_spawns(use: ScriptUse, launched_world: int, profiled_entry: Callable[[Callable, int], Callable]) -> None:
