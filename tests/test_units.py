@@ -1636,7 +1636,8 @@ def test_a_buffer_all_reduced_by_hand_is_named_after_the_parameters_it_carries()
     job whose ranks train apart) are no sharing of gradients."""
     import torch
 
-    from dprorun.runtime.collectives import SHARED_SHARE, ScriptCollectivesTracker, _gradient_bytes
+    from dprorun.runtime.collectives import SHARED_SHARE, ScriptCollectivesTracker
+    from dprorun.runtime.gradient_calls import gradient_bytes
 
     net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     net(torch.randn(5, 4)).sum().backward()
@@ -1649,7 +1650,7 @@ def test_a_buffer_all_reduced_by_hand_is_named_after_the_parameters_it_carries()
     assert tracker._names_sent(flat, flat.numel() * 4) == ["0.bias", "1.weight"]
     assert tracker._names_sent(torch.zeros(1), 4) == [] and tracker.unnamed == ["1.bias"]
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    assert _gradient_bytes(optimizer) == sum(tracker.param_bytes.values()) == 92
+    assert gradient_bytes(optimizer) == sum(tracker.param_bytes.values()) == 92
     assert 4 < SHARED_SHARE * 92 <= flat.numel() * 4 + 48  # a loss is no sharing; the flat buffer and 0.weight are
 
 

@@ -43,7 +43,8 @@ from typing import Any, Optional
 
 from dprorun.layout import CommRecord
 from dprorun.runtime.gradient_calls import (COVERED, GRADIENT_COLLECTIVES, HOROVOD_KINDS, KINDS, PARAMETER_GATHERS,
-                                             HandleWorks, bucket_entry, covered)
+                                             HandleWorks, bucket_entry, covered, fsdp_blocks, gradient_bytes,
+                                             group_size)
 from dprorun.runtime.session import RankSession
 from dprorun.runtime.steps import LeadingOptimizerSteps
 from dprorun.runtime.watch import call_tensors
@@ -307,7 +308,7 @@ class ScriptCollectivesTracker:
         key = (0, index)
         if key not in session.records.buckets:
             session.records.buckets[key] = bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
-            size = _group_size(name, args, kwargs)
+            size = group_size(name, args, kwargs)
             if size and size != session.world_size:  # HSDP: sharded within, replicated across, groups of its mesh
                 self.fsdp_group_sizes.add(size)
         self.step_records.append(self._comm_record(index, now - us, now, None, waited=False, inside=True))
@@ -542,7 +543,7 @@ class ScriptCollectivesTracker:
         self.step_records, self.step_ready, self.step_new_keys = [], [], []
         self.grad_names, self.param_bytes, self.unnamed = {}, {}, []
         if not self.joined:
-            shared = calls > 0 and sent >= SHARED_SHARE * _gradient_bytes(optimizer)
+            shared = calls > 0 and sent >= SHARED_SHARE * gradient_bytes(optimizer)
             # FSDP's wrappers reduce-scatter in the backward and gather in the forward and the backward, through the
             # same calls (torch 2.13's reduce_scatter_single, all_gather_single): no ZeRO by hand, but blocking
             # buckets where they block (the CPU)
@@ -657,33 +658,3 @@ def watch_gradient_collectives(session: RankSession) -> None:
 
     backward._dpro_timed = True
     autograd.backward = backward
-
-
-GROUP_POSITION = {"all_reduce": 2, "all_gather": 2, "all_gather_into_tensor": 2, "all_gather_single": 2,
-                  "reduce_scatter": 3, "reduce_scatter_tensor": 3, "reduce_scatter_single": 3}
-
-
-def _group_size(name: str, args: tuple, kwargs: dict) -> int:
-    """The size of the process group a collective call runs in (0 where unreadable)."""
-    import torch.distributed as dist
-
-    position = GROUP_POSITION.get(name, -1)
-    group = kwargs.get("group", args[position] if 0 <= position < len(args) else None)
-    try:
-        return int(dist.get_world_size(group))
-    except Exception:  # a group this rank is not in, or one already destroyed
-        return 0
-
-
-def fsdp_blocks() -> bool:
-    """Do FSDP's calls block the thread that makes them, in program order (the CPU: gloo, no CUDA in use)? On a GPU
-    FSDP runs them on streams of its own, overlapped with the compute."""
-    from dprorun.runtime.backends import group_backend, job_device_type
-
-    return job_device_type() == "cpu" and group_backend() == "gloo"
-
-
-def _gradient_bytes(optimizer) -> int:
-    """The bytes of the optimizer's parameters' gradients (those that have one)."""
-    return sum(p.grad.numel() * p.grad.element_size() for group in optimizer.param_groups for p in group["params"]
-               if getattr(p, "grad", None) is not None)

@@ -109,3 +109,33 @@ class HandleWorks:
             return
         if work is not None:
             work.done()
+
+
+GROUP_POSITION = {"all_reduce": 2, "all_gather": 2, "all_gather_into_tensor": 2, "all_gather_single": 2,
+                  "reduce_scatter": 3, "reduce_scatter_tensor": 3, "reduce_scatter_single": 3}
+
+
+def group_size(name: str, args: tuple, kwargs: dict) -> int:
+    """The size of the process group a collective call runs in (0 where unreadable)."""
+    import torch.distributed as dist
+
+    position = GROUP_POSITION.get(name, -1)
+    group = kwargs.get("group", args[position] if 0 <= position < len(args) else None)
+    try:
+        return int(dist.get_world_size(group))
+    except Exception:  # a group this rank is not in, or one already destroyed
+        return 0
+
+
+def fsdp_blocks() -> bool:
+    """Do FSDP's calls block the thread that makes them, in program order (the CPU: gloo, no CUDA in use)? On a GPU
+    FSDP runs them on streams of its own, overlapped with the compute."""
+    from dprorun.runtime.backends import group_backend, job_device_type
+
+    return job_device_type() == "cpu" and group_backend() == "gloo"
+
+
+def gradient_bytes(optimizer) -> int:
+    """The bytes of the optimizer's parameters' gradients (those that have one)."""
+    return sum(p.grad.numel() * p.grad.element_size() for group in optimizer.param_groups for p in group["params"]
+               if getattr(p, "grad", None) is not None)
