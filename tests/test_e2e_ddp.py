@@ -1597,11 +1597,12 @@ dist.destroy_process_group()
 """
 
 
-def test_a_layer_unfrozen_in_the_detailed_iterations_has_its_gradient_ready_times(tmp_path):
+def test_a_layer_unfrozen_in_the_detailed_iterations_has_its_gradient_ready_times_and_buckets(tmp_path):
     """Gradients averaged by hand, the first layer frozen until a step inside the detailed tier: the tier's start
     hooked the parameters that required a gradient then, and never the others (their gradients all-reduced with no
     ready time: the re-bucketing what-ifs placed them at the backward's end). Hooked at the first backward where
-    they are trainable, as DDP's tracker does."""
+    they are trainable, as DDP's tracker does; each call's bucket is its parameter's, wherever it comes in the
+    step."""
     script = tmp_path / "unfreeze.py"
     script.write_text(UNFROZEN_IN_THE_WINDOW)
     run_dir = tmp_path / "run"
@@ -1615,6 +1616,13 @@ def test_a_layer_unfrozen_in_the_detailed_iterations_has_its_gradient_ready_time
     assert set(iterations) == {"0.weight", "0.bias", "2.weight", "2.bias"}, iterations
     # frozen when the tier started, ready times from the step that unfroze it on
     assert iterations["0.weight"] and iterations["0.weight"] < iterations["2.weight"], iterations
+    # a bucket is its parameter's in every step: the unfrozen layer's calls, ahead of the head's, took the head's
+    # buckets (by place in the step) and their names, and the re-bucketing what-ifs failed ("unknown parameters")
+    assert sorted(b["params"][0] for b in events["buckets"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert sorted(events["params"]["0"]["bytes"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    optimize = subprocess.run([sys.executable, "-m", "dprorun.offline_cli", "optimize", str(run_dir)],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert optimize.returncode == 0, optimize.stderr[-2000:]
 
 
 REPLICATE_IN_A_THREAD = """

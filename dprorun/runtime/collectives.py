@@ -13,9 +13,10 @@ of step k-1 to the end of step k.
   - `torch.autograd.backward` (what loss.backward() calls) is timed: the backward of the step's first all-reduce
     (the last one before it, or the one it was called in) is the iteration's backward0; forward0 runs from the
     iteration's start to it (data, forward, loss, earlier micro-batches);
-  - each such all_reduce before the step is one bucket of its own, in call order (bucket k is the step's k-th
-    call), named after the parameters whose gradients it carries (by address; a flat buffer by its bytes: the
-    run of parameters in model order they add up to; else `all_reduce<k>`);
+  - each such all_reduce before the step is one bucket of its own, named after the parameters whose gradients it
+    carries (by address; a flat buffer by its bytes: the run of parameters in model order they add up to; else
+    `all_reduce<k>`); a call on one parameter's gradient is that parameter's bucket in every step, any other the
+    k-th call of its kind and bytes in the step (indices in order of first sight);
   - a call after the backward could start no earlier than the backward's end or the previous synchronous call's
     return: its record starts there (the script's own work between two calls, a per-parameter loop's division, is
     part of the call it delays); a call inside the backward starts at its own start, cutting the backward as DDP's
@@ -56,6 +57,9 @@ SHARED_SHARE = 0.5
 # FSDP's gathers for a forward that trains nothing (an evaluation under no_grad) are keyed from here, apart from the
 # step's calls: an iteration that has them keeps its other calls' keys (the step's place-in-order identities)
 INFERENCE_CALL_BASE = 1_000_000
+# a sharded step's parameter gathers are keyed from here, after every gradient call's bucket (those are numbered in
+# order of first sight: the window may start at a step's gathers)
+GATHER_CALL_BASE = 500_000
 
 
 class ScriptCollectivesTracker:
@@ -99,6 +103,8 @@ class ScriptCollectivesTracker:
         self.unhooked: list[tuple[str, Any]] = []  # in the detailed tier: parameters frozen so far, not hooked yet
         self.ready_in_step: list[tuple[str, float]] = []  # (parameter, when its gradient was ready) since the step
         self.unnamed: list[str] = []  # the trained parameters (model order) not yet named by a bucket of the step
+        # a bucket's identity (a parameter's name; else its call, bytes and place) -> its index (`_bucket_index`)
+        self.bucket_slots: dict[Any, int] = {}
         self.backend = ""
         # optimizer sharding by hand (ZeRO): the gradients reduce-scattered, each rank stepping its shard, the
         # parameters all-gathered after the step; the iteration then ends after those gathers
@@ -107,7 +113,6 @@ class ScriptCollectivesTracker:
         self.gathers_since_step = 0  # parameter gathers since the last step, before any backward
         self.gathers_per_step = 0  # what the last step was followed by before its next backward
         self.pending_gathers = 0  # a leading step returned: its iteration ends after this many more gathers
-        self.gradient_calls = 0  # the last leading step's gradient calls (its gathers' bucket indices follow them)
         self.awaiting: Optional[CommRecord] = None  # a waited call whose Work has no future: ended by its wait
         self.begin_after_wait = False  # the step's last gather was launched: its iteration ends at the wait's return
         self.fsdp = False  # FSDP on the CPU: every gather and reduce-scatter of a step a blocking bucket (module doc)
@@ -261,7 +266,7 @@ class ScriptCollectivesTracker:
         if not self.pending_gathers:
             return False
         session = self.session
-        index = self.gradient_calls + self.gathers_per_step - self.pending_gathers
+        index = GATHER_CALL_BASE + self.gathers_per_step - self.pending_gathers
         if session.detail_active:
             session.guard("recording a parameter gather", self._record_gather, name, args, kwargs, result, us, index,
                           waited)
@@ -318,11 +323,11 @@ class ScriptCollectivesTracker:
         it: the backward's end, or the previous synchronous call's return) to its return (or its Work's end)."""
         session = self.session
         now = session.now_us()
-        index = self.calls_in_step - 1
         if self.calls_in_step == 1:
             self._read_gradients()
-        key = (0, index)
         tensor, nbytes = covered(name, args, kwargs)
+        index = self._bucket_index(name, tensor, nbytes)
+        key = (0, index)
         if key not in session.records.buckets:
             names = self._names_of(name, args, kwargs, tensor, nbytes) or [f"{name}{index}"]
             session.records.buckets[key] = bucket_entry(name, tensor, nbytes, names)
@@ -344,6 +349,18 @@ class ScriptCollectivesTracker:
                 session.records.grad_ready.append(self.step_ready[-1])
         self.step_records.append(self._comm_record(index, start, now, work, waited, inside))
 
+    def _bucket_index(self, name: str, tensor, nbytes: int) -> int:
+        """A call's bucket: the parameter whose gradient it is (its bucket whatever calls came before it: a backbone
+        unfrozen mid-run, or a gradient skipped where it is None, moved the head's calls, and its buckets took the
+        backbone's names); any other call (a flat buffer) by its kind, bytes and place in the step."""
+        param = self.grad_names.get(tensor.data_ptr()) if tensor is not None else None
+        if param is None and tensor is not None and self.in_backward is not None:
+            self._read_gradients()
+            param = self.grad_names.get(tensor.data_ptr())
+        slot = param if param is not None and self.param_bytes.get(param) == nbytes else \
+            (name, nbytes, self.calls_in_step - 1)
+        return self.bucket_slots.setdefault(slot, len(self.bucket_slots))
+
     def _record_gather(self, name: str, args: tuple, kwargs: dict, result, us: float, index: int,
                        waited: bool) -> None:
         """A parameter gather's bucket (its parameters are no gradients: named after the call), from the step's end
@@ -353,7 +370,7 @@ class ScriptCollectivesTracker:
         key = (0, index)
         if key not in session.records.buckets:
             tensor, nbytes = covered(name, args, kwargs)
-            session.records.buckets[key] = bucket_entry(name, tensor, nbytes, [f"{name}{index}"])
+            session.records.buckets[key] = bucket_entry(name, tensor, nbytes, [f"{name}{index - GATHER_CALL_BASE}"])
         work = self.handle_works.work(name, result)
         start = max(self.next_ready_us, now - us) if work is not None and not waited else self.next_ready_us
         self._comm_record(index, start, now, work, waited, inside=False)
@@ -563,7 +580,7 @@ class ScriptCollectivesTracker:
             session.mark("backward0", start, end)
         self.step_backward = None
         if self.sharded and self.gathers_per_step and not self.fsdp:  # the iteration ends once its parameters gathered
-            self.gradient_calls, self.pending_gathers = calls, self.gathers_per_step
+            self.pending_gathers = self.gathers_per_step
             self.next_ready_us = session.now_us()
             return
         self._begin_iteration()
