@@ -38,6 +38,8 @@ def plain_torchrun(example: str, nproc: int, steps: int, script_args: tuple = ()
                              capture_output=True, text=True, cwd=REPO, timeout=600)
         if out.returncode == 0:
             break
+        if "terminate called without an active exception" in out.stderr and "median iteration time" in out.stdout:
+            break  # a shape whose every plain launch aborts so (ranks of unequal work): its timings were printed
     else:
         raise RuntimeError(f"torchrun failed 3 times: {out.stderr[-1000:]}")
     match = re.search(r"median iteration time: ([0-9.]+) ms", out.stdout)
