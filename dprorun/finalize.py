@@ -9,7 +9,7 @@ from typing import Optional
 
 from dprorun.analysis import RunAnalysis
 from dprorun.config import JobConfig
-from dprorun.fsutil import atomic_write_json
+from dprorun.fsutil import TraceError, atomic_write_json
 from dprorun.launch import LaunchResult, write_manifest
 from dprorun.layout import ranks_with_records
 
@@ -32,8 +32,12 @@ def _self_check_at_job_end(analysis: RunAnalysis) -> Optional[dict]:
     """The replay of the job as it ran against the run's clean iterations (None where nothing replays)."""
     try:
         return analysis.prediction.self_check
-    except Exception as exc:  # nothing replayable: the report says why
+    except (ValueError, TraceError) as exc:  # nothing replayable: the report says why
         print(f"{NO_REPLAY}{exc}", file=sys.stderr)
+        return None
+    except Exception as exc:  # a defect of dprorun's: said as one, the traces kept
+        print(f"{NO_REPLAY}{type(exc).__name__}: {exc} (a defect of dprorun's, not of the job: the traces are kept; "
+              f"`dpro replay {analysis.run_dir}` shows where it failed)", file=sys.stderr)
         return None
 
 

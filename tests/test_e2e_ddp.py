@@ -1625,6 +1625,51 @@ def test_a_layer_unfrozen_in_the_detailed_iterations_has_its_gradient_ready_time
     assert optimize.returncode == 0, optimize.stderr[-2000:]
 
 
+LAYER_SKIPPED_NOW_AND_THEN = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+blocks = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(3))
+opt = torch.optim.SGD(blocks.parameters(), lr=0.01)
+for step in range(40):
+    opt.zero_grad()
+    h = torch.randn(16, 64)
+    for k, block in enumerate(blocks):
+        if not (k == 1 and step % 3 == 0):  # the middle block skipped every third step (LayerDrop's shape)
+            h = h + block(h).relu()
+    h.pow(2).mean().backward()
+    for p in blocks.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad); p.grad /= 2
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_gradients_averaged_by_hand_where_a_layer_is_skipped_now_and_then_are_replayed(tmp_path):
+    """A block skipped every third step (its gradients None, the script all-reducing those that exist): the
+    iterations without it lacked its buckets, each such iteration's replay had no ready point for them (KeyError),
+    and the job ended with "no replay of the job as it ran: ('bucket2', 0)". Each iteration is replayed with the
+    buckets it handed over; an unexpected error at the job's end is said as dprorun's defect."""
+    script = tmp_path / "skipped.py"
+    script.write_text(LAYER_SKIPPED_NOW_AND_THEN)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "12", "--kineto-iters", "3", "--clean", "8",
+                           "python", str(script)], run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no replay" not in proc.stderr and "the replay of the job as it ran (" in proc.stdout + proc.stderr, \
+        proc.stderr[-3000:]
+    events = _rank0_events(run_dir)
+    calls = {}
+    for row in events["comm"]:
+        calls[row[0]] = calls.get(row[0], 0) + 1
+    assert set(calls.values()) == {4, 6}, calls  # the iterations with and without the middle block's two calls
+    from dprorun.analysis import RunAnalysis
+
+    analysis = RunAnalysis(str(run_dir))
+    assert len(analysis.model.buckets) == 6  # the middle block's buckets replayed where its iterations have them
+    assert analysis.prediction.predicted_iteration_time_ms > 0
+
+
 REPLICATE_IN_A_THREAD = """
 import threading, torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
 from torch.distributed._composable.replicate import replicate

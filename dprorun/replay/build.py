@@ -48,8 +48,8 @@ def _synchronised(buckets: list[BucketInfo], templates: dict[int, RankTemplate])
     if not left:
         return buckets, []
     return kept, [f"{', '.join(left)} synchronised in only some of the window's iterations (a model stepped now "
-                  "and then, as a GAN's generator every few steps): not replayed, nor their all-reduces in the "
-                  "iterations where they ran"]
+                  "and then, as a GAN's generator every few steps; layers skipped in some steps): not replayed, nor "
+                  "their all-reduces in the iterations where they ran"]
 
 
 def _ddp_groups_note(model: JobModel) -> str:

@@ -59,7 +59,7 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     ends = [local_dfg(g, r, templates[rank], model.op_profiles.get(rank), model, syncs, measured, detail)
             for r, rank in enumerate(measured_ranks)]
     period = len(measured_ranks)
-    built_syncs = syncs if measured else []
+    built_syncs = _synchronised_in(syncs, ends) if measured else []
     plan = CommPlan(model, replace(whatif, partitions=1, bucket_partitions={}), built_syncs, measured_layout, sample,
                     ins={(s.key, 0): [e.ins[(s.key, 0)] for e in ends] for s in built_syncs},
                     outs={s.key: [e.outs[s.key] for e in ends] for s in built_syncs}, world=period, collapse=False,
@@ -79,6 +79,13 @@ def synthesize(model: JobModel, whatif: WhatIf, notes: list[str], sample: Option
     # the ranks joined by the communication topology, priced for the question's network (the network pass)
     graph = set_network(local, whatif.bandwidth_gbit, whatif.bandwidth_scale, whatif.latency_us, notes)
     return compute_passes(graph, whatif, notes)
+
+
+def _synchronised_in(syncs: list, ends: list) -> list:
+    """The measured buckets a replayed iteration handed over on every rank: one of a step whose calls vary (layers
+    skipped at random, their gradients None, all-reduced by hand only where they exist) lacks some of the model's
+    buckets, which its replay has no ready point for (it failed: KeyError); it is replayed without them, as it ran."""
+    return [s for s in syncs if all((s.key, 0) in e.ins for e in ends)]
 
 
 def compute_passes(graph: ReplayGraph, whatif: WhatIf, notes: list[str]) -> ReplayGraph:
