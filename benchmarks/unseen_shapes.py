@@ -82,7 +82,7 @@ script's own group, truncated BPTT with a carried LSTM state, lazy modules, an e
 alternate steps (DDP), PGD adversarial training, a TF loop's two step functions in turn, a TF LSTM whose per-replica
 state is carried, a Keras 3 custom loop; session 63: a backbone unfrozen in the window (gradients averaged by hand),
 layer-wise learning-rate decay, learned task weights outside the DDP model, a batch size per rank, 1 MB buckets, Adam
-stepped with a closure.
+stepped with a closure, LayerDrop with gradients averaged by hand (other calls each step).
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -409,13 +409,15 @@ JOBS = {
     "ddp-pgd-adversarial-3-attack-steps-no-sync": ([], "session62.py", ["--pgd"], "torch"),
     "tf-keras3-custom-loop-adam": (["--backend", "tf"], "tf_session62.py", ["--keras3-loop"], "tensorflow"),
     # session 63: a backbone unfrozen in the window (gradients averaged by hand), layer-wise learning-rate decay,
-    # learned task weights outside the DDP model, a batch size per rank, 1 MB buckets, Adam stepped with a closure
+    # learned task weights outside the DDP model, a batch size per rank, 1 MB buckets, Adam stepped with a closure,
+    # LayerDrop averaged by hand
     "by-hand-backbone-unfrozen-at-step-8": ([], "session63.py", ["--unfreeze"], "torch"),
     "ddp-transformer-layerwise-lr-decay-warmup-cosine": ([], "session63.py", ["--llrd"], "torch"),
     "ddp-multitask-learned-loss-weights-outside-ddp": ([], "session63.py", ["--task-weights"], "torch"),
     "ddp-batch-size-per-rank-32-and-64": ([], "session63.py", ["--uneven-batches"], "torch"),
     "ddp-1mb-buckets-12mb-mlp": ([], "session63.py", ["--small-buckets"], "torch"),
     "ddp-adam-stepped-with-a-closure": ([], "session63.py", ["--closure-adam"], "torch"),
+    "by-hand-layerdrop-calls-vary-per-step": ([], "session63.py", ["--layerdrop"], "torch"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
