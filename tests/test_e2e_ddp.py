@@ -1602,13 +1602,17 @@ def test_a_layer_unfrozen_in_the_detailed_iterations_has_its_gradient_ready_time
     hooked the parameters that required a gradient then, and never the others (their gradients all-reduced with no
     ready time: the re-bucketing what-ifs placed them at the backward's end). Hooked at the first backward where
     they are trainable, as DDP's tracker does; each call's bucket is its parameter's, wherever it comes in the
-    step."""
+    step. --measure-variants says why it measures nothing for such a job."""
     script = tmp_path / "unfreeze.py"
     script.write_text(UNFROZEN_IN_THE_WINDOW)
     run_dir = tmp_path / "run"
     proc, _ = run_dprorun(["-np", "2", "--warmup", "4", "--active", "8", "--kineto-iters", "4", "--clean", "3",
-                           "python", str(script)], run_dir, timeout=120)
+                           "--measure-variants", "python", str(script)], run_dir, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # no DDP model to time alone: said (--measure-variants measured nothing here, silently)
+    said = proc.stdout + proc.stderr
+    assert "compute variants not measured: rank 0 times a DistributedDataParallel model's" in said and \
+        "shared by the script's own collectives" in said, said[-3000:]
     events = _rank0_events(run_dir)
     iterations: dict[str, set] = {}
     for iteration, name, _ in events["grad_ready"]:

@@ -464,6 +464,10 @@ class RankSession:
                 from dprorun.runtime.variants import measure_and_write
 
                 self.guard("measuring compute variants", measure_and_write, self, tracker)
+            else:
+                from dprorun.runtime.variants import variants_not_measured
+
+                self.records.warnings.append(variants_not_measured(self.trackers))
         if meet is not None:
             self.guard("waiting for rank 0's compute variants", meet)
 

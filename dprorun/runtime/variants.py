@@ -230,6 +230,24 @@ def measure_compute_variants(module, args: tuple, kwargs: dict, reps: int = 10,
     return out
 
 
+SHARED_BY = {"collectives": "the script's own collectives", "horovod": "horovod.torch's DistributedOptimizer"}
+
+
+def variants_not_measured(trackers: list) -> str:
+    """Why --measure-variants (--autotune's compute passes) measured nothing where no DistributedDataParallel model
+    trains: rank 0 times the DDP model it saw called alone; a model whose gradients go through the script's own calls,
+    FSDP or Horovod is not timed so (its forward may call the other ranks, and nothing says which module it is)."""
+    primary = next((t for t in trackers if getattr(t, "primary", False)), trackers[0] if trackers else None)
+    if hasattr(primary, "ddp"):
+        return ("compute variants not measured: the script no longer held its DistributedDataParallel model at the "
+                "window's end; the optimizer's compute passes (torch.compile, bf16) are off")
+    framework = getattr(primary, "framework", "")
+    what = "FSDP" if getattr(primary, "fsdp", False) else SHARED_BY.get(framework, "no wrapper dprorun profiles")
+    return (f"compute variants not measured: rank 0 times a DistributedDataParallel model's eager, torch.compile and "
+            f"bf16 forms alone, and this job's gradients are shared by {what}; the optimizer's compute passes "
+            "(torch.compile, bf16) are off")
+
+
 def measure_and_write(session, tracker, reps: int = 10) -> Optional[str]:
     """Rank 0, end of the window: measure on the tracker's model and last batch and write variants.json."""
     import sys
