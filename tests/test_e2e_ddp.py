@@ -12,6 +12,7 @@ from conftest import EXAMPLES, REPO, run_dprorun, run_script_job, start_dprorun_
 from dprorun.fsutil import UnanswerableError
 from dprorun.replay.build import build_job_model
 from dprorun.replay.predict import predict
+from dprorun.replay.synthesize import synthesize
 from dprorun.replay.whatif import WhatIf
 from dprorun.trace.model import OpKind
 from dprorun.trace.rundir import load_run
@@ -1905,7 +1906,8 @@ def test_a_second_ddp_module_stepped_now_and_then_is_replayed_and_said(tmp_path)
     module) every step, its penalty's input gradient taken with torch.autograd.grad(create_graph=True). The model's
     buckets were named by index alone (the generator's bucket0 and the critic's bucket0 one name) and the
     generator's, absent from most iterations, had no ready point in them: no replay, no report (KeyError). Now the
-    critic's buckets carry their module's name, and the generator's are left out of the replay and said to be."""
+    critic's buckets carry their module's name, and the generator's are replayed in the iterations that ran them
+    (session 63; left out before, and said to be)."""
     run_dir, proc = _run_ddp_script(
         tmp_path, ["--warmup", "3", "--active", "8", "--kineto-iters", "2", "--clean", "7"],
         "DDP = nn.parallel.DistributedDataParallel\n"
@@ -1930,8 +1932,13 @@ def test_a_second_ddp_module_stepped_now_and_then_is_replayed_and_said(tmp_path)
     assert len(events["iteration_starts_us"]) == 31
 
     model = build_job_model(load_run(str(run_dir)))
-    assert [b.key for b in model.buckets] == ["ddp1.bucket0"]
-    assert any(n.startswith("bucket0 synchronised in only some of the window's iterations") for n in model.notes)
+    assert [b.key for b in model.buckets] == ["bucket0", "ddp1.bucket0"]
+    with_generator = [s for s in model.samples if all("bucket0" in t.bucket_ready_order for t in s.templates.values())]
+    assert 0 < len(with_generator) < len(model.samples)  # its all-reduce in the iterations that stepped it
+    without = next(s for s in model.samples if s not in with_generator)
+    synced = {id(s): [sync.key for sync in synthesize(model, WhatIf(), [], s).meta["comm_plan"].syncs]
+              for s in (with_generator[0], without)}
+    assert synced == {id(with_generator[0]): ["bucket0", "ddp1.bucket0"], id(without): ["ddp1.bucket0"]}, synced
     # re-bucketing needs the module's parameter sizes, recorded for the first module only (the critic's "0.weight"
     # is another tensor than the generator's): refused, and the search leaves the layout (KeyError in the report)
     from dprorun.fsutil import UnanswerableError

@@ -35,14 +35,19 @@ def _script_comm_hook(trace: RankTrace, buckets: list[BucketInfo]) -> tuple[str,
     return name, ""
 
 
-def _synchronised(buckets: list[BucketInfo], templates: dict[int, RankTemplate]) -> tuple[list[BucketInfo],
-                                                                                               list[str]]:
-    """The buckets every rank's measured iteration synchronised (its template's ready order), and a note naming the
-    others: a second DDP module stepped now and then (a WGAN-GP's generator, every 5th critic step) all-reduces
-    in few iterations; its buckets, taken for the iteration's own, had no ready point in it (the replay failed:
-    KeyError). The iterations where they ran are replayed without their all-reduces (said)."""
-    seen = set.intersection(*(set(t.forward_order + t.bucket_ready_order + t.gathered) for t in templates.values())) \
-        if templates else set()
+def _synchronised(buckets: list[BucketInfo], templates: dict[int, RankTemplate],
+                  samples: Optional[dict[int, dict[int, RankTemplate]]] = None) -> tuple[list[BucketInfo], list[str]]:
+    """The buckets every rank synchronised in its measured iteration (its template's ready order) or in any of its
+    replayed iterations (`samples`), and a note naming the others. Each replayed iteration hands over those of them
+    it has (replay/synthesize.py): a layer skipped at random (LayerDrop, its gradients all-reduced by hand where
+    they exist) is replayed in the iterations that ran it, where only the most common set of buckets was before (a
+    block run in 4 of 11 iterations lost its all-reduces in all: -17 %); a second DDP module stepped now and then (a
+    WGAN-GP's generator) likewise."""
+    def handed_over(r: int) -> set[str]:
+        return set().union(*(set(t.forward_order + t.bucket_ready_order + t.gathered)
+                             for t in [templates[r], *(samples or {}).get(r, {}).values()]))
+
+    seen = set.intersection(*(handed_over(r) for r in templates)) if templates else set()
     kept = [b for b in buckets if b.key in seen] if seen else buckets
     left = [b.key for b in buckets if b not in kept]
     if not left:
@@ -196,7 +201,7 @@ def build_job_model(run: RunTrace) -> JobModel:
         [BucketInfo(b.key, ring_bytes(b), list(b.params), median(transmit.get(b.key, []), 0.0), sparse=b.sparse,
                     wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0, hook_work=b.hook_work,
                     collective=b.collective, dtype=b.dtype)
-         for b in first.buckets], templates)
+         for b in first.buckets], templates, per_rank_samples)
     # ring all-reduces (not a hook's own work: PowerSGD's 128 KB took 10-25 ms of factorising on 2 CPU cores)
     points = [(b.nbytes, t) for b in buckets if not b.sparse and not b.hook_work for t in transmit.get(b.key, [])]
     calibration = [tuple(p) for p in first.meta.get("calibration", [])]
