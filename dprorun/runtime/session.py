@@ -464,7 +464,7 @@ class RankSession:
                 from dprorun.runtime.variants import measure_and_write
 
                 self.guard("measuring compute variants", measure_and_write, self, tracker)
-            else:
+            elif self.framework == "torch":  # (TensorFlow's and MXNet's models: no torch variants to time)
                 from dprorun.runtime.variants import variants_not_measured
 
                 self.records.warnings.append(variants_not_measured(self.trackers))
