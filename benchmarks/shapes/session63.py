@@ -48,6 +48,16 @@ def timed(step, steps: int) -> list:
     return times
 
 
+def plain_steps(model: nn.Module, opt, x: torch.Tensor, y: torch.Tensor) -> list:
+    """zero_grad, forward, cross-entropy backward, step: a.steps times, timed."""
+    def step(k: int) -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return timed(step, a.steps)
+
+
 def unfreeze(rank: int) -> list:
     model = conv_net()
     backbone = model[:6]
@@ -141,12 +151,7 @@ def uneven_batches(rank: int) -> list:
     batch = 32 * (rank + 1)
     x, y = torch.rand(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
 
-    def step(k: int) -> None:
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    return timed(step, a.steps)
+    return plain_steps(model, opt, x, y)
 
 
 def small_buckets(rank: int) -> list:
@@ -155,12 +160,7 @@ def small_buckets(rank: int) -> list:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = torch.randn(32, 512), torch.randint(0, 10, (32,))
 
-    def step(k: int) -> None:
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    return timed(step, a.steps)
+    return plain_steps(model, opt, x, y)
 
 
 def closure_adam(rank: int) -> list:
