@@ -58,23 +58,28 @@ def plain_steps(model: nn.Module, opt, x: torch.Tensor, y: torch.Tensor) -> list
     return timed(step, a.steps)
 
 
+def average_existing_gradients(model: nn.Module) -> None:
+    """The gradients averaged by hand, one all_reduce per parameter whose gradient exists (None: frozen, skipped)."""
+    world = dist.get_world_size()
+    for param in model.parameters():
+        if param.grad is not None:
+            dist.all_reduce(param.grad)
+            param.grad /= world
+
+
 def unfreeze(rank: int) -> list:
     model = conv_net()
     backbone = model[:6]
     backbone.requires_grad_(False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.rand(32, 3, 32, 32), torch.randint(0, 10, (32,))
-    world = dist.get_world_size()
 
     def step(k: int) -> None:
         if k == 8:
             backbone.requires_grad_(True)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
-        for param in model.parameters():
-            if param.grad is not None:
-                dist.all_reduce(param.grad)
-                param.grad /= world
+        average_existing_gradients(model)
         opt.step()
 
     return timed(step, a.steps)
@@ -184,7 +189,6 @@ def layerdrop(rank: int) -> list:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
     drops = torch.Generator().manual_seed(7)  # the same draws on every rank
-    world = dist.get_world_size()
 
     def step(k: int) -> None:
         opt.zero_grad(set_to_none=True)
@@ -193,10 +197,7 @@ def layerdrop(rank: int) -> list:
             if float(torch.rand(1, generator=drops)) >= 0.3:
                 h = h + block(h)
         F.cross_entropy(head(h), y).backward()
-        for param in model.parameters():
-            if param.grad is not None:
-                dist.all_reduce(param.grad)
-                param.grad /= world
+        average_existing_gradients(model)
         opt.step()
 
     return timed(step, a.steps)
