@@ -1675,6 +1675,41 @@ def test_gradients_averaged_by_hand_where_a_layer_is_skipped_now_and_then_are_re
     assert analysis.prediction.predicted_iteration_time_ms > 0
 
 
+LOCAL_SGD_BY_HAND = """
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+for step in range(24):
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    if step % 4 == 3:  # local SGD: the parameters averaged every 4th step, after the step
+        with torch.no_grad():
+            for q in model.parameters():
+                dist.all_reduce(q)
+                q /= dist.get_world_size()
+dist.destroy_process_group()
+"""
+
+
+def test_parameters_averaged_after_the_step_are_no_gradients_shared_by_hand(tmp_path):
+    """Local SGD by hand: each rank steps alone, the parameters averaged every 4th step after the step. Before the
+    tracker joined it never saw a step end (its step hook came with the first gradient call), so the averaging
+    calls counted as the gradients of the backward before them: the job joined, its window had no backward spans
+    and ended "no replay of the job as it ran: rank 0: no profiled iteration has forward, backward and update
+    spans". A step now closes the backward it followed: nothing to profile, said with what was seen."""
+    script = tmp_path / "local_sgd.py"
+    script.write_text(LOCAL_SGD_BY_HAND)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "8", "--kineto-iters", "2", "--clean", "6",
+                           "python", str(script)], run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing was profiled" in proc.stderr and "all_reduce x" in proc.stderr, proc.stderr[-3000:]
+    assert "no replay" not in proc.stderr and not (run_dir / "rank_0" / "events.json").exists()
+
+
 REPLICATE_IN_A_THREAD = """
 import threading, torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
 from torch.distributed._composable.replicate import replicate

@@ -820,6 +820,33 @@ def test_gradients_a_horovod_script_shares_itself_are_its_buckets(tmp_path):
 
 
 @needs_horovod
+def test_a_horovod_job_averaging_its_parameters_after_the_step_ends_with_nothing_profiled(tmp_path):
+    """Local SGD with horovod.torch: no DistributedOptimizer, the parameters averaged by hvd.allreduce_ every 4th step
+    after the step. The averaging was taken for the gradients of the backward before it (the job joined, then had
+    no backward spans: "no replay of the job as it ran"), and a Horovod rank left its empty records, so the end
+    read them and printed an empty summary. Now: nothing profiled, said, and no records."""
+    script = tmp_path / "local_sgd.py"
+    script.write_text(
+        "import torch, torch.nn as nn, horovod.torch as hvd\n"
+        "hvd.init(); torch.manual_seed(0); torch.set_num_threads(1)\n"
+        "model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))\n"
+        "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))\n"
+        "for step in range(16):\n"
+        "    opt.zero_grad()\n"
+        "    nn.functional.cross_entropy(model(x), y).backward()\n"
+        "    opt.step()\n"
+        "    if step % 4 == 3:\n"
+        "        for q in model.parameters():\n"
+        "            hvd.allreduce_(q.data, op=hvd.Average)\n")
+    run_dir = tmp_path / "run"
+    proc = _short_window_run(script, run_dir)
+    assert "nothing was profiled" in proc.stderr and "no hvd.DistributedOptimizer was built" in proc.stderr
+    assert "no replay" not in proc.stderr and not (run_dir / "rank_0" / "events.json").exists()
+
+
+@needs_horovod
 def test_a_hangup_stops_a_horovod_job_and_its_profile_is_analysed(tmp_path):
     """SIGHUP (the terminal hung up) killed dprorun at once under --backend horovod: no word, no analysis, and the
     ranks left running. Now it reaches horovodrun as SIGTERM, the ranks stop, and the run is analysed: exit 129."""

@@ -209,6 +209,8 @@ class ScriptCollectivesTracker:
         self.in_backward = start_us
 
     def backward_called(self, start_us: float, end_us: float) -> None:
+        if self.step_hook is None and not self.joined:  # the steps close the backward passes (`_step_done_hook`)
+            self._watch_steps()
         self.backward = (start_us, end_us)
         self.in_backward = None
         self.next_ready_us = end_us
@@ -246,10 +248,8 @@ class ScriptCollectivesTracker:
         if not self.joined:
             self.bytes_in_step += covered(name, args, kwargs)[1]
             self.session.script_use.gradient_calls_after_backward += 1
-            if self.step_hook is None:  # registered here, not inside an optimizer hook (torch iterates over them)
-                from torch.optim.optimizer import register_optimizer_step_post_hook
-
-                self.step_hook = register_optimizer_step_post_hook(self._step_done_hook)
+            if self.step_hook is None:
+                self._watch_steps()
             return False
         session = self.session
         if session.detail_active:
@@ -490,10 +490,22 @@ class ScriptCollectivesTracker:
         del self.unnamed[:len(run)]
         return run
 
+    def _watch_steps(self) -> None:
+        """torch's global post-hook of every optimizer step, from the first backward (registered here, not inside an
+        optimizer hook: torch iterates over them)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.step_hook = register_optimizer_step_post_hook(self._step_done_hook)
+
     def _step_done_hook(self, optimizer, args, kwargs) -> None:
         """torch's global post-hook of every optimizer step: the optimizer's step gets wrapped, on its class and on
         the instance where something wrapped it there (nothing else here: the session's own hooks are added or
-        removed at the window's edges, and torch is iterating over them now)."""
+        removed at the window's edges, and torch is iterating over them now). Before the tracker joins, a step
+        with no call since the backward closes that backward: calls after the step (parameters averaged every few
+        steps: local SGD) share no gradients (they were taken for the next step's, and the job joined on them)."""
+        if not self.joined and not self.calls_in_step:
+            self.backward = None
+            return
         self.session.script_use.steps_after_gradient_calls += 1
         if not self.joined and not (self.calls_in_step and not self.session.trackers):
             return

@@ -520,8 +520,9 @@ class RankSession:
                     " without tearing its process group down: no clock probes, calibration or gather ran "
                     "(offsets rest on the traces alone; ranks on other hosts kept their files)"))
         try:
-            # a Horovod rank's records name its failure to the launcher (horovodrun's own words do not)
-            if self.iteration >= 0 or self.trackers or self.script_use.horovod_initialised:
+            # a Horovod rank's records name its failure to the launcher (horovodrun's own words do not); a job that
+            # ran to its end with nothing profiled leaves no records (the launcher says so, not an empty summary)
+            if self.iteration >= 0 or self.trackers or (self.script_use.horovod_initialised and raised):
                 self.write_events()
             if self.phase == "clean":
                 self._finish_clean(exchange=False)
