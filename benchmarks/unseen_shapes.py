@@ -418,6 +418,18 @@ JOBS = {
     "ddp-1mb-buckets-12mb-mlp": ([], "session63.py", ["--small-buckets"], "torch"),
     "ddp-adam-stepped-with-a-closure": ([], "session63.py", ["--closure-adam"], "torch"),
     "by-hand-layerdrop-calls-vary-per-step": ([], "session63.py", ["--layerdrop"], "torch"),
+    # session 64
+    "ddp-find-unused-trunk-frozen-at-step-12": ([], "session64.py", ["--freeze-midrun"], "torch"),
+    "ddp-complex-valued-spectral-filters": ([], "session64.py", ["--complex"], "torch"),
+    "ddp-join-zero-rank1-6-steps-short": ([], "session64.py", ["--join-zero"], "torch"),
+    "by-hand-multi-grad-hook-async-per-layer": ([], "session64.py", ["--multi-grad-hook"], "torch"),
+    "ddp-batchnorm-stats-all-reduced-by-hand-every-5": ([], "session64.py", ["--bn-by-hand"], "torch"),
+    "by-hand-top1pct-all-gather-error-feedback": ([], "session64.py", ["--topk"], "torch"),
+    "by-hand-local-sgd-parameters-averaged-every-4": ([], "session64.py", ["--local-sgd"], "torch"),
+    "horovod-process-sets-metric-per-rank-set": (["--backend", "horovod"], "hvd_session64.py", ["--process-set"],
+                                                 "horovod"),
+    "horovod-local-sgd-parameters-averaged-every-4": (["--backend", "horovod"], "hvd_session64.py",
+                                                      ["--average-every-4"], "horovod"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
