@@ -85,7 +85,9 @@ MODELS = {"conv": ["--model", "conv"], "mlp": ["--model", "mlp", "--width", "600
           # servers MXNet cannot load it: dprorun warns, and that job trains nothing as written)
           "own-optimizer-workers": ["--on-workers"],
           # benchmarks/shapes/mx_session52.py: an MLP with dropout trained under autograd.record(train_mode=False)
-          "predict-mode": []}
+          "predict-mode": [],
+          # benchmarks/shapes/mx_session64.py: a conv net under mxnet.contrib.amp with bfloat16 on the CPU
+          "amp-bf16": ["--amp-bf16"]}
 SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "examples", "mxnet_variants.py") for name in ("workers-update", "frozen",
                                                                                    "embedding", "frozen-later")},
@@ -105,7 +107,8 @@ SCRIPTS = {"module": os.path.join(REPO, "examples", "mxnet_module.py"),
            **{name: os.path.join(REPO, "benchmarks", "shapes", "mx_session50.py") for name in ("tied-lm",
                                                                                             "ragged-batches")},
            "own-optimizer-workers": os.path.join(REPO, "benchmarks", "shapes", "mx_session51.py"),
-           "predict-mode": os.path.join(REPO, "benchmarks", "shapes", "mx_session52.py")}
+           "predict-mode": os.path.join(REPO, "benchmarks", "shapes", "mx_session52.py"),
+           "amp-bf16": os.path.join(REPO, "benchmarks", "shapes", "mx_session64.py")}
 
 
 def example(model: str) -> str:
