@@ -236,10 +236,11 @@ def _detail_notes(model: JobModel, detail: str) -> list[str]:
              f"iterations without the profiler ({scaled})"]
     inflated = [f"the {phase} {1 / ratio:.1f}x" for phase, ratio in model.op_scaling.items()
                 if phase in ("forward", "backward", "update") and 0 < ratio < LOW_OP_SCALING]
-    if inflated:
-        notes.append(f"warning: the profiler slowed {', '.join(inflated)}: its cost differs from op to op, so the "
-                     "op-level split of that time (the critical path's ops, the timeline) is uncertain; the phases' "
-                     "totals, and so the prediction, come from the iterations without the profiler")
+    if inflated:  # or the work changed after the profiled iterations (a trunk frozen in the window: x0.07)
+        notes.append(f"warning: the profiler slowed {', '.join(inflated)}, or the work changed after the profiled "
+                     "iterations (layers frozen, shorter inputs): the op-level split of that time (the critical "
+                     "path's ops, the timeline) is uncertain; the phases' totals, and so the prediction, come from "
+                     "the iterations without the profiler")
     return notes
 
 
