@@ -1710,6 +1710,73 @@ def test_parameters_averaged_after_the_step_are_no_gradients_shared_by_hand(tmp_
     assert "no replay" not in proc.stderr and not (run_dir / "rank_0" / "events.json").exists()
 
 
+PER_LAYER_MULTI_GRAD_HOOKS = """
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+layers = [m for m in model if isinstance(m, nn.Linear)]
+pending = []
+def reduce_layer(layer):
+    def hook(grads):  # the layer's gradients, before they reach .grad: one flat async all_reduce
+        flat = torch.cat([g.reshape(-1) for g in grads]) / dist.get_world_size()
+        pending.append((layer, flat, dist.all_reduce(flat, async_op=True)))
+    return hook
+for layer in layers:
+    torch.autograd.graph.register_multi_grad_hook([layer.weight, layer.bias], reduce_layer(layer))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+for step in range(24):
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    for layer, flat, work in pending:
+        work.wait()
+        n = layer.weight.numel()
+        layer.weight.grad.copy_(flat[:n].view_as(layer.weight)); layer.bias.grad.copy_(flat[n:].view_as(layer.bias))
+    pending.clear()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_a_flat_buffer_sent_from_a_gradient_hook_before_accumulation_is_named_and_searched(tmp_path):
+    """register_multi_grad_hook per layer, each layer's gradients all-reduced as one flat buffer from inside the
+    backward, before they reach .grad: no run of the gradients read so far added up to its bytes, so its buckets
+    kept their calls' names ("all_reduce0"), and `--autotune` / `dpro optimize` ended "bucket 0: unknown parameters
+    ['10.bias', ...]". Such a buffer is now named by the backward's order of the parameters not yet named; a run
+    recorded the old way is searched (its own calls) and its re-bucketing refused with why."""
+    script = tmp_path / "multi_grad_hooks.py"
+    script.write_text(PER_LAYER_MULTI_GRAD_HOOKS)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "10", "--kineto-iters", "2", "--clean", "6",
+                           "python", str(script)], run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events_path = run_dir / "rank_0" / "events.json"
+    events = json.loads(events_path.read_text())
+    assert [sorted(b["params"]) for b in events["buckets"]] == [["4.bias", "4.weight"], ["2.bias", "2.weight"],
+                                                                ["0.bias", "0.weight"]]
+    offline = [sys.executable, "-m", "dprorun.offline_cli"]
+    optimized = subprocess.run([*offline, "optimize", str(run_dir)], capture_output=True, text=True, cwd=REPO,
+                               timeout=120)
+    assert optimized.returncode == 0 and "predicted iteration time" in optimized.stdout, optimized.stderr[-2000:]
+    for rank in (0, 1):  # as the code before recorded it: the first layer's buffer named after its call
+        path = run_dir / f"rank_{rank}" / "events.json"
+        doc = json.loads(path.read_text())
+        doc["buckets"][0]["params"] = ["all_reduce0"]
+        table = doc["params"]["0"]
+        nbytes = sum(table["bytes"].pop(name) for name in ("4.bias", "4.weight"))
+        table["order"] = ["all_reduce0"] + [n for n in table["order"] if not n.startswith("4.")]
+        table["bytes"]["all_reduce0"] = nbytes
+        doc["grad_ready"] += [[row[0], "all_reduce0", *row[2:]] for row in doc["grad_ready"] if row[1] == "4.bias"]
+        path.write_text(json.dumps(doc))
+    optimized = subprocess.run([*offline, "optimize", str(run_dir)], capture_output=True, text=True, cwd=REPO,
+                               timeout=120)
+    assert optimized.returncode == 0 and "unknown parameters" not in optimized.stderr, optimized.stderr[-2000:]
+    rebucketed = subprocess.run([*offline, "replay", str(run_dir), "--bucket-mb", "25"], capture_output=True,
+                                text=True, cwd=REPO, timeout=120)
+    assert rebucketed.returncode != 0 and "could not map to its parameters" in rebucketed.stderr, \
+        rebucketed.stderr[-2000:]
+
+
 REPLICATE_IN_A_THREAD = """
 import threading, torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
 from torch.distributed._composable.replicate import replicate

@@ -199,7 +199,8 @@ class _Search:
         """The job's own layout (DDP's grouping at its cap where the measured buckets are not all known)."""
         known = set(self.model.param_ready_fraction)
         measured = [list(b.params) for b in self.model.buckets]
-        if not measured or (any(p not in known for g in measured for p in g) and not self.model.sharded_buckets()):
+        if not measured or (any(p not in known for g in measured for p in g) and not self.model.sharded_buckets()
+                            and not self.model.unmapped_buckets()):  # a script's buffers not mapped: its own calls
             measured = ddp_grouping(self.model, self.model.bucket_cap_mb or 25.0)
         self.measured = measured
         current = Strategy(buckets=measured)
@@ -274,6 +275,8 @@ class _Search:
         either is 5 % faster."""
         model = self.model
         if model.framework != "collectives" or model.sharded_buckets():  # ZeRO by hand: no all-reduce to fuse
+            return []
+        if model.unmapped_buckets():  # their gradients cannot be regrouped: the what-ifs say why
             return []
         said = []
         ddp_default = ddp_buckets(ready_order(model), model.param_bytes, 25 * MB, MB, model.sparse_gradients(),

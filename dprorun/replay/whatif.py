@@ -177,7 +177,8 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
                 for k, (group, fraction, delay) in enumerate(responses)], False
     sharded = model.sharded_buckets()
     own = whatif.buckets == [list(b.params) for b in model.buckets]  # the optimizer's search starts from these
-    if (whatif.buckets is None or (sharded and own)) and whatif.bucket_mb is None:
+    unmapped = model.unmapped_buckets()
+    if (whatif.buckets is None or ((sharded or unmapped) and own)) and whatif.bucket_mb is None:
         fractions = model.param_ready_fraction
         return [Sync(b.key, b.nbytes, max((fractions[p] for p in b.params if p in fractions), default=0.0),
                      b.transmit_us, sparse=b.sparse,
@@ -191,6 +192,10 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
                                 "are all-reduces")
     if not model.param_ready_fraction:
         raise UnanswerableError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
+    if unmapped and model.framework == "collectives":
+        raise UnanswerableError(f"re-bucketing: the script's own calls send buffers dprorun could not map to its "
+                                f"parameters ({', '.join(unmapped[:3])}: no run of the gradients in model order adds "
+                                "up to their bytes), so their parameters' gradients cannot be grouped otherwise")
     other = [b.key for b in model.buckets if b.key.startswith("ddp")]
     if other:  # parameter sizes are recorded for the first module; names repeat across modules ("0.weight")
         raise UnanswerableError(f"re-bucketing: the replayed buckets ({', '.join(other[:3])}) are a second DDP "

@@ -486,9 +486,29 @@ class ScriptCollectivesTracker:
             run.append(name)
             total += self.param_bytes[name]
         if total != nbytes or not run:
-            return []
+            return self._names_ahead_of_accumulation(nbytes) if self.in_backward is not None else []
         del self.unnamed[:len(run)]
         return run
+
+    def _names_ahead_of_accumulation(self, nbytes: int) -> list[str]:
+        """A flat buffer sent from inside the backward before its gradients reached .grad (a hook on the gradients
+        themselves: register_multi_grad_hook, one call per layer): the run of trained parameters not yet named in
+        the step, in the backward's order (the model's, reversed), whose sizes add up to its bytes. [] where none
+        does (the buffer keeps its call's name)."""
+        run, total = [], 0
+        for name, param in reversed(list(self.named_parameters())):
+            if not param.requires_grad or (name in self.param_bytes and name not in self.unnamed):  # named already
+                continue
+            if total >= nbytes:
+                break
+            run.append((name, param.numel() * param.element_size()))
+            total += run[-1][1]
+        if total != nbytes or not run:
+            return []
+        self.param_bytes.update(run)  # named now: a later read of the gradients leaves them out of `unnamed`
+        names = [name for name, _ in run]
+        self.unnamed[:] = [name for name in self.unnamed if name not in names]
+        return names
 
     def _watch_steps(self) -> None:
         """torch's global post-hook of every optimizer step, from the first backward (registered here, not inside an
