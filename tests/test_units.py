@@ -1944,3 +1944,24 @@ def test_the_loopback_rendezvous_store_owns_its_listening_socket():
         del handler
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
+
+
+def test_a_warning_raised_through_the_hooks_ddp_wrapper_names_the_scripts_line(tmp_path):
+    """torch warns "`broadcast_buffers` is deprecated" at DistributedDataParallel's caller (stacklevel=2): under
+    dprorun that was dprorun/runtime/ddp.py, the hooks' wrapper. A call through `as_the_callers` names the script's
+    line again; a warning at the library's own line keeps it."""
+    script = tmp_path / "warned.py"
+    script.write_text(
+        "import warnings\n"
+        "from dprorun.runtime.log import as_the_callers\n"
+        "def library(x):\n"
+        "    warnings.warn('at the caller', FutureWarning, stacklevel=2)\n"
+        "    warnings.warn('at its own line', UserWarning)\n"
+        "    return x + 1\n"
+        "def wrapper(x):\n"
+        "    return as_the_callers(library, x)\n"
+        "assert wrapper(1) == 2\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"{script}:9: FutureWarning: at the caller" in out.stderr
+    assert f"{script}:5: UserWarning: at its own line" in out.stderr

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from dprorun.layout import CommRecord, sparse_bucket_fields
 from dprorun.runtime.apply import resolve_group
 from dprorun.runtime.copies import HOOK_MARK, USER_HOOK, own_hook
+from dprorun.runtime.log import as_the_callers
 from dprorun.runtime.outputs import tensors_requiring_grad
 from dprorun.runtime.scopes import outside_compiled
 from dprorun.runtime.session import RankSession
@@ -590,7 +591,7 @@ def patch_ddp_class(session: RankSession) -> None:
             kwargs = session.guard("applying the strategy's bucket layout", apply.ddp_init_kwargs, strategy,
                                    _ORIGINAL["__init__"], args, kwargs, session.strategy_applied,
                                    session.records.warnings) or kwargs
-        _ORIGINAL["__init__"](self, *args, **kwargs)
+        as_the_callers(_ORIGINAL["__init__"], self, *args, **kwargs)
         if session.disabled:
             return
         if strategy is not None:
