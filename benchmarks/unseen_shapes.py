@@ -430,6 +430,8 @@ JOBS = {
                                                  "horovod"),
     "horovod-local-sgd-parameters-averaged-every-4": (["--backend", "horovod"], "hvd_session64.py",
                                                       ["--average-every-4"], "horovod"),
+    "horovod-top1pct-allgather-error-feedback": (["--backend", "horovod"], "hvd_session64.py", ["--topk"],
+                                                 "horovod"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

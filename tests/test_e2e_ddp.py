@@ -1777,6 +1777,75 @@ def test_a_flat_buffer_sent_from_a_gradient_hook_before_accumulation_is_named_an
         rebucketed.stderr[-2000:]
 
 
+TOP_K_GATHERED_BY_HAND = """
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+dist.init_process_group("gloo"); torch.manual_seed(0); torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+params = list(model.parameters())
+opt = torch.optim.SGD(params, lr=0.01)
+world, total = dist.get_world_size(), sum(q.numel() for q in params)
+k = total // 100
+residual = torch.zeros(total)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+for step in range(24):
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    flat = torch.cat([q.grad.reshape(-1) for q in params]) + residual
+    indices = flat.abs().topk(k).indices
+    values = flat[indices]
+    residual.copy_(flat); residual[indices] = 0  # error feedback
+    all_values = [torch.empty_like(values) for _ in range(world)]
+    all_indices = [torch.empty_like(indices) for _ in range(world)]
+    dist.all_gather(all_values, values)
+    dist.all_gather(all_indices, indices)
+    dense = torch.zeros(total)
+    for v, i in zip(all_values, all_indices):
+        dense.index_add_(0, i, v)
+    offset = 0
+    for q in params:
+        q.grad.copy_(dense[offset:offset + q.numel()].view_as(q) / world); offset += q.numel()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_gradients_compressed_and_all_gathered_by_hand_are_profiled_and_grow_with_the_ranks(tmp_path):
+    """Top-1 % sparsification by hand: each step all-gathers every rank's top-k values and indices between the
+    backward and the step (error feedback, no DDP). It ran unprofiled ("these collectives were not that"): the
+    gathers carried 6 % of the gradients' bytes, and an all-gather was only a sharded step's parameters. Now the
+    gathers are the step's buckets (half the ring's traffic), replayed before the update; at more ranks their bytes
+    grow (each rank's share is fixed), and re-bucketing is refused with why."""
+    script = tmp_path / "topk.py"
+    script.write_text(TOP_K_GATHERED_BY_HAND)
+    run_dir = tmp_path / "run"
+    proc, _ = run_dprorun(["-np", "2", "--warmup", "3", "--active", "10", "--kineto-iters", "2", "--clean", "6",
+                           "python", str(script)], run_dir, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing to profile" not in proc.stderr and "the replay of the job as it ran (" in proc.stdout + proc.stderr
+    events = _rank0_events(run_dir)
+    assert events["trackers"][0]["calls"] == "torch.distributed.all_gather"
+    total = 64 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
+    assert [(b["collective"], b["gathers_gradients"], b["nbytes"]) for b in events["buckets"]] == [
+        ("all_gather", True, 2 * (total // 100) * 4), ("all_gather", True, 2 * (total // 100) * 8)]
+    from dataclasses import replace
+
+    from dprorun.analysis import RunAnalysis
+    from dprorun.fsutil import UnanswerableError
+    from dprorun.replay.predict import predict
+    from dprorun.replay.whatif import WhatIf
+
+    model = RunAnalysis(str(run_dir)).model
+    assert any("compressed by hand" in note for note in model.notes)
+    as_run = predict(model, WhatIf(), detail="coarse").predicted_iteration_time_ms
+    window_ms = sorted(model.window_iterations_us)[len(model.window_iterations_us) // 2] / 1000
+    assert 0.7 < as_run / window_ms < 1.3
+    at_8 = predict(model, WhatIf(world_size=8), detail="coarse").predicted_iteration_time_ms
+    fixed = replace(model, buckets=[replace(b, gathers_gradients=False) for b in model.buckets])
+    assert at_8 > predict(fixed, WhatIf(world_size=8), detail="coarse").predicted_iteration_time_ms
+    with pytest.raises(UnanswerableError, match="all-gathers its gradients compressed"):
+        predict(model, WhatIf(bucket_mb=25.0), detail="coarse")
+
+
 REPLICATE_IN_A_THREAD = """
 import threading, torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
 from torch.distributed._composable.replicate import replicate

@@ -1630,27 +1630,34 @@ def test_a_modules_copy_and_its_torchscript_leave_the_hooks_own_hooks_out():
 
 
 def test_a_buffer_all_reduced_by_hand_is_named_after_the_parameters_it_carries():
-    """runtime/collectives.py: a call on a parameter's gradient is named after it (by address); a flat buffer after
-    the run of not yet named parameters (model order) whose bytes add up to its own; a tensor no run fits (a loss)
-    gets no name; a step's all-reduces that carry under half the optimizer's gradient bytes (a loss or a metric in a
-    job whose ranks train apart) are no sharing of gradients."""
+    """runtime/gradient_names.py: a call on a parameter's gradient is named after it (by address); a flat buffer
+    after the run of not yet named parameters (model order) whose bytes add up to its own; a tensor no run fits (a
+    loss) gets no name; a step's all-reduces that carry under half the optimizer's gradient bytes (a loss or a metric
+    in a job whose ranks train apart) are no sharing of gradients. Inside the backward, a flat buffer of gradients
+    not in .grad yet (a hook on the gradients themselves) is named by the backward's order of the parameters."""
     import torch
 
-    from dprorun.runtime.collectives import SHARED_SHARE, ScriptCollectivesTracker
+    from dprorun.runtime.collectives import SHARED_SHARE
     from dprorun.runtime.gradient_calls import gradient_bytes
+    from dprorun.runtime.gradient_names import StepGradientNames
 
     net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     net(torch.randn(5, 4)).sum().backward()
-    tracker = ScriptCollectivesTracker(session=None)
-    tracker.param_bytes = {n: p.grad.numel() * 4 for n, p in net.named_parameters()}
-    tracker.grad_names = {p.grad.data_ptr(): n for n, p in net.named_parameters()}
-    tracker.unnamed = list(tracker.param_bytes)
-    assert tracker._names_sent(net[0].weight.grad, 48) == ["0.weight"]
+    names = StepGradientNames(net.named_parameters)
+    names.read()
+    assert names.names_sent(net[0].weight.grad, 48, inside=False) == ["0.weight"]
     flat = torch.cat([net[0].bias.grad, net[1].weight.grad.flatten()])
-    assert tracker._names_sent(flat, flat.numel() * 4) == ["0.bias", "1.weight"]
-    assert tracker._names_sent(torch.zeros(1), 4) == [] and tracker.unnamed == ["1.bias"]
+    assert names.names_sent(flat, flat.numel() * 4, inside=False) == ["0.bias", "1.weight"]
+    assert names.names_sent(torch.zeros(1), 4, inside=False) == [] and names.unnamed == ["1.bias"]
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    assert gradient_bytes(optimizer) == sum(tracker.param_bytes.values()) == 92
+    assert gradient_bytes(optimizer) == sum(names.param_bytes.values()) == 92
+    names.reset()
+    net[1].bias.grad = None  # inside a backward: the last layer's bias is in .grad, its weight not yet
+    net[1].weight.grad = net[0].weight.grad = net[0].bias.grad = None
+    net[1].bias.grad = torch.zeros(2)
+    names.read()
+    assert names.names_sent(torch.zeros(8), 32, inside=True) == ["1.bias", "1.weight"]  # the last layer's flat
+    assert names.names_sent(torch.zeros(15), 60, inside=True) == ["0.bias", "0.weight"] and not names.unnamed
     assert 4 < SHARED_SHARE * 92 <= flat.numel() * 4 + 48  # a loss is no sharing; the flat buffer and 0.weight are
 
 

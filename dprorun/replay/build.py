@@ -142,7 +142,13 @@ def _script_all_reduces(model: JobModel, trackers: list[dict]) -> None:
             f", {reduces} all-reduces across its replicas (HSDP)" if reduces else "")))
         return
     model.notes.append(f"{SCRIPT_ALL_REDUCES} ({calls} a step), each replayed as one bucket")
-    if model.sharded_buckets():
+    compressed = sum(b.gathers_gradients for b in model.buckets)
+    if compressed:
+        model.notes.append(f"its gradients are compressed by hand: {compressed} all-gather(s) of each rank's share "
+                           "(top-k values or indices) between the backward and the step, each priced as the "
+                           "all-reduce that sends the same bytes on the ring (half its own); at another world size "
+                           "their bytes grow with the ranks (each rank's share as measured)")
+    elif model.sharded_buckets():
         counts = _gathers_and_scatters(model)
         model.notes.append(f"its optimizer is sharded by hand (ZeRO): {counts['scatters']} reduce-scatter(s) of the "
                            f"gradients before the step, {counts['gathers']} all-gather(s) of the parameters after it; "
@@ -200,7 +206,7 @@ def build_job_model(run: RunTrace) -> JobModel:
     buckets, skipped = _synchronised(
         [BucketInfo(b.key, ring_bytes(b), list(b.params), median(transmit.get(b.key, []), 0.0), sparse=b.sparse,
                     wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0, hook_work=b.hook_work,
-                    collective=b.collective, dtype=b.dtype)
+                    collective=b.collective, dtype=b.dtype, gathers_gradients=b.gathers_gradients)
          for b in first.buckets], templates, per_rank_samples)
     # ring all-reduces (not a hook's own work: PowerSGD's 128 KB took 10-25 ms of factorising on 2 CPU cores)
     points = [(b.nbytes, t) for b in buckets if not b.sparse and not b.hook_work for t in transmit.get(b.key, [])]

@@ -286,6 +286,7 @@ class CommPricing:
             return measured / steps, 0.0
         nbytes = sync.nbytes / pieces
         model, comm = self.model, self.model.comm
+        grown = nbytes * self.world / model.world_size if sync.grows_with_world else nbytes  # each rank's share
         if sync.sparse:  # gloo gathers every rank's indices and values: N-1 messages of them reach each rank
             latency = comm.collective_us + (world - 1) * self.alpha_us
             total = self.scale * (latency + (world - 1) * nbytes / self.bandwidth)
@@ -298,11 +299,11 @@ class CommPricing:
             total = (as_measured if self.delta_on_measured and as_measured and pieces == 1
                      else self.scale * comm.allreduce_us(nbytes, model.world_size)) \
                 + 2 * (self.world - model.world_size) * comm.alpha_us \
-                + (_wire_share(self.world) - _wire_share(model.world_size)) * nbytes / net_bw
-            wire = _wire_share(self.world) * nbytes / net_bw
+                + (_wire_share(self.world) * grown - _wire_share(model.world_size) * nbytes) / net_bw
+            wire = _wire_share(self.world) * grown / net_bw
             return total / steps + hook_us, max(0.0, total - wire) / steps + hook_us
         latency = comm.step_latency_us(world, self.alpha_us)
-        return (self.scale * (latency + nbytes / (world * self.bandwidth)) + hook_us,
+        return (self.scale * (latency + grown / (world * self.bandwidth)) + hook_us,
                 self.scale * latency + hook_us)
 
 

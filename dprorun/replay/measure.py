@@ -167,7 +167,8 @@ def measure_rank(trace: RankTrace, iterations: list[int], hand_overs: HandOvers,
     starts = {i: s for i, s, e in trace.iterations}
     blocking = blocking_collectives(trace)  # FSDP on the CPU: `_blocking_sample`
     # a sharded step's gathers (ZeRO by hand), run after its update
-    after_update = set() if blocking else {b.key for b in trace.buckets if b.collective == "all_gather"}
+    after_update = set() if blocking else {b.key for b in trace.buckets
+                                           if b.collective == "all_gather" and not b.gathers_gradients}
     enqueue_cost = median([op.args.get("enqueue_cost_us", 0.0) for op in trace.ops if op.args.get("enqueue_cost_us")],
                           0.0)
     hook_overhead = enqueue_cost if own_comm_hook(trace) else 0.0

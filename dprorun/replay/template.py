@@ -56,6 +56,7 @@ class BucketInfo:
     # update
     collective: str = "all_reduce"
     dtype: str = ""  # its gradients' dtype (DDP buckets each dtype apart)
+    gathers_gradients: bool = False  # compressed gradients all-gathered before the update (trace.model.Bucket)
 
 
 def ring_bytes(bucket) -> int:

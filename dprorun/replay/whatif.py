@@ -79,6 +79,9 @@ class Sync:
     delay_us: float = 0.0  # after its ready point, before it can start (Horovod: cycle negotiation)
     sparse: bool = False  # one sparse gradient (BucketInfo.sparse): priced as a gather of every rank's bytes
     after_update: bool = False  # a sharded step's parameter gather: handed over by the update, before the tail
+    # compressed gradients all-gathered by hand: each rank's share fixed, so the bytes grow with the ranks (nbytes:
+    # at the measured world size)
+    grows_with_world: bool = False
 
 
 def horovod_fusion(model: JobModel, threshold_bytes: float, cycle_us: float) -> list[tuple[list[str], float, float]]:
@@ -181,11 +184,17 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
     if (whatif.buckets is None or ((sharded or unmapped) and own)) and whatif.bucket_mb is None:
         fractions = model.param_ready_fraction
         return [Sync(b.key, b.nbytes, max((fractions[p] for p in b.params if p in fractions), default=0.0),
-                     b.transmit_us, sparse=b.sparse,
-                     after_update=b.collective == "all_gather" and not model.blocking_collectives)
+                     b.transmit_us, sparse=b.sparse, grows_with_world=b.gathers_gradients,
+                     after_update=b.collective == "all_gather" and not model.blocking_collectives
+                     and not b.gathers_gradients)
                 for b in model.buckets], True
     if model.blocking_collectives:
         raise UnanswerableError(FSDP_RESTRUCTURED)
+    compressed = [b.key for b in model.buckets if b.gathers_gradients]
+    if compressed:
+        raise UnanswerableError(f"re-bucketing: the script all-gathers its gradients compressed "
+                                f"({', '.join(compressed[:3])}: each rank's share, top-k values or indices, between "
+                                "the backward and the step); dprorun's buckets are all-reduces of whole gradients")
     if sharded:
         raise UnanswerableError(f"re-bucketing: the script reduce-scatters its gradients and gathers its parameters "
                                 f"itself ({', '.join(sharded[:3])}: its optimizer sharded by hand); dprorun's buckets "

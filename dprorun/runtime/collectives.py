@@ -43,17 +43,20 @@ import sys
 from typing import Any, Optional
 
 from dprorun.layout import CommRecord
-from dprorun.runtime.gradient_calls import (COVERED, GRADIENT_COLLECTIVES, HOROVOD_KINDS, KINDS, PARAMETER_GATHERS,
-                                             HandleWorks, bucket_entry, covered, fsdp_blocks, gradient_bytes,
-                                             group_size)
+from dprorun.runtime.gradient_calls import (GRADIENT_COLLECTIVES, HOROVOD_KINDS, KINDS, PARAMETER_GATHERS, HandleWorks,
+                                             bucket_entry, covered, fsdp_blocks, gradient_bytes, group_size)
+from dprorun.runtime.gradient_names import StepGradientNames
 from dprorun.runtime.session import RankSession
 from dprorun.runtime.steps import LeadingOptimizerSteps
-from dprorun.runtime.watch import call_tensors
 
 # the share of the stepped optimizer's gradient bytes a step's all-reduces must carry for the job to be taken as one
 # sharing its gradients (a loss or a metric all-reduced between backward and step, in a job whose ranks train apart,
 # is not that)
 SHARED_SHARE = 0.5
+# compressed gradients all-gathered between the backward and the step (top-k values and indices, each rank's share):
+# what they carried, as a share of the gradients' bytes, for the tracker to join on them (a top 0.1 % is 0.6 % at 2
+# ranks; a loss gathered for logging is bytes)
+GATHERED_SHARE = 0.005
 # FSDP's gathers for a forward that trains nothing (an evaluation under no_grad) are keyed from here, apart from the
 # step's calls: an iteration that has them keeps its other calls' keys (the step's place-in-order identities)
 INFERENCE_CALL_BASE = 1_000_000
@@ -96,13 +99,11 @@ class ScriptCollectivesTracker:
         self.iteration_start = 0.0
         self.serial = False  # a call waited for its all-reduce (no async_op): the calls ran one at a time
         self.asynchronous = False  # a call returned a Work (async_op=True)
-        self.grad_names: dict[int, str] = {}  # data_ptr of a parameter's gradient -> the parameter's name (the step's)
-        self.param_bytes: dict[str, int] = {}  # the trained parameters' gradient bytes, in model order
+        self.names = StepGradientNames(self.named_parameters)  # the step's gradients: whose a call carries
         self.roots: list = []  # the trained model(s): the outermost modules holding the optimizer's parameters
         self.scope_handles: list = []  # module scopes and gradient-ready hooks, while the detailed tier lasts
         self.unhooked: list[tuple[str, Any]] = []  # in the detailed tier: parameters frozen so far, not hooked yet
         self.ready_in_step: list[tuple[str, float]] = []  # (parameter, when its gradient was ready) since the step
-        self.unnamed: list[str] = []  # the trained parameters (model order) not yet named by a bucket of the step
         # a bucket's identity (a parameter's name; else its call, bytes and place) -> its index (`_bucket_index`)
         self.bucket_slots: dict[Any, int] = {}
         self.backend = ""
@@ -110,6 +111,8 @@ class ScriptCollectivesTracker:
         # parameters all-gathered after the step; the iteration then ends after those gathers
         self.sharded = False  # a step's gradient calls included a reduce-scatter
         self.scattered_in_step = False
+        self.gradient_gathers_in_step = 0  # all-gathers between the backward and the step (compressed gradients)
+        self.compressed = False  # some step's gradients were all-gathered (compressed by hand)
         self.gathers_since_step = 0  # parameter gathers since the last step, before any backward
         self.gathers_per_step = 0  # what the last step was followed by before its next backward
         self.pending_gathers = 0  # a leading step returned: its iteration ends after this many more gathers
@@ -128,6 +131,7 @@ class ScriptCollectivesTracker:
                 "fsdp_subgroup_sizes": sorted(self.fsdp_group_sizes),
                 "calls": ("FSDP's all_gather, reduce_scatter" if self.fsdp else
                           self.call_name("reduce_scatter, all_gather", "reducescatter, allgather") if self.sharded
+                          else self.call_name("all_gather", "allgather") if self.compressed
                           else self.call_name("all_reduce", "allreduce"))}
 
     def call_name(self, torch_name: str, horovod_name: str) -> str:
@@ -217,6 +221,11 @@ class ScriptCollectivesTracker:
         if self.step_backward is not None and self.step_backward[1] is None:
             self.step_backward = (self.step_backward[0], end_us)
 
+    def _gathers_gradients(self, name: str) -> bool:
+        """An all-gather between a backward and its step: compressed gradients (top-k values and indices), not a
+        sharded step's parameters (gathered after the step)."""
+        return name in PARAMETER_GATHERS and (self.in_backward is not None or self.backward is not None)
+
     def wants_work(self, name: str, args: tuple, kwargs: dict) -> bool:
         """Is this synchronous call a bucket to record in the window (a gradient call, or a sharded step's parameter
         gather)? Then it is made with async_op=True and waited for at once (runtime/watch.py), as torch's
@@ -224,9 +233,10 @@ class ScriptCollectivesTracker:
         on its stream."""
         if not (self.joined and self.session.detail_active) or self.fsdp:  # FSDP's calls: timed as they are
             return False
-        if name in PARAMETER_GATHERS:
+        if name in PARAMETER_GATHERS and not self._gathers_gradients(name):
             return self.pending_gathers > 0 and self.in_backward is None and self.backward is None
-        return name in GRADIENT_COLLECTIVES and (self.in_backward is not None or self.backward is not None)
+        return (name in GRADIENT_COLLECTIVES or self._gathers_gradients(name)) and (
+            self.in_backward is not None or self.backward is not None)
 
     def collective_returned(self, name: str, args: tuple, kwargs: dict, result: Any, us: float,
                             waited: bool = False) -> bool:
@@ -235,16 +245,20 @@ class ScriptCollectivesTracker:
         not among the script's other collectives)."""
         if self.fsdp and self.joined:
             return self._fsdp_call_returned(name, args, kwargs, us)
-        if name in PARAMETER_GATHERS:
+        gathered = self._gathers_gradients(name)
+        if name in PARAMETER_GATHERS and not gathered:
             return self._gather_returned(name, args, kwargs, result, us, waited)
         inside = self.in_backward is not None  # a gradient hook's call (the script overlaps them by hand)
-        if name not in GRADIENT_COLLECTIVES or not (inside or self.backward is not None) or not self.watching():
+        if not (name in GRADIENT_COLLECTIVES or gathered) or not (inside or self.backward is not None) or \
+                not self.watching():
             return False
         if self.calls_in_step == 0:
             self.step_backward = (self.in_backward, None) if inside else self.backward
         self.calls_in_step += 1
         self.horovod = self.horovod or name in HOROVOD_KINDS
-        self.scattered_in_step = self.scattered_in_step or KINDS[name] != "all_reduce"
+        self.scattered_in_step = self.scattered_in_step or KINDS[name] == "reduce_scatter"
+        self.gradient_gathers_in_step += gathered
+        self.compressed = self.compressed or gathered
         if not self.joined:
             self.bytes_in_step += covered(name, args, kwargs)[1]
             self.session.script_use.gradient_calls_after_backward += 1
@@ -324,40 +338,50 @@ class ScriptCollectivesTracker:
         session = self.session
         now = session.now_us()
         if self.calls_in_step == 1:
-            self._read_gradients()
+            self.names.read()
         tensor, nbytes = covered(name, args, kwargs)
         index = self._bucket_index(name, tensor, nbytes)
         key = (0, index)
         if key not in session.records.buckets:
-            names = self._names_of(name, args, kwargs, tensor, nbytes) or [f"{name}{index}"]
+            gathered = name in PARAMETER_GATHERS  # compressed gradients: no parameter's gradient as it is
+            inside_backward = self.in_backward is not None
+            names = (None if gathered else self.names.names_of(name, args, kwargs, tensor, nbytes,
+                                                               inside_backward)) or [f"{name}{index}"]
             session.records.buckets[key] = bucket_entry(name, tensor, nbytes, names)
             self.step_new_keys.append(key)
-            params = session.records.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
-            sizes = self.param_bytes if names[0] in self.param_bytes else {names[0]: nbytes}
-            for param in names:
-                if param not in params["bytes"]:
-                    params["order"].append(param)
-                    params["bytes"][param] = sizes[param]
+            if gathered:  # no parameter of the model's: left out of its parameters' table
+                session.records.buckets[key]["gathers_gradients"] = True
+            else:
+                self._add_params(names, nbytes)
         work = self.handle_works.work(name, result)
         if inside:
             start = now - us
         else:
             start = max(self.next_ready_us, now - us) if work is not None and not waited else self.next_ready_us
         for name in session.records.buckets[key]["params"]:
-            if name not in self.param_bytes or not session.cfg.param_hooks:  # no hook times it: ready at the call
+            if name not in self.names.param_bytes or not session.cfg.param_hooks:  # no hook times it: at the call
                 self.step_ready.append((session.iteration, name, start))
                 session.records.grad_ready.append(self.step_ready[-1])
         self.step_records.append(self._comm_record(index, start, now, work, waited, inside))
+
+    def _add_params(self, names: list[str], nbytes: int) -> None:
+        """A new bucket's parameters in the layout's table (order, bytes): a call named after itself, its bytes."""
+        params = self.session.records.params.setdefault(0, {"order": [], "bytes": {}, "bucket_cap_mb": 0.0})
+        sizes = self.names.param_bytes if names[0] in self.names.param_bytes else {names[0]: nbytes}
+        for param in names:
+            if param not in params["bytes"]:
+                params["order"].append(param)
+                params["bytes"][param] = sizes[param]
 
     def _bucket_index(self, name: str, tensor, nbytes: int) -> int:
         """A call's bucket: the parameter whose gradient it is (its bucket whatever calls came before it: a backbone
         unfrozen mid-run, or a gradient skipped where it is None, moved the head's calls, and its buckets took the
         backbone's names); any other call (a flat buffer) by its kind, bytes and place in the step."""
-        param = self.grad_names.get(tensor.data_ptr()) if tensor is not None else None
+        param = self.names.grad_names.get(tensor.data_ptr()) if tensor is not None else None
         if param is None and tensor is not None and self.in_backward is not None:
-            self._read_gradients()
-            param = self.grad_names.get(tensor.data_ptr())
-        slot = param if param is not None and self.param_bytes.get(param) == nbytes else \
+            self.names.read()
+            param = self.names.grad_names.get(tensor.data_ptr())
+        slot = param if param is not None and self.names.param_bytes.get(param) == nbytes else \
             (name, nbytes, self.calls_in_step - 1)
         return self.bucket_slots.setdefault(slot, len(self.bucket_slots))
 
@@ -411,16 +435,6 @@ class ScriptCollectivesTracker:
         if self.begin_after_wait:
             self.session.guard("ending an iteration of a sharded step", self._begin_iteration)
 
-    def _read_gradients(self) -> None:
-        """The trained parameters' gradients by address (those that exist yet: inside the backward, the later
-        ones come as it goes, `_names_sent` reads again) and their bytes; none named yet."""
-        for name, param in self.named_parameters():
-            if param.grad is not None:
-                self.grad_names[param.grad.data_ptr()] = name
-                if name not in self.param_bytes:
-                    self.param_bytes[name] = param.grad.numel() * param.grad.element_size()
-                    self.unnamed.append(name)
-
     def _leave_out_step(self) -> None:
         """A step that ends no iteration (the other model's, of two stepped in turn: a GAN's by hand): its
         all-reduces ran before the iteration's backward0, inside forward0 as measured. They stay among the script's
@@ -450,65 +464,6 @@ class ScriptCollectivesTracker:
             session.records.grad_ready.extend((session.iteration, name, t) for name, t in self.ready_in_step
                                               if t >= start)
         self.ready_in_step.clear()
-
-    def _names_of(self, name: str, args: tuple, kwargs: dict, tensor, nbytes: int) -> list[str]:
-        """The parameters a gradient call carries: horovod.torch's grouped calls, each tensor of theirs named on its
-        own; any other call's tensor as `_names_sent` names it. [] where some tensor has no name."""
-        if not name.startswith("grouped_"):
-            return self._names_sent(tensor, nbytes)
-        names, unnamed = [], list(self.unnamed)
-        for each in call_tensors(args, kwargs, *COVERED[name]):
-            found = self._names_sent(each, each.numel() * each.element_size())
-            if not found:
-                self.unnamed[:] = unnamed  # the ones named so far stay for the step's later calls
-                return []
-            names += found
-        return names
-
-    def _names_sent(self, tensor, nbytes: int) -> list[str]:
-        """The parameters whose gradients `tensor` carries: the one it is (by address), or, for a flat buffer, the
-        run of the step's not yet named parameters (model order) whose bytes add up to its own (the whole model;
-        a chunk of it). [] where neither fits."""
-        if tensor is None:
-            return []
-        name = self.grad_names.get(tensor.data_ptr())
-        if name is None and self.in_backward is not None:
-            self._read_gradients()
-            name = self.grad_names.get(tensor.data_ptr())
-        if name is not None:
-            if name in self.unnamed:
-                self.unnamed.remove(name)
-            return [name]
-        run, total = [], 0
-        for name in self.unnamed:
-            if total >= nbytes:
-                break
-            run.append(name)
-            total += self.param_bytes[name]
-        if total != nbytes or not run:
-            return self._names_ahead_of_accumulation(nbytes) if self.in_backward is not None else []
-        del self.unnamed[:len(run)]
-        return run
-
-    def _names_ahead_of_accumulation(self, nbytes: int) -> list[str]:
-        """A flat buffer sent from inside the backward before its gradients reached .grad (a hook on the gradients
-        themselves: register_multi_grad_hook, one call per layer): the run of trained parameters not yet named in
-        the step, in the backward's order (the model's, reversed), whose sizes add up to its bytes. [] where none
-        does (the buffer keeps its call's name)."""
-        run, total = [], 0
-        for name, param in reversed(list(self.named_parameters())):
-            if not param.requires_grad or (name in self.param_bytes and name not in self.unnamed):  # named already
-                continue
-            if total >= nbytes:
-                break
-            run.append((name, param.numel() * param.element_size()))
-            total += run[-1][1]
-        if total != nbytes or not run:
-            return []
-        self.param_bytes.update(run)  # named now: a later read of the gradients leaves them out of `unnamed`
-        names = [name for name, _ in run]
-        self.unnamed[:] = [name for name in self.unnamed if name not in names]
-        return names
 
     def _watch_steps(self) -> None:
         """torch's global post-hook of every optimizer step, from the first backward (registered here, not inside an
@@ -585,14 +540,16 @@ class ScriptCollectivesTracker:
         self.fsdp_kinds_in_step = {}
         self.sharded = self.sharded or self.scattered_in_step
         self.scattered_in_step, self.gathers_since_step = False, 0
+        compressed, self.gradient_gathers_in_step = self.gradient_gathers_in_step, 0
         if self.joined and not leading:
             self._leave_out_step()
         else:
             self._keep_ready_times()
         self.step_records, self.step_ready, self.step_new_keys = [], [], []
-        self.grad_names, self.param_bytes, self.unnamed = {}, {}, []
+        self.names.reset()
         if not self.joined:
-            shared = calls > 0 and sent >= SHARED_SHARE * gradient_bytes(optimizer)
+            share = GATHERED_SHARE if compressed else SHARED_SHARE
+            shared = calls > 0 and sent >= share * gradient_bytes(optimizer)
             # FSDP's wrappers reduce-scatter in the backward and gather in the forward and the backward, through the
             # same calls (torch 2.13's reduce_scatter_single, all_gather_single): no ZeRO by hand, but blocking
             # buckets where they block (the CPU)

@@ -103,6 +103,9 @@ class Bucket:
     # its shard: nbytes the whole input) or "all_gather" (a sharded step's parameters gathered after the update:
     # nbytes the whole output); the script's own calls (runtime/collectives.py)
     collective: str = "all_reduce"
+    # an all-gather between the backward and the step of gradients compressed by hand (each rank's top-k values or
+    # indices: nbytes the gathered output, which grows with the ranks), not a sharded step's parameters
+    gathers_gradients: bool = False
 
     @property
     def key(self) -> str:
