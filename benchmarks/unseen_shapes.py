@@ -82,7 +82,10 @@ script's own group, truncated BPTT with a carried LSTM state, lazy modules, an e
 alternate steps (DDP), PGD adversarial training, a TF loop's two step functions in turn, a TF LSTM whose per-replica
 state is carried, a Keras 3 custom loop; session 63: a backbone unfrozen in the window (gradients averaged by hand),
 layer-wise learning-rate decay, learned task weights outside the DDP model, a batch size per rank, 1 MB buckets, Adam
-stepped with a closure, LayerDrop with gradients averaged by hand (other calls each step).
+stepped with a closure, LayerDrop with gradients averaged by hand (other calls each step); session 64: a trunk frozen
+inside the window (find_unused_parameters), complex-valued parameters, ZeRO under Join with uneven inputs, a flat
+all-reduce per layer from multi-grad hooks, BatchNorm statistics all-reduced by hand, top-1 % gradients all-gathered
+by hand (torch.distributed and horovod.torch), local SGD by hand (both: named as unprofiled), Horovod process sets.
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]

@@ -258,7 +258,7 @@ class ScriptCollectivesTracker:
         self.horovod = self.horovod or name in HOROVOD_KINDS
         self.scattered_in_step = self.scattered_in_step or KINDS[name] == "reduce_scatter"
         self.gradient_gathers_in_step += gathered
-        self.compressed = self.compressed or gathered
+        self.compressed = self.compressed or (gathered and self.joined)  # before it: maybe ZeRO's first gathers
         if not self.joined:
             self.bytes_in_step += covered(name, args, kwargs)[1]
             self.session.script_use.gradient_calls_after_backward += 1

@@ -18,16 +18,18 @@ def as_the_callers(call: Callable[..., Any], *args, **kwargs) -> Any:
     "`broadcast_buffers` is deprecated" named dprorun/runtime/ddp.py). Each is re-raised once the call returns."""
     import warnings
 
-    with warnings.catch_warnings(record=True) as raised:
-        warnings.simplefilter("always")
-        result = call(*args, **kwargs)
-    caller = sys._getframe(2)  # the script's frame, above the wrapper that called this
-    for item in raised:
-        if item.filename == __file__:  # a warning at the library's caller (stacklevel=2): the script's line
-            where, line, scope = caller.f_code.co_filename, caller.f_lineno, caller.f_globals
-        else:
-            where, line = item.filename, item.lineno
-            scope = {"__name__": os.path.splitext(os.path.basename(where))[0]}
-        warnings.warn_explicit(item.message, item.category, where, line, module=scope["__name__"],
-                               registry=scope.setdefault("__warningregistry__", {}))
-    return result
+    raised: list = []
+    try:
+        with warnings.catch_warnings(record=True) as raised:
+            warnings.simplefilter("always")
+            return call(*args, **kwargs)
+    finally:  # also where the call raised: its warnings came first
+        caller = sys._getframe(2)  # the script's frame, above the wrapper that called this
+        for item in raised:
+            if item.filename == __file__:  # a warning at the library's caller (stacklevel=2): the script's line
+                where, line, scope = caller.f_code.co_filename, caller.f_lineno, caller.f_globals
+            else:
+                where, line = item.filename, item.lineno
+                scope = {"__name__": os.path.splitext(os.path.basename(where))[0]}
+            warnings.warn_explicit(item.message, item.category, where, line, module=scope["__name__"],
+                                   registry=scope.setdefault("__warningregistry__", {}))
