@@ -85,7 +85,9 @@ layer-wise learning-rate decay, learned task weights outside the DDP model, a ba
 stepped with a closure, LayerDrop with gradients averaged by hand (other calls each step); session 64: a trunk frozen
 inside the window (find_unused_parameters), complex-valued parameters, ZeRO under Join with uneven inputs, a flat
 all-reduce per layer from multi-grad hooks, BatchNorm statistics all-reduced by hand, top-1 % gradients all-gathered
-by hand (torch.distributed and horovod.torch), local SGD by hand (both: named as unprofiled), Horovod process sets.
+by hand (torch.distributed and horovod.torch), local SGD by hand (both: named as unprofiled), Horovod process sets,
+tf-keras fit with validation_split and a LearningRateScheduler, a TF loop's persistent tape applied by two optimizers,
+tf-keras fit of a masked LSTM.
 Frameworks that are not installed are skipped with a line saying so.
 
     python benchmarks/unseen_shapes.py [--only NAME,...]
@@ -435,6 +437,11 @@ JOBS = {
                                                       ["--average-every-4"], "horovod"),
     "horovod-top1pct-allgather-error-feedback": (["--backend", "horovod"], "hvd_session64.py", ["--topk"],
                                                  "horovod"),
+    "tf-keras-fit-validation-split-lr-scheduler": (["--backend", "tf"], "tf_session64.py",
+                                                   ["--lr-schedule-validation-split"], "tensorflow"),
+    "tf-loop-persistent-tape-two-optimizers": (["--backend", "tf"], "tf_session64.py",
+                                               ["--two-optimizers-persistent-tape"], "tensorflow"),
+    "tf-keras-fit-masked-lstm": (["--backend", "tf"], "tf_session64.py", ["--masked-lstm-fit"], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
