@@ -156,6 +156,31 @@ def _horovod_modelled(model: JobModel, whatif: WhatIf) -> bool:
         or whatif.bandwidth_scale != 1.0 or whatif.latency_us is not None)
 
 
+def _refuse_rebucketing(model: JobModel, sharded: list[str], unmapped: list[str]) -> None:
+    """Why the job's gradients cannot be grouped into other buckets, raised; nothing where they can."""
+    if model.blocking_collectives:
+        raise UnanswerableError(FSDP_RESTRUCTURED)
+    compressed = [b.key for b in model.buckets if b.gathers_gradients]
+    if compressed:
+        raise UnanswerableError(f"re-bucketing: the script all-gathers its gradients compressed "
+                                f"({', '.join(compressed[:3])}: each rank's share, top-k values or indices, between "
+                                "the backward and the step); dprorun's buckets are all-reduces of whole gradients")
+    if sharded:
+        raise UnanswerableError(f"re-bucketing: the script reduce-scatters its gradients and gathers its parameters "
+                                f"itself ({', '.join(sharded[:3])}: its optimizer sharded by hand); dprorun's buckets "
+                                "are all-reduces")
+    if not model.param_ready_fraction:
+        raise UnanswerableError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
+    if unmapped and model.framework == "collectives":
+        raise UnanswerableError(f"re-bucketing: the script's own calls send buffers dprorun could not map to its "
+                                f"parameters ({', '.join(unmapped[:3])}: no run of the gradients in model order adds "
+                                "up to their bytes), so their parameters' gradients cannot be grouped otherwise")
+    other = [b.key for b in model.buckets if b.key.startswith("ddp")]
+    if other:  # parameter sizes are recorded for the first module; names repeat across modules ("0.weight")
+        raise UnanswerableError(f"re-bucketing: the replayed buckets ({', '.join(other[:3])}) are a second DDP "
+                                "module's, whose parameters dprorun does not tell apart from the first one's")
+
+
 def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[Sync], bool]:
     """Bucket layout for the prediction; True when it is the measured one."""
     if model.framework == "horovod" and (whatif.horovod_fusion_mb is not None or whatif.horovod_cycle_ms is not None
@@ -188,27 +213,7 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
                      after_update=b.collective == "all_gather" and not model.blocking_collectives
                      and not b.gathers_gradients)
                 for b in model.buckets], True
-    if model.blocking_collectives:
-        raise UnanswerableError(FSDP_RESTRUCTURED)
-    compressed = [b.key for b in model.buckets if b.gathers_gradients]
-    if compressed:
-        raise UnanswerableError(f"re-bucketing: the script all-gathers its gradients compressed "
-                                f"({', '.join(compressed[:3])}: each rank's share, top-k values or indices, between "
-                                "the backward and the step); dprorun's buckets are all-reduces of whole gradients")
-    if sharded:
-        raise UnanswerableError(f"re-bucketing: the script reduce-scatters its gradients and gathers its parameters "
-                                f"itself ({', '.join(sharded[:3])}: its optimizer sharded by hand); dprorun's buckets "
-                                "are all-reduces")
-    if not model.param_ready_fraction:
-        raise UnanswerableError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
-    if unmapped and model.framework == "collectives":
-        raise UnanswerableError(f"re-bucketing: the script's own calls send buffers dprorun could not map to its "
-                                f"parameters ({', '.join(unmapped[:3])}: no run of the gradients in model order adds "
-                                "up to their bytes), so their parameters' gradients cannot be grouped otherwise")
-    other = [b.key for b in model.buckets if b.key.startswith("ddp")]
-    if other:  # parameter sizes are recorded for the first module; names repeat across modules ("0.weight")
-        raise UnanswerableError(f"re-bucketing: the replayed buckets ({', '.join(other[:3])}) are a second DDP "
-                                "module's, whose parameters dprorun does not tell apart from the first one's")
+    _refuse_rebucketing(model, sharded, unmapped)
     order = sorted(model.param_ready_fraction, key=model.param_ready_fraction.get)
     sparse, wire = model.sparse_gradients(), model.wire_ratio()
     if whatif.buckets is not None:
