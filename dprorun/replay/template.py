@@ -140,15 +140,17 @@ class JobModel:
         return float(np.median(ratios)) if ratios else 1.0
 
     def unmapped_buckets(self) -> list[str]:
-        """The buckets that cannot be regrouped by parameter: those with a parameter of unknown bytes or ready
-        time; and every one where the script's own calls sent buffers dprorun could not name (named after their
-        calls: no run of the gradients added up to their bytes), since the gradients timed in the backward are
-        then carried by no named bucket and their bytes are unknown."""
-        unknown = [b.key for b in self.buckets
-                   if any(p not in self.param_bytes or p not in self.param_ready_fraction for p in b.params)]
-        if self.framework == "collectives" and set(self.param_ready_fraction) - set(self.param_bytes):
+        """The script's own calls (framework "collectives") that cannot be regrouped by parameter: those with a
+        parameter of unknown bytes or ready time; and every one where the script sent buffers dprorun could not
+        name (named after their calls: no run of the gradients added up to their bytes), since the gradients timed
+        in the backward are then carried by no named bucket and their bytes are unknown. [] for a wrapper's
+        buckets (DDP's, Horovod's: regrouped as the wrapper would)."""
+        if self.framework != "collectives":
+            return []
+        if set(self.param_ready_fraction) - set(self.param_bytes):
             return [b.key for b in self.buckets]
-        return unknown
+        return [b.key for b in self.buckets
+                if any(p not in self.param_bytes or p not in self.param_ready_fraction for p in b.params)]
 
     def sharded_buckets(self) -> list[str]:
         """The buckets the script reduce-scatters or all-gathers itself (its optimizer sharded by hand, ZeRO)."""

@@ -171,7 +171,7 @@ def _refuse_rebucketing(model: JobModel, sharded: list[str], unmapped: list[str]
                                 "are all-reduces")
     if not model.param_ready_fraction:
         raise UnanswerableError("re-bucketing needs per-parameter gradient-ready times, which this run lacks")
-    if unmapped and model.framework == "collectives":
+    if unmapped:
         raise UnanswerableError(f"re-bucketing: the script's own calls send buffers dprorun could not map to its "
                                 f"parameters ({', '.join(unmapped[:3])}: no run of the gradients in model order adds "
                                 "up to their bytes), so their parameters' gradients cannot be grouped otherwise")
