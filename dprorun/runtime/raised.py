@@ -188,7 +188,6 @@ def _error_file() -> str:
 def write_torchelastic_error_message(message: str, stack: str = "", hint: str = "") -> None:
     """torch elastic's error file (TORCHELASTIC_ERROR_FILE, where the launcher set one; a horovodrun rank's,
     layout.horovod_error_file) with this message; a hint of dprorun's for the launcher in its extra info."""
-    import json
     import time
 
     path = _error_file()
@@ -197,5 +196,8 @@ def write_torchelastic_error_message(message: str, stack: str = "", hint: str = 
     extra = {"py_callstack": stack, "timestamp": str(int(time.time()))}
     if hint:
         extra[ERROR_FILE_HINT] = hint
-    with open(path, "w") as handle:
-        json.dump({"message": {"message": message, "extraInfo": extra}}, handle)
+    from dprorun.fsutil import atomic_write_json
+
+    # whole or not at all: a rank stopped while writing left it empty, and the agent's read of it failed ("Expecting
+    # value", the launcher's "error file could not be read (empty ...)"; once in a restarts test of the suite)
+    atomic_write_json(path, {"message": {"message": message, "extraInfo": extra}})
