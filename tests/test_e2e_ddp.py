@@ -155,10 +155,14 @@ def test_a_seeded_script_trains_to_the_weights_a_plain_launch_reaches(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPRO", "PYTHONPATH"))}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
            str(plain)]
-    torchrun = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
-    if torchrun.returncode != 0 and "SIGABRT" in torchrun.stderr:  # torch 2.13's gloo abort at exit, as in
-        torchrun = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)  # the test below
-    assert torchrun.returncode == 0, torchrun.stderr[-2000:]
+    for attempt in range(3):  # torch 2.13's gloo abort at exit (SIGABRT, ~1 launch in 8, twice running in the
+        for stale in plain.iterdir():  # CI of 2026-12-08)
+            stale.unlink()
+        torchrun = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        written = all((plain / f"rank{rank}.txt").exists() for rank in (0, 1))
+        if torchrun.returncode == 0 or ("SIGABRT" in torchrun.stderr and written):
+            break  # an abort after both ranks wrote their result: the plain launch's result is whole
+    assert torchrun.returncode == 0 or ("SIGABRT" in torchrun.stderr and written), torchrun.stderr[-2000:]
     for rank in (0, 1):
         expected = (plain / f"rank{rank}.txt").read_text()
         assert (profiled / f"rank{rank}.txt").read_text() == expected, (rank, expected)
