@@ -1,7 +1,8 @@
 """The replay of the job as it ran against the profiled window's own iterations (the figure `dpro replay` prints
 as "measured iteration time"), for jobs of benchmarks/unseen_shapes.py: each job launched once per round (rounds
 interleaved), each run replayed by this checkout and, with --compare-with, by another one on the same recorded
-run, so the two replayers are compared on identical inputs.
+run, so the two replayers are compared on identical inputs; with --record-each, each checkout also records a run
+of its own (a change to the hooks), the launches interleaved.
 
     git worktree add /tmp/wt_before <commit>
     python benchmarks/window_replay.py --rounds 3 --compare-with /tmp/wt_before \\
@@ -49,14 +50,14 @@ def replay_error(tree: str, run_dir: str) -> float | None:
         return None
 
 
-def launch(name: str, run_dir: str, steps: int) -> int:
+def launch(name: str, run_dir: str, steps: int, tree: str = REPO) -> int:
     options, script, script_args, _ = JOBS[name]
     path = os.path.join(REPO, script) if "/" in script else os.path.join(SHAPES, script)
     ranks = [] if "-np" in options else ["-np", "2"]
     cmd = [sys.executable, "-m", "dprorun.cli", "--run-dir", run_dir, *options, *ranks, "python", path,
            "--steps", str(steps), *script_args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600,
-                          env=dict(os.environ, DPRO_REPORT="0")).returncode
+                          env=dict(os.environ, DPRO_REPORT="0", PYTHONPATH=tree)).returncode
 
 
 def main() -> None:
@@ -66,6 +67,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--compare-with", help="another checkout's root: its replay of the same runs")
+    parser.add_argument("--record-each", action="store_true",
+                        help="with --compare-with: each checkout records its own runs (its hooks) and replays them")
     args = parser.parse_args()
     trees = {"this": REPO} | ({"other": os.path.abspath(args.compare_with)} if args.compare_with else {})
     errors: dict[str, list[float]] = {label: [] for label in trees}
@@ -74,13 +77,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             for name in STEPPING if args.only == "stepping" else args.only.split(","):
-                run_dir = os.path.join(tmp, f"{name}-{round_}")
-                if launch(name, run_dir, args.steps) != 0:
+                run_dirs = {label: os.path.join(tmp, f"{name}-{round_}-{label if args.record_each else 'both'}")
+                            for label in trees}
+                recorders = trees if args.record_each else {"this": REPO}
+                if any(launch(name, run_dirs[label], args.steps, tree) != 0 for label, tree in recorders.items()):
                     print(f"| {name} | {round_} | " + " | ".join("exit != 0" for _ in trees) + " |", flush=True)
                     continue
                 cells = []
                 for label, tree in trees.items():
-                    error = replay_error(tree, run_dir)
+                    error = replay_error(tree, run_dirs[label])
                     cells.append("no replay" if error is None else f"{100 * error:+.1f} %")
                     if error is not None:
                         errors[label].append(abs(error))

@@ -472,3 +472,68 @@ def test_profiled_steps_holding_time_outside_ops_and_collectives_are_fitted_not_
     for model in (plain, gapped):
         replayed = predict(model, detail="coarse").predicted_iteration_time_ms
         assert abs(replayed / window_ms - 1) < 0.08, (replayed, window_ms, model.notes)
+
+
+TWO_OPTIMIZERS_SCRIPT = """
+import os, sys
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import tensorflow as tf
+keras = tf.keras
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+gb = 32 * strategy.num_replicas_in_sync
+with strategy.scope():
+    trunk = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256),
+                              keras.layers.BatchNormalization(synchronized=True), keras.layers.ReLU(),
+                              keras.layers.Dense(128, activation="relu")])
+    head = keras.Sequential([keras.Input((128,)), keras.layers.Dense(10)])
+    trunk_opt, head_opt = keras.optimizers.Adam(1e-3), keras.optimizers.SGD(0.05)
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+data = tf.data.Dataset.from_tensor_slices((tf.random.normal((gb * 4, 64)),
+                                           tf.random.uniform((gb * 4,), maxval=10, dtype=tf.int64))).repeat().batch(gb)
+
+def replica_step(x, y):
+    with tf.GradientTape(persistent=True) as tape:
+        loss = tf.nn.compute_average_loss(loss_fn(y, head(trunk(x, training=True))), global_batch_size=gb)
+    trunk_opt.apply_gradients(zip(tape.gradient(loss, trunk.trainable_variables), trunk.trainable_variables))
+    head_opt.apply_gradients(zip(tape.gradient(loss, head.trainable_variables), head.trainable_variables))
+    return loss
+
+@tf.function
+def step(x, y):
+    return strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None)
+
+batches = iter(strategy.experimental_distribute_dataset(data))
+for _ in range(int(sys.argv[1])):
+    step(*next(batches))
+"""
+
+
+def test_a_step_applying_two_optimizers_all_reduces_both_their_packs_and_no_batchnorm_moments(tmp_path):
+    """A step function's packs were its first all-reduce call's: a synchronized BatchNorm's moments (128 bytes)
+    stood for the gradients, and a second optimizer's gradients ran unseen inside the update. The packs are now
+    those of every all-reduce call whose results update trainable variables (runtime/tf.py), each all-reduce found
+    by its collective op's name; the BatchNorm's and the loss's reductions stay outside the packs, and a pack-size
+    what-if packs each optimizer's gradients apart, as TensorFlow does."""
+    script = tmp_path / "two_optimizers.py"
+    script.write_text(TWO_OPTIMIZERS_SCRIPT)
+    run_dir = tmp_path / "run"
+    proc, _ = run_tf_job(["--backend", "tf", "-np", "2", *WINDOW, "python", str(script), "22"], run_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = json.loads((run_dir / "rank_0" / "events.json").read_text())
+    packs = next(t for t in events["trackers"] if t["framework"] == "tf")["packs"]
+    trunk_bytes = 4 * (64 * 256 + 256 + 2 * 256 + 256 * 128 + 128)  # the BatchNorm's gamma and beta among them
+    assert [(p["call"], sum(p["bytes"])) for p in packs] == [(0, trunk_bytes), (1, 4 * (128 * 10 + 10))], packs
+    assert all(p["collective"].startswith("CollectiveReduceV2") for p in packs)
+    assert not any("moments" in name for p in packs for name in p["tensors"])
+    out = _dpro("replay", run_dir, "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    replay = json.loads(out.stdout)
+    assert 0.7 < replay["predicted_iteration_time_ms"] / replay["measured_iteration_time_ms"] < 1.3, replay
+    from dprorun.analysis import RunAnalysis
+    from dprorun.replay.whatif import tf_repacked
+
+    model = RunAnalysis(str(run_dir)).model
+    assert len(model.buckets) == 2 and [b.pack_call for b in model.buckets] == [0, 1]
+    assert [len(group) for group in tf_repacked(model, 64 << 20)] == [6, 2]  # one pack per call, never merged
+    whatif = _dpro("replay", run_dir, "--json", "--bucket-mb", "64")
+    assert whatif.returncode == 0 and any("2 all-reduce packs" in n for n in json.loads(whatif.stdout)["notes"])

@@ -1,5 +1,5 @@
 """TensorFlow's own knob as a search: the all-reduce pack size (CommunicationOptions bytes_per_pack), each
-candidate replayed with TensorFlow's packing (`WhatIf.bucket_mb` on a TF run: `whatif.tf_packs`), ranked by
+candidate replayed with TensorFlow's packing (`WhatIf.bucket_mb` on a TF run: `whatif.tf_repacked`), ranked by
 predicted iteration time. As for Horovod, the ranking chooses which candidates get a real trial window
 (`dprorun --autotune --backend tf` runs the top two and keeps the fastest measured if it beats the job's own
 setting); the replay alone does not decide.
@@ -15,7 +15,7 @@ from dprorun.fsutil import UnanswerableError
 from dprorun.layout import TF_XLA_AUTO_JIT
 from dprorun.replay.predict import replay_once
 from dprorun.replay.template import JobModel
-from dprorun.replay.whatif import MB, WhatIf, tf_packs
+from dprorun.replay.whatif import MB, WhatIf, tf_repacked
 from dprorun.strategy import Decision, Strategy, transport_caution
 
 PACKS_MB = (0.0, 0.25, 1.0, 4.0, 16.0, 64.0)
@@ -34,7 +34,7 @@ def rank_tf_packs(model: JobModel, packs_mb=PACKS_MB, top: int = 2) -> list[Stra
     scored = []
     for pack_mb in packs_mb:
         whatif = WhatIf(bucket_mb=pack_mb)
-        if tf_packs(list(model.param_bytes), model.param_bytes, int(pack_mb * MB)) == as_run_packs:
+        if tf_repacked(model, int(pack_mb * MB)) == as_run_packs:
             continue
         t, _ = replay_once(model, whatif)
         scored.append((t, pack_mb))

@@ -206,7 +206,8 @@ def build_job_model(run: RunTrace) -> JobModel:
     buckets, skipped = _synchronised(
         [BucketInfo(b.key, ring_bytes(b), list(b.params), median(transmit.get(b.key, []), 0.0), sparse=b.sparse,
                     wire_ratio=b.nbytes / b.buffer_nbytes if b.buffer_nbytes else 1.0, hook_work=b.hook_work,
-                    collective=b.collective, dtype=b.dtype, gathers_gradients=b.gathers_gradients)
+                    collective=b.collective, dtype=b.dtype, gathers_gradients=b.gathers_gradients,
+                    pack_call=b.pack_call)
          for b in first.buckets], templates, per_rank_samples)
     # ring all-reduces (not a hook's own work: PowerSGD's 128 KB took 10-25 ms of factorising on 2 CPU cores)
     points = [(b.nbytes, t) for b in buckets if not b.sparse and not b.hook_work for t in transmit.get(b.key, [])]

@@ -57,6 +57,7 @@ class BucketInfo:
     collective: str = "all_reduce"
     dtype: str = ""  # its gradients' dtype (DDP buckets each dtype apart)
     gathers_gradients: bool = False  # compressed gradients all-gathered before the update (trace.model.Bucket)
+    pack_call: int = 0  # the TensorFlow all-reduce call that packed it (trace.model.Bucket)
 
 
 def ring_bytes(bucket) -> int:

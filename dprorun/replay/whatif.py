@@ -219,7 +219,7 @@ def plan_syncs(model: JobModel, whatif: WhatIf, notes: list[str]) -> tuple[list[
     if whatif.buckets is not None:
         groups = whatif.buckets
     elif model.framework == "tf":
-        groups = tf_packs(list(model.param_bytes), model.param_bytes, int(whatif.bucket_mb * MB))
+        groups = tf_repacked(model, int(whatif.bucket_mb * MB))
         notes.append(f"{len(groups)} all-reduce packs for bytes_per_pack = {whatif.bucket_mb:g} MB, grouped in "
                      "the gradients' order as MultiWorkerMirroredStrategy does (a pack starts when its last "
                      "gradient is ready)")
@@ -261,6 +261,17 @@ def tf_packs(names: list[str], nbytes: dict[str, int], bytes_per_pack: int) -> l
         packs[-1].append(name)
         size += nbytes.get(name, 0)
     return packs
+
+
+def tf_repacked(model: JobModel, bytes_per_pack: int) -> list[list[str]]:
+    """The job's gradients in TensorFlow's packs of `bytes_per_pack`, each all-reduce call's apart (a step applying
+    two optimizers all-reduces each one's gradients in a call, and packs of its own)."""
+    call_of = {p: b.pack_call for b in model.buckets for p in b.params}
+    groups: list[list[str]] = []
+    for call in sorted(set(call_of.values())) or [0]:
+        names = [n for n in model.param_bytes if call_of.get(n, 0) == call]
+        groups += tf_packs(names, model.param_bytes, bytes_per_pack)
+    return groups
 
 
 def with_ready_groups(model: JobModel, whatif: WhatIf, notes: list[str]) -> JobModel:

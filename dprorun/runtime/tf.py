@@ -50,9 +50,15 @@ class TFTracker:
         self.running_step: Optional[int] = None  # the step function whose strategy.run is being traced now
         self.boundary_due = True  # the next step-function call starts an iteration
         self.local = threading.local()
-        # per step function (its key; None: an eager strategy.run), the packs its first all-reduce traced:
-        # [{"tensors": [...], "bytes": [...]}]
+        # per step function (its key; None: an eager strategy.run), the packs its first tracing all-reduced:
+        # [{"tensors": [...], "bytes": [...], "call": n, "collective": op name}], `call` numbering the tracing's
+        # all-reduce calls (an optimizer's apply_gradients makes one; a loss reduced after it, a synchronized
+        # BatchNorm's moments, Keras's metrics make others)
         self.packs_by_function: dict[Optional[int], list[dict]] = {}
+        # per step function, its all-reduce calls followed by an update of trainable variables (gradients applied)
+        self.applied_calls: dict[Optional[int], set[int]] = {}
+        # while a step function is traced: (its key, its tracing's last all-reduce call, that tracing's graph)
+        self.recording: Optional[tuple[Optional[int], int, int]] = None
         self.called_syncing: set[int] = set()  # the syncing step functions called so far
         self.turns = StepTurns()  # syncing step functions taking turns within a step (a GAN's two models)
         self.traced_in_phase: dict[int, str] = {}  # syncing training step function -> the phase it was traced in
@@ -81,15 +87,28 @@ class TFTracker:
 
     @property
     def packs(self) -> list[dict]:
-        """The packs of the step function the window ran (or of the first one traced)."""
-        if self.window_function in self.packs_by_function:
-            return self.packs_by_function[self.window_function]
-        return next(iter(self.packs_by_function.values()), [])
+        """The gradient packs of the step function the window ran (or of the first one traced): those of its
+        all-reduce calls whose results updated trainable variables (two optimizers: two calls), else of its first
+        all-reduce call (gradients all-reduced by hand and assigned)."""
+        function = self.window_function if self.window_function in self.packs_by_function else \
+            next(iter(self.packs_by_function), None)
+        packs = self.packs_by_function.get(function, [])
+        applied = self.applied_calls.get(function) or {0}
+        return [p for p in packs if p.get("call", 0) in applied]
+
+    def applied(self) -> None:
+        """The function being traced updated a trainable variable: its last all-reduce call carried gradients."""
+        if self.recording is not None and not self.calibrating:
+            function, call, _ = self.recording
+            self.applied_calls.setdefault(function, set()).add(call)
 
     def describe(self) -> dict:
+        calls = sorted({p.get("call", 0) for p in self.packs})
         return {"framework": "tf", "backend": "tf-collective", "step_functions": len(self.step_functions),
                 "eager_steps": self.eager_steps, "bytes_per_pack": self.bytes_per_pack,
-                "packs": [{"tensors": list(p["tensors"]), "bytes": list(p["bytes"])} for p in self.packs]}
+                "packs": [{"tensors": list(p["tensors"]), "bytes": list(p["bytes"]),
+                           "call": calls.index(p.get("call", 0)), "collective": p.get("collective")}
+                          for p in self.packs]}
 
     # ---- steps -------------------------------------------------------------------------------------------
     def is_step(self, key: int) -> bool:
@@ -252,15 +271,62 @@ def names_and_bytes(tensors) -> tuple[list[str], list[int]]:
     return names, sizes
 
 
-def _record_packs(tracker: TFTracker, packs, options) -> None:
-    """At trace time: the packs a step function all-reduces (its first all-reduce), per step function."""
+def _record_packs(tracker: TFTracker, packs, options) -> Optional[list[dict]]:
+    """At trace time: the packs of each all-reduce call a step function's first call traces (an eager
+    strategy.run: its first call's), per step function; the new packs, to be named by their collective ops. A
+    first call that traces the function twice (tf.function does where the first tracing creates variables: an
+    optimizer's slots) runs the last tracing, whose packs replace the earlier's."""
     stack = tracker.call_stack()
     function = tracker.key(stack[0]) if stack else None
-    if tracker.calibrating or function in tracker.packs_by_function:
-        return
-    tracker.packs_by_function[function] = [dict(zip(("tensors", "bytes"), names_and_bytes(pack))) for pack in packs]
-    bytes_per_pack = getattr(options, "bytes_per_pack", None)
-    tracker.bytes_per_pack = int(bytes_per_pack) if bytes_per_pack is not None else None
+    if tracker.calibrating:
+        return None
+    tracing = _outermost_graph() if function is not None else 0
+    if function not in tracker.packs_by_function or (
+            tracker.recording is not None and tracker.recording[0] == function and tracker.recording[2] != tracing):
+        tracker.packs_by_function[function] = []
+        tracker.applied_calls.pop(function, None)
+        tracker.recording = (function, -1, tracing) if function is not None else None
+    elif tracker.recording is None or tracker.recording[0] != function:
+        return None  # traced again by a later call (another input signature): its first call's packs stand
+    call = tracker.recording[1] + 1 if tracker.recording is not None else 0
+    if tracker.recording is not None:
+        tracker.recording = (function, call, tracing)
+    recorded = [dict(zip(("tensors", "bytes"), names_and_bytes(pack)), call=call) for pack in packs]
+    tracker.packs_by_function[function] += recorded
+    if call == 0:
+        bytes_per_pack = getattr(options, "bytes_per_pack", None)
+        tracker.bytes_per_pack = int(bytes_per_pack) if bytes_per_pack is not None else None
+    return recorded
+
+
+def _outermost_graph() -> int:
+    """The id of the function graph a tracing builds (a loop's or a branch's graph lies inside it)."""
+    from tensorflow.python.framework import ops
+
+    graph = ops.get_default_graph()
+    while getattr(graph, "outer_graph", None) is not None and getattr(graph.outer_graph, "building_function", False):
+        graph = graph.outer_graph
+    return id(graph)
+
+
+def _graph_size() -> Optional[int]:
+    """The number of ops in the function graph being traced (None outside one)."""
+    from tensorflow.python.framework import ops
+
+    graph = ops.get_default_graph()
+    return len(graph.get_operations()) if getattr(graph, "building_function", False) else None
+
+
+def _name_collectives(recorded: list[dict], ops_before: int) -> None:
+    """Each recorded pack's collective op (one per pack, in the packs' order), by its name in the function graph:
+    the profile names it so (trace/tf_records.py picks the packs' all-reduces by it)."""
+    from tensorflow.python.framework import ops
+
+    created = ops.get_default_graph().get_operations()[ops_before:]
+    collectives = [op.name for op in created if op.type.startswith("CollectiveReduce")]
+    if len(collectives) == len(recorded):
+        for pack, name in zip(recorded, collectives):
+            pack["collective"] = name
 
 
 def patch_tensorflow(session: "RankSession") -> TFTracker:
@@ -295,12 +361,16 @@ def patch_tensorflow(session: "RankSession") -> TFTracker:
         return strategy_run(self, fn, args, kwargs, options)
 
     def traced_batch_all_reduce(self, input_tensor_packs, options=None):
-        session.guard("recording the all-reduce packs", _record_packs, tracker, input_tensor_packs,
-                      self._options.merge(options))
+        recorded = session.guard("recording the all-reduce packs", _record_packs, tracker, input_tensor_packs,
+                                 self._options.merge(options))
         stack = tracker.call_stack()
         if stack and not tracker.calibrating:
             tracker.syncing_functions.add(tracker.key(stack[0]))
-        return batch_all_reduce(self, input_tensor_packs, options)
+        ops_before = session.guard("counting the traced ops", _graph_size) if recorded else None
+        reduced = batch_all_reduce(self, input_tensor_packs, options)
+        if ops_before is not None:
+            session.guard("naming the all-reduce packs", _name_collectives, recorded, ops_before)
+        return reduced
 
     _apply_pack_size(session)
     _watch_training(tracker)
@@ -354,6 +424,7 @@ def _watch_training(tracker: TFTracker) -> None:
     def traced_update(self, var, *args, **kwargs):
         if getattr(var, "trainable", False) and getattr(getattr(var, "dtype", None), "is_floating", False):
             tracker.trains()
+            tracker.applied()
         return update(self, var, *args, **kwargs)
 
     backprop.GradientTape.gradient = traced_gradient
@@ -382,6 +453,7 @@ def patch_step_functions(tracker: TFTracker) -> None:
         finally:
             stack.pop()
             if not stack:
+                tracker.recording = None  # the outermost call's tracing (if any) is over
                 tracker.evaluated(key)
                 tracker.traced(key)
 

@@ -106,6 +106,9 @@ class Bucket:
     # an all-gather between the backward and the step of gradients compressed by hand (each rank's top-k values or
     # indices: nbytes the gathered output, which grows with the ranks), not a sharded step's parameters
     gathers_gradients: bool = False
+    # which all-reduce call of a TensorFlow step packed it: each optimizer's apply_gradients all-reduces its own
+    # gradients in packs of its own (two optimizers: calls 0 and 1)
+    pack_call: int = 0
 
     @property
     def key(self) -> str:

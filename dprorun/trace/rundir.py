@@ -216,7 +216,8 @@ def rank_from_events(doc: dict, kineto: Optional[KinetoTrace], samples: Optional
                                     buffer_nbytes=int(entry.get("buffer_nbytes", 0)),
                                     hook_work=bool(entry.get("wire_measured")) and not entry.get("wire_dtype"),
                                     collective=str(entry.get("collective", "all_reduce")),
-                                    gathers_gradients=bool(entry.get("gathers_gradients", False))))
+                                    gathers_gradients=bool(entry.get("gathers_gradients", False)),
+                                    pack_call=int(entry.get("call", 0))))
     params = (doc.get("params") or {}).get("0") or {}
     trace.param_order = list(params.get("order", []))
     trace.param_bytes = {k: int(v) for k, v in (params.get("bytes") or {}).items()}

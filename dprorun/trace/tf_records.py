@@ -165,8 +165,8 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
     names = [n for pack in packs for n in pack.get("tensors", [])]
     sizes = dict(zip(names, [b for pack in packs for b in pack.get("bytes", [])]))
     doc["buckets"] = [{"ddp": 0, "index": k, "nbytes": int(sum(pack.get("bytes", []))),
-                       "params": list(pack.get("tensors", [])), "dtype": "", "numel": 0}
-                      for k, pack in enumerate(packs)]
+                       "params": list(pack.get("tensors", [])), "dtype": "", "numel": 0,
+                       "call": int(pack.get("call", 0))} for k, pack in enumerate(packs)]
     per_pack = tracker.get("bytes_per_pack")
     doc["params"] = {"0": {"order": names, "bytes": sizes,
                            "bucket_cap_mb": (per_pack / (1 << 20)) if per_pack else None}}
@@ -204,10 +204,11 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
                 incomplete.append(step)
                 continue
         else:
-            records = [CommRecord(step, 0, k, c.start_us, c.start_us, c.end_us) for k, c in enumerate(colls)
-                       if k < len(packs)]
-            others = earlier + colls[len(packs):]  # sparse gradients' all-gathers, Keras's metric reductions (inside
-            # the update), the step's earlier step functions' all-reduces (before its forward)
+            chosen = pack_collectives(packs, colls)
+            records = [CommRecord(step, 0, k, c.start_us, c.start_us, c.end_us) for k, c in enumerate(chosen)]
+            others = earlier + [c for c in colls if not any(c is x for x in chosen)]  # sparse gradients'
+            # all-gathers, a synchronized BatchNorm's moments, Keras's metric reductions and a loss reduced after
+            # the step (inside the update), the step's earlier step functions' all-reduces (before its forward)
             if others:
                 outside.append({"step": step, "names": [c.args.get("scope") or c.name for c in others],
                                 "us": round(sum(c.end_us - c.start_us for c in others), 1)})
@@ -223,6 +224,23 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
         doc.setdefault("warnings", []).append(
             f"profiled step(s) {incomplete} left out: Horovod's timeline lacks some of their all-reduces "
             + ("(no timeline in the run directory)" if horovod_timeline is None else "(cut short when it stopped?)"))
+
+
+def pack_collectives(packs: list[dict], colls: list[Op]) -> list[Op]:
+    """The step's collective of each pack, in the packs' order: by the collective op's name the hooks recorded
+    while the step function was traced (a synchronized BatchNorm's moments or a second optimizer's gradients are
+    all-reduced by other collectives of the same step), else the step's first collectives in turn."""
+    named = [p.get("collective") for p in packs]
+    if named and all(named):
+        chosen: list[Op] = []
+        for name in named:
+            found = next((c for c in colls if c.args.get("scope") == name and not any(c is x for x in chosen)), None)
+            if found is None:
+                break
+            chosen.append(found)
+        else:
+            return chosen
+    return colls[:len(packs)]
 
 
 def _last_syncing_call(step: int, start: float, end: float, ops: list[Op], colls: list[Op],
