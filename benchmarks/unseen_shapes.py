@@ -442,6 +442,12 @@ JOBS = {
     "tf-loop-persistent-tape-two-optimizers": (["--backend", "tf"], "tf_session64.py",
                                                ["--two-optimizers-persistent-tape"], "tensorflow"),
     "tf-keras-fit-masked-lstm": (["--backend", "tf"], "tf_session64.py", ["--masked-lstm-fit"], "tensorflow"),
+    "tf-keras-own-train-step-two-optimizers": (["--backend", "tf"], "tf_session65.py",
+                                               ["--train-step-two-optimizers"], "tensorflow"),
+    "tf-loop-loss-scale-optimizer-mixed-float16": (["--backend", "tf"], "tf_session65.py", ["--loss-scale-loop"],
+                                                   "tensorflow"),
+    "tf-loop-sparse-embedding-adagrad-dense-adam": (["--backend", "tf"], "tf_session65.py",
+                                                    ["--embedding-two-optimizers"], "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")
