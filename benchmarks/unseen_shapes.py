@@ -448,6 +448,8 @@ JOBS = {
                                                    "tensorflow"),
     "tf-loop-sparse-embedding-adagrad-dense-adam": (["--backend", "tf"], "tf_session65.py",
                                                     ["--embedding-two-optimizers"], "tensorflow"),
+    "tf-loop-contrastive-all-gather-of-embeddings": (["--backend", "tf"], "tf_session65.py", ["--gather-contrastive"],
+                                                     "tensorflow"),
 }
 CHECK = re.compile(r"replay of the job as it ran \(([0-9.]+) ms\) (agrees with|differs from) the run's \d+ clean "
                    r"iterations \(([0-9.]+) ms")

@@ -666,6 +666,40 @@ def test_a_tf_step_function_first_called_after_the_window_began_is_another_model
     assert session.replaced == [5] and session.iteration == 6  # a syncing function's first call was an iteration
 
 
+def test_a_tf_step_functions_gradient_packs_are_its_calls_that_update_new_variables():
+    """runtime/tf.py: of a step function's all-reduce calls, the packs are those whose results update trainable
+    variables not updated before in the function (two optimizers: both calls; a BatchNorm's moments and a loss: none;
+    tf-keras's steps_per_execution, tracing its first step and then the loop of the others: the first copy only);
+    none updating, the first call's. The analysis finds each pack's collective by its name, loop scopes aside."""
+    from dprorun.runtime.tf import TFTracker
+    from dprorun.trace.model import Op, OpKind
+    from dprorun.trace.tf_records import pack_collectives
+
+    tracker = TFTracker(type("Session", (), {"rank_dir": "/nonexistent", "trackers": []})())
+    calls = [("moments", []), ("trunk", ["dense/kernel", "dense/bias"]), ("head", ["head/kernel"]),
+             ("again", ["dense/kernel", "dense/bias"]), ("loss", [])]
+    tracker.packs_by_function[7] = [{"tensors": [name], "bytes": [4], "call": k} for k, (name, _) in enumerate(calls)]
+    for k, (_, variables) in enumerate(calls):
+        tracker.recording = (7, k, 1)
+        for variable in variables:
+            tracker.applied(variable)
+    tracker.window_function = 7
+    assert [p["tensors"] for p in tracker.packs] == [["trunk"], ["head"]]
+    assert [p["call"] for p in tracker.describe()["packs"]] == [0, 1]
+    tracker.applied_calls.clear()
+    assert [p["tensors"] for p in tracker.packs] == [["moments"]]  # gradients all-reduced by hand, assigned
+
+    def collective(scope, start):
+        return Op(name="CollectiveReduceV2", kind=OpKind.COMM, rank=0, start_us=start, end_us=start + 1,
+                  args={"scope": scope})
+
+    colls = [collective(s, t) for t, s in enumerate(["bn/CollectiveReduceV2", "sgd/CollectiveReduceV2",
+                                                      "CollectiveReduceV2_1"])]
+    packs = [{"collective": "while/sgd/CollectiveReduceV2"}, {"collective": "CollectiveReduceV2_1"}]
+    assert pack_collectives(packs, colls) == colls[1:]
+    assert pack_collectives([{"collective": "gone"}], colls) == colls[:1]  # not in the profile: in turn
+
+
 def test_a_third_crash_in_tensorflows_profiler_stop_gives_a_last_launch_without_the_profiler(tmp_path):
     """launch.relaunch_after_tf_stop_crash, the decisions around one failed launch: a worker that died with the stop's
     mark in its folder (a signal, not the launcher's SIGTERM) -> the job again with the profiler, twice; the same in

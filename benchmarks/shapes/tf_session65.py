@@ -2,10 +2,16 @@
 fit of a Model subclass whose own train_step applies the encoder's gradients with Adam and the classifier's with
 SGD), --loss-scale-loop (a custom loop under mixed_float16 with a LossScaleOptimizer: scaled loss, unscaled
 gradients, a step skipped on overflow), --embedding-two-optimizers (a custom loop applying an Embedding's sparse
-gradients with Adagrad and the dense layers' with Adam, and reducing its loss after the step)."""
+gradients with Adagrad and the dense layers' with Adam, and reducing its loss after the step),
+--gather-contrastive (a custom loop whose InfoNCE loss all-gathers the second views' embeddings from every replica,
+gradients through the gather).
+Tried and dropped as shapes no plain launch runs: gradients accumulated in a train_step and applied inside a tf.cond
+(TensorFlow: "merge_call called while defining a new graph"), tf-keras fit with jit_compile=True ("Collectives are
+not yet implemented for CPU devices when compiling with XLA")."""
 import argparse, os, statistics, time
 p = argparse.ArgumentParser(); p.add_argument("--steps", type=int, default=40)
-for flag in ("--train-step-two-optimizers", "--loss-scale-loop", "--embedding-two-optimizers"):
+for flag in ("--train-step-two-optimizers", "--loss-scale-loop", "--embedding-two-optimizers",
+             "--gather-contrastive"):
     p.add_argument(flag, action="store_true")
 a = p.parse_args()
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -34,7 +40,34 @@ def timed_loop(step, batches):
         times.append(time.perf_counter() - start)
 
 
-if a.train_step_two_optimizers:
+if a.gather_contrastive:
+    with strategy.scope():
+        encoder = keras.Sequential([keras.Input((128,)), keras.layers.Dense(512, activation="relu"),
+                                    keras.layers.Dense(128)])
+        opt = keras.optimizers.Adam(1e-3)
+    views = tf.random.normal((gb * 4, 2, 128))
+    data = tf.data.Dataset.from_tensor_slices((views, tf.zeros((gb * 4,), tf.int64))).repeat().batch(gb)
+
+    def replica_step(vb, _):
+        ctx = tf.distribute.get_replica_context()
+        with tf.GradientTape() as tape:
+            z1 = tf.math.l2_normalize(encoder(vb[:, 0], training=True), axis=1)
+            z2 = tf.math.l2_normalize(encoder(vb[:, 0] + 0.1 * vb[:, 1], training=True), axis=1)
+            all_z2 = ctx.all_gather(z2, axis=0)  # every replica's second views: the negatives
+            logits = tf.matmul(z1, all_z2, transpose_b=True) / 0.1
+            labels = tf.range(tf.shape(z1)[0], dtype=tf.int64) + tf.cast(ctx.replica_id_in_sync_group, tf.int64) \
+                * tf.cast(tf.shape(z1)[0], tf.int64)
+            loss = tf.nn.compute_average_loss(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits), global_batch_size=gb)
+        opt.apply_gradients(zip(tape.gradient(loss, encoder.trainable_variables), encoder.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(vb, yb):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(vb, yb)), axis=None)
+
+    timed_loop(step, iter(strategy.experimental_distribute_dataset(data)))
+elif a.train_step_two_optimizers:
     class TwoOptimizers(keras.Model):
         def __init__(self):
             super().__init__()

@@ -55,8 +55,9 @@ class TFTracker:
         # all-reduce calls (an optimizer's apply_gradients makes one; a loss reduced after it, a synchronized
         # BatchNorm's moments, Keras's metrics make others)
         self.packs_by_function: dict[Optional[int], list[dict]] = {}
-        # per step function, its all-reduce calls followed by an update of trainable variables (gradients applied)
-        self.applied_calls: dict[Optional[int], set[int]] = {}
+        # per step function, its all-reduce calls followed by an update of trainable variables (gradients applied):
+        # call -> the names of the variables updated
+        self.applied_calls: dict[Optional[int], dict[int, set[str]]] = {}
         # while a step function is traced: (its key, its tracing's last all-reduce call, that tracing's graph)
         self.recording: Optional[tuple[Optional[int], int, int]] = None
         self.called_syncing: set[int] = set()  # the syncing step functions called so far
@@ -89,18 +90,25 @@ class TFTracker:
     def packs(self) -> list[dict]:
         """The gradient packs of the step function the window ran (or of the first one traced): those of its
         all-reduce calls whose results updated trainable variables (two optimizers: two calls), else of its first
-        all-reduce call (gradients all-reduced by hand and assigned)."""
+        all-reduce call (gradients all-reduced by hand and assigned). A call updating only variables an earlier one
+        did is the same step traced again in the function (tf-keras's steps_per_execution traces the first step,
+        then the loop of the others): its packs are the earlier's."""
         function = self.window_function if self.window_function in self.packs_by_function else \
             next(iter(self.packs_by_function), None)
         packs = self.packs_by_function.get(function, [])
-        applied = self.applied_calls.get(function) or {0}
-        return [p for p in packs if p.get("call", 0) in applied]
+        updated: set[str] = set()
+        kept = set()
+        for call, variables in sorted(self.applied_calls.get(function, {}).items()):
+            if not variables <= updated:
+                kept.add(call)
+            updated |= variables
+        return [p for p in packs if p.get("call", 0) in (kept or {0})]
 
-    def applied(self) -> None:
+    def applied(self, variable: str) -> None:
         """The function being traced updated a trainable variable: its last all-reduce call carried gradients."""
         if self.recording is not None and not self.calibrating:
             function, call, _ = self.recording
-            self.applied_calls.setdefault(function, set()).add(call)
+            self.applied_calls.setdefault(function, {}).setdefault(call, set()).add(variable)
 
     def describe(self) -> dict:
         calls = sorted({p.get("call", 0) for p in self.packs})
@@ -424,7 +432,7 @@ def _watch_training(tracker: TFTracker) -> None:
     def traced_update(self, var, *args, **kwargs):
         if getattr(var, "trainable", False) and getattr(getattr(var, "dtype", None), "is_floating", False):
             tracker.trains()
-            tracker.applied()
+            tracker.applied(str(getattr(var, "name", id(var))))
         return update(self, var, *args, **kwargs)
 
     backprop.GradientTape.gradient = traced_gradient

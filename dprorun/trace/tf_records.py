@@ -5,6 +5,7 @@ rank's events document (trace/rundir.py) gets these records as the hooks write t
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Optional
 
@@ -226,6 +227,12 @@ def add_tf_records(doc: dict, profile: TFProfile, horovod_timeline: Optional[Hor
             + ("(no timeline in the run directory)" if horovod_timeline is None else "(cut short when it stopped?)"))
 
 
+def loop_free(op_name: str) -> str:
+    """An op's name without the loop scopes before it ("while/CollectiveReduceV2", as a loop's body is traced,
+    is "CollectiveReduceV2" in the profile, `xplane.name_outside_loop`)."""
+    return re.sub(r"^(?:while(?:_\d+)?/)+", "", op_name)
+
+
 def pack_collectives(packs: list[dict], colls: list[Op]) -> list[Op]:
     """The step's collective of each pack, in the packs' order: by the collective op's name the hooks recorded
     while the step function was traced (a synchronized BatchNorm's moments or a second optimizer's gradients are
@@ -234,7 +241,8 @@ def pack_collectives(packs: list[dict], colls: list[Op]) -> list[Op]:
     if named and all(named):
         chosen: list[Op] = []
         for name in named:
-            found = next((c for c in colls if c.args.get("scope") == name and not any(c is x for x in chosen)), None)
+            found = next((c for c in colls if loop_free(c.args.get("scope") or "") == loop_free(name)
+                          and not any(c is x for x in chosen)), None)
             if found is None:
                 break
             chosen.append(found)
