@@ -33,7 +33,13 @@ class Timer(keras.callbacks.Callback):
         times.append(time.perf_counter() - self.start)
 
 
-def timed_loop(step, batches):
+def timed_loop(replica_step, data):
+    """A custom loop: a tf.function running `replica_step` on every replica, the loss summed after it."""
+    @tf.function
+    def step(xb, yb):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+
+    batches = iter(strategy.experimental_distribute_dataset(data))
     for _ in range(a.steps):
         start = time.perf_counter()
         step(*next(batches)).numpy()
@@ -62,11 +68,7 @@ if a.gather_contrastive:
         opt.apply_gradients(zip(tape.gradient(loss, encoder.trainable_variables), encoder.trainable_variables))
         return loss
 
-    @tf.function
-    def step(vb, yb):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(vb, yb)), axis=None)
-
-    timed_loop(step, iter(strategy.experimental_distribute_dataset(data)))
+    timed_loop(replica_step, data)
 elif a.train_step_two_optimizers:
     class TwoOptimizers(keras.Model):
         def __init__(self):
@@ -121,11 +123,7 @@ elif a.loss_scale_loop:
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    @tf.function
-    def step(xb, yb):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
-
-    timed_loop(step, iter(strategy.experimental_distribute_dataset(data)))
+    timed_loop(replica_step, data)
 else:
     VOCAB, SEQ = 5000, 16
     with strategy.scope():
@@ -148,10 +146,6 @@ else:
         dense_opt.apply_gradients(zip(tape.gradient(loss, dense.trainable_variables), dense.trainable_variables))
         return loss
 
-    @tf.function
-    def step(tb, yb):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(tb, yb)), axis=None)
-
-    timed_loop(step, iter(strategy.experimental_distribute_dataset(data)))
+    timed_loop(replica_step, data)
 if strategy.cluster_resolver.task_id == 0:
     print(f"median step {statistics.median(times[len(times) // 2:]) * 1000:.3f} ms", flush=True)
